@@ -1,0 +1,60 @@
+"""The `cpn` command line.
+
+Each subcommand lives in its own module and registers itself on the Typer app; heavy imports
+(torch, ray, sqlalchemy) happen inside the commands so `cpn --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from api.cli import admin, agent, db, plan, serve, train
+
+app = typer.Typer(
+    name="cpn",
+    help="cpn: a cross-datacenter compute-network orchestrator.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """cpn: a cross-datacenter compute-network orchestrator."""
+
+
+@app.command("version")
+def version() -> None:
+    """Print the installed cpn version."""
+    from importlib.metadata import version as dist_version
+
+    print(dist_version("cpn"))
+
+
+for module in (serve, db, agent, admin, plan, train):
+    module.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; usage errors become one line on stderr and exit code 2."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv, prog_name="cpn", standalone_mode=False)
+    except typer.Abort:
+        print("cpn: aborted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except typer.TyperException as exc:
+        # Usage errors (unknown option, bad value): one line naming the command and the fix.
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "cpn"
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        print(f"{where}: error: {message}", file=sys.stderr)
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
+    if isinstance(rv, int):
+        raise SystemExit(rv)
