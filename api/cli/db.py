@@ -1,9 +1,40 @@
-"""`cpn db` commands (being built)."""
+"""`cpn db upgrade`: apply the schema migrations."""
 
 from __future__ import annotations
 
 import typer
 
+db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
+
+
+@db_app.command("upgrade")
+def upgrade(
+    revision: str = typer.Argument("head", help="Target revision (default: the newest)."),
+) -> None:
+    """Apply migrations to CPN_DATABASE_URL (SQLite file by default)."""
+    from api.config import Settings
+    from controller.migrate import upgrade as run_upgrade
+
+    settings = Settings()
+    run_upgrade(settings.database_url, revision)
+    print(f"cpn db: {settings.database_url.split('@')[-1]} is at revision {revision}")
+
+
+@db_app.command("current")
+def current() -> None:
+    """Print whether the database is at the newest revision."""
+    from api.config import Settings
+    from controller.db import make_engine
+    from controller.migrate import pending_reason
+
+    engine = make_engine(Settings().database_url)
+    reason = pending_reason(engine)
+    engine.dispose()
+    print(reason or "cpn db: up to date")
+    if reason:
+        raise typer.Exit(1)
+
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root CLI app."""
+    """Attach `cpn db ...`."""
+    app.add_typer(db_app, name="db")

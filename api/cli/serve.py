@@ -1,9 +1,40 @@
-"""`cpn serve` commands (being built)."""
+"""`cpn serve`: the API and the controller's background loops under uvicorn."""
 
 from __future__ import annotations
+
+import sys
 
 import typer
 
 
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on."),
+    no_controller: bool = typer.Option(
+        False, "--no-controller", help="Serve the API only; run no background loops."
+    ),
+    log_level: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Run the control plane (settings from CPN_* environment variables)."""
+    import uvicorn
+
+    from api.app import create_app
+    from api.config import Settings
+    from controller.db import make_engine
+    from controller.migrate import pending_reason
+
+    settings = Settings()
+    if no_controller:
+        settings.run_controller = False
+    engine = make_engine(settings.database_url)
+    reason = pending_reason(engine)
+    engine.dispose()
+    if reason:
+        print(f"cpn serve: error: {reason}", file=sys.stderr)
+        raise typer.Exit(1)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root CLI app."""
+    """Attach `cpn serve`."""
+    app.command("serve")(serve)

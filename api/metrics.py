@@ -1,0 +1,74 @@
+"""Prometheus metrics: request rate and latency by route, heartbeats, cluster states."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class Metrics:
+    """One registry per app, so several apps in one process (tests) never collide."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "cpn_http_requests_total",
+            "HTTP requests by route template, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "cpn_http_request_seconds",
+            "HTTP request latency by route template.",
+            ["route", "method"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
+        self.heartbeats = Counter(
+            "cpn_agent_heartbeats_total", "Agent heartbeats accepted.", registry=self.registry
+        )
+        self.cluster_states = Gauge(
+            "cpn_clusters", "Clusters by state.", ["state"], registry=self.registry
+        )
+        self.gpus = Gauge(
+            "cpn_gpus", "GPUs by model and kind (count, allocatable, in_use).",
+            ["model", "kind"], registry=self.registry,
+        )
+        self.lease_transitions = Counter(
+            "cpn_cluster_transitions_total",
+            "Cluster state changes made by the lease monitor.",
+            ["to_state"],
+            registry=self.registry,
+        )
+
+
+class MetricsMiddleware:
+    """Counts and times requests by route template (never raw paths: bounded label sets)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.metrics.requests.labels(path, method, str(status)).inc()
+            self.metrics.latency.labels(path, method).observe(time.perf_counter() - start)

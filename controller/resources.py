@@ -1,0 +1,330 @@
+"""Clusters, GPU inventory and links: the resource layer's state and the agent reports into it."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from agents.protocol import GpuInventory as GpuReport
+from agents.protocol import Heartbeat, LinkReport, PeerProbe
+from controller.errors import Conflict, Invalid, NotFound
+from controller.leases import LeasePolicy
+from controller.models import AuditLog, Cluster, ClusterTransition, GpuInventory, Link, utcnow
+
+
+def audit(
+    session: Session, actor: str | None, action: str, target_type: str, target_id: str, **detail: Any
+) -> None:
+    session.add(
+        AuditLog(
+            actor_key_id=actor,
+            action=action,
+            target_type=target_type,
+            target_id=target_id,
+            detail=detail,
+        )
+    )
+
+
+def get_cluster(session: Session, name: str, *, for_update: bool = False) -> Cluster:
+    stmt = select(Cluster).where(Cluster.name == name)
+    if for_update:
+        stmt = stmt.with_for_update()
+    cluster = session.scalars(stmt).first()
+    if cluster is None:
+        raise NotFound(
+            f"no cluster named {name!r}; list clusters with GET /v1/clusters", field="cluster"
+        )
+    return cluster
+
+
+def create_cluster(session: Session, name: str, region: str, labels: dict[str, str]) -> Cluster:
+    if session.scalar(select(Cluster.id).where(Cluster.name == name)) is not None:
+        raise Conflict(f"a cluster named {name!r} exists; pick another name", field="name")
+    cluster = Cluster(name=name, region=region, labels=labels)
+    session.add(cluster)
+    try:
+        session.flush()
+    except IntegrityError as exc:  # lost a race with another creator
+        raise Conflict(f"a cluster named {name!r} exists; pick another name", field="name") from exc
+    return cluster
+
+
+def set_state(session: Session, cluster: Cluster, to_state: str, reason: str) -> None:
+    if cluster.state == to_state:
+        return
+    session.add(
+        ClusterTransition(
+            cluster_id=cluster.id, from_state=cluster.state, to_state=to_state, reason=reason
+        )
+    )
+    cluster.state = to_state
+
+
+# ---- agent reports -------------------------------------------------------------------------
+
+
+class PeerTable:
+    """Probe URLs of live clusters, cached briefly: every heartbeat needs it, few change it."""
+
+    def __init__(self, ttl_s: float = 1.0) -> None:
+        self._ttl = ttl_s
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._peers: list[PeerProbe] = []
+        self._version = ""
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._at = 0.0
+
+    def get(self, session: Session) -> tuple[list[PeerProbe], str]:
+        with self._lock:
+            if time.monotonic() - self._at < self._ttl:
+                return self._peers, self._version
+        rows = session.execute(
+            select(Cluster.name, Cluster.probe_url)
+            .where(Cluster.probe_url.is_not(None), Cluster.state.in_(("READY", "SUSPECT")))
+            .order_by(Cluster.name)
+        ).all()
+        peers = [PeerProbe(cluster=n, probe_url=u) for n, u in rows]
+        version = hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+        with self._lock:
+            self._peers, self._version, self._at = peers, version, time.monotonic()
+        return peers, version
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    cluster: str
+    state: str
+    lease_expires_at: datetime
+    changed_state: bool
+
+
+def ingest_heartbeat(
+    session: Session, hb: Heartbeat, policy: LeasePolicy, now: datetime | None = None
+) -> HeartbeatResult:
+    """Renew the cluster's lease, bring it back to READY, and sync its GPU inventory."""
+    now = now or utcnow()
+    expires = policy.expiry(now)
+    row = session.execute(
+        select(Cluster.id, Cluster.state, Cluster.probe_url).where(Cluster.name == hb.cluster)
+    ).first()
+    if row is None:
+        raise NotFound(
+            f"no cluster named {hb.cluster!r}; an admin must create it first (POST /v1/clusters)",
+            field="cluster",
+        )
+    cid, state, probe_url = row
+    values: dict[str, Any] = {
+        "last_heartbeat_at": now,
+        "lease_expires_at": expires,
+        "state": "READY",
+        "agent_version": hb.agent_version,
+        "discovery": hb.discovery,
+        "probe_url": hb.probe_url,
+    }
+    result = session.execute(
+        update(Cluster)
+        .where(Cluster.id == cid, Cluster.state == state)
+        .values(version=Cluster.version + 1, **values)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        # The lease monitor moved it between our read and write: re-read under a row lock.
+        state = session.execute(
+            select(Cluster.state).where(Cluster.id == cid).with_for_update()
+        ).scalar_one()
+        session.execute(
+            update(Cluster)
+            .where(Cluster.id == cid)
+            .values(version=Cluster.version + 1, **values)
+            .execution_options(synchronize_session=False)
+        )
+    changed = state != "READY"
+    if changed:
+        session.add(
+            ClusterTransition(
+                cluster_id=cid, from_state=state, to_state="READY", reason="heartbeat received"
+            )
+        )
+    _sync_gpus(session, cid, hb.gpus)
+    return HeartbeatResult(hb.cluster, "READY", expires, changed or probe_url != hb.probe_url)
+
+
+def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport]) -> None:
+    """Write only what changed; `in_use` belongs to the controller and is kept."""
+    existing = {
+        g.model: g
+        for g in session.scalars(select(GpuInventory).where(GpuInventory.cluster_id == cluster_id))
+    }
+    seen: set[str] = set()
+    for gpu in reported:
+        if gpu.model in seen:
+            raise Invalid(
+                f"GPU model {gpu.model!r} reported twice; merge its counts into one entry",
+                field="gpus",
+            )
+        seen.add(gpu.model)
+        allocatable = min(gpu.allocatable, gpu.count)
+        row = existing.get(gpu.model)
+        if row is None:
+            session.add(
+                GpuInventory(
+                    cluster_id=cluster_id,
+                    model=gpu.model,
+                    memory_gib=gpu.memory_gib,
+                    count=gpu.count,
+                    allocatable=allocatable,
+                    utilization=gpu.utilization,
+                )
+            )
+        elif (row.memory_gib, row.count, row.allocatable, row.utilization) != (
+            gpu.memory_gib,
+            gpu.count,
+            allocatable,
+            gpu.utilization,
+        ):
+            row.memory_gib, row.count = gpu.memory_gib, gpu.count
+            row.allocatable, row.utilization = allocatable, gpu.utilization
+    for model, row in existing.items():
+        if model not in seen:
+            session.delete(row)
+
+
+def ingest_links(session: Session, report: LinkReport) -> int:
+    """Store measured links from the reporting cluster; declared ones stay beside them."""
+    src = get_cluster(session, report.cluster)
+    names = {m.dst for m in report.links}
+    ids = dict(session.execute(select(Cluster.name, Cluster.id).where(Cluster.name.in_(names))).all())
+    unknown = sorted(names - ids.keys())
+    if unknown:
+        raise Invalid(
+            f"links name unknown clusters {unknown}; report only peers the controller listed",
+            field="links.dst",
+        )
+    for m in report.links:
+        if m.dst == report.cluster:
+            raise Invalid("a link cannot go from a cluster to itself", field="links.dst")
+        _upsert_link(
+            session,
+            src.id,
+            ids[m.dst],
+            "measured",
+            bandwidth_gbps=m.bandwidth_gbps,
+            rtt_ms=m.rtt_ms,
+            loss=m.loss,
+            measured_at=m.measured_at,
+        )
+    return len(report.links)
+
+
+def _upsert_link(session: Session, src_id: str, dst_id: str, source: str, **values: Any) -> Link:
+    link = session.scalars(
+        select(Link).where(
+            Link.src_cluster_id == src_id, Link.dst_cluster_id == dst_id, Link.source == source
+        )
+    ).first()
+    if link is None:
+        if source == "measured" and "egress_price_per_gb" not in values:
+            values["egress_price_per_gb"] = _declared_price(session, src_id, dst_id)
+        link = Link(src_cluster_id=src_id, dst_cluster_id=dst_id, source=source, **values)
+        session.add(link)
+    else:
+        for k, v in values.items():
+            setattr(link, k, v)
+    session.flush()
+    return link
+
+
+def _declared_price(session: Session, src_id: str, dst_id: str) -> float:
+    price = session.scalar(
+        select(Link.egress_price_per_gb).where(
+            Link.src_cluster_id == src_id, Link.dst_cluster_id == dst_id, Link.source == "declared"
+        )
+    )
+    return float(price or 0.0)
+
+
+# ---- admin views ---------------------------------------------------------------------------
+
+
+def declare_link(
+    session: Session,
+    src: str,
+    dst: str,
+    *,
+    bandwidth_gbps: float,
+    rtt_ms: float,
+    loss: float,
+    egress_price_per_gb: float,
+) -> Link:
+    if src == dst:
+        raise Invalid("a link cannot go from a cluster to itself; give two clusters", field="dst")
+    a, b = get_cluster(session, src), get_cluster(session, dst)
+    link = _upsert_link(
+        session,
+        a.id,
+        b.id,
+        "declared",
+        bandwidth_gbps=bandwidth_gbps,
+        rtt_ms=rtt_ms,
+        loss=loss,
+        egress_price_per_gb=egress_price_per_gb,
+        measured_at=utcnow(),
+    )
+    # The egress price is the operator's word: measured rows of the pair follow it.
+    session.execute(
+        update(Link)
+        .where(Link.src_cluster_id == a.id, Link.dst_cluster_id == b.id, Link.source == "measured")
+        .values(egress_price_per_gb=egress_price_per_gb)
+        .execution_options(synchronize_session=False)
+    )
+    return link
+
+
+def effective_links(links: Sequence[Link]) -> list[Link]:
+    """One link per directed pair: the measured one when there is one, else the declared."""
+    best: dict[tuple[str, str], Link] = {}
+    for link in links:
+        key = (link.src_cluster_id, link.dst_cluster_id)
+        if key not in best or link.source == "measured":
+            best[key] = link
+    return sorted(best.values(), key=lambda k: (k.src.name, k.dst.name))
+
+
+def gpu_totals(session: Session) -> list[dict[str, Any]]:
+    """GPUs by model across clusters that are READY and not cordoned count as offered."""
+    rows = session.execute(
+        select(
+            GpuInventory.model,
+            func.sum(GpuInventory.count),
+            func.sum(GpuInventory.allocatable),
+            func.sum(GpuInventory.in_use),
+            func.count(GpuInventory.cluster_id),
+        )
+        .group_by(GpuInventory.model)
+        .order_by(GpuInventory.model)
+    ).all()
+    return [
+        {
+            "model": model,
+            "count": int(count or 0),
+            "allocatable": int(alloc or 0),
+            "in_use": int(in_use or 0),
+            "clusters": int(n),
+        }
+        for model, count, alloc, in_use, n in rows
+    ]
+
+

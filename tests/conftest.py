@@ -1,0 +1,151 @@
+"""Shared fixtures: real databases (SQLite file, PostgreSQL) and a real uvicorn server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+PG_URL = os.environ.get("CPN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+ADMIN_TOKEN = "cpn_admin_test-token-0123456789abcdef"
+
+
+def _pg_available() -> str | None:
+    """None when PostgreSQL answers, else why not."""
+    try:
+        engine = create_engine(PG_URL, connect_args={"connect_timeout": 3})
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+        engine.dispose()
+        return None
+    except Exception as exc:
+        return f"{exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    reason = _pg_available()
+    if reason:
+        message = (
+            f"PostgreSQL not reachable at {PG_URL} ({reason}); start it or set CPN_TEST_PG_URL "
+            "to a server with trust auth to run the PostgreSQL tests"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    name = f"cpn_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :n AND pid <> pg_backend_pid()"
+            ),
+            {"n": name},
+        )
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def migrated_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """A database at the newest migration, on each backend."""
+    from controller.migrate import upgrade
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'cpn.db'}"
+    else:
+        url = request.getfixturevalue("pg_server_url")
+    upgrade(url)
+    return url
+
+
+def clear_tables(url: str) -> None:
+    from controller.db import make_engine
+    from controller.models import Base
+
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+    engine.dispose()
+
+
+@pytest.fixture
+def db_url(migrated_url: str) -> str:
+    """A migrated, empty database on each backend."""
+    clear_tables(migrated_url)
+    return migrated_url
+
+
+@dataclass
+class LiveServer:
+    url: str
+    admin_token: str
+    database_url: str
+
+    def client(self, token: str | None = None):  # type: ignore[no-untyped-def]
+        from api.client import Client
+
+        return Client(self.url, token or self.admin_token, timeout=30)
+
+
+def start_server(**settings_kwargs: object) -> tuple[LiveServer, object, threading.Thread]:
+    """A real uvicorn server on a real socket in a thread (same process, real HTTP)."""
+    import uvicorn
+
+    from api.app import create_app
+    from api.config import Settings
+
+    settings = Settings(admin_token=ADMIN_TOKEN, **settings_kwargs)  # type: ignore[arg-type]
+    app = create_app(settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    ready = threading.Event()
+    for _ in range(500):
+        if server.started:
+            ready.set()
+            break
+        if not thread.is_alive():
+            break
+        threading.Event().wait(0.02)
+    if not ready.is_set():
+        raise RuntimeError("uvicorn did not start")
+    return LiveServer(f"http://127.0.0.1:{port}", ADMIN_TOKEN, settings.database_url), server, thread
+
+
+def stop_server(server: object, thread: threading.Thread) -> None:
+    server.should_exit = True  # type: ignore[attr-defined]
+    thread.join(timeout=15)
+
+
+@pytest.fixture
+def live_server(db_url: str) -> Iterator[LiveServer]:
+    """The control plane on a real socket, over a fresh database of each backend."""
+    live, server, thread = start_server(database_url=db_url)
+    yield live
+    stop_server(server, thread)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
