@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from api.cli import admin, agent, db, plan, serve, train
+from api.cli import admin, agent, db, demo, plan, serve, train
 
 app = typer.Typer(
     name="cpn",
@@ -35,7 +35,7 @@ def version() -> None:
     print(dist_version("cpn"))
 
 
-for module in (serve, db, agent, admin, plan, train):
+for module in (serve, db, agent, admin, plan, train, demo):
     module.register(app)
 
 

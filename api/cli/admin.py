@@ -22,7 +22,7 @@ def clusters_table(clusters: list[dict[str, Any]]) -> Table:
         table.add_column(col)
     for c in clusters:
         gpus = ", ".join(f"{g['count']}x {g['model']}" for g in c["gpus"]) or "-"
-        seen = (c["last_heartbeat_at"] or "-")[:19].replace("T", " ")
+        seen = (c["last_heartbeat_at"] or "-")[11:19] or "-"
         style = {"READY": "green", "SUSPECT": "yellow", "DOWN": "red"}.get(c["state"], "")
         table.add_row(
             c["name"], c["region"], f"[{style}]{c['state']}[/]" if style else c["state"],
@@ -39,7 +39,7 @@ def links_table(links: list[dict[str, Any]]) -> Table:
         table.add_row(
             k["src"], k["dst"], k["source"], f"{k['bandwidth_gbps']:.3f}", f"{k['rtt_ms']:.1f}",
             f"{k['loss']:.2f}", f"{k['egress_price_per_gb']:.3f}",
-            k["measured_at"][:19].replace("T", " "),
+            k["measured_at"][11:19],
         )
     return table
 

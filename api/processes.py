@@ -1,0 +1,143 @@
+"""Start a local control plane and its agents as real processes.
+
+Used by `cpn demo`, the end-to-end tests and the benchmarks: the same commands an operator
+runs (`cpn db upgrade`, `cpn serve`, `cpn agent`), each in its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import yaml
+
+CPN = [sys.executable, "-m", "api.cli"]
+_LISTEN = re.compile(r"Uvicorn running on (http://\S+)")
+
+
+class ProcessError(RuntimeError):
+    """A child process failed to start; the message carries its last output lines."""
+
+
+@dataclass
+class Proc:
+    """A child process with its output kept in memory (the last lines) for error messages."""
+
+    name: str
+    popen: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+
+    def tail(self, n: int = 20) -> str:
+        return "\n".join(self.lines[-n:])
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit within `timeout`."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+
+def _pump(proc: Proc, stream: IO[str], found: threading.Event, pattern: re.Pattern[str] | None,
+          match: list[str]) -> None:
+    for line in stream:
+        proc.lines.append(line.rstrip())
+        if len(proc.lines) > 500:
+            del proc.lines[:250]
+        if pattern and not found.is_set() and (m := pattern.search(line)):
+            match.append(m.group(1))
+            found.set()
+
+
+def spawn(name: str, args: list[str], env: Mapping[str, str], *,
+          wait_for: re.Pattern[str] | None = None, timeout: float = 60.0) -> tuple[Proc, str | None]:
+    """Start `cpn ARGS`; optionally wait until its output matches `wait_for` (group 1 returned)."""
+    popen = subprocess.Popen(
+        [*CPN, *args], env={**os.environ, **env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    proc = Proc(name, popen)
+    found, match = threading.Event(), []  # type: ignore[var-annotated]
+    assert popen.stdout is not None
+    threading.Thread(target=_pump, args=(proc, popen.stdout, found, wait_for, match),
+                     daemon=True).start()
+    if wait_for is None:
+        return proc, None
+    deadline = time.monotonic() + timeout
+    while not found.wait(0.05):
+        if not proc.alive() or time.monotonic() > deadline:
+            proc.stop()
+            raise ProcessError(f"{name} did not start:\n{proc.tail()}")
+    return proc, match[0]
+
+
+@dataclass
+class ControlPlane:
+    """A running `cpn serve` with its URL and admin token."""
+
+    proc: Proc
+    url: str
+    admin_token: str
+    env: dict[str, str]
+
+
+def start_control_plane(
+    database_url: str, admin_token: str, *, settings: Mapping[str, str] | None = None,
+    migrate: bool = True, timeout: float = 60.0,
+) -> ControlPlane:
+    """`cpn db upgrade` then `cpn serve` on a free port; returns once /readyz answers 200."""
+    env = {"CPN_DATABASE_URL": database_url, "CPN_ADMIN_TOKEN": admin_token, **(settings or {})}
+    if migrate:
+        done = subprocess.run([*CPN, "db", "upgrade"], env={**os.environ, **env},
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise ProcessError(f"cpn db upgrade failed:\n{done.stderr[-2000:]}")
+    proc, url = spawn("cpn serve", ["serve", "--port", "0", "--log-level", "info"], env,
+                      wait_for=_LISTEN, timeout=timeout)
+    assert url is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return ControlPlane(proc, url, admin_token, env)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.stop()
+    raise ProcessError(f"cpn serve never became ready:\n{proc.tail()}")
+
+
+def write_inventory(path: Path, gpus: list[dict[str, object]]) -> Path:
+    path.write_text(yaml.safe_dump({"gpus": gpus}))
+    return path
+
+
+def start_agent(cluster: str, controller: str, token: str, inventory: Path,
+                extra: list[str] | None = None) -> Proc:
+    """A `cpn agent` with a declared inventory and a probe endpoint on a free loopback port."""
+    args = ["agent", "--cluster", cluster, "--controller", controller, "--inventory",
+            str(inventory), "--discovery", "inventory", "--probe-host", "127.0.0.1",
+            "--probe-port", "0", "--backoff-base", "0.2", "--backoff-cap", "2", *(extra or [])]
+    proc, _ = spawn(f"cpn agent {cluster}", args, {"CPN_AGENT_TOKEN": token})
+    return proc

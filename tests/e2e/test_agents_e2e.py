@@ -1,0 +1,110 @@
+"""Real `cpn serve` and three real `cpn agent` processes on SQLite; one agent SIGKILLed."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.client import Client
+from api.processes import ControlPlane, Proc, start_agent, start_control_plane, write_inventory
+
+INTERVAL, GRACE = 0.5, 3.0
+CLUSTERS = {
+    "us-east": [{"model": "A100-80GB", "memory_gib": 80, "count": 8}],
+    "eu-west": [{"model": "H100-80GB", "memory_gib": 80, "count": 4}],
+    "ap-south": [{"model": "L4", "memory_gib": 24, "count": 16, "allocatable": 12}],
+}
+
+
+def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    cp = start_control_plane(
+        f"sqlite:///{tmp_path / 'cpn.db'}",
+        "cpn_admin_e2e-token-0123456789",
+        settings={
+            "CPN_HEARTBEAT_INTERVAL_S": str(INTERVAL),
+            "CPN_LEASE_GRACE_S": str(GRACE),
+            "CPN_PROBE_INTERVAL_S": "1",
+            "CPN_PROBE_BYTES": str(1 << 20),
+        },
+    )
+    yield cp
+    cp.proc.stop()
+
+
+@pytest.mark.slow
+def test_three_agents_ready_then_one_killed_goes_suspect_down_and_back(
+    plane: ControlPlane, tmp_path: Path
+) -> None:
+    admin = Client(plane.url, plane.admin_token)
+    tokens: dict[str, str] = {}
+    for name in CLUSTERS:
+        admin.create_cluster(name, name)
+        tokens[name] = admin.create_api_key("agent", name)["token"]
+    admin.declare_link("us-east", "eu-west", bandwidth_gbps=5, rtt_ms=80, egress_price_per_gb=0.02)
+    agents: dict[str, Proc] = {}
+
+    def launch(name: str) -> Proc:
+        inventory = write_inventory(tmp_path / f"{name}.yaml", CLUSTERS[name])
+        return start_agent(name, plane.url, tokens[name], inventory)
+
+    try:
+        for name in CLUSTERS:
+            agents[name] = launch(name)
+
+        def states() -> dict[str, str]:
+            return {c["name"]: c["state"] for c in admin.clusters()}
+
+        wait_for(lambda: set(states().values()) == {"READY"}, 30, "all clusters READY")
+        by_name = {c["name"]: c for c in admin.clusters()}
+        assert by_name["ap-south"]["gpus"][0]["allocatable"] == 12
+        assert sum(g["count"] for c in by_name.values() for g in c["gpus"]) == 28
+
+        def measured() -> list[dict[str, Any]]:
+            links = admin.links("measured")
+            return links if len(links) == 6 else []
+
+        links = wait_for(measured, 30, "6 measured links (full mesh)")
+        assert all(k["bandwidth_gbps"] > 0 and k["rtt_ms"] > 0 for k in links)
+        # The declared price carries over to the measured link of the same pair.
+        ue = next(k for k in links if (k["src"], k["dst"]) == ("us-east", "eu-west"))
+        assert ue["egress_price_per_gb"] == 0.02
+
+        agents["eu-west"].kill(signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: states()["eu-west"] == "SUSPECT", GRACE + 5, "eu-west SUSPECT")
+        wait_for(lambda: states()["eu-west"] == "DOWN", GRACE + 10, "eu-west DOWN")
+        assert time.monotonic() - killed_at >= GRACE - INTERVAL  # not before the lease ran out
+        assert states()["us-east"] == "READY" and states()["ap-south"] == "READY"
+
+        agents["eu-west"] = launch("eu-west")
+        wait_for(lambda: states()["eu-west"] == "READY", 30, "eu-west READY again")
+        moves = [
+            (t["from_state"], t["to_state"])
+            for t in admin.get("/v1/clusters/eu-west/transitions")["items"]
+        ]
+        assert moves == [
+            ("PENDING", "READY"), ("READY", "SUSPECT"), ("SUSPECT", "DOWN"), ("DOWN", "READY")
+        ]
+    finally:
+        for proc in agents.values():
+            proc.stop()
+        admin.close()
+    for name, proc in agents.items():
+        assert proc.popen.returncode == 0, f"{name} agent did not stop cleanly:\n{proc.tail()}"
