@@ -30,7 +30,9 @@ class _Wire(BaseModel):
 class GpuInventory(_Wire):
     """GPUs of one model in a cluster, as discovered by the agent."""
 
-    model: str = Field(min_length=1, max_length=128, description="GPU product name, e.g. 'A100-80GB'.")
+    model: str = Field(
+        min_length=1, max_length=128, description="GPU product name, e.g. 'A100-80GB'."
+    )
     memory_gib: float = Field(ge=0, le=4096, description="Memory per GPU in GiB.")
     count: int = Field(ge=0, le=1_000_000, description="GPUs present.")
     allocatable: int = Field(ge=0, le=1_000_000, description="GPUs the cluster offers to cpn.")
@@ -77,7 +79,9 @@ class LinkMeasurement(_Wire):
     bandwidth_gbps: float = Field(gt=0, le=100_000, description="Measured throughput, Gbit/s.")
     rtt_ms: float = Field(ge=0, le=600_000, description="Round-trip time, milliseconds.")
     loss: float = Field(default=0.0, ge=0, le=1, description="Fraction of probes that failed.")
-    bytes_transferred: int = Field(ge=0, description="Size of the transfer the bandwidth came from.")
+    bytes_transferred: int = Field(
+        ge=0, description="Size of the transfer the bandwidth came from."
+    )
     measured_at: datetime
 
 

@@ -18,7 +18,7 @@ class Settings(BaseSettings):
 
     database_url: str = Field(
         default=f"sqlite:///{DEFAULT_DB_PATH}",
-        description="SQLAlchemy URL; SQLite file by default, postgresql+psycopg://... to scale out.",
+        description="SQLAlchemy URL: SQLite file by default, postgresql+psycopg://... to scale.",
     )
     admin_token: str | None = Field(
         default=None, description="First admin bearer key; generated and printed once if unset."

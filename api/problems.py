@@ -83,7 +83,11 @@ def install(app: FastAPI) -> None:
     async def _domain(request: Request, exc: CpnError) -> JSONResponse:
         errors = [{"field": exc.field, "message": exc.detail}] if exc.field else None
         return problem(
-            exc.status, exc.title, exc.detail, slug=exc.slug, instance=request.url.path,
+            exc.status,
+            exc.title,
+            exc.detail,
+            slug=exc.slug,
+            instance=request.url.path,
             errors=errors,
         )
 

@@ -59,8 +59,13 @@ class Proc:
         return self.popen.returncode
 
 
-def _pump(proc: Proc, stream: IO[str], found: threading.Event, pattern: re.Pattern[str] | None,
-          match: list[str]) -> None:
+def _pump(
+    proc: Proc,
+    stream: IO[str],
+    found: threading.Event,
+    pattern: re.Pattern[str] | None,
+    match: list[str],
+) -> None:
     for line in stream:
         proc.lines.append(line.rstrip())
         if len(proc.lines) > 500:
@@ -70,18 +75,29 @@ def _pump(proc: Proc, stream: IO[str], found: threading.Event, pattern: re.Patte
             found.set()
 
 
-def spawn(name: str, args: list[str], env: Mapping[str, str], *,
-          wait_for: re.Pattern[str] | None = None, timeout: float = 60.0) -> tuple[Proc, str | None]:
+def spawn(
+    name: str,
+    args: list[str],
+    env: Mapping[str, str],
+    *,
+    wait_for: re.Pattern[str] | None = None,
+    timeout: float = 60.0,
+) -> tuple[Proc, str | None]:
     """Start `cpn ARGS`; optionally wait until its output matches `wait_for` (group 1 returned)."""
     popen = subprocess.Popen(
-        [*CPN, *args], env={**os.environ, **env}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [*CPN, *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     proc = Proc(name, popen)
     found, match = threading.Event(), []  # type: ignore[var-annotated]
     assert popen.stdout is not None
-    threading.Thread(target=_pump, args=(proc, popen.stdout, found, wait_for, match),
-                     daemon=True).start()
+    threading.Thread(
+        target=_pump, args=(proc, popen.stdout, found, wait_for, match), daemon=True
+    ).start()
     if wait_for is None:
         return proc, None
     deadline = time.monotonic() + timeout
@@ -103,18 +119,32 @@ class ControlPlane:
 
 
 def start_control_plane(
-    database_url: str, admin_token: str, *, settings: Mapping[str, str] | None = None,
-    migrate: bool = True, timeout: float = 60.0,
+    database_url: str,
+    admin_token: str,
+    *,
+    settings: Mapping[str, str] | None = None,
+    migrate: bool = True,
+    timeout: float = 60.0,
 ) -> ControlPlane:
     """`cpn db upgrade` then `cpn serve` on a free port; returns once /readyz answers 200."""
     env = {"CPN_DATABASE_URL": database_url, "CPN_ADMIN_TOKEN": admin_token, **(settings or {})}
     if migrate:
-        done = subprocess.run([*CPN, "db", "upgrade"], env={**os.environ, **env},
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            [*CPN, "db", "upgrade"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if done.returncode != 0:
             raise ProcessError(f"cpn db upgrade failed:\n{done.stderr[-2000:]}")
-    proc, url = spawn("cpn serve", ["serve", "--port", "0", "--log-level", "info"], env,
-                      wait_for=_LISTEN, timeout=timeout)
+    proc, url = spawn(
+        "cpn serve",
+        ["serve", "--port", "0", "--log-level", "info"],
+        env,
+        wait_for=_LISTEN,
+        timeout=timeout,
+    )
     assert url is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -133,11 +163,29 @@ def write_inventory(path: Path, gpus: list[dict[str, object]]) -> Path:
     return path
 
 
-def start_agent(cluster: str, controller: str, token: str, inventory: Path,
-                extra: list[str] | None = None) -> Proc:
+def start_agent(
+    cluster: str, controller: str, token: str, inventory: Path, extra: list[str] | None = None
+) -> Proc:
     """A `cpn agent` with a declared inventory and a probe endpoint on a free loopback port."""
-    args = ["agent", "--cluster", cluster, "--controller", controller, "--inventory",
-            str(inventory), "--discovery", "inventory", "--probe-host", "127.0.0.1",
-            "--probe-port", "0", "--backoff-base", "0.2", "--backoff-cap", "2", *(extra or [])]
+    args = [
+        "agent",
+        "--cluster",
+        cluster,
+        "--controller",
+        controller,
+        "--inventory",
+        str(inventory),
+        "--discovery",
+        "inventory",
+        "--probe-host",
+        "127.0.0.1",
+        "--probe-port",
+        "0",
+        "--backoff-base",
+        "0.2",
+        "--backoff-cap",
+        "2",
+        *(extra or []),
+    ]
     proc, _ = spawn(f"cpn agent {cluster}", args, {"CPN_AGENT_TOKEN": token})
     return proc

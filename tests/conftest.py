@@ -61,9 +61,7 @@ def pg_server_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
-def migrated_url(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> str:
+def migrated_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A database at the newest migration, on each backend."""
     from controller.migrate import upgrade
 
@@ -99,7 +97,7 @@ class LiveServer:
     admin_token: str
     database_url: str
 
-    def client(self, token: str | None = None):  # type: ignore[no-untyped-def]
+    def client(self, token: str | None = None):
         from api.client import Client
 
         return Client(self.url, token or self.admin_token, timeout=30)
@@ -130,7 +128,11 @@ def start_server(**settings_kwargs: object) -> tuple[LiveServer, object, threadi
         threading.Event().wait(0.02)
     if not ready.is_set():
         raise RuntimeError("uvicorn did not start")
-    return LiveServer(f"http://127.0.0.1:{port}", ADMIN_TOKEN, settings.database_url), server, thread
+    return (
+        LiveServer(f"http://127.0.0.1:{port}", ADMIN_TOKEN, settings.database_url),
+        server,
+        thread,
+    )
 
 
 def stop_server(server: object, thread: threading.Thread) -> None:

@@ -21,7 +21,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root() -> None:
     """cpn: a cross-datacenter compute-network orchestrator."""

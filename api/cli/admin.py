@@ -25,8 +25,12 @@ def clusters_table(clusters: list[dict[str, Any]]) -> Table:
         seen = (c["last_heartbeat_at"] or "-")[11:19] or "-"
         style = {"READY": "green", "SUSPECT": "yellow", "DOWN": "red"}.get(c["state"], "")
         table.add_row(
-            c["name"], c["region"], f"[{style}]{c['state']}[/]" if style else c["state"],
-            "yes" if c["cordoned"] else "no", gpus, seen,
+            c["name"],
+            c["region"],
+            f"[{style}]{c['state']}[/]" if style else c["state"],
+            "yes" if c["cordoned"] else "no",
+            gpus,
+            seen,
         )
     return table
 
@@ -37,8 +41,13 @@ def links_table(links: list[dict[str, Any]]) -> Table:
         table.add_column(col)
     for k in links:
         table.add_row(
-            k["src"], k["dst"], k["source"], f"{k['bandwidth_gbps']:.3f}", f"{k['rtt_ms']:.1f}",
-            f"{k['loss']:.2f}", f"{k['egress_price_per_gb']:.3f}",
+            k["src"],
+            k["dst"],
+            k["source"],
+            f"{k['bandwidth_gbps']:.3f}",
+            f"{k['rtt_ms']:.1f}",
+            f"{k['loss']:.2f}",
+            f"{k['egress_price_per_gb']:.3f}",
             k["measured_at"][11:19],
         )
     return table
@@ -50,8 +59,13 @@ def gpus_table(gpus: list[dict[str, Any]]) -> Table:
         table.add_column(col)
     for g in gpus:
         table.add_row(
-            g["cluster"], g["cluster_state"], g["model"], f"{g['memory_gib']:g}", str(g["count"]),
-            str(g["allocatable"]), str(g["in_use"]),
+            g["cluster"],
+            g["cluster_state"],
+            g["model"],
+            f"{g['memory_gib']:g}",
+            str(g["count"]),
+            str(g["allocatable"]),
+            str(g["in_use"]),
         )
     return table
 
@@ -77,7 +91,9 @@ def _show(
         Console().print(render(rows))
 
 
-def clusters(url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt) -> None:
+def clusters(
+    url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt
+) -> None:
     """List clusters with their state and GPUs."""
     _show(url, token, as_json, lambda c: c.clusters(), clusters_table)
 

@@ -12,8 +12,14 @@ from typing import Any
 import typer
 
 DEMO_CLUSTERS: dict[str, dict[str, Any]] = {
-    "us-east": {"region": "us-east-1", "gpus": [{"model": "A100-80GB", "memory_gib": 80, "count": 8}]},
-    "eu-west": {"region": "eu-west-1", "gpus": [{"model": "H100-80GB", "memory_gib": 80, "count": 4}]},
+    "us-east": {
+        "region": "us-east-1",
+        "gpus": [{"model": "A100-80GB", "memory_gib": 80, "count": 8}],
+    },
+    "eu-west": {
+        "region": "eu-west-1",
+        "gpus": [{"model": "H100-80GB", "memory_gib": 80, "count": 4}],
+    },
     "ap-south": {"region": "ap-south-1", "gpus": [{"model": "L4", "memory_gib": 24, "count": 16}]},
 }
 DEMO_LINKS = [  # declared until the agents measure them
@@ -40,8 +46,12 @@ def demo(
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     token = f"cpn_admin_{secrets.token_urlsafe(24)}"
-    settings = {"CPN_HEARTBEAT_INTERVAL_S": "1", "CPN_LEASE_GRACE_S": "5",
-                "CPN_PROBE_INTERVAL_S": "2", "CPN_PROBE_BYTES": str(2 << 20)}
+    settings = {
+        "CPN_HEARTBEAT_INTERVAL_S": "1",
+        "CPN_LEASE_GRACE_S": "5",
+        "CPN_PROBE_INTERVAL_S": "2",
+        "CPN_PROBE_BYTES": str(2 << 20),
+    }
     agents = []
     try:
         with console.status("starting the control plane (SQLite, migrations, cpn serve)..."):
@@ -60,14 +70,20 @@ def demo(
             for a, b, values in DEMO_LINKS:
                 admin.declare_link(a, b, **values)
             want_links = len(DEMO_CLUSTERS) * (len(DEMO_CLUSTERS) - 1)
-            columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                       TextColumn("{task.completed}/{task.total}"))
+            columns = (
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+            )
             with Progress(*columns, console=console) as progress:
                 ready = progress.add_task("clusters READY", total=len(DEMO_CLUSTERS))
                 measured = progress.add_task("links measured", total=want_links)
                 deadline = time.monotonic() + timeout
                 while True:
-                    n_ready = sum(c["state"] == "READY" and c["gpus"] != [] for c in admin.clusters())
+                    n_ready = sum(
+                        c["state"] == "READY" and c["gpus"] != [] for c in admin.clusters()
+                    )
                     n_links = len(admin.links("measured"))
                     progress.update(ready, completed=n_ready)
                     progress.update(measured, completed=min(n_links, want_links))

@@ -43,7 +43,9 @@ def create_cluster(
 ) -> ClusterOut:
     """Register a datacenter cluster; it stays PENDING until its agent's first heartbeat."""
     cluster = resources.create_cluster(session, body.name, body.region, body.labels)
-    resources.audit(session, admin.key_id, "cluster.create", "cluster", body.name, region=body.region)
+    resources.audit(
+        session, admin.key_id, "cluster.create", "cluster", body.name, region=body.region
+    )
     session.commit()
     session.refresh(cluster)
     return _out(cluster, response)
@@ -64,9 +66,7 @@ def list_clusters(
     if region:
         stmt = stmt.where(Cluster.region == region)
     items, total = fetch_page(session, stmt, page)
-    return Page(
-        items=[_out(c) for c in items], total=total, limit=page.limit, offset=page.offset
-    )
+    return Page(items=[_out(c) for c in items], total=total, limit=page.limit, offset=page.offset)
 
 
 @router.get("/clusters/{name}", response_model=ClusterOut)
@@ -82,7 +82,9 @@ def patch_cluster(
     session: SessionDep,
     admin: AdminDep,
     response: Response,
-    if_match: Annotated[str | None, Header(description="ETag from a GET: refuse if changed.")] = None,
+    if_match: Annotated[
+        str | None, Header(description="ETag from a GET: refuse if changed.")
+    ] = None,
 ) -> ClusterOut:
     """Change region or labels; with If-Match, only if nobody changed it since you read it."""
     cluster = resources.get_cluster(session, name, for_update=True)
@@ -148,9 +150,7 @@ def drain(name: str, session: SessionDep, admin: AdminDep) -> ClusterOut:
 
 
 @router.get("/clusters/{name}/transitions", response_model=Page[TransitionOut])
-def transitions(
-    name: str, session: SessionDep, _: AdminDep, page: PageDep
-) -> Page[TransitionOut]:
+def transitions(name: str, session: SessionDep, _: AdminDep, page: PageDep) -> Page[TransitionOut]:
     """Every state change of the cluster, oldest first, with its reason."""
     cluster = resources.get_cluster(session, name)
     stmt = (

@@ -22,7 +22,7 @@ def _out(link: Link) -> LinkOut:
         id=link.id,
         src=link.src.name,
         dst=link.dst.name,
-        source=link.source,  # type: ignore[arg-type]
+        source=link.source,
         bandwidth_gbps=link.bandwidth_gbps,
         rtt_ms=link.rtt_ms,
         loss=link.loss,
@@ -45,7 +45,12 @@ def declare_link(body: LinkIn, session: SessionDep, admin: AdminDep) -> list[Lin
     pairs = [(body.src, body.dst)] + ([(body.dst, body.src)] if body.symmetric else [])
     links = [resources.declare_link(session, a, b, **values) for a, b in pairs]
     resources.audit(
-        session, admin.key_id, "link.declare", "link", f"{body.src}->{body.dst}", **body.model_dump()
+        session,
+        admin.key_id,
+        "link.declare",
+        "link",
+        f"{body.src}->{body.dst}",
+        **body.model_dump(),
     )
     session.commit()
     return [_out(link) for link in links]
@@ -60,7 +65,9 @@ def list_links(
         Literal["effective", "declared", "measured", "all"],
         Query(description="effective: one per direction, measured over declared."),
     ] = "effective",
-    cluster: Annotated[str | None, Query(max_length=63, description="Touching this cluster.")] = None,
+    cluster: Annotated[
+        str | None, Query(max_length=63, description="Touching this cluster.")
+    ] = None,
 ) -> Page[LinkOut]:
     """Links between clusters with their source and time."""
     stmt = select(Link)

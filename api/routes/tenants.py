@@ -96,14 +96,12 @@ def create_api_key(body: ApiKeyIn, session: SessionDep, admin: AdminDep) -> ApiK
     """Mint a key. Its token is in this response only; cpn keeps just a hash."""
     if body.role == "admin" and body.scope:
         raise Invalid("admin keys take no scope; leave `scope` out", field="scope")
-    if body.role == "tenant":
-        if not body.scope or session.get(Tenant, body.scope) is None:
-            raise Invalid("a tenant key needs `scope` = an existing tenant id", field="scope")
-    if body.role == "agent":
-        if not body.scope or not session.scalar(select(Cluster.id).where(Cluster.name == body.scope)):
-            raise Invalid(
-                "an agent key needs `scope` = the name of an existing cluster", field="scope"
-            )
+    if body.role == "tenant" and (not body.scope or session.get(Tenant, body.scope) is None):
+        raise Invalid("a tenant key needs `scope` = an existing tenant id", field="scope")
+    if body.role == "agent" and (
+        not body.scope or not session.scalar(select(Cluster.id).where(Cluster.name == body.scope))
+    ):
+        raise Invalid("an agent key needs `scope` = the name of an existing cluster", field="scope")
     key, token = keys.create_key(session, body.role, body.scope, body.name)
     resources.audit(session, admin.key_id, "key.create", "api_key", key.id, role=body.role)
     session.commit()

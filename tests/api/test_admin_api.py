@@ -37,7 +37,11 @@ def test_cluster_crud_and_validation(live_server: LiveServer) -> None:
     # The duplicate and the invalid request stored nothing half-way.
     with live_server.client() as c:
         audit = c.get("/v1/audit")["items"]
-        assert [a["action"] for a in audit] == ["cluster.delete", "cluster.update", "cluster.create"]
+        assert [a["action"] for a in audit] == [
+            "cluster.delete",
+            "cluster.update",
+            "cluster.create",
+        ]
 
 
 def test_if_match_refuses_stale_writes(live_server: LiveServer) -> None:
@@ -48,10 +52,15 @@ def test_if_match_refuses_stale_writes(live_server: LiveServer) -> None:
             headers={"Authorization": f"Bearer {live_server.admin_token}"},
         )
         etag = r.headers["ETag"]
-        c.request("PATCH", "/v1/clusters/eu-west", json={"labels": {"a": "1"}}, headers={"If-Match": etag})
+        c.request(
+            "PATCH", "/v1/clusters/eu-west", json={"labels": {"a": "1"}}, headers={"If-Match": etag}
+        )
         with pytest.raises(ApiError) as stale:
             c.request(
-                "PATCH", "/v1/clusters/eu-west", json={"labels": {"a": "2"}}, headers={"If-Match": etag}
+                "PATCH",
+                "/v1/clusters/eu-west",
+                json={"labels": {"a": "2"}},
+                headers={"If-Match": etag},
             )
         assert stale.value.status == 412
         assert c.get("/v1/clusters/eu-west")["labels"] == {"a": "1"}
@@ -73,7 +82,10 @@ def test_oversized_body_is_refused(live_server: LiveServer) -> None:
     big = b'{"name": "x", "region": "' + b"a" * (2 * 1024 * 1024) + b'"}'
     r = httpx.post(
         f"{live_server.url}/v1/clusters",
-        headers={"Authorization": f"Bearer {live_server.admin_token}", "Content-Type": "application/json"},
+        headers={
+            "Authorization": f"Bearer {live_server.admin_token}",
+            "Content-Type": "application/json",
+        },
         content=big,
     )
     assert r.status_code == 413 and r.json()["status"] == 413
@@ -109,7 +121,9 @@ def test_pagination(live_server: LiveServer) -> None:
             c.create_cluster(f"c{i}", "r")
         page = c.get("/v1/clusters", limit=3, offset=3)
         assert page["total"] == 7 and [x["name"] for x in page["items"]] == ["c3", "c4", "c5"]
-        assert [x["name"] for x in c.paginate("/v1/clusters", page_size=2)] == [f"c{i}" for i in range(7)]
+        assert [x["name"] for x in c.paginate("/v1/clusters", page_size=2)] == [
+            f"c{i}" for i in range(7)
+        ]
         with pytest.raises(ApiError) as bad:
             c.get("/v1/clusters", limit=0)
         assert bad.value.status == 422 and bad.value.errors[0]["field"] == "query.limit"
@@ -142,7 +156,10 @@ def test_roles_and_revocation(live_server: LiveServer) -> None:
         with pytest.raises(ApiError) as admin_only:
             agent_client.clusters()
         assert admin_only.value.status == 403
-        assert agent_client.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": []})["state"] == "READY"
+        assert (
+            agent_client.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": []})["state"]
+            == "READY"
+        )
 
     with live_server.client() as admin:
         admin.request("DELETE", f"/v1/api-keys/{akey['id']}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,9 @@ INTERVAL, GRACE = 0.4, 1.6
 @pytest.fixture
 def fast_lease_server(db_url: str) -> Iterator[LiveServer]:
     live, server, thread = start_server(
-        database_url=db_url, heartbeat_interval_s=INTERVAL, lease_grace_s=GRACE,
+        database_url=db_url,
+        heartbeat_interval_s=INTERVAL,
+        lease_grace_s=GRACE,
         monitor_interval_s=0.05,
     )
     yield live
@@ -31,7 +34,7 @@ def _agent(live: LiveServer, name: str) -> Client:
     return live.client(token)
 
 
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -56,7 +59,9 @@ def test_heartbeat_syncs_gpus_and_lists_peers(live_server: LiveServer) -> None:
             {"model": "A100-80GB", "count": 8, "allocatable": 6, "in_use": 0, "clusters": 1}
         ]
     # A changed inventory replaces the old one; a duplicate model is refused whole.
-    a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [{**gpus[0], "count": 4, "allocatable": 4}]})
+    a.post(
+        "/v1/agent/heartbeat", {"cluster": "a", "gpus": [{**gpus[0], "count": 4, "allocatable": 4}]}
+    )
     with pytest.raises(ApiError) as dup:
         a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [gpus[0], gpus[0]]})
     assert dup.value.status == 422
@@ -70,9 +75,17 @@ def test_measured_links_replace_declared_and_keep_both(live_server: LiveServer) 
     with live_server.client() as admin:
         admin.declare_link("a", "b", bandwidth_gbps=10, rtt_ms=50, egress_price_per_gb=0.05)
     now = datetime.now(UTC).isoformat()
-    report = {
+    report: dict[str, Any] = {
         "cluster": "a",
-        "links": [{"dst": "b", "bandwidth_gbps": 0.8, "rtt_ms": 31.5, "bytes_transferred": 4 << 20, "measured_at": now}],
+        "links": [
+            {
+                "dst": "b",
+                "bandwidth_gbps": 0.8,
+                "rtt_ms": 31.5,
+                "bytes_transferred": 4 << 20,
+                "measured_at": now,
+            }
+        ],
     }
     assert a.post("/v1/agent/links", report) == {"stored": 1}
     with live_server.client() as admin:
@@ -106,8 +119,16 @@ def test_lease_goes_suspect_down_and_back(fast_lease_server: LiveServer) -> None
         assert time.monotonic() - silent_from >= GRACE
         a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": []})
         assert state() == "READY"
-        moves = [(t["from_state"], t["to_state"]) for t in admin.get("/v1/clusters/a/transitions")["items"]]
-        assert moves == [("PENDING", "READY"), ("READY", "SUSPECT"), ("SUSPECT", "DOWN"), ("DOWN", "READY")]
+        moves = [
+            (t["from_state"], t["to_state"])
+            for t in admin.get("/v1/clusters/a/transitions")["items"]
+        ]
+        assert moves == [
+            ("PENDING", "READY"),
+            ("READY", "SUSPECT"),
+            ("SUSPECT", "DOWN"),
+            ("DOWN", "READY"),
+        ]
 
 
 def test_steady_heartbeats_keep_cluster_ready(fast_lease_server: LiveServer) -> None:

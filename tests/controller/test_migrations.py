@@ -14,7 +14,7 @@ from controller.migrate import pending_reason
 from controller.models import Base, UTCDateTime
 
 
-def _compare_type(ctx, inspected_column, metadata_column, inspected_type, metadata_type):  # type: ignore[no-untyped-def]
+def _compare_type(ctx, inspected_column, metadata_column, inspected_type, metadata_type):
     from sqlalchemy import DateTime
 
     if isinstance(metadata_type, UTCDateTime):
@@ -32,10 +32,12 @@ def test_models_and_newest_revision_agree(migrated_url: str) -> None:
     assert pending_reason(make_engine(migrated_url)) is None
 
 
-def test_serve_refuses_unmigrated_database(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_serve_refuses_unmigrated_database(tmp_path) -> None:
     env = {**os.environ, "CPN_DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.db'}"}
     cpn = [sys.executable, "-m", "api.cli"]
-    r = subprocess.run([*cpn, "serve", "--port", "0"], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*cpn, "serve", "--port", "0"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1
     assert "cpn db upgrade" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([*cpn, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=60)

@@ -21,7 +21,7 @@ CLUSTERS = {
 }
 
 
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -100,7 +100,10 @@ def test_three_agents_ready_then_one_killed_goes_suspect_down_and_back(
             for t in admin.get("/v1/clusters/eu-west/transitions")["items"]
         ]
         assert moves == [
-            ("PENDING", "READY"), ("READY", "SUSPECT"), ("SUSPECT", "DOWN"), ("DOWN", "READY")
+            ("PENDING", "READY"),
+            ("READY", "SUSPECT"),
+            ("SUSPECT", "DOWN"),
+            ("DOWN", "READY"),
         ]
     finally:
         for proc in agents.values():
