@@ -108,11 +108,11 @@ def test_measured_links_replace_declared_and_keep_both(live_server: LiveServer) 
 def test_lease_goes_suspect_down_and_back(fast_lease_server: LiveServer) -> None:
     live = fast_lease_server
     a = _agent(live, "a")
+    silent_from = time.monotonic()  # the server stamps the beat after this instant
     a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": []})
     with live.client() as admin:
         state = lambda: admin.get("/v1/clusters/a")["state"]  # noqa: E731
         assert state() == "READY"
-        silent_from = time.monotonic()
         wait_for(lambda: state() == "SUSPECT", what="SUSPECT")
         assert time.monotonic() - silent_from >= INTERVAL  # not before a beat was missed
         wait_for(lambda: state() == "DOWN", what="DOWN")
@@ -131,12 +131,23 @@ def test_lease_goes_suspect_down_and_back(fast_lease_server: LiveServer) -> None
         ]
 
 
-def test_steady_heartbeats_keep_cluster_ready(fast_lease_server: LiveServer) -> None:
-    live = fast_lease_server
+@pytest.fixture
+def slow_lease_server(db_url: str) -> Iterator[LiveServer]:
+    live, server, thread = start_server(
+        database_url=db_url, heartbeat_interval_s=2.0, lease_grace_s=8.0, monitor_interval_s=0.05
+    )
+    yield live
+    stop_server(server, thread)
+
+
+def test_steady_heartbeats_keep_cluster_ready(slow_lease_server: LiveServer) -> None:
+    live = slow_lease_server
     a = _agent(live, "a")
     with live.client() as admin:
-        for _ in range(10):  # 2 seconds of beats at half the interval: never a missed window
+        # Beats every 0.25 s against a 2 s interval: the monitor runs 40 times meanwhile and
+        # must never call a missed window.
+        for _ in range(10):
             a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": []})
             assert admin.get("/v1/clusters/a")["state"] == "READY"
-            time.sleep(INTERVAL / 2)
+            time.sleep(0.25)
         assert admin.get("/v1/clusters/a/transitions")["total"] == 1
