@@ -1,0 +1,171 @@
+"""Measuring the WAN link to a peer cluster's probe endpoint.
+
+RTT is the median of a few pings on a warm connection. Throughput comes from one bounded
+blob transfer: its bytes over its duration minus one RTT (the request's trip out and the
+first byte's trip back carry no payload). Loss is the fraction of probes that failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+
+from agents.protocol import PROBE_MAX_BYTES, LinkMeasurement, PeerProbe
+
+log = logging.getLogger(__name__)
+
+MAX_GBPS = 100_000.0  # LinkMeasurement's upper bound
+MIN_GBPS = 1e-9
+
+
+def throughput_gbps(nbytes: int, elapsed_s: float, rtt_s: float) -> float:
+    """Payload rate in Gbit/s; the RTT is taken off unless that leaves nothing to divide by."""
+    transfer_s = elapsed_s - rtt_s
+    if transfer_s <= elapsed_s * 0.05:  # RTT dominated: a too-small blob or noisy pings
+        transfer_s = elapsed_s
+    if transfer_s <= 0:
+        return MAX_GBPS
+    return min(MAX_GBPS, max(MIN_GBPS, nbytes * 8 / transfer_s / 1e9))
+
+
+@dataclass
+class ProbeCounts:
+    attempted: int = 0
+    failed: int = 0
+
+    @property
+    def loss(self) -> float:
+        return self.failed / self.attempted if self.attempted else 0.0
+
+
+class LinkProber:
+    """Measures links to peers' probe endpoints, one peer at a time.
+
+    One at a time so that two transfers do not share this cluster's uplink and each report
+    half the bandwidth.
+    """
+
+    def __init__(
+        self,
+        *,
+        pings: int = 5,
+        timeout_s: float = 10.0,
+        blob_timeout_s: float = 60.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.pings = pings
+        self.timeout_s = timeout_s
+        self.blob_timeout_s = blob_timeout_s
+        self._clock = clock
+
+    def measure(self, peer: PeerProbe, probe_bytes: int) -> LinkMeasurement | None:
+        """The link to `peer`, or None when it is unreachable (logged)."""
+        base = peer.probe_url.rstrip("/")
+        if not base.startswith(("http://", "https://")):
+            log.warning("peer %s: probe URL %r is not http(s); skipped", peer.cluster, base)
+            return None
+        nbytes = max(1, min(probe_bytes, PROBE_MAX_BYTES))
+        counts = ProbeCounts()
+        rtts: list[float] = []
+        with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
+            # The first ping opens the connection; its time includes the handshake, so only
+            # its success counts.
+            for i in range(self.pings + 1):
+                elapsed = self._ping(client, base + "/probe/ping", peer, counts)
+                if elapsed is not None and i > 0:
+                    rtts.append(elapsed)
+            if counts.failed == counts.attempted:
+                log.warning("peer %s at %s unreachable: every ping failed; skipped",
+                            peer.cluster, base)
+                return None
+            if not rtts:
+                log.warning("peer %s: no timed ping succeeded; skipped", peer.cluster)
+                return None
+            rtt_s = statistics.median(rtts)
+            blob = self._blob(client, f"{base}/probe/blob?bytes={nbytes}", nbytes, peer, counts)
+        if blob is None:
+            return None
+        return LinkMeasurement(
+            dst=peer.cluster,
+            bandwidth_gbps=throughput_gbps(nbytes, blob, rtt_s),
+            rtt_ms=min(600_000.0, rtt_s * 1000.0),
+            loss=counts.loss,
+            bytes_transferred=nbytes,
+            measured_at=datetime.now(UTC),
+        )
+
+    def _ping(
+        self, client: httpx.Client, url: str, peer: PeerProbe, counts: ProbeCounts
+    ) -> float | None:
+        counts.attempted += 1
+        start = self._clock()
+        try:
+            response = client.get(url)
+        except httpx.HTTPError as exc:
+            counts.failed += 1
+            log.debug("peer %s: ping failed: %s", peer.cluster, exc)
+            return None
+        elapsed = self._clock() - start
+        if response.status_code != 204:
+            counts.failed += 1
+            log.debug("peer %s: ping answered HTTP %d", peer.cluster, response.status_code)
+            return None
+        return elapsed
+
+    def _blob(
+        self, client: httpx.Client, url: str, nbytes: int, peer: PeerProbe, counts: ProbeCounts
+    ) -> float | None:
+        """Seconds from sending the request to the last byte, or None when it failed."""
+        counts.attempted += 1
+        received = 0
+        start = self._clock()
+        try:
+            with client.stream("GET", url, timeout=self.blob_timeout_s) as response:
+                if response.status_code != 200:
+                    counts.failed += 1
+                    log.warning("peer %s: blob transfer answered HTTP %d; skipped",
+                                peer.cluster, response.status_code)
+                    return None
+                for chunk in response.iter_raw():
+                    received += len(chunk)
+                    if received > nbytes:
+                        break
+        except httpx.HTTPError as exc:
+            counts.failed += 1
+            log.warning("peer %s: blob transfer failed after %d of %d bytes: %s; skipped",
+                        peer.cluster, received, nbytes, exc)
+            return None
+        elapsed = self._clock() - start
+        if received != nbytes:
+            counts.failed += 1
+            log.warning("peer %s: blob transfer gave %d bytes, expected %d; skipped",
+                        peer.cluster, received, nbytes)
+            return None
+        return elapsed
+
+    def measure_all(
+        self,
+        peers: list[PeerProbe],
+        probe_bytes: int,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> list[LinkMeasurement]:
+        out = []
+        for peer in peers:
+            if should_stop():
+                break
+            try:
+                m = self.measure(peer, probe_bytes)
+            except Exception:  # one bad peer must not stop the others or the agent
+                log.exception("peer %s: measurement failed unexpectedly", peer.cluster)
+                continue
+            if m is not None:
+                log.info("link to %s: %.3f Gbit/s, rtt %.2f ms, loss %.2f",
+                         m.dst, m.bandwidth_gbps, m.rtt_ms, m.loss)
+                out.append(m)
+        return out
