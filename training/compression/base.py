@@ -46,14 +46,18 @@ class Compressor(ABC):
 
     @abstractmethod
     def decompress(self, packet: Packet) -> torch.Tensor:
-        """Rebuild a dense float32 tensor of the original shape from `packet`."""
+        """Rebuild a dense float32 tensor of the original shape from `packet`.
 
-    def step(self) -> None:
+        Reads only the packet (no per-key state), so a receiver may decode with its own
+        instance of the same spec.
+        """
+
+    def step(self) -> None:  # noqa: B027 - optional hook, stateless compressors skip it
         """Called once after each exchange round (schedules such as DGC's density warm-up)."""
 
     def state_dict(self) -> dict[str, Any]:
         """State needed to resume exactly (residuals, warm starts, counters)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Restore what `state_dict` returned."""
