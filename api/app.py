@@ -63,7 +63,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise NotMigrated(f"cpn serve cannot start: {reason}")
         token = bootstrap_admin(app)
         if token:
-            print(f"cpn: generated the first admin key (shown once, store it): {token}", file=sys.stderr, flush=True)
+            print(
+                f"cpn: generated the first admin key (shown once, store it): {token}",
+                file=sys.stderr,
+                flush=True,
+            )
         monitor = None
         if settings.run_controller:
 

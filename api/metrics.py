@@ -33,8 +33,10 @@ class Metrics:
             "cpn_clusters", "Clusters by state.", ["state"], registry=self.registry
         )
         self.gpus = Gauge(
-            "cpn_gpus", "GPUs by model and kind (count, allocatable, in_use).",
-            ["model", "kind"], registry=self.registry,
+            "cpn_gpus",
+            "GPUs by model and kind (count, allocatable, in_use).",
+            ["model", "kind"],
+            registry=self.registry,
         )
         self.lease_transitions = Counter(
             "cpn_cluster_transitions_total",

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat, LinkReport, PeerProbe
@@ -22,7 +22,12 @@ from controller.models import AuditLog, Cluster, ClusterTransition, GpuInventory
 
 
 def audit(
-    session: Session, actor: str | None, action: str, target_type: str, target_id: str, **detail: Any
+    session: Session,
+    actor: str | None,
+    action: str,
+    target_type: str,
+    target_id: str,
+    **detail: Any,
 ) -> None:
     session.add(
         AuditLog(
@@ -206,7 +211,9 @@ def ingest_links(session: Session, report: LinkReport) -> int:
     """Store measured links from the reporting cluster; declared ones stay beside them."""
     src = get_cluster(session, report.cluster)
     names = {m.dst for m in report.links}
-    ids = dict(session.execute(select(Cluster.name, Cluster.id).where(Cluster.name.in_(names))).all())
+    ids = dict(
+        session.execute(select(Cluster.name, Cluster.id).where(Cluster.name.in_(names))).all()
+    )
     unknown = sorted(names - ids.keys())
     if unknown:
         raise Invalid(
@@ -326,5 +333,3 @@ def gpu_totals(session: Session) -> list[dict[str, Any]]:
         }
         for model, count, alloc, in_use, n in rows
     ]
-
-

@@ -23,7 +23,9 @@ def _bound(principal_scope: str | None, cluster: str) -> None:
 
 
 @router.post("/heartbeat", response_model=HeartbeatAck)
-def heartbeat(body: Heartbeat, request: Request, session: SessionDep, agent: AgentDep) -> HeartbeatAck:
+def heartbeat(
+    body: Heartbeat, request: Request, session: SessionDep, agent: AgentDep
+) -> HeartbeatAck:
     """Renew the cluster's lease and sync its GPUs; the answer lists peers to probe."""
     _bound(agent.scope, body.cluster)
     state = request.app.state
