@@ -38,7 +38,7 @@ def heartbeat(
     settings = state.settings
     return HeartbeatAck(
         cluster=body.cluster,
-        state=result.state,  # type: ignore[arg-type]
+        state=result.state,
         lease_expires_at=result.lease_expires_at,
         heartbeat_interval_s=settings.heartbeat_interval_s,
         probe_interval_s=settings.probe_interval_s,
