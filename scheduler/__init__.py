@@ -1,0 +1,84 @@
+"""Control-layer decisions: the cost model, placement optimizer and QoS rules.
+
+Pure code (no I/O, database, Ray or web): data in, data out, deterministic.
+"""
+
+from scheduler.calibrate import Observation, calibrate
+from scheduler.compression import (
+    AUTO_COMPRESSIONS,
+    AUTO_SYNCS,
+    CompressorModel,
+    SyncModel,
+    compressor_model,
+    sync_model,
+)
+from scheduler.cost import CostModel, estimate, ring_allreduce_time, step_time
+from scheduler.gpus import DEFAULT_EFFICIENCY, GPU_PEAK_TFLOPS, peak_tflops
+from scheduler.optimizer import check_placement, evaluate, plan
+from scheduler.rules import (
+    QueuedJob,
+    QueueOrder,
+    exclusions,
+    order_queue,
+    preemption_candidates,
+    quota_left,
+    tenant_usage,
+)
+from scheduler.types import (
+    OBJECTIVES,
+    Assignment,
+    Cluster,
+    Estimate,
+    Infeasible,
+    JobRequest,
+    Link,
+    Objective,
+    Placement,
+    Plan,
+    PlanResult,
+    QoS,
+    RunningJob,
+    Snapshot,
+)
+
+__all__ = [
+    "AUTO_COMPRESSIONS",
+    "AUTO_SYNCS",
+    "DEFAULT_EFFICIENCY",
+    "GPU_PEAK_TFLOPS",
+    "OBJECTIVES",
+    "Assignment",
+    "Cluster",
+    "CompressorModel",
+    "CostModel",
+    "Estimate",
+    "Infeasible",
+    "JobRequest",
+    "Link",
+    "Objective",
+    "Observation",
+    "Placement",
+    "Plan",
+    "PlanResult",
+    "QoS",
+    "QueueOrder",
+    "QueuedJob",
+    "RunningJob",
+    "Snapshot",
+    "SyncModel",
+    "calibrate",
+    "check_placement",
+    "compressor_model",
+    "estimate",
+    "evaluate",
+    "exclusions",
+    "order_queue",
+    "peak_tflops",
+    "plan",
+    "preemption_candidates",
+    "quota_left",
+    "ring_allreduce_time",
+    "step_time",
+    "sync_model",
+    "tenant_usage",
+]

@@ -1,0 +1,781 @@
+"""Placement search: which clusters, how many GPUs each, which compression and sync mode.
+
+Search space: a subset S of eligible, pairwise-linked clusters (|S| <= max_clusters), GPUs per
+cluster (each member >= 1, within free GPUs, total within the job's range), a compressor and a
+sync mode. For a fixed S the estimate depends on the GPU split only through the aggregate
+throughput R, the slowest intra-cluster all-reduce tau and the hourly price P. So:
+
+- time objective, no budget: for each candidate tau (an intra all-reduce time that some cluster
+  reaches at some size) cap each cluster at the most GPUs within tau and fill fastest GPUs
+  first; this maximises R for that tau, and the step time falls with R and rises with tau, so
+  the best of these points is the exact optimum for S.
+- cost objectives or a budget: a dynamic programme over the members of S keeps every
+  allocation not dominated in (R up, P down, tau down), which is exact for any objective that
+  is monotone in those three.
+
+Small instances (<= EXACT_MAX_CLUSTERS eligible clusters) search every S in full. Larger ones
+pick a pool of promising clusters (best alone, most capacity, best links to those), grow
+subsets greedily from the best seeds (a set still short of GPUs ranks by how fast it would run
+the job on what it has, so growth follows good links), improve them by add / drop / swap moves
+— all screened with cluster sizes on a doubling grid — and search the FULL_EVALS best screened
+subsets in full. Every tie is broken by names, so the same input gives the same plan.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from scheduler.compression import AUTO_COMPRESSIONS, AUTO_SYNCS
+from scheduler.cost import CostModel
+from scheduler.rules import (
+    exclusions,
+    is_clique,
+    preemption_candidates,
+    preemption_cost,
+    quota_left,
+    release,
+)
+from scheduler.types import (
+    OBJECTIVES,
+    Assignment,
+    Estimate,
+    Infeasible,
+    JobRequest,
+    Objective,
+    Placement,
+    Plan,
+    PlanResult,
+    Snapshot,
+)
+
+EXACT_MAX_CLUSTERS = 8
+DP_MAX_GPUS = 24  # above this many GPUs per subset the cost DP gives way to greedy fills
+ALL_SIZES_UP_TO = 8  # tau candidates: every cluster size up to this, then doubling sizes
+POOL_SEEDS = 4
+FULL_EVALS = 6  # subsets searched in full after screening
+MAX_VICTIM_SETS = 2000
+
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class _Alloc:
+    names: tuple[str, ...]
+    gpus: tuple[int, ...]
+    rate: float
+    intra: float
+    price: float
+
+
+@dataclass(frozen=True)
+class _Choice:
+    alloc: _Alloc
+    compression: str
+    sync: str
+    time: float
+    cost: float
+
+
+class _Search:
+    """One planning problem: the model, the rules in force and the best choices seen."""
+
+    def __init__(
+        self,
+        model: CostModel,
+        job: JobRequest,
+        objective: Objective,
+        gmin: int,
+        gmax: int,
+    ) -> None:
+        self.model = model
+        self.snapshot = model.snapshot
+        self.job = job
+        self.objective = objective
+        self.gmin = gmin
+        self.gmax = gmax
+        self.deadline = job.qos.deadline_s
+        self.budget = job.qos.max_cost
+        self.max_clusters = job.qos.max_clusters or 1_000_000
+        self.use_dp = objective != "time" or self.budget is not None
+        self.best: _Choice | None = None
+        self.fastest: _Choice | None = None
+        self.cheapest_in_time: _Choice | None = None
+        self.runner_up: dict[tuple[str, ...], _Choice] = {}
+        self._subset_cache: dict[tuple[str, ...], _Choice | None] = {}
+        self._quick_cache: dict[tuple[str, ...], _Choice | None] = {}
+        self._partial_cache: dict[tuple[str, ...], float] = {}
+        multi_c = AUTO_COMPRESSIONS if job.compression == "auto" else (job.compression,)
+        multi_s = AUTO_SYNCS if job.sync == "auto" else (job.sync,)
+        self.multi = [(c, s) for c in multi_c for s in multi_s]
+        self.single = [
+            (
+                "none" if job.compression == "auto" else job.compression,
+                "every-step" if job.sync == "auto" else job.sync,
+            )
+        ]
+
+    # --- ranking ---------------------------------------------------------------------------
+
+    def key(self, ch: _Choice) -> tuple[float, float, int, tuple[str, ...], tuple[int, ...]]:
+        """Objective first, the other measure second, then fewer clusters, then names."""
+        a = ch.alloc
+        if self.objective == "time":
+            return (ch.time, ch.cost, len(a.names), a.names, a.gpus)
+        return (ch.cost, ch.time, len(a.names), a.names, a.gpus)
+
+    def ok(self, ch: _Choice) -> bool:
+        return (self.deadline is None or ch.time <= self.deadline) and (
+            self.budget is None or ch.cost <= self.budget
+        )
+
+    def rank(
+        self, ch: _Choice | None
+    ) -> tuple[int, tuple[float, float, int, tuple[str, ...], tuple[int, ...]] | tuple[()]]:
+        """Feasible choices before infeasible ones, then by objective."""
+        if ch is None:
+            return (2, ())
+        return (0 if self.ok(ch) else 1, self.key(ch))
+
+    # --- evaluating one subset -------------------------------------------------------------
+
+    def allocs(self, names: tuple[str, ...], quick: bool = False) -> list[_Alloc]:
+        """Allocations of S that can be optimal (see the module docstring); `quick` keeps
+        only the fills without a cap on cluster size (a screening estimate)."""
+        snap = self.snapshot
+        k = len(names)
+        caps = [min(snap.by_name[n].gpus_free, self.gmax - (k - 1)) for n in names]
+        if any(c < 1 for c in caps) or sum(caps) < self.gmin or k > self.gmax:
+            return []
+        if self.use_dp and sum(caps) <= DP_MAX_GPUS and not quick:
+            return self._dp_allocs(names, caps)
+        return self._greedy_allocs(names, caps, quick)
+
+    def _greedy_allocs(
+        self, names: tuple[str, ...], caps: list[int], quick: bool = False
+    ) -> list[_Alloc]:
+        m = self.model
+        intra = [[m.intra(n, p) for p in range(1, c + 1)] for n, c in zip(names, caps, strict=True)]
+        sizes = [_sizes(c) for c in caps]
+        orders = [
+            sorted(
+                range(len(names)), key=lambda i: (-m.rate[names[i]], m.price[names[i]], names[i])
+            )
+        ]
+        targets = [min(self.gmax, sum(caps))]
+        if self.use_dp:
+            # cost-aware variants: cheapest FLOPs first, and the smallest gang
+            orders.append(
+                sorted(
+                    range(len(names)),
+                    key=lambda i: (m.price[names[i]] / m.rate[names[i]], names[i]),
+                )
+            )
+            targets.append(max(self.gmin, len(names)))
+        if quick:
+            sizes = [_sizes(c, 1) for c in caps]
+        taus = sorted({row[p - 1] for row, ps in zip(intra, sizes, strict=True) for p in ps})
+        out: list[_Alloc] = []
+        seen: set[tuple[int, ...]] = set()
+        for tau in taus:
+            tcaps = [bisect.bisect_right(row, tau) for row in intra]
+            total = sum(tcaps)
+            if total < self.gmin:
+                continue
+            for order in orders:
+                for target in targets:
+                    left = min(target, total) - len(names)
+                    if left < 0:
+                        continue
+                    g = [1] * len(names)
+                    for i in order:
+                        add = min(left, tcaps[i] - 1)
+                        g[i] += add
+                        left -= add
+                    if sum(g) < self.gmin:
+                        continue
+                    tg = tuple(g)
+                    if tg in seen:
+                        continue
+                    seen.add(tg)
+                    out.append(self._alloc(names, tg))
+        return out
+
+    def _dp_allocs(self, names: tuple[str, ...], caps: list[int]) -> list[_Alloc]:
+        m = self.model
+        # state: gpus so far -> list of (rate, price, tau, gpus tuple), pairwise non-dominated
+        states: dict[int, list[tuple[float, float, float, tuple[int, ...]]]] = {
+            0: [(0.0, 0.0, 0.0, ())]
+        }
+        for n, cap in zip(names, caps, strict=True):
+            nxt: dict[int, list[tuple[float, float, float, tuple[int, ...]]]] = {}
+            r, pr = m.rate[n], m.price[n]
+            for used, pts in states.items():
+                for g in range(1, cap + 1):
+                    tot = used + g
+                    if tot > self.gmax:
+                        break
+                    t = m.intra(n, g)
+                    bucket = nxt.setdefault(tot, [])
+                    for rate, price, tau, gs in pts:
+                        bucket.append((rate + g * r, price + g * pr, max(tau, t), (*gs, g)))
+            states = {tot: _pareto(pts) for tot, pts in nxt.items()}
+        final = _pareto([p for tot, pts in states.items() if tot >= self.gmin for p in pts])
+        return [_Alloc(names, gs, rate, tau, price) for rate, price, tau, gs in final]
+
+    def _alloc(self, names: tuple[str, ...], gpus: tuple[int, ...]) -> _Alloc:
+        m = self.model
+        return _Alloc(
+            names,
+            gpus,
+            sum(g * m.rate[n] for n, g in zip(names, gpus, strict=True)),
+            max(m.intra(n, g) for n, g in zip(names, gpus, strict=True)),
+            sum(g * m.price[n] for n, g in zip(names, gpus, strict=True)),
+        )
+
+    def subset(self, names: tuple[str, ...], quick: bool = False) -> _Choice | None:
+        """Best choice within S (by rank), recording global bests as a side effect."""
+        cache = self._quick_cache if quick else self._subset_cache
+        if names in cache:
+            return cache[names]
+        if quick and names in self._subset_cache:
+            return self._subset_cache[names]
+        best: _Choice | None = None
+        best_rank = self.rank(None)
+        combos = self.single if len(names) == 1 else self.multi
+        for alloc in self.allocs(names, quick):
+            for comp, sync in combos:
+                t, c = self.model.score(names, alloc.rate, alloc.intra, alloc.price, comp, sync)
+                ch = _Choice(alloc, comp, sync, t, c)
+                self._track(ch)
+                r = self.rank(ch)
+                if r < best_rank:
+                    best, best_rank = ch, r
+        if best is not None:
+            if not quick:
+                self.runner_up[names] = best
+            if best_rank < self.rank(self.best):
+                self.best = best
+        cache[names] = best
+        return best
+
+    def _record(self, ch: _Choice) -> None:
+        """Consider one choice made outside `subset` (used by `evaluate`)."""
+        self._track(ch)
+        if self.rank(ch) < self.rank(self.best):
+            self.best = ch
+
+    def _track(self, ch: _Choice) -> None:
+        """Keep the fastest choice and the cheapest within the deadline, for diagnosis."""
+        f = self.fastest
+        if f is None or ch.time < f.time or (ch.time == f.time and _time_key(ch) < _time_key(f)):
+            self.fastest = ch
+        if self.deadline is None or ch.time <= self.deadline:
+            c = self.cheapest_in_time
+            if (
+                c is None
+                or ch.cost < c.cost
+                or (ch.cost == c.cost and _cost_key(ch) < _cost_key(c))
+            ):
+                self.cheapest_in_time = ch
+
+    # --- searching subsets -----------------------------------------------------------------
+
+    def run(self, cands: Sequence[str]) -> None:
+        if len(cands) <= EXACT_MAX_CLUSTERS:
+            self._exhaustive(cands, quick=False)
+        else:
+            self._heuristic(cands)
+            self._finish()
+
+    def _exhaustive(self, cands: Sequence[str], quick: bool) -> None:
+        names = sorted(cands)
+        free = {n: self.snapshot.by_name[n].gpus_free for n in names}
+        for k in range(1, min(len(names), self.max_clusters, self.gmax) + 1):
+            for sub in itertools.combinations(names, k):
+                if sum(free[n] for n in sub) >= self.gmin and is_clique(self.snapshot, sub):
+                    self.subset(sub, quick)
+
+    def _finish(self) -> None:
+        """Screening used uncapped fills only; search the best subsets it found in full."""
+        ranked = sorted(
+            (sub for sub, ch in self._quick_cache.items() if ch is not None),
+            key=lambda sub: self.rank(self._quick_cache[sub]),
+        )
+        for sub in ranked[:FULL_EVALS]:
+            self.subset(sub)
+
+    def _surrogate(self, names: tuple[str, ...]) -> tuple[int, tuple[object, ...]]:
+        """Screening rank of a subset; subsets short of GPUs rank by how much they have."""
+        ch = self.subset(names, quick=True)
+        if ch is not None:
+            r = self.rank(ch)
+            return (r[0], tuple(r[1]))
+        return (3, (self._partial_time(names), names))
+
+    def _partial_time(self, names: tuple[str, ...]) -> float:
+        """Fastest time for the job on all free GPUs of a set too small for it: a guide for
+        growing sets (a badly linked member slows it, a well linked one speeds it up)."""
+        hit = self._partial_cache.get(names)
+        if hit is not None:
+            return hit
+        m, snap = self.model, self.snapshot
+        gpus = [snap.by_name[n].gpus_free for n in names]
+        rate = sum(g * m.rate[n] for n, g in zip(names, gpus, strict=True))
+        intra = max(m.intra(n, g) for n, g in zip(names, gpus, strict=True))
+        combos = self.single if len(names) == 1 else self.multi
+        best = min(m.score(names, rate, intra, 0.0, c, s)[0] for c, s in combos)
+        self._partial_cache[names] = best
+        return best
+
+    def _heuristic(self, cands: Sequence[str]) -> None:
+        snap, m = self.snapshot, self.model
+        names = sorted(cands)
+        # singles: every cluster that can hold the gang alone is evaluated (cheap, exact)
+        fits = [n for n in names if snap.by_name[n].gpus_free >= self.gmin]
+        cap = {n: min(snap.by_name[n].gpus_free, self.gmax) for n in names}
+
+        def power(n: str) -> tuple[float, str]:
+            return (-cap[n] * m.rate[n], n)
+
+        def value(n: str) -> tuple[float, float, str]:
+            return (m.price[n] / m.rate[n], -cap[n], n)
+
+        alone = sorted(fits, key=power) if self.objective == "time" else sorted(fits, key=value)
+        for n in alone[: 4 * POOL_SEEDS]:
+            self.subset((n,))
+        by_power = sorted(names, key=power)
+        by_value = sorted(names, key=value)
+        seeds: list[str] = []
+        for n in [*alone[:POOL_SEEDS], *by_power[:POOL_SEEDS], *by_value[:POOL_SEEDS]]:
+            if n not in seeds:
+                seeds.append(n)
+        pool = list(seeds)
+        for s in seeds[:POOL_SEEDS]:
+
+            def closeness(n: str, s: str = s) -> tuple[float, float, str]:
+                return (_link_time(snap, s, n, m.nbytes), -cap[n] * m.rate[n], n)
+
+            near = sorted(
+                (n for n in names if n != s and snap.link(s, n) is not None), key=closeness
+            )
+            for n in near[:POOL_SEEDS]:
+                if n not in pool:
+                    pool.append(n)
+        pool.sort()
+        limit = min(self.max_clusters, self.gmax)
+        for seed in seeds[:POOL_SEEDS]:
+            cur: tuple[str, ...] = (seed,)
+            cur_rank = self._surrogate(cur)
+            while len(cur) < limit:
+                best_next, best_rank = None, cur_rank
+                for n in pool:
+                    if n in cur or not all(snap.link(n, c) is not None for c in cur):
+                        continue
+                    nxt = tuple(sorted((*cur, n)))
+                    r = self._surrogate(nxt)
+                    if r < best_rank:
+                        best_next, best_rank = nxt, r
+                if best_next is None:
+                    break
+                cur, cur_rank = best_next, best_rank
+            self._local_search(cur, pool, limit)
+
+    def _local_search(self, cur: tuple[str, ...], pool: list[str], limit: int) -> None:
+        snap = self.snapshot
+        cur_rank = self._surrogate(cur)
+        for _ in range(20):
+            moves: list[tuple[str, ...]] = []
+            for n in pool:
+                if n not in cur and len(cur) < limit:
+                    moves.append(tuple(sorted((*cur, n))))
+            if len(cur) > 1:
+                moves.extend(tuple(x for x in cur if x != d) for d in cur)
+                for d in cur:
+                    for n in pool:
+                        if n not in cur:
+                            moves.append(tuple(sorted((*(x for x in cur if x != d), n))))
+            improved = False
+            for mv in moves:
+                if not is_clique(snap, mv):
+                    continue
+                r = self._surrogate(mv)
+                if r < cur_rank:
+                    cur, cur_rank, improved = mv, r, True
+            if not improved:
+                break
+
+
+def _sizes(cap: int, all_up_to: int = ALL_SIZES_UP_TO) -> list[int]:
+    """Cluster sizes whose intra all-reduce time is a tau candidate: all up to `all_up_to`
+    (exact there), then doubling, and the cap (the ring time flattens at 2n/B as p grows)."""
+    out = list(range(1, min(cap, all_up_to) + 1))
+    p = all_up_to * 2
+    while p < cap:
+        out.append(p)
+        p *= 2
+    if cap not in out:
+        out.append(cap)
+    return out
+
+
+def _time_key(ch: _Choice) -> tuple[float, float, int, tuple[str, ...], tuple[int, ...]]:
+    return (ch.time, ch.cost, len(ch.alloc.names), ch.alloc.names, ch.alloc.gpus)
+
+
+def _cost_key(ch: _Choice) -> tuple[float, float, int, tuple[str, ...], tuple[int, ...]]:
+    return (ch.cost, ch.time, len(ch.alloc.names), ch.alloc.names, ch.alloc.gpus)
+
+
+def _pareto(
+    pts: list[tuple[float, float, float, tuple[int, ...]]],
+) -> list[tuple[float, float, float, tuple[int, ...]]]:
+    """Points not dominated in (rate up, price down, tau down); duplicates keep the first."""
+    pts = sorted(pts, key=lambda p: (-p[0], p[1], p[2], p[3]))
+    out: list[tuple[float, float, float, tuple[int, ...]]] = []
+    for p in pts:
+        if not any(q[1] <= p[1] and q[2] <= p[2] for q in out):
+            out.append(p)
+    return out
+
+
+def _link_time(snap: Snapshot, a: str, b: str, nbytes: float) -> float:
+    lk = snap.link(a, b)
+    if lk is None:
+        return _INF
+    return lk.rtt_ms / 2000.0 + nbytes / (lk.bandwidth_gbps * 1e9 / 8)
+
+
+# --- public entry points ---------------------------------------------------------------------
+
+
+def plan(
+    snapshot: Snapshot,
+    job: JobRequest,
+    objective: Objective = "time",
+    efficiency: Mapping[str, float] | None = None,
+    preempt: bool = True,
+) -> PlanResult:
+    """Best placement, compression and sync for `job` on `snapshot`, or why there is none.
+
+    Objectives: "time" (fastest), "cost" (cheapest), "cost-within-deadline" (cheapest that
+    meets qos.deadline_s, which it requires). Deadline and budget are hard limits under every
+    objective. An ordered `job.preference` is tried prefix by prefix (first cluster alone, the
+    first two, ...) before all eligible clusters. When the job does not fit for lack of GPUs
+    and outranks preemptible running jobs, the fewest, then cheapest, victims are named.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+    if objective == "cost-within-deadline" and job.qos.deadline_s is None:
+        raise ValueError("qos.deadline_s: objective cost-within-deadline needs a deadline")
+    model = CostModel(snapshot, job, efficiency)
+    result = _plan_free(model, job, objective)
+    if isinstance(result, Plan) or not preempt or result.constraint != "capacity":
+        return result
+    victims_plan = _plan_with_preemption(snapshot, job, objective, efficiency)
+    return victims_plan if victims_plan is not None else result
+
+
+def _plan_free(model: CostModel, job: JobRequest, objective: Objective) -> PlanResult:
+    snapshot = model.snapshot
+    gmin, gmax = job.min_gpus, job.max_gpus
+    left = quota_left(snapshot, job.tenant)
+    if left is not None and left < gmax:
+        if left < gmin:
+            return Infeasible(
+                "quota",
+                f"tenant {job.tenant!r} has {left} GPUs left of its quota "
+                f"{snapshot.quota(job.tenant)}; the job needs at least {gmin}",
+            )
+        gmax = left
+    excluded = exclusions(snapshot, job)
+    eligible = [c.name for c in snapshot.clusters if c.name not in excluded]
+    notes = _exclusion_notes(excluded)
+
+    attempts: list[list[str]] = []
+    pref = [n for n in job.preference if n in snapshot.by_name]
+    if pref:
+        ok = [n for n in pref if n not in excluded]
+        for k in range(1, len(ok) + 1):
+            attempts.append(ok[:k])
+    attempts.append(eligible)
+
+    last: _Search | None = None
+    for cands in attempts:
+        search = _Search(model, job, objective, gmin, gmax)
+        search.run(cands)
+        last = search
+        if search.best is not None and search.ok(search.best):
+            extra: tuple[str, ...] = ()
+            if pref and cands is not eligible:
+                extra = (f"preference: used the first {len(cands)} preferred cluster(s)",)
+            elif pref:
+                extra = ("preference: the preferred clusters alone could not take the job",)
+            return _to_plan(model, search, search.best, notes + extra)
+    assert last is not None
+    return _diagnose(model, job, last, eligible, excluded, notes, gmin, gmax)
+
+
+def _exclusion_notes(excluded: dict[str, str], limit: int = 10) -> tuple[str, ...]:
+    """One line per excluded cluster, or one per reason (with a count) when there are many."""
+    if len(excluded) <= limit:
+        return tuple(f"excluded {n}: {why}" for n, why in sorted(excluded.items()))
+    by_why: dict[str, list[str]] = {}
+    for n, why in sorted(excluded.items()):
+        by_why.setdefault(why, []).append(n)
+    return tuple(
+        f"excluded {len(ns)} cluster(s), {why}: {', '.join(ns[:5])}{', ...' if len(ns) > 5 else ''}"
+        for why, ns in sorted(by_why.items())
+    )
+
+
+def _diagnose(
+    model: CostModel,
+    job: JobRequest,
+    search: _Search,
+    eligible: list[str],
+    excluded: dict[str, str],
+    notes: tuple[str, ...],
+    gmin: int,
+    gmax: int,
+) -> Infeasible:
+    snap = model.snapshot
+    if search.best is not None:
+        dl = job.qos.deadline_s
+        if dl is not None and search.fastest is not None and search.fastest.time > dl:
+            return Infeasible(
+                "deadline",
+                f"the fastest plan takes {search.fastest.time:.0f} s, over qos.deadline_s={dl:g}",
+                _to_plan(model, search, search.fastest, notes),
+                notes,
+            )
+        c = search.cheapest_in_time
+        cost = f"{c.cost:.2f}" if c is not None else "?"
+        return Infeasible(
+            "budget",
+            f"the cheapest plan{' within the deadline' if dl else ''} costs {cost}, "
+            f"over qos.max_cost={job.qos.max_cost:g}",
+            _to_plan(model, search, c, notes) if c is not None else None,
+            notes,
+        )
+    free_ok = sum(snap.by_name[n].gpus_free for n in eligible)
+    if free_ok < gmin:
+        state_free = sum(
+            c.gpus_free for c in snap.clusters if excluded.get(c.name) not in ("DOWN", "cordoned")
+        )
+        region_free = sum(c.gpus_free for c in snap.clusters if c.schedulable)
+        if job.qos.regions is not None and region_free >= gmin > free_ok:
+            return Infeasible(
+                "regions",
+                f"only {free_ok} free GPUs in regions {', '.join(job.qos.regions)}; "
+                f"the job needs {gmin}",
+                None,
+                notes,
+            )
+        if state_free < gmin <= sum(c.gpus_free for c in snap.clusters):
+            return Infeasible(
+                "capacity",
+                f"{free_ok} free GPUs on READY uncordoned clusters; the job needs {gmin} "
+                "(the rest are on DOWN or cordoned clusters)",
+                None,
+                notes,
+            )
+        return Infeasible(
+            "capacity", f"{free_ok} free GPUs where the job may run; it needs {gmin}", None, notes
+        )
+    if job.qos.max_clusters is not None:
+        relaxed = _Search(model, _replace_qos(job, max_clusters=None), "time", gmin, gmax)
+        relaxed.run(eligible)
+        if relaxed.best is not None:
+            return Infeasible(
+                "max_clusters",
+                f"the job needs more than qos.max_clusters={job.qos.max_clusters} clusters "
+                f"to get {gmin} GPUs",
+                None,
+                notes,
+            )
+    return Infeasible(
+        "links",
+        f"no set of pairwise-linked clusters has {gmin} free GPUs; add links between clusters",
+        None,
+        notes,
+    )
+
+
+def _replace_qos(job: JobRequest, **changes: object) -> JobRequest:
+    return replace(job, qos=replace(job.qos, **changes))  # type: ignore[arg-type]
+
+
+def _plan_with_preemption(
+    snapshot: Snapshot,
+    job: JobRequest,
+    objective: Objective,
+    efficiency: Mapping[str, float] | None,
+) -> Plan | None:
+    """Fewest victims first; among equally many, the cheapest set to stop."""
+    cands = preemption_candidates(snapshot, job)
+    tried = 0
+    for k in range(1, len(cands) + 1):
+        sets = sorted(
+            itertools.combinations(cands, k),
+            key=lambda vs: (sum(preemption_cost(snapshot, v) for v in vs), [v.id for v in vs]),
+        )
+        for vs in sets:
+            tried += 1
+            if tried > MAX_VICTIM_SETS:
+                return None
+            freed = release(snapshot, vs)
+            result = _plan_free(CostModel(freed, job, efficiency), job, objective)
+            if isinstance(result, Plan):
+                ids = tuple(v.id for v in vs)
+                why = (
+                    f"preempts {', '.join(ids)} (priority < {job.qos.priority}, preemptible; "
+                    f"{k} job(s), stop cost {sum(preemption_cost(snapshot, v) for v in vs):.2f})",
+                )
+                return replace(result, victims=ids, explanation=result.explanation + why)
+    return None
+
+
+def _to_plan(model: CostModel, search: _Search, ch: _Choice, notes: tuple[str, ...]) -> Plan:
+    placement = tuple(Assignment(n, g) for n, g in zip(ch.alloc.names, ch.alloc.gpus, strict=True))
+    est = model.estimate(placement, ch.compression, ch.sync)
+    return Plan(
+        placement=placement,
+        compression=ch.compression,
+        sync=ch.sync,
+        estimate=est,
+        objective=search.objective,
+        explanation=_explain(model, search, ch, est) + notes,
+    )
+
+
+def _fmt_gb(b: float) -> str:
+    return f"{b / 1e9:.3g} GB" if b >= 1e8 else f"{b / 1e6:.3g} MB"
+
+
+def _explain(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> tuple[str, ...]:
+    snap = model.snapshot
+    lines = [
+        f"{len(ch.alloc.names)} cluster(s), {sum(ch.alloc.gpus)} GPUs: "
+        + ", ".join(f"{n} x{g}" for n, g in zip(ch.alloc.names, ch.alloc.gpus, strict=True))
+        + f"; objective {search.objective}",
+        f"step {est.step_time_s:.4g} s = compute {est.compute_s:.4g} s, intra all-reduce "
+        f"{est.intra_s:.4g} s, WAN {est.wan_s:.4g} s, compression {est.overhead_s:.4g} s "
+        f"(exchange overlaps the backward pass)",
+    ]
+    if est.bottleneck is not None:
+        a, b = est.bottleneck
+        lk = snap.link(a, b)
+        assert lk is not None
+        cm = model.compressor(ch.compression)
+        lines.append(
+            f"WAN ring {' -> '.join(est.ring)}; slowest link {a}->{b} "
+            f"{lk.bandwidth_gbps:g} Gb/s, {lk.rtt_ms:g} ms RTT; {ch.compression} sends "
+            f"{cm.ratio:.3g} of {_fmt_gb(model.nbytes)} per exchange; sync {ch.sync}"
+        )
+    alts = sorted(
+        (c for n, c in search.runner_up.items() if n != ch.alloc.names),
+        key=search.rank,
+    )[:3]
+    for alt in alts:
+        word = (
+            "as fast"
+            if abs(alt.time - ch.time) <= 1e-9 * ch.time
+            else ("slower" if alt.time > ch.time else "faster")
+        )
+        lines.append(
+            "alternative "
+            + "+".join(alt.alloc.names)
+            + f" ({alt.compression}, {alt.sync}): {alt.time:.4g} s total "
+            f"({alt.time / ch.time:.2f}x, {word}), cost {alt.cost:.4g}"
+            + ("" if search.ok(alt) else " — breaks deadline or budget")
+        )
+    return tuple(lines)
+
+
+def evaluate(
+    snapshot: Snapshot,
+    job: JobRequest,
+    placement: Iterable[Assignment],
+    objective: Objective = "time",
+    efficiency: Mapping[str, float] | None = None,
+) -> PlanResult:
+    """The plan for a given placement: the compression and sync the planner would pick for it,
+    its estimate, or Infeasible naming the first rule it breaks."""
+    pl = tuple(placement)
+    bad = check_placement(snapshot, job, pl)
+    if bad is not None:
+        return bad
+    model = CostModel(snapshot, job, efficiency)
+    search = _Search(model, job, objective, sum(a.gpus for a in pl), sum(a.gpus for a in pl))
+    order = sorted(pl, key=lambda a: a.cluster)
+    names = tuple(a.cluster for a in order)
+    alloc = search._alloc(names, tuple(a.gpus for a in order))
+    combos = search.single if len(names) == 1 else search.multi
+    for comp, sync in combos:
+        est = model.estimate_parts(names, alloc.rate, alloc.intra, alloc.price, comp, sync)
+        search._record(_Choice(alloc, comp, sync, est.total_time_s, est.cost))
+    best = search.best
+    assert best is not None
+    result = _to_plan(model, search, best, ())
+    if not search.ok(best):
+        dl, mc = job.qos.deadline_s, job.qos.max_cost
+        if (
+            dl is not None
+            and best.time > dl
+            and (search.fastest is not None and search.fastest.time > dl)
+        ):
+            return Infeasible(
+                "deadline", f"takes {best.time:.0f} s, over qos.deadline_s={dl:g}", result
+            )
+        return Infeasible("budget", f"costs {best.cost:.2f}, over qos.max_cost={mc:g}", result)
+    return result
+
+
+def check_placement(snapshot: Snapshot, job: JobRequest, pl: Placement) -> Infeasible | None:
+    """The first rule a given placement breaks, or None."""
+    if not pl:
+        return Infeasible("placement", "the placement is empty; list at least one cluster")
+    seen: set[str] = set()
+    for a in pl:
+        c = snapshot.by_name.get(a.cluster)
+        if c is None:
+            return Infeasible("placement", f"cluster {a.cluster!r} is not in the snapshot")
+        if a.cluster in seen:
+            return Infeasible("placement", f"cluster {a.cluster!r} is listed twice")
+        seen.add(a.cluster)
+        if a.gpus < 1:
+            return Infeasible("placement", f"cluster {a.cluster!r}: gpus must be >= 1")
+        if c.state == "DOWN":
+            return Infeasible("cluster_state", f"cluster {a.cluster!r} is DOWN")
+        if c.cordoned:
+            return Infeasible("cluster_state", f"cluster {a.cluster!r} is cordoned")
+        if job.qos.regions is not None and c.region not in job.qos.regions:
+            return Infeasible(
+                "regions", f"cluster {a.cluster!r} is in {c.region}, not in qos.regions"
+            )
+        if a.gpus > c.gpus_free:
+            return Infeasible(
+                "capacity", f"cluster {a.cluster!r} has {c.gpus_free} free GPUs, not {a.gpus}"
+            )
+    total = sum(a.gpus for a in pl)
+    if not job.min_gpus <= total <= job.max_gpus:
+        want = (
+            str(job.min_gpus) if job.min_gpus == job.max_gpus else f"{job.min_gpus}..{job.max_gpus}"
+        )
+        return Infeasible("gpus", f"the placement has {total} GPUs; the job needs {want} (gang)")
+    if job.qos.max_clusters is not None and len(pl) > job.qos.max_clusters:
+        return Infeasible(
+            "max_clusters", f"{len(pl)} clusters, over qos.max_clusters={job.qos.max_clusters}"
+        )
+    names = [a.cluster for a in pl]
+    if not is_clique(snapshot, names):
+        return Infeasible("links", "some clusters in the placement have no link between them")
+    left = quota_left(snapshot, job.tenant)
+    if left is not None and total > left:
+        return Infeasible(
+            "quota", f"tenant {job.tenant!r} has {left} GPUs left of its quota, not {total}"
+        )
+    return None

@@ -1,0 +1,149 @@
+"""Admission rules: which clusters a job may use, quotas, fair-share queue order and the
+candidates for preemption. Pure functions over snapshots; the optimizer applies them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.types import JobRequest, Placement, RunningJob, Snapshot
+
+
+def exclusions(snapshot: Snapshot, job: JobRequest) -> dict[str, str]:
+    """Clusters the job may not use, with the rule that excludes each."""
+    out: dict[str, str] = {}
+    allowed = set(job.qos.regions) if job.qos.regions is not None else None
+    for c in snapshot.clusters:
+        if c.state == "DOWN":
+            out[c.name] = "DOWN"
+        elif c.cordoned:
+            out[c.name] = "cordoned"
+        elif allowed is not None and c.region not in allowed:
+            out[c.name] = f"region {c.region} not in allowed regions"
+        elif c.gpus_free < 1:
+            out[c.name] = "no free GPUs"
+    return out
+
+
+def tenant_usage(running: Iterable[RunningJob]) -> dict[str, int]:
+    """GPUs each tenant holds now."""
+    usage: dict[str, int] = {}
+    for r in running:
+        usage[r.tenant] = usage.get(r.tenant, 0) + r.gpus
+    return usage
+
+
+def quota_left(snapshot: Snapshot, tenant: str) -> int | None:
+    """GPUs the tenant may still take, or None when it has no quota."""
+    quota = snapshot.quota(tenant)
+    if quota is None:
+        return None
+    return max(0, quota - tenant_usage(snapshot.running).get(tenant, 0))
+
+
+def is_clique(snapshot: Snapshot, names: Sequence[str]) -> bool:
+    """Every pair linked: two clusters with no link between them cannot share a job."""
+    return all(
+        snapshot.link(a, b) is not None and snapshot.link(b, a) is not None
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    )
+
+
+def preemption_candidates(snapshot: Snapshot, job: JobRequest) -> list[RunningJob]:
+    """Running preemptible jobs of strictly lower priority, cheapest to stop first."""
+    return sorted(
+        (r for r in snapshot.running if r.preemptible and r.priority < job.qos.priority),
+        key=lambda r: (preemption_cost(snapshot, r), r.id),
+    )
+
+
+def preemption_cost(snapshot: Snapshot, r: RunningJob) -> float:
+    """What stopping `r` loses: its declared cost, else the hourly price of its GPUs."""
+    if r.preemption_cost is not None:
+        return r.preemption_cost
+    return sum(
+        a.gpus * snapshot.by_name[a.cluster].price_per_gpu_hour
+        for a in r.placement
+        if a.cluster in snapshot.by_name
+    )
+
+
+def release(snapshot: Snapshot, victims: Iterable[RunningJob]) -> Snapshot:
+    """The snapshot as it would be once `victims` gave their GPUs back."""
+    from dataclasses import replace
+
+    freed: dict[str, int] = {}
+    gone = set()
+    for v in victims:
+        gone.add(v.id)
+        for a in v.placement:
+            freed[a.cluster] = freed.get(a.cluster, 0) + a.gpus
+    return replace(
+        snapshot,
+        clusters=tuple(
+            replace(c, gpus_free=c.gpus_free + freed.get(c.name, 0)) for c in snapshot.clusters
+        ),
+        running=tuple(r for r in snapshot.running if r.id not in gone),
+    )
+
+
+def placement_gpus(placement: Placement) -> int:
+    return sum(a.gpus for a in placement)
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A pending job as the queue sees it: who asks, how much, how urgent."""
+
+    id: str
+    tenant: str
+    gpus: int
+    priority: int = 0
+    submitted_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class QueueOrder:
+    """Jobs in the order to try them, and the ones held back with the reason."""
+
+    order: tuple[QueuedJob, ...]
+    held: tuple[tuple[QueuedJob, str], ...]
+
+
+def order_queue(
+    queue: Sequence[QueuedJob],
+    usage: Mapping[str, int] | None = None,
+    shares: Mapping[str, float] | None = None,
+    quotas: Mapping[str, int] | None = None,
+) -> QueueOrder:
+    """Strict priority first; within a priority, dominant-share fairness by progressive filling.
+
+    Each pick goes to the tenant whose GPUs in use (plus what it was given earlier in this
+    ordering) divided by its share (default 1) is lowest, ties by submission time then id.
+    A job that would take its tenant over its GPU quota is held, not ordered.
+    """
+    used = dict(usage or {})
+    share = dict(shares or {})
+    limit = dict(quotas or {})
+    order: list[QueuedJob] = []
+    held: list[tuple[QueuedJob, str]] = []
+    for prio in sorted({j.priority for j in queue}, reverse=True):
+        pending = sorted(
+            (j for j in queue if j.priority == prio), key=lambda j: (j.submitted_at, j.id)
+        )
+        while pending:
+
+            def key(j: QueuedJob) -> tuple[float, float, str]:
+                s = share.get(j.tenant, 1.0)
+                return (used.get(j.tenant, 0) / s if s > 0 else float("inf"), j.submitted_at, j.id)
+
+            nxt = min(pending, key=key)
+            pending.remove(nxt)
+            q = limit.get(nxt.tenant)
+            if q is not None and used.get(nxt.tenant, 0) + nxt.gpus > q:
+                held.append((nxt, f"tenant {nxt.tenant!r} quota {q} GPUs would be exceeded"))
+                continue
+            used[nxt.tenant] = used.get(nxt.tenant, 0) + nxt.gpus
+            order.append(nxt)
+    return QueueOrder(tuple(order), tuple(held))

@@ -1,0 +1,305 @@
+"""Value objects the scheduler decides over: snapshots of clusters and links, job requests,
+placements, plans. Frozen dataclasses so a decision is a pure function of its inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
+
+from scheduler.compression import validate_compression, validate_sync
+from scheduler.gpus import peak_tflops
+
+ClusterState = Literal["READY", "SUSPECT", "DOWN"]
+Objective = Literal["time", "cost", "cost-within-deadline"]
+OBJECTIVES: tuple[Objective, ...] = ("time", "cost", "cost-within-deadline")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One GPU cluster as the scheduler sees it at snapshot time.
+
+    `gpu_tflops` overrides the datasheet peak of `gpu_model`; `efficiency` overrides the
+    (calibrated or default) fraction of peak reached in training. `class_prices` maps QoS
+    classes (e.g. "spot") to a GPU-hour price other than `price_per_gpu_hour`.
+    """
+
+    name: str
+    region: str
+    gpu_model: str
+    gpus_free: int
+    intra_bandwidth_gbps: float
+    price_per_gpu_hour: float
+    state: ClusterState = "READY"
+    cordoned: bool = False
+    gpu_tflops: float | None = None
+    efficiency: float | None = None
+    class_prices: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.gpus_free < 0:
+            raise ValueError(f"cluster {self.name!r}: gpus_free must be >= 0")
+        if self.intra_bandwidth_gbps <= 0:
+            raise ValueError(f"cluster {self.name!r}: intra_bandwidth_gbps must be > 0")
+        if self.price_per_gpu_hour < 0:
+            raise ValueError(f"cluster {self.name!r}: price_per_gpu_hour must be >= 0")
+        if self.gpu_tflops is None and peak_tflops(self.gpu_model) is None:
+            raise ValueError(
+                f"cluster {self.name!r}: gpu_model {self.gpu_model!r} is not in the GPU table; "
+                "give gpu_tflops"
+            )
+        if self.gpu_tflops is not None and self.gpu_tflops <= 0:
+            raise ValueError(f"cluster {self.name!r}: gpu_tflops must be > 0")
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
+            raise ValueError(f"cluster {self.name!r}: efficiency must be in (0, 1]")
+
+    @property
+    def peak_tflops(self) -> float:
+        if self.gpu_tflops is not None:
+            return self.gpu_tflops
+        peak = peak_tflops(self.gpu_model)
+        assert peak is not None  # checked in __post_init__
+        return peak
+
+    @property
+    def schedulable(self) -> bool:
+        """DOWN and cordoned clusters take no new work."""
+        return self.state != "DOWN" and not self.cordoned
+
+    def price(self, qos_class: str | None) -> float:
+        """GPU-hour price for a QoS class (falls back to the list price)."""
+        for name, value in self.class_prices:
+            if name == qos_class:
+                return value
+        return self.price_per_gpu_hour
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed WAN link; the snapshot mirrors it unless the reverse is given too."""
+
+    a: str
+    b: str
+    bandwidth_gbps: float
+    rtt_ms: float
+    egress_price_per_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_gbps <= 0:
+            raise ValueError(f"link {self.a}-{self.b}: bandwidth_gbps must be > 0")
+        if self.rtt_ms < 0:
+            raise ValueError(f"link {self.a}-{self.b}: rtt_ms must be >= 0")
+        if self.egress_price_per_gb < 0:
+            raise ValueError(f"link {self.a}-{self.b}: egress_price_per_gb must be >= 0")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """`gpus` GPUs of one cluster."""
+
+    cluster: str
+    gpus: int
+
+
+Placement = tuple[Assignment, ...]
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job holding GPUs now: what quotas count and preemption may free.
+
+    `preemption_cost` is what stopping it loses (e.g. work since its last checkpoint); when
+    absent, the hourly price of the GPUs it holds stands in for it.
+    """
+
+    id: str
+    placement: Placement
+    tenant: str = "default"
+    priority: int = 0
+    preemptible: bool = False
+    preemption_cost: float | None = None
+
+    @property
+    def gpus(self) -> int:
+        return sum(a.gpus for a in self.placement)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Clusters, links, the jobs running on them and per-tenant GPU quotas, at one instant."""
+
+    clusters: tuple[Cluster, ...]
+    links: tuple[Link, ...] = ()
+    running: tuple[RunningJob, ...] = ()
+    quotas: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.clusters]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"clusters: names must be unique, repeated: {', '.join(dup)}")
+        known = set(names)
+        for link in self.links:
+            for end in (link.a, link.b):
+                if end not in known:
+                    raise ValueError(f"links: {link.a}-{link.b} names unknown cluster {end!r}")
+            if link.a == link.b:
+                raise ValueError(f"links: {link.a}-{link.b} joins a cluster to itself")
+
+    @cached_property
+    def by_name(self) -> dict[str, Cluster]:
+        return {c.name: c for c in self.clusters}
+
+    @cached_property
+    def directed_links(self) -> dict[tuple[str, str], Link]:
+        """Every link in both directions; an explicitly given direction wins over a mirror."""
+        out: dict[tuple[str, str], Link] = {}
+        for link in self.links:
+            out.setdefault(
+                (link.b, link.a),
+                Link(link.b, link.a, link.bandwidth_gbps, link.rtt_ms, link.egress_price_per_gb),
+            )
+        for link in self.links:
+            out[(link.a, link.b)] = link
+        return out
+
+    def link(self, a: str, b: str) -> Link | None:
+        return self.directed_links.get((a, b))
+
+    def quota(self, tenant: str) -> int | None:
+        for name, gpus in self.quotas:
+            if name == tenant:
+                return gpus
+        return None
+
+
+@dataclass(frozen=True)
+class QoS:
+    """Service terms of one job. `regions` None means anywhere (data residency otherwise)."""
+
+    priority: int = 0
+    deadline_s: float | None = None
+    max_cost: float | None = None
+    regions: tuple[str, ...] | None = None
+    max_clusters: int | None = None
+    preemptible: bool = False
+    qos_class: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError("qos.deadline_s must be > 0")
+        if self.max_cost is not None and self.max_cost < 0:
+            raise ValueError("qos.max_cost must be >= 0")
+        if self.max_clusters is not None and self.max_clusters < 1:
+            raise ValueError("qos.max_clusters must be >= 1")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A data-parallel training job to place.
+
+    Work per step is `flops_per_step` (whole global batch) or `step_time_s_ref` seconds that
+    one `ref_gpu` takes for the whole global batch. `min_gpus == max_gpus` is a fixed gang;
+    otherwise the job is elastic. `preference` is an ordered list of cluster names tried first.
+    """
+
+    params: int
+    steps: int
+    min_gpus: int
+    max_gpus: int
+    flops_per_step: float | None = None
+    step_time_s_ref: float | None = None
+    ref_gpu: str | None = None
+    qos: QoS = field(default_factory=QoS)
+    compression: str = "auto"
+    sync: str = "auto"
+    tenant: str = "default"
+    preference: tuple[str, ...] = ()
+    layer_shapes: tuple[tuple[int, int], ...] = ()
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.params < 1:
+            raise ValueError("params must be >= 1")
+        if self.steps < 1:
+            raise ValueError("steps must be >= 1")
+        if self.min_gpus < 1:
+            raise ValueError("gpus: at least 1 GPU is needed (min_gpus >= 1)")
+        if self.max_gpus < self.min_gpus:
+            raise ValueError("max_gpus must be >= min_gpus")
+        if (self.flops_per_step is None) == (self.step_time_s_ref is None):
+            raise ValueError("give exactly one of flops_per_step or step_time_s_ref (+ ref_gpu)")
+        if self.flops_per_step is not None and self.flops_per_step <= 0:
+            raise ValueError("flops_per_step must be > 0")
+        if self.step_time_s_ref is not None:
+            if self.step_time_s_ref <= 0:
+                raise ValueError("step_time_s_ref must be > 0")
+            if self.ref_gpu is None or peak_tflops(self.ref_gpu) is None:
+                raise ValueError(
+                    "ref_gpu: name a GPU model from the GPU table with step_time_s_ref"
+                )
+        object.__setattr__(self, "compression", validate_compression(self.compression))
+        object.__setattr__(self, "sync", validate_sync(self.sync))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the cost model predicts for one placement with one compression and sync mode.
+
+    `step_time_s` is per optimiser step; `total_time_s` covers `effective_steps` (the requested
+    steps times the compressor's and sync mode's statistical-efficiency factors).
+    `batch_shares` is each cluster's fraction of the global batch (proportional to its GPU
+    throughput, so no cluster waits on another), for the launcher to split the data by.
+    """
+
+    step_time_s: float
+    total_time_s: float
+    wan_bytes: int
+    cost: float
+    compute_s: float
+    intra_s: float
+    wan_s: float
+    overhead_s: float
+    effective_steps: float
+    gpu_cost: float
+    egress_cost: float
+    ring: tuple[str, ...] = ()
+    bottleneck: tuple[str, str] | None = None
+    batch_shares: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A feasible decision and why it was made."""
+
+    placement: Placement
+    compression: str
+    sync: str
+    estimate: Estimate
+    objective: Objective = "time"
+    explanation: tuple[str, ...] = ()
+    victims: tuple[str, ...] = ()
+
+    feasible: Literal[True] = True
+    reason: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return sum(a.gpus for a in self.placement)
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    """No plan satisfies the rules. `constraint` names the rule that failed; `closest` is the
+    best plan that breaks only that rule, when there is one (e.g. the fastest plan for a
+    missed deadline)."""
+
+    constraint: str
+    reason: str
+    closest: Plan | None = None
+    explanation: tuple[str, ...] = ()
+
+    feasible: Literal[False] = False
+
+
+PlanResult = Plan | Infeasible

@@ -1,0 +1,207 @@
+"""The cost model against values worked out by hand (the arithmetic is in the comments)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scheduler import (
+    Assignment,
+    CostModel,
+    JobRequest,
+    QoS,
+    Snapshot,
+    compressor_model,
+    estimate,
+    ring_allreduce_time,
+    sync_model,
+)
+from tests.scheduler.builders import cluster, job, link
+
+# H100 peak 989 TFLOPS x efficiency 0.5 = 494.5e12 FLOP/s per GPU.
+RATE = 494.5e12
+PARAMS = 100_000_000  # 4e8 bytes of fp32 gradients
+
+
+def test_one_cluster_has_no_wan_term() -> None:
+    snap = Snapshot((cluster("a", 4, intra_bandwidth_gbps=100.0, price_per_gpu_hour=3.0),))
+    # compute 0.3 s on 4 GPUs: W = 0.3 * 4 * 494.5e12
+    j = job(4, flops_per_step=0.3 * 4 * RATE, steps=1000)
+    est = estimate(snap, j, [Assignment("a", 4)])
+    # intra ring: 2*3*10us + 2*3/4 * 4e8 B / 12.5e9 B/s = 6e-5 + 0.048 = 0.04806 s
+    assert est.intra_s == pytest.approx(0.04806)
+    assert est.compute_s == pytest.approx(0.3)
+    # overlap: 0.1 + max(0.2, 0.04806) = 0.3
+    assert est.step_time_s == pytest.approx(0.3)
+    assert est.wan_s == 0 and est.wan_bytes == 0 and est.egress_cost == 0
+    assert est.total_time_s == pytest.approx(300.0)
+    # 4 GPUs x $3/h x 300 s / 3600 = $1
+    assert est.cost == pytest.approx(1.0)
+
+
+def test_one_cluster_comm_bound_step() -> None:
+    # 8 GPUs, 10 Gb/s inside: ring 2*7*1e-5 + 2*7/8 * 4e8/1.25e9 = 1.4e-4 + 0.56 = 0.56014 s
+    snap = Snapshot((cluster("a", 8, intra_bandwidth_gbps=10.0),))
+    j = job(8, flops_per_step=0.3 * 8 * RATE)
+    est = estimate(snap, j, [Assignment("a", 8)])
+    assert est.step_time_s == pytest.approx(0.1 + 0.56014)
+
+
+def _two() -> tuple[Snapshot, JobRequest]:
+    snap = Snapshot(
+        (cluster("a", 1, price_per_gpu_hour=3.0), cluster("b", 1, price_per_gpu_hour=3.0)),
+        (link("a", "b", gbps=1.0, rtt_ms=20.0, egress=0.05),),
+    )
+    # compute 0.6 s on 2 GPUs
+    return snap, job(2, flops_per_step=0.6 * 2 * RATE, steps=100)
+
+
+def test_two_clusters_without_compression() -> None:
+    snap, j = _two()
+    est = estimate(snap, j, [Assignment("a", 1), Assignment("b", 1)], "none", "every-step")
+    # D=2 ring all-reduce: 2 rounds of n/D = 2e8 B; a = 10 ms, B = 1.25e8 B/s
+    # T_wan = 2 * (0.01 + 1.6) = 3.22 s
+    assert est.wan_s == pytest.approx(3.22)
+    # step = 0.2 + max(0.4, 3.22) = 3.42 s; 100 steps
+    assert est.step_time_s == pytest.approx(3.42)
+    assert est.total_time_s == pytest.approx(342.0)
+    # bytes per exchange = D * rounds * chunk = 2 * 2 * 2e8 = 8e8
+    assert est.wan_bytes == 8e8 * 100
+    # egress: each edge carries 4e8 B = 0.4 GB at $0.05 -> $0.04 per exchange, $4 in all
+    assert est.egress_cost == pytest.approx(4.0)
+    # GPUs: 2 x $3/h x 342 s = $0.57
+    assert est.cost == pytest.approx(4.0 + 0.57)
+    assert est.ring == ("a", "b") and est.bottleneck == ("a", "b")
+
+
+def test_two_clusters_with_fp16_and_int8() -> None:
+    snap, j = _two()
+    pl = [Assignment("a", 1), Assignment("b", 1)]
+    fp16 = estimate(snap, j, pl, "fp16", "every-step")
+    # ratio 0.5: chunk 1e8 B -> T_wan = 2 * (0.01 + 0.8) = 1.62 s
+    assert fp16.wan_s == pytest.approx(1.62)
+    # overhead: 2 FLOPs/param * 1e8 / 494.5e12 on the leader
+    assert fp16.overhead_s == pytest.approx(2 * PARAMS / RATE)
+    assert fp16.step_time_s == pytest.approx(0.2 + 1.62 + 2 * PARAMS / RATE)
+    assert fp16.wan_bytes == 4e8 * 100
+    int8 = estimate(snap, j, pl, "int8", "every-step")
+    # int8 is all-gathered: D-1 = 1 round of n' = 4e8 * (0.25 + 1/1024) = 1.00390625e8 B
+    assert int8.wan_s == pytest.approx(0.01 + 1.00390625e8 / 1.25e8)
+    # steps factor 1.01
+    assert int8.effective_steps == pytest.approx(101.0)
+    assert int8.total_time_s == pytest.approx(101.0 * int8.step_time_s)
+
+
+def test_local_sgd_exchanges_every_h_steps() -> None:
+    snap, j = _two()
+    est = estimate(snap, j, [Assignment("a", 1), Assignment("b", 1)], "none", "local-sgd:4")
+    # step = 0.2 + max(0.4, 0) + 3.22 / 4 = 1.405 s
+    assert est.step_time_s == pytest.approx(1.405)
+    # steps factor 1 + 0.02 * log2(4) = 1.04 -> 104 steps, 26 exchanges
+    assert est.total_time_s == pytest.approx(104 * 1.405)
+    assert est.wan_bytes == round(26 * 8e8)
+
+
+def test_stale_overlaps_whole_step_but_not_bandwidth() -> None:
+    snap, j = _two()
+    est = estimate(snap, j, [Assignment("a", 1), Assignment("b", 1)], "none", "stale:1")
+    # max(local 0.6, overhead + bandwidth 3.2, (3.22)/2) = 3.2
+    assert est.step_time_s == pytest.approx(3.2)
+    s0 = estimate(snap, j, [Assignment("a", 1), Assignment("b", 1)], "none", "stale:0")
+    assert s0.step_time_s == pytest.approx(3.42)
+
+
+def test_ring_order_avoids_the_slowest_links() -> None:
+    # 4 clusters: a fast square a-b-c-d-a (10 Gb/s), slow diagonals a-c, b-d (0.1 Gb/s)
+    names = "abcd"
+    fast = {("a", "b"), ("b", "c"), ("c", "d"), ("a", "d")}
+    links = tuple(
+        link(x, y, gbps=10.0 if (x, y) in fast else 0.1)
+        for i, x in enumerate(names)
+        for y in names[i + 1 :]
+    )
+    snap = Snapshot(tuple(cluster(n, 1) for n in names), links)
+    est = estimate(snap, job(4), [Assignment(n, 1) for n in names], "none", "every-step")
+    ring = est.ring
+    edges = {frozenset(e) for e in zip(ring, ring[1:] + ring[:1], strict=True)}
+    assert edges == {frozenset(e) for e in fast}
+    # 2(D-1) = 6 rounds of 1e8 B over 10 Gb/s (1.25e9 B/s) + 10 ms each
+    assert est.wan_s == pytest.approx(6 * (0.01 + 1e8 / 1.25e9))
+
+
+def test_ring_allreduce_formula() -> None:
+    assert ring_allreduce_time(1, 1e9, 1e-5, 1e9) == 0
+    assert ring_allreduce_time(4, 4e8, 1e-5, 1e9) == pytest.approx(6e-5 + 1.5 * 0.4)
+
+
+def test_compressor_models() -> None:
+    assert compressor_model("none").ratio == 1
+    assert compressor_model("bf16").ratio == 0.5
+    assert compressor_model("topk:0.01").ratio == pytest.approx(0.02)
+    assert compressor_model("sign").ratio == pytest.approx(1 / 32)
+    # PowerSGD from layer shapes: a 1000x1000 matrix at rank 4 sends 4*(1000+1000) numbers,
+    # a bias of 1000 travels dense
+    m = compressor_model("powersgd:4", 1_001_000, ((1000, 1000), (1000, 1)))
+    assert m.ratio == pytest.approx((8000 + 1000) / 1_001_000)
+    # without shapes: d = sqrt(params / 64); 64e6 params -> d = 1000 -> 2r/d
+    assert compressor_model("powersgd:4", 64_000_000).ratio == pytest.approx(0.008)
+    assert (
+        compressor_model("powersgd:16").steps_factor < compressor_model("powersgd:2").steps_factor
+    )
+    for bad in ("zip", "topk:0", "topk:2", "powersgd:0", "powersgd:x"):
+        with pytest.raises(ValueError, match="compression"):
+            compressor_model(bad)
+    assert sync_model("local-sgd:8").period == 8
+    for bad in ("local-sgd:0", "sometimes", "stale:-1"):
+        with pytest.raises(ValueError, match="sync"):
+            sync_model(bad)
+
+
+def test_step_time_from_reference_gpu() -> None:
+    # 1.2 s per step of the whole batch on one H100 at the default efficiency; 4 H100s with the
+    # same efficiency take 0.3 s of compute.
+    snap = Snapshot((cluster("a", 4, efficiency=None),))
+    j = job(4, flops_per_step=None, step_time_s_ref=1.2, ref_gpu="H100")
+    est = CostModel(snap, j).estimate((Assignment("a", 4),), "none", "every-step")
+    assert est.compute_s == pytest.approx(0.3)
+    assert math.isfinite(est.total_time_s)
+
+
+def test_batch_shares_follow_throughput_and_class_prices_apply() -> None:
+    # H100 (989 TFLOPS) x2 and A100 (312) x4 at the same efficiency: shares 1978 : 1248
+    snap = Snapshot(
+        (
+            cluster("a", 2, class_prices=(("spot", 0.5),)),
+            cluster("b", 4, gpu_model="A100"),
+        ),
+        (link("a", "b"),),
+    )
+    pl = [Assignment("a", 2), Assignment("b", 4)]
+    est = estimate(snap, job(6), pl)
+    shares = dict(est.batch_shares)
+    assert shares["a"] == pytest.approx(1978 / 3226)
+    assert shares["b"] == pytest.approx(1248 / 3226)
+    # the spot class prices a's GPUs at $0.5 instead of $2 (b has no spot price: list price)
+    spot = estimate(snap, job(6, qos=QoS(qos_class="spot")), pl)
+    hours = est.total_time_s / 3600
+    assert est.gpu_cost == pytest.approx((2 * 2.0 + 4 * 2.0) * hours)
+    assert spot.gpu_cost == pytest.approx((2 * 0.5 + 4 * 2.0) * hours)
+
+
+def test_links_are_symmetric_unless_both_directions_are_given() -> None:
+    one_way = Snapshot((cluster("a", 1), cluster("b", 1)), (link("a", "b", gbps=10.0),))
+    back = one_way.link("b", "a")
+    assert back is not None and back.bandwidth_gbps == 10.0
+    both = Snapshot(
+        (cluster("a", 1), cluster("b", 1)),
+        (link("a", "b", gbps=10.0), link("b", "a", gbps=1.0)),
+    )
+    ab, ba = both.link("a", "b"), both.link("b", "a")
+    assert ab is not None and ba is not None
+    assert (ab.bandwidth_gbps, ba.bandwidth_gbps) == (10.0, 1.0)
+    # the D=2 ring uses both directions, so the slow one bounds each round:
+    # 2 rounds x (10 ms + 2e8 B / 1.25e8 B/s)
+    est = estimate(both, job(2), [Assignment("a", 1), Assignment("b", 1)], "none", "every-step")
+    assert est.wan_s == pytest.approx(2 * (0.01 + 1.6))
+    assert est.bottleneck == ("b", "a")
