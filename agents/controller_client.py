@@ -69,8 +69,9 @@ def _problem_detail(response: httpx.Response) -> str:
 
 
 class ControllerClient:
-    def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0,
-                 user_agent: str = "cpn-agent") -> None:
+    def __init__(
+        self, base_url: str, token: str, *, timeout_s: float = 10.0, user_agent: str = "cpn-agent"
+    ) -> None:
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}", "User-Agent": user_agent},
@@ -102,12 +103,14 @@ class ControllerClient:
             raise Rejected(
                 f"controller refused the agent token (HTTP {status}): {_problem_detail(response)}"
                 " — check --token / CPN_AGENT_TOKEN and that it is bound to this cluster",
-                status, _retry_after(response),
+                status,
+                _retry_after(response),
             )
         if status >= 400:
             raise Rejected(
                 f"controller rejected {path} (HTTP {status}): {_problem_detail(response)}",
-                status, _retry_after(response),
+                status,
+                _retry_after(response),
             )
         return response
 

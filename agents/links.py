@@ -81,8 +81,9 @@ class LinkProber:
                 if elapsed is not None and i > 0:
                     rtts.append(elapsed)
             if counts.failed == counts.attempted:
-                log.warning("peer %s at %s unreachable: every ping failed; skipped",
-                            peer.cluster, base)
+                log.warning(
+                    "peer %s at %s unreachable: every ping failed; skipped", peer.cluster, base
+                )
                 return None
             if not rtts:
                 log.warning("peer %s: no timed ping succeeded; skipped", peer.cluster)
@@ -129,8 +130,11 @@ class LinkProber:
             with client.stream("GET", url, timeout=self.blob_timeout_s) as response:
                 if response.status_code != 200:
                     counts.failed += 1
-                    log.warning("peer %s: blob transfer answered HTTP %d; skipped",
-                                peer.cluster, response.status_code)
+                    log.warning(
+                        "peer %s: blob transfer answered HTTP %d; skipped",
+                        peer.cluster,
+                        response.status_code,
+                    )
                     return None
                 for chunk in response.iter_raw():
                     received += len(chunk)
@@ -138,14 +142,23 @@ class LinkProber:
                         break
         except httpx.HTTPError as exc:
             counts.failed += 1
-            log.warning("peer %s: blob transfer failed after %d of %d bytes: %s; skipped",
-                        peer.cluster, received, nbytes, exc)
+            log.warning(
+                "peer %s: blob transfer failed after %d of %d bytes: %s; skipped",
+                peer.cluster,
+                received,
+                nbytes,
+                exc,
+            )
             return None
         elapsed = self._clock() - start
         if received != nbytes:
             counts.failed += 1
-            log.warning("peer %s: blob transfer gave %d bytes, expected %d; skipped",
-                        peer.cluster, received, nbytes)
+            log.warning(
+                "peer %s: blob transfer gave %d bytes, expected %d; skipped",
+                peer.cluster,
+                received,
+                nbytes,
+            )
             return None
         return elapsed
 
@@ -165,7 +178,12 @@ class LinkProber:
                 log.exception("peer %s: measurement failed unexpectedly", peer.cluster)
                 continue
             if m is not None:
-                log.info("link to %s: %.3f Gbit/s, rtt %.2f ms, loss %.2f",
-                         m.dst, m.bandwidth_gbps, m.rtt_ms, m.loss)
+                log.info(
+                    "link to %s: %.3f Gbit/s, rtt %.2f ms, loss %.2f",
+                    m.dst,
+                    m.bandwidth_gbps,
+                    m.rtt_ms,
+                    m.loss,
+                )
                 out.append(m)
         return out

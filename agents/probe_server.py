@@ -107,8 +107,10 @@ class ProbeServer:
         self.host = host
         self.port: int = self._httpd.server_address[1]
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
-            name="cpn-probe-server", daemon=True,
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="cpn-probe-server",
+            daemon=True,
         )
 
     def start(self) -> ProbeServer:

@@ -111,29 +111,43 @@ class AgentRunner:
         self.heartbeats_acked += 1
         if previous is None or self._failures or previous.state != ack.state:
             after = f" after {self._failures} failed attempts" if self._failures else ""
-            log.info("heartbeat accepted%s: cluster %s is %s, lease until %s, %d peers",
-                     after, ack.cluster, ack.state, ack.lease_expires_at.isoformat(),
-                     len(ack.peers))
+            log.info(
+                "heartbeat accepted%s: cluster %s is %s, lease until %s, %d peers",
+                after,
+                ack.cluster,
+                ack.state,
+                ack.lease_expires_at.isoformat(),
+                len(ack.peers),
+            )
         else:
             log.debug("heartbeat accepted, lease until %s", ack.lease_expires_at.isoformat())
         self._failures = 0
         self._lease_warned = False
 
-    def _failed(self, exc: BaseException, message: str, retry_after: float | None,
-                auth: bool) -> float:
+    def _failed(
+        self, exc: BaseException, message: str, retry_after: float | None, auth: bool
+    ) -> float:
         delay = self.backoff.delay(self._failures)
         if retry_after is not None:
             delay = max(delay, min(retry_after, _MAX_RETRY_AFTER_S))
         self._failures += 1
         level = logging.ERROR if auth else logging.WARNING
-        log.log(level, "heartbeat failed (attempt %d): %s; retrying in %.1f s",
-                self._failures, message, delay)
+        log.log(
+            level,
+            "heartbeat failed (attempt %d): %s; retrying in %.1f s",
+            self._failures,
+            message,
+            delay,
+        )
         ack = self.last_ack
         if ack is not None and not self._lease_warned and self._now() >= _utc(ack.lease_expires_at):
             self._lease_warned = True
-            log.warning("lease expired at %s: the controller will mark cluster %s SUSPECT, "
-                        "then DOWN, until a heartbeat gets through",
-                        ack.lease_expires_at.isoformat(), self.config.cluster)
+            log.warning(
+                "lease expired at %s: the controller will mark cluster %s SUSPECT, "
+                "then DOWN, until a heartbeat gets through",
+                ack.lease_expires_at.isoformat(),
+                self.config.cluster,
+            )
         return delay
 
     def run_heartbeats(self, iterations: int | None = None) -> None:

@@ -6,17 +6,21 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import anyio
 from fastapi import FastAPI
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
 from api import problems
 from api.config import Settings
 from api.metrics import Metrics, MetricsMiddleware
-from api.routes import agent, clusters, health, links, tenants
+from api.routes import agent, clusters, health, jobs, links, pricing, tenants, usage
 from controller import keys
-from controller.db import make_engine, make_sessionmaker
+from controller.db import is_sqlite, make_engine, make_sessionmaker
 from controller.leases import LeaseMonitor, LeasePolicy
+from controller.loop import Controller
 from controller.migrate import pending_reason
 from controller.models import ApiKey
 from controller.resources import PeerTable
@@ -49,6 +53,26 @@ def bootstrap_admin(app: FastAPI) -> str | None:
         return token
 
 
+def heartbeat_workers(database_url: str) -> int:
+    """Threads that ingest heartbeats: SQLite takes one writer at a time; PostgreSQL waits on
+    round trips and commits, so a few beats in flight keep it busy (within the 20+20 pool)."""
+    return 1 if is_sqlite(database_url) else 8
+
+
+def make_controller(settings: Settings, sessions: sessionmaker[Session]) -> Controller:
+    return Controller(
+        sessions,
+        sqlite=is_sqlite(settings.database_url),
+        interval_s=settings.reconcile_interval_s,
+        replica_ttl_s=settings.replica_ttl_s,
+        checkpoint_root=Path(settings.checkpoint_root).resolve(),
+        ray_address=settings.ray_address,
+        max_attempts=settings.max_attempts,
+        ray_num_cpus=settings.ray_num_cpus,
+        launch=settings.launch_jobs,
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
@@ -69,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 flush=True,
             )
         monitor = None
+        controller = None
         if settings.run_controller:
 
             def on_moved(moved: list[tuple[str, str, str]]) -> None:
@@ -78,9 +103,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             monitor = LeaseMonitor(sessions, policy, settings.monitor_period(), on_moved)
             monitor.start()
+            controller = make_controller(settings, sessions)
+            controller.start()
         try:
             yield
         finally:
+            if controller:
+                controller.stop()
             if monitor:
                 monitor.stop()
             engine.dispose()
@@ -98,8 +127,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.lease_policy = policy
     app.state.peers = PeerTable()
+    app.state.principals = keys.PrincipalCache()
+    app.state.heartbeat_workers = anyio.CapacityLimiter(heartbeat_workers(settings.database_url))
     problems.install(app)
-    for module in (health, clusters, links, tenants, agent):
+    for module in (health, clusters, links, tenants, pricing, jobs, usage, agent):
         app.include_router(module.router)
     app.add_middleware(problems.BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -100,3 +104,154 @@ class Client:
 
     def gpus(self) -> list[Any]:
         return list(self.paginate("/v1/gpus"))
+
+    # Tenant helpers: quotes, jobs, their events and metrics, usage and the ledger.
+    def quote(self, spec: Any) -> Any:
+        """Price options for a spec (dict or JobSpec): fastest, cheapest, within the deadline."""
+        return self.post("/v1/quotes", _spec_body(spec))
+
+    def submit(self, spec: Any, idempotency_key: str | None = None, *, retries: int = 2) -> Any:
+        """Submit a job; transport failures are retried under one Idempotency-Key, so at most
+        one job is created (a key is generated when none is given)."""
+        key = idempotency_key or f"cpn-{uuid.uuid4()}"
+        body = _spec_body(spec)
+        for attempt in range(retries + 1):
+            try:
+                return self.request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
+            except ApiError as exc:
+                if exc.status not in (0, 502, 503, 504) or attempt == retries:
+                    raise
+                time.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def jobs(self, state: str | None = None, limit: int | None = None) -> list[Any]:
+        """Your jobs (an admin: everyone's), newest first; at most `limit` of them."""
+        pages = self.paginate("/v1/jobs", page_size=min(limit or 500, 500), state=state)
+        return list(itertools.islice(pages, limit))
+
+    def job(self, job_id: str) -> Any:
+        return self.get(f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str, version: int | None = None) -> Any:
+        """Cancel a job; with `version` (its ETag) only if nobody changed it since."""
+        headers = {"If-Match": f'"{version}"'} if version is not None else {}
+        return self.request("POST", f"/v1/jobs/{job_id}/cancel", headers=headers)
+
+    def events(
+        self, job_id: str, after: int | None = None, *, reconnects: int = 3
+    ) -> Iterator[Any]:
+        """A job's events as they happen (server-sent events), ending when the job has ended.
+
+        A dropped stream is resumed from the last event seen (Last-Event-ID), so none is lost
+        or repeated."""
+        last, failures = after, 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            try:
+                with self._http.stream(
+                    "GET", f"/v1/jobs/{job_id}/events", params={"stream": "true"}, headers=headers
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise _problem(response)
+                    for kind, data in sse_messages(response.iter_lines()):
+                        if kind == "end":
+                            return
+                        if data:
+                            event = json.loads(data)
+                            last = event.get("id", last)
+                            failures = 0
+                            yield event
+                reason = "the server closed the stream before the job ended"
+            except httpx.TransportError as exc:
+                reason = str(exc) or exc.__class__.__name__
+            failures += 1
+            if failures > reconnects:
+                raise ApiError(0, "unreachable", f"event stream of job {job_id} broke: {reason}")
+            time.sleep(min(0.25 * 2**failures, 2.0))
+
+    def metrics(self, job_id: str) -> list[Any]:
+        """Progress reports: step, loss, accuracy, step time, WAN bytes."""
+        return list(self.paginate(f"/v1/jobs/{job_id}/metrics"))
+
+    def pricing(self) -> Any:
+        """The prices that apply now, per cluster, GPU model and QoS class, and per link."""
+        return self.get("/v1/pricing")
+
+    def tenant_id(self) -> str:
+        """The tenant of this key, found from its jobs (the API has no who-am-I).
+
+        Raises LookupError for admin keys (they see every tenant) and for tenants with no
+        job yet."""
+        try:
+            self.get("/v1/tenants", limit=1)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+        else:
+            raise LookupError("an admin key sees every tenant: name one with its tenant id")
+        page = self.get("/v1/jobs", limit=1)
+        if not page["items"]:
+            raise LookupError(
+                "this tenant key has no jobs yet, so its tenant id is not known here: "
+                "pass it explicitly (your admin has it)"
+            )
+        return str(page["items"][0]["tenant_id"])
+
+    def usage(self, tenant_id: str | None = None) -> Any:
+        """Metered GPU-seconds and WAN bytes of a tenant (default: this key's tenant)."""
+        return self.get(f"/v1/tenants/{tenant_id or self.tenant_id()}/usage")
+
+    def ledger(self, tenant_id: str | None = None) -> Any:
+        """A tenant's ledger: its exact total and every entry, oldest first."""
+        tenant_id = tenant_id or self.tenant_id()
+        first = self.get(f"/v1/tenants/{tenant_id}/ledger", limit=500)
+        items = list(first["items"])
+        while items and len(items) < first["total_items"]:
+            page = self.get(f"/v1/tenants/{tenant_id}/ledger", limit=500, offset=len(items))
+            if not page["items"]:
+                break
+            items.extend(page["items"])
+        return {**first, "items": items, "limit": len(items), "offset": 0}
+
+
+def _spec_body(spec: Any) -> Any:
+    """A JobSpec (or any pydantic model) as JSON, only the fields that were given."""
+    if hasattr(spec, "model_dump"):
+        return spec.model_dump(mode="json", exclude_unset=True)
+    return spec
+
+
+def _problem(response: httpx.Response) -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    return ApiError(
+        response.status_code,
+        str(body.get("title", response.reason_phrase)),
+        str(body.get("detail", response.text[:200])),
+        body.get("errors"),
+    )
+
+
+def sse_messages(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """(event, data) of each server-sent event; comments and ids are skipped (ids travel in
+    the data here)."""
+    kind, data = "message", list[str]()
+    for line in lines:
+        if not line:
+            if data or kind != "message":
+                yield kind, "\n".join(data)
+            kind, data = "message", []
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                kind = value
+            elif name == "data":
+                data.append(value)

@@ -31,8 +31,20 @@ class Settings(BaseSettings):
     )
     probe_interval_s: float = Field(default=60.0, gt=0, le=86400)
     probe_bytes: int = Field(default=4 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
+    quote_ttl_s: float = Field(default=900.0, gt=0, le=7 * 86400, description="Quote lifetime.")
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     run_controller: bool = Field(default=True, description="Run the background loops in serve.")
+    launch_jobs: bool = Field(
+        default=True,
+        description="Run placed jobs on Ray; false = placement and reservation only (dry run).",
+    )
+    reconcile_interval_s: float = Field(default=1.0, gt=0, le=3600, description="Loop period.")
+    replica_ttl_s: float = Field(
+        default=15.0, gt=0, le=3600, description="A replica unseen this long loses its jobs."
+    )
+    checkpoint_root: str = Field(default="var/checkpoints", description="Per-job checkpoints.")
+    max_attempts: int = Field(default=3, ge=1, le=100, description="Runs before a job FAILS.")
+    ray_num_cpus: int | None = Field(default=None, ge=1, description="CPUs of a local Ray.")
 
     def monitor_period(self) -> float:
         """Seconds between lease checks: a quarter beat, so SUSPECT shows soon after a miss."""

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from api.config import Settings
-from controller.keys import Principal, authenticate
+from controller.keys import Principal, PrincipalCache, authenticate_cached, hash_key
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer cpn_...`")
 
@@ -30,17 +31,28 @@ SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_principal(
-    session: SessionDep,
+async def get_principal(
+    request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    """The caller, from the in-process cache when it can (no thread, no query), else the DB.
+
+    The lookup uses a session of its own, so no request holds a pooled connection while it
+    waits for a worker thread (which deadlocked the pool under many concurrent requests).
+    """
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
         raise HTTPException(
             401,
             "missing bearer API key: send `Authorization: Bearer <key>`",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    principal = authenticate(session, creds.credentials)
+    state = request.app.state
+    cache: PrincipalCache = state.principals
+    principal = None if cache.stale() else cache.get(hash_key(creds.credentials))
+    if principal is None:
+        principal = await run_in_threadpool(
+            authenticate_cached, cache, state.sessions, creds.credentials
+        )
     if principal is None:
         raise HTTPException(
             401,
@@ -50,10 +62,10 @@ def get_principal(
     return principal
 
 
-def require(*roles: str) -> Callable[[Principal], Principal]:
+def require(*roles: str) -> Callable[[Principal], Awaitable[Principal]]:
     """A dependency that admits only keys of the given roles."""
 
-    def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if principal.role not in roles:
             raise HTTPException(
                 403, f"this endpoint needs a key of role {' or '.join(roles)}, not {principal.role}"

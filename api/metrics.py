@@ -38,6 +38,7 @@ class Metrics:
             ["model", "kind"],
             registry=self.registry,
         )
+        self.jobs = Gauge("cpn_jobs", "Jobs by state.", ["state"], registry=self.registry)
         self.lease_transitions = Counter(
             "cpn_cluster_transitions_total",
             "Cluster state changes made by the lease monitor.",

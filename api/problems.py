@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -114,6 +114,17 @@ def install(app: FastAPI) -> None:
             slug=slug,
             instance=request.url.path,
             headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(DataError)
+    async def _out_of_range(request: Request, exc: DataError) -> JSONResponse:
+        log.warning("value refused by the database on %s: %s", request.url.path, exc.orig)
+        return problem(
+            422,
+            "Invalid request",
+            "a value does not fit what cpn stores (too large or malformed); send a smaller value",
+            slug="invalid",
+            instance=request.url.path,
         )
 
     @app.exception_handler(OperationalError)

@@ -125,8 +125,9 @@ def start_control_plane(
     settings: Mapping[str, str] | None = None,
     migrate: bool = True,
     timeout: float = 60.0,
+    port: int = 0,
 ) -> ControlPlane:
-    """`cpn db upgrade` then `cpn serve` on a free port; returns once /readyz answers 200."""
+    """`cpn db upgrade` then `cpn serve` (on a free port unless given); returns once ready."""
     env = {"CPN_DATABASE_URL": database_url, "CPN_ADMIN_TOKEN": admin_token, **(settings or {})}
     if migrate:
         done = subprocess.run(
@@ -140,7 +141,7 @@ def start_control_plane(
             raise ProcessError(f"cpn db upgrade failed:\n{done.stderr[-2000:]}")
     proc, url = spawn(
         "cpn serve",
-        ["serve", "--port", "0", "--log-level", "info"],
+        ["serve", "--port", str(port), "--log-level", "info"],
         env,
         wait_for=_LISTEN,
         timeout=timeout,

@@ -36,8 +36,18 @@ GRADIENT_SETS: dict[str, list[tuple[int, ...]]] = {
     "1M (1000x1000)": [(1000, 1000)],
     "10M (2500x4000)": [(2500, 4000)],
     "conv+linear set (3.1M)": [
-        (64, 3, 3, 3), (64,), (128, 64, 3, 3), (128,), (256, 128, 3, 3), (256,),
-        (256, 256, 3, 3), (256,), (512, 4096), (512,), (10, 512), (10,),
+        (64, 3, 3, 3),
+        (64,),
+        (128, 64, 3, 3),
+        (128,),
+        (256, 128, 3, 3),
+        (256,),
+        (256, 256, 3, 3),
+        (256,),
+        (512, 4096),
+        (512,),
+        (10, 512),
+        (10,),
     ],
 }
 
@@ -104,8 +114,10 @@ def _table(specs: list[str], repeats: int) -> list[dict[str, Any]]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = (f"{'gradients':<24} {'compressor':<22} {'codec MB/s':>11} {'wire MB/s':>10} "
-              f"{'wire bytes':>12} {'ratio':>8}")
+    header = (
+        f"{'gradients':<24} {'compressor':<22} {'codec MB/s':>11} {'wire MB/s':>10} "
+        f"{'wire bytes':>12} {'ratio':>8}"
+    )
     lines = [header, "-" * len(header)]
     for row in rows:
         lines.append(
@@ -132,9 +144,11 @@ def main() -> None:
         return
     print(format_table(rows))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\n{args.threads} torch thread(s), torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"load average {load}; MB = 1e6 bytes of fp32 gradient; best of {args.repeats} "
-          f"rounds; took {time.perf_counter() - start:.1f} s")
+    print(
+        f"\n{args.threads} torch thread(s), torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"load average {load}; MB = 1e6 bytes of fp32 gradient; best of {args.repeats} "
+        f"rounds; took {time.perf_counter() - start:.1f} s"
+    )
 
 
 if __name__ == "__main__":

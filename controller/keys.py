@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
+import weakref
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import event, func, select
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
 from controller.models import ApiKey
 
@@ -54,3 +59,130 @@ def authenticate(session: Session, token: str) -> Principal | None:
     if row is None or row.revoked_at is not None:
         return None
     return Principal(key_id=row.id, role=row.role, scope=row.scope)
+
+
+# ---- principal cache -----------------------------------------------------------------------
+
+
+class PrincipalCache:
+    """Live principals by key hash, so most requests need no query to know their caller.
+
+    Revocation bites at once in this process: a commit that changed an `ApiKey` evicts it
+    (see the session events below) before the revoking request answers. Revocations made
+    elsewhere (another replica, plain SQL) are seen through a watermark, the count and latest
+    `revoked_at` of revoked keys, read at most every `check_s` seconds; a change clears the
+    cache. A lookup that raced an eviction never puts its stale answer back (generations).
+    """
+
+    def __init__(self, check_s: float = 1.0, max_entries: int = 100_000) -> None:
+        self.check_s = check_s
+        self._max = max_entries
+        self._lock = threading.Lock()
+        self._entries: dict[str, Principal] = {}
+        self._generation = 0
+        self._checked_at = 0.0
+        self._watermark: tuple[int, datetime | None] | None = None
+        _caches.add(self)
+
+    def get(self, key_hash: str) -> Principal | None:
+        return self._entries.get(key_hash)
+
+    def generation(self) -> int:
+        return self._generation
+
+    def put(self, key_hash: str, principal: Principal, generation: int) -> None:
+        """Keep `principal` unless something was evicted since `generation` was read."""
+        with self._lock:
+            if generation != self._generation:
+                return
+            if len(self._entries) >= self._max:
+                self._entries.clear()
+            self._entries[key_hash] = principal
+
+    def evict(self, key_hashes: set[str] | None) -> None:
+        """Forget these keys (None: all of them)."""
+        with self._lock:
+            self._generation += 1
+            if key_hashes is None:
+                self._entries.clear()
+            else:
+                for h in key_hashes:
+                    self._entries.pop(h, None)
+
+    def stale(self) -> bool:
+        """Whether the watermark is due for a read (a peek: claims nothing)."""
+        return time.monotonic() - self._checked_at >= self.check_s
+
+    def due(self) -> bool:
+        """Whether the revocation watermark should be read again; claims the check if so."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked_at < self.check_s:
+                return False
+            self._checked_at = now
+            return True
+
+    def check(self, session: Session) -> None:
+        """Read the revocation watermark; clear the cache if keys were revoked since."""
+        count, latest = session.execute(
+            select(func.count(), func.max(ApiKey.revoked_at)).where(ApiKey.revoked_at.is_not(None))
+        ).one()
+        mark = (int(count), latest)
+        if mark != self._watermark:
+            self.evict(None)
+            self._watermark = mark
+
+
+_caches: weakref.WeakSet[PrincipalCache] = weakref.WeakSet()
+_CHANGED = "cpn.changed_api_keys"
+
+
+def authenticate_cached(
+    cache: PrincipalCache, sessions: sessionmaker[Session], token: str
+) -> Principal | None:
+    """`authenticate` through `cache`, with short sessions of its own (no connection kept)."""
+    key_hash = hash_key(token)
+    if cache.due():
+        with sessions() as session:
+            cache.check(session)
+    principal = cache.get(key_hash)
+    if principal is not None:
+        return principal
+    generation = cache.generation()
+    with sessions() as session:
+        principal = authenticate(session, token)
+    if principal is not None:
+        cache.put(key_hash, principal, generation)
+    return principal
+
+
+def _mark(session: Session | None, key_hash: str | None) -> None:
+    if session is not None:
+        changed = session.info.setdefault(_CHANGED, set())
+        changed.add(key_hash)  # None stands for "some key, unknown which"
+
+
+@event.listens_for(ApiKey, "after_update")
+@event.listens_for(ApiKey, "after_delete")
+def _key_changed(_mapper: Any, _conn: Any, key: ApiKey) -> None:
+    _mark(Session.object_session(key), key.key_hash)
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _bulk_key_change(state: ORMExecuteState) -> None:
+    if (state.is_update or state.is_delete) and any(m.class_ is ApiKey for m in state.all_mappers):
+        _mark(state.session, None)
+
+
+@event.listens_for(Session, "after_commit")
+def _evict_committed(session: Session) -> None:
+    changed: set[str | None] | None = session.info.pop(_CHANGED, None)
+    if changed:
+        hashes = None if None in changed else {h for h in changed if h is not None}
+        for cache in list(_caches):
+            cache.evict(hashes)
+
+
+@event.listens_for(Session, "after_rollback")
+def _forget_rolled_back(session: Session) -> None:
+    session.info.pop(_CHANGED, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -121,7 +122,8 @@ class GpuInventory(Base):
 class Link(Base):
     """A directed WAN link; declared by an admin or measured by the source cluster's agent.
 
-    Both kinds are kept side by side; the measured one, when present, is what counts.
+    Both kinds are kept side by side; the measured one, when present, is what counts, unless
+    an admin pinned the declared one (probes that cannot see the real WAN, planned links).
     """
 
     __tablename__ = "links"
@@ -142,6 +144,7 @@ class Link(Base):
     loss: Mapped[float] = mapped_column(Float, default=0.0)
     egress_price_per_gb: Mapped[float] = mapped_column(Float, default=0.0)
     measured_at: Mapped[datetime] = mapped_column(default=utcnow)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
 
     src: Mapped[Cluster] = relationship(foreign_keys=[src_cluster_id], lazy="joined")
     dst: Mapped[Cluster] = relationship(foreign_keys=[dst_cluster_id], lazy="joined")
@@ -188,3 +191,217 @@ class AuditLog(Base):
     target_type: Mapped[str] = mapped_column(String(32))
     target_id: Mapped[str] = mapped_column(String(64))
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+# ---- service layer: prices, quotes, jobs, metering, ledger ---------------------------------
+
+Money = Numeric(18, 6)
+"""Money and priced quantities are decimals: ledger totals must reconcile to the last digit."""
+
+QOS_CLASSES = ("guaranteed", "standard", "spot")
+
+
+class GpuPrice(Base):
+    """Price per GPU-hour of one GPU model in one cluster for one QoS class, from a moment on.
+
+    Effective-dated and append-only: the price at time t is the row with the latest
+    `effective_from` <= t, so a change applies to new work without rewriting history.
+    """
+
+    __tablename__ = "gpu_prices"
+    __table_args__ = (
+        Index("ix_gpu_price_lookup", "cluster_id", "gpu_model", "qos_class", "effective_from"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
+    gpu_model: Mapped[str] = mapped_column(String(128))
+    qos_class: Mapped[str] = mapped_column(String(16))
+    price_per_gpu_hour: Mapped[Decimal] = mapped_column(Money)
+    effective_from: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EgressPrice(Base):
+    """Price per GB leaving `src` towards `dst`, effective-dated like GPU prices."""
+
+    __tablename__ = "egress_prices"
+    __table_args__ = (
+        Index("ix_egress_price_lookup", "src_cluster_id", "dst_cluster_id", "effective_from"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    src_cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
+    dst_cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
+    price_per_gb: Mapped[Decimal] = mapped_column(Money)
+    effective_from: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Quote(Base):
+    """Options the planner offered for a spec; a job submitted with its id holds the price."""
+
+    __tablename__ = "quotes"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+
+
+class Job(Base):
+    """A tenant's training job; `state` moves only through controller.lifecycle."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_job_idempotency"),
+        Index("ix_jobs_queue", "state", "priority", "created_at"),
+        Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16), default="PENDING")
+    reason: Mapped[str] = mapped_column(String(512), default="")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    qos_class: Mapped[str] = mapped_column(String(16), default="standard")
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False)
+    gpus_min: Mapped[int] = mapped_column(Integer)
+    gpus_max: Mapped[int] = mapped_column(Integer)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
+    request_hash: Mapped[str] = mapped_column(String(64), default="")
+    quote_id: Mapped[str | None] = mapped_column(String(36))
+    held_price: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    owner: Mapped[str | None] = mapped_column(String(64), index=True)
+    preempted_by: Mapped[str | None] = mapped_column(String(36))
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+    __mapper_args__ = {"version_id_col": version}
+
+
+class JobEvent(Base):
+    """What happened to a job: state changes with their reason, progress, errors."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(16))  # state | progress | error | info
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(String(2048), default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class JobMetric(Base):
+    """One progress report of a job's workers."""
+
+    __tablename__ = "job_metrics"
+    __table_args__ = (Index("ix_job_metrics_job_step", "job_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    step: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float | None] = mapped_column(Float)
+    accuracy: Mapped[float | None] = mapped_column(Float)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    compute_time_s: Mapped[float | None] = mapped_column(Float)
+    comm_time_s: Mapped[float | None] = mapped_column(Float)
+    wan_bytes: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Allocation(Base):
+    """GPUs of one cluster reserved for one job, from `started_at` until `ended_at`."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (Index("ix_alloc_open", "cluster_id", "ended_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
+    gpu_model: Mapped[str] = mapped_column(String(128))
+    gpus: Mapped[int] = mapped_column(Integer)
+    qos_class: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None]
+    metered_until: Mapped[datetime | None]
+
+
+class Usage(Base):
+    """Metered usage: GPU-seconds of an allocation over a period, or WAN bytes over a link."""
+
+    __tablename__ = "usage"
+    __table_args__ = (Index("ix_usage_tenant", "tenant_id", "period_start"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # gpu_seconds | wan_bytes
+    cluster: Mapped[str] = mapped_column(String(63))  # the GPU cluster, or the link's source
+    dst_cluster: Mapped[str | None] = mapped_column(String(63))
+    gpu_model: Mapped[str | None] = mapped_column(String(128))
+    qos_class: Mapped[str | None] = mapped_column(String(16))
+    quantity: Mapped[Decimal] = mapped_column(Money)
+    period_start: Mapped[datetime]
+    period_end: Mapped[datetime]
+    priced: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+
+
+class LedgerEntry(Base):
+    """An append-only charge: metered quantity times the price in effect for its period."""
+
+    __tablename__ = "ledger"
+    __table_args__ = (Index("ix_ledger_tenant", "tenant_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    usage_id: Mapped[int] = mapped_column(ForeignKey("usage.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # gpu | egress
+    description: Mapped[str] = mapped_column(String(256))
+    quantity: Mapped[Decimal] = mapped_column(Money)  # GPU-hours or GB
+    unit_price: Mapped[Decimal] = mapped_column(Money)
+    amount: Mapped[Decimal] = mapped_column(Money)
+    period_start: Mapped[datetime]
+    period_end: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Replica(Base):
+    """A running controller (`cpn serve`); it owns the jobs it launched while it stays seen."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255), default="")
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class StepObservation(Base):
+    """Observed compute time of training steps per GPU model: the cost model's calibration."""
+
+    __tablename__ = "step_observations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    gpu_model: Mapped[str] = mapped_column(String(128), index=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    flops: Mapped[float] = mapped_column(Float)
+    compute_s: Mapped[float] = mapped_column(Float)
+    predicted_s: Mapped[float | None] = mapped_column(Float)
+    at: Mapped[datetime] = mapped_column(default=utcnow)

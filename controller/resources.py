@@ -8,9 +8,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import String, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -18,7 +19,16 @@ from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat, LinkReport, PeerProbe
 from controller.errors import Conflict, Invalid, NotFound
 from controller.leases import LeasePolicy
-from controller.models import AuditLog, Cluster, ClusterTransition, GpuInventory, Link, utcnow
+from controller.models import (
+    AuditLog,
+    Cluster,
+    ClusterTransition,
+    EgressPrice,
+    GpuInventory,
+    Link,
+    utcnow,
+)
+from controller.pricing import egress_price_history, price_at
 
 
 def audit(
@@ -116,12 +126,70 @@ class HeartbeatResult:
     changed_state: bool
 
 
+# Hot-path statements, built once: constructing and cache-keying a statement per beat cost
+# more than running it. Executed on the session's connection (Core), not through the ORM.
+_RENEW = (
+    update(Cluster)
+    .where(
+        Cluster.name == bindparam("b_name"),
+        Cluster.state == "READY",
+        Cluster.probe_url.is_not_distinct_from(bindparam("b_probe_url", type_=String())),
+    )
+    .values(
+        version=Cluster.version + 1,
+        last_heartbeat_at=bindparam("b_now"),
+        lease_expires_at=bindparam("b_expires"),
+        agent_version=bindparam("b_agent_version"),
+        discovery=bindparam("b_discovery"),
+    )
+    .returning(Cluster.id)
+)
+_GPUS = select(
+    GpuInventory.id,
+    GpuInventory.model,
+    GpuInventory.memory_gib,
+    GpuInventory.count,
+    GpuInventory.allocatable,
+    GpuInventory.utilization,
+).where(GpuInventory.cluster_id == bindparam("b_cluster_id"))
+_GPU_UPDATE = (
+    update(GpuInventory)
+    .where(GpuInventory.id == bindparam("b_id"))
+    .values(
+        memory_gib=bindparam("b_memory_gib"),
+        count=bindparam("b_count"),
+        allocatable=bindparam("b_allocatable"),
+        utilization=bindparam("b_utilization"),
+    )
+)
+_GPU_DELETE = delete(GpuInventory).where(GpuInventory.id == bindparam("b_id"))
+
+
 def ingest_heartbeat(
     session: Session, hb: Heartbeat, policy: LeasePolicy, now: datetime | None = None
 ) -> HeartbeatResult:
     """Renew the cluster's lease, bring it back to READY, and sync its GPU inventory."""
     now = now or utcnow()
     expires = policy.expiry(now)
+    _check_gpus(hb.gpus)
+    # Fast path, nearly every beat: READY with the same probe URL, so one conditional UPDATE
+    # renews the lease and no state changes. The condition keeps replicas safe: if the lease
+    # monitor moved the cluster meanwhile, it misses and the slow path below runs.
+    conn = session.connection()
+    renewed = conn.execute(
+        _RENEW,
+        {
+            "b_name": hb.cluster,
+            "b_probe_url": hb.probe_url,
+            "b_now": now,
+            "b_expires": expires,
+            "b_agent_version": hb.agent_version,
+            "b_discovery": hb.discovery,
+        },
+    ).first()
+    if renewed is not None:
+        _sync_gpus(session, renewed[0], hb.gpus)
+        return HeartbeatResult(hb.cluster, "READY", expires, False)
     row = session.execute(
         select(Cluster.id, Cluster.state, Cluster.probe_url).where(Cluster.name == hb.cluster)
     ).first()
@@ -167,12 +235,7 @@ def ingest_heartbeat(
     return HeartbeatResult(hb.cluster, "READY", expires, changed or probe_url != hb.probe_url)
 
 
-def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport]) -> None:
-    """Write only what changed; `in_use` belongs to the controller and is kept."""
-    existing = {
-        g.model: g
-        for g in session.scalars(select(GpuInventory).where(GpuInventory.cluster_id == cluster_id))
-    }
+def _check_gpus(reported: Sequence[GpuReport]) -> None:
     seen: set[str] = set()
     for gpu in reported:
         if gpu.model in seen:
@@ -181,11 +244,21 @@ def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport])
                 field="gpus",
             )
         seen.add(gpu.model)
+
+
+def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport]) -> None:
+    """Write only what changed (usually nothing); `in_use` belongs to the controller and is kept.
+
+    Core statements on the session's connection: an unchanged inventory costs one small read.
+    """
+    conn = session.connection()
+    existing = {r.model: r for r in conn.execute(_GPUS, {"b_cluster_id": cluster_id})}
+    for gpu in reported:
         allocatable = min(gpu.allocatable, gpu.count)
-        row = existing.get(gpu.model)
+        row = existing.pop(gpu.model, None)
         if row is None:
-            session.add(
-                GpuInventory(
+            conn.execute(
+                insert(GpuInventory).values(
                     cluster_id=cluster_id,
                     model=gpu.model,
                     memory_gib=gpu.memory_gib,
@@ -200,11 +273,18 @@ def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport])
             allocatable,
             gpu.utilization,
         ):
-            row.memory_gib, row.count = gpu.memory_gib, gpu.count
-            row.allocatable, row.utilization = allocatable, gpu.utilization
-    for model, row in existing.items():
-        if model not in seen:
-            session.delete(row)
+            conn.execute(
+                _GPU_UPDATE,
+                {
+                    "b_id": row.id,
+                    "b_memory_gib": gpu.memory_gib,
+                    "b_count": gpu.count,
+                    "b_allocatable": allocatable,
+                    "b_utilization": gpu.utilization,
+                },
+            )
+    for row in existing.values():  # models no longer reported
+        conn.execute(_GPU_DELETE, {"b_id": row.id})
 
 
 def ingest_links(session: Session, report: LinkReport) -> int:
@@ -275,6 +355,7 @@ def declare_link(
     rtt_ms: float,
     loss: float,
     egress_price_per_gb: float,
+    pinned: bool = False,
 ) -> Link:
     if src == dst:
         raise Invalid("a link cannot go from a cluster to itself; give two clusters", field="dst")
@@ -289,7 +370,20 @@ def declare_link(
         loss=loss,
         egress_price_per_gb=egress_price_per_gb,
         measured_at=utcnow(),
+        pinned=pinned,
     )
+    # The declared price enters the pricing catalogue (effective now) if it changes what
+    # applies, so billing has one source of truth.
+    history = egress_price_history(session, a.id, b.id)
+    if price_at(history, utcnow()) != Decimal(str(egress_price_per_gb)):
+        session.add(
+            EgressPrice(
+                src_cluster_id=a.id,
+                dst_cluster_id=b.id,
+                price_per_gb=Decimal(str(egress_price_per_gb)),
+                effective_from=utcnow(),
+            )
+        )
     # The egress price is the operator's word: measured rows of the pair follow it.
     session.execute(
         update(Link)
@@ -301,11 +395,15 @@ def declare_link(
 
 
 def effective_links(links: Sequence[Link]) -> list[Link]:
-    """One link per directed pair: the measured one when there is one, else the declared."""
+    """One link per directed pair: a pinned declared link, else the measured, else the declared."""
     best: dict[tuple[str, str], Link] = {}
+
+    def rank(link: Link) -> int:
+        return 2 if link.pinned else 1 if link.source == "measured" else 0
+
     for link in links:
         key = (link.src_cluster_id, link.dst_cluster_id)
-        if key not in best or link.source == "measured":
+        if key not in best or rank(link) > rank(best[key]):
             best[key] = link
     return sorted(best.values(), key=lambda k: (k.src.name, k.dst.name))
 

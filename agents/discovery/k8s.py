@@ -68,8 +68,7 @@ def _default_api_client(in_pod: bool) -> Any:
             config.load_kube_config(client_configuration=cfg)
     except (config.ConfigException, OSError) as exc:
         where = (
-            "in-cluster service account" if in_pod
-            else "kubeconfig (KUBECONFIG or ~/.kube/config)"
+            "in-cluster service account" if in_pod else "kubeconfig (KUBECONFIG or ~/.kube/config)"
         )
         raise DiscoveryError(
             f"--discovery: kubernetes: cannot load the {where}: {exc}; "
@@ -142,7 +141,9 @@ class KubernetesSource:
                 self._warned_memory.add(product)
                 log.warning(
                     "node %s: no %s label; reporting memory 0 GiB for %s",
-                    node.metadata.name, MEMORY_LABEL, product,
+                    node.metadata.name,
+                    MEMORY_LABEL,
+                    product,
                 )
             usable = node.spec is None or not node.spec.unschedulable
             group = groups.setdefault((product, memory), _Group())

@@ -70,31 +70,57 @@ def _agent_version() -> str:
 
 
 def agent(
-    cluster: Annotated[str, typer.Option(help="Name of the cluster this agent reports for.",
-                                         callback=_cluster)],
-    controller: Annotated[str, typer.Option(help="Base URL of the control plane, "
-                                            "e.g. http://cpn:8000.", callback=_controller)],
-    token: Annotated[str, typer.Option(envvar="CPN_AGENT_TOKEN", show_envvar=True,
-                                       help="Agent API key bound to this cluster.",
-                                       callback=_token)],
-    inventory: Annotated[Path | None, typer.Option(
-        help="YAML file declaring the cluster's GPUs (used when neither NVML nor Kubernetes "
-             "applies, or with --discovery inventory).")] = None,
-    discovery: Annotated[DiscoveryChoice, typer.Option(
-        help="GPU source; auto tries NVML, then Kubernetes (in a pod), then --inventory.")
+    cluster: Annotated[
+        str, typer.Option(help="Name of the cluster this agent reports for.", callback=_cluster)
+    ],
+    controller: Annotated[
+        str,
+        typer.Option(
+            help="Base URL of the control plane, e.g. http://cpn:8000.", callback=_controller
+        ),
+    ],
+    token: Annotated[
+        str,
+        typer.Option(
+            envvar="CPN_AGENT_TOKEN",
+            show_envvar=True,
+            help="Agent API key bound to this cluster.",
+            callback=_token,
+        ),
+    ],
+    inventory: Annotated[
+        Path | None,
+        typer.Option(
+            help="YAML file declaring the cluster's GPUs (used when neither NVML nor Kubernetes "
+            "applies, or with --discovery inventory)."
+        ),
+    ] = None,
+    discovery: Annotated[
+        DiscoveryChoice,
+        typer.Option(
+            help="GPU source; auto tries NVML, then Kubernetes (in a pod), then --inventory."
+        ),
     ] = DiscoveryChoice.auto,
-    probe_host: Annotated[str, typer.Option(help="Address the probe endpoint listens on.")
-                          ] = "0.0.0.0",
-    probe_port: Annotated[int, typer.Option(min=0, max=65535,
-                                            help="Probe endpoint port; 0 picks a free one.")
-                          ] = 9100,
-    advertise_url: Annotated[str | None, typer.Option(
-        help="Probe URL peers should use (default http://<probe-host or 127.0.0.1>:<port>).",
-        callback=_advertise)] = None,
-    once: Annotated[bool, typer.Option(
-        "--once", help="Send one heartbeat, print the controller's answer and exit.")] = False,
-    backoff_base: Annotated[float, typer.Option(min=0.0, help="First retry delay ceiling, s.")
-                            ] = 1.0,
+    probe_host: Annotated[
+        str, typer.Option(help="Address the probe endpoint listens on.")
+    ] = "0.0.0.0",
+    probe_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Probe endpoint port; 0 picks a free one.")
+    ] = 9100,
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Probe URL peers should use (default http://<probe-host or 127.0.0.1>:<port>).",
+            callback=_advertise,
+        ),
+    ] = None,
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Send one heartbeat, print the controller's answer and exit."),
+    ] = False,
+    backoff_base: Annotated[
+        float, typer.Option(min=0.0, help="First retry delay ceiling, s.")
+    ] = 1.0,
     backoff_cap: Annotated[float, typer.Option(min=0.0, help="Largest retry delay, s.")] = 30.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
@@ -113,7 +139,8 @@ def agent(
     if not isinstance(level, int):
         raise typer.BadParameter("use DEBUG, INFO, WARNING or ERROR", param_hint="--log-level")
     logging.basicConfig(
-        level=level, stream=sys.stderr,
+        level=level,
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if level > logging.DEBUG:  # httpx logs every request at INFO: one line per probe
@@ -134,8 +161,13 @@ def agent(
             from agents.protocol import Heartbeat
 
             try:
-                beat = Heartbeat(cluster=cluster, agent_version=version, probe_url=advertise_url,
-                                 discovery=source.source, gpus=source.collect())
+                beat = Heartbeat(
+                    cluster=cluster,
+                    agent_version=version,
+                    probe_url=advertise_url,
+                    discovery=source.source,
+                    gpus=source.collect(),
+                )
                 ack = client.heartbeat(beat)
             except (ControllerError, DiscoveryError) as exc:
                 raise _fail(str(exc), 1) from None
@@ -150,8 +182,10 @@ def agent(
             ) from None
         probe_url = advertise_url or default_probe_url(probe_host, server.port)
         if advertise_url is None and probe_host in ("0.0.0.0", "::", ""):
-            log.warning("advertising %s to peers; pass --advertise-url when peers run on "
-                        "other hosts", probe_url)
+            log.warning(
+                "advertising %s to peers; pass --advertise-url when peers run on other hosts",
+                probe_url,
+            )
         stop = threading.Event()
 
         def _on_signal(signum: int, _frame: object) -> None:
@@ -162,11 +196,13 @@ def agent(
         server.start()
         try:
             runner = AgentRunner(
-                AgentConfig(cluster, probe_url, version), source, client,
-                backoff=Backoff(backoff_base, backoff_cap), stop=stop,
+                AgentConfig(cluster, probe_url, version),
+                source,
+                client,
+                backoff=Backoff(backoff_base, backoff_cap),
+                stop=stop,
             )
-            log.info("cluster %s: heartbeating to %s, probe URL %s", cluster, controller,
-                     probe_url)
+            log.info("cluster %s: heartbeating to %s, probe URL %s", cluster, controller, probe_url)
             runner.run()
         finally:
             server.stop()

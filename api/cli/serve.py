@@ -20,7 +20,7 @@ def serve(
 
     from api.app import create_app
     from api.config import Settings
-    from controller.db import make_engine
+    from controller.db import is_sqlite, make_engine
     from controller.migrate import pending_reason
 
     settings = Settings()
@@ -32,6 +32,18 @@ def serve(
     if reason:
         print(f"cpn serve: error: {reason}", file=sys.stderr)
         raise typer.Exit(1)
+    if settings.run_controller and is_sqlite(settings.database_url):
+        from controller.db import make_sessionmaker
+        from controller.loop import ReplicaConflict, check_single_replica
+
+        engine = make_engine(settings.database_url)
+        try:
+            check_single_replica(make_sessionmaker(engine), settings.replica_ttl_s)
+        except ReplicaConflict as exc:
+            print(f"cpn serve: error: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from None
+        finally:
+            engine.dispose()
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
 
 

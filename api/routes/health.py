@@ -8,8 +8,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
 from api.problems import problem
+from controller.lifecycle import STATES
 from controller.migrate import pending_reason
-from controller.models import Cluster, GpuInventory
+from controller.models import Cluster, GpuInventory, Job
 
 router = APIRouter(tags=["health"])
 
@@ -31,7 +32,7 @@ def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", response_class=Response)
 def metrics(request: Request) -> Response:
-    """Prometheus exposition: HTTP, heartbeats, clusters by state, GPUs by model."""
+    """Prometheus exposition: HTTP, heartbeats, clusters and jobs by state, GPUs by model."""
     state = request.app.state
     m = state.metrics
     with state.sessions() as session:
@@ -46,8 +47,11 @@ def metrics(request: Request) -> Response:
                 func.sum(GpuInventory.in_use),
             ).group_by(GpuInventory.model)
         ).all()
+        jobs = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
     for s in ("PENDING", "READY", "SUSPECT", "DOWN"):
         m.cluster_states.labels(s).set(counts.get(s, 0))
+    for s in STATES:
+        m.jobs.labels(s).set(jobs.get(s, 0))
     for model, count, alloc, in_use in gpus:
         m.gpus.labels(model, "count").set(count or 0)
         m.gpus.labels(model, "allocatable").set(alloc or 0)

@@ -28,6 +28,7 @@ def _out(link: Link) -> LinkOut:
         loss=link.loss,
         egress_price_per_gb=link.egress_price_per_gb,
         measured_at=link.measured_at,
+        pinned=link.pinned,
     )
 
 
@@ -103,7 +104,7 @@ def patch_link(link_id: str, body: LinkPatch, session: SessionDep, admin: AdminD
     """Change a declared link; measured links belong to the agents."""
     link = _get(session, link_id)
     changes = body.model_dump(exclude_unset=True, exclude_none=True)
-    if link.source == "measured" and set(changes) - {"egress_price_per_gb"}:
+    if link.source == "measured" and set(changes) - {"egress_price_per_gb"}:  # agents own these
         raise Invalid(
             "measured links are written by agents; declare the link instead (POST /v1/links)",
             field="source",

@@ -34,23 +34,34 @@ class Received:
     body: bytes
 
 
-def ack_body(cluster: str, *, interval: float = 0.05, probe_interval: float = 0.05,
-             probe_bytes: int = 256 * 1024, peers: list[dict[str, str]] | None = None,
-             state: str = "READY") -> bytes:
-    return json.dumps({
-        "cluster": cluster,
-        "state": state,
-        "lease_expires_at": (datetime.now(UTC) + timedelta(seconds=40)).isoformat(),
-        "heartbeat_interval_s": interval,
-        "probe_interval_s": probe_interval,
-        "probe_bytes": probe_bytes,
-        "peers": peers or [],
-    }).encode()
+def ack_body(
+    cluster: str,
+    *,
+    interval: float = 0.05,
+    probe_interval: float = 0.05,
+    probe_bytes: int = 256 * 1024,
+    peers: list[dict[str, str]] | None = None,
+    state: str = "READY",
+) -> bytes:
+    return json.dumps(
+        {
+            "cluster": cluster,
+            "state": state,
+            "lease_expires_at": (datetime.now(UTC) + timedelta(seconds=40)).isoformat(),
+            "heartbeat_interval_s": interval,
+            "probe_interval_s": probe_interval,
+            "probe_bytes": probe_bytes,
+            "peers": peers or [],
+        }
+    ).encode()
 
 
 def problem(status: int, detail: str) -> Reply:
-    return Reply(status, json.dumps({"title": "refused", "status": status,
-                                     "detail": detail}).encode(), "application/problem+json")
+    return Reply(
+        status,
+        json.dumps({"title": "refused", "status": status, "detail": detail}).encode(),
+        "application/problem+json",
+    )
 
 
 class FakeController:
@@ -83,8 +94,9 @@ class FakeController:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def _answer(self, req: Received) -> Reply:
         with self.cond:
@@ -120,8 +132,9 @@ class FakeController:
 def make_controller() -> Iterator[Callable[..., FakeController]]:
     started: list[FakeController] = []
 
-    def make(script: list[Reply] | None = None,
-             default: Callable[[Heartbeat], Reply] | None = None) -> FakeController:
+    def make(
+        script: list[Reply] | None = None, default: Callable[[Heartbeat], Reply] | None = None
+    ) -> FakeController:
         fc = FakeController(script or [], default or (lambda hb: Reply(200, ack_body(hb.cluster))))
         fc.thread.start()
         started.append(fc)

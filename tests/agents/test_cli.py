@@ -17,8 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def agent_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CPN_AGENT_TOKEN", "KUBERNETES_SERVICE_HOST")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CPN_AGENT_TOKEN", "KUBERNETES_SERVICE_HOST")
+    }
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -32,8 +35,13 @@ def inventory(tmp_path: Path) -> Path:
 
 def start_agent(log, *args: str, env: dict[str, str]):
     # Output to a file, so a chatty agent can never block on a full pipe.
-    return subprocess.Popen([sys.executable, "-m", "api.cli", "agent", *args], cwd=ROOT,
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "agent", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def read(log) -> str:
@@ -45,19 +53,36 @@ def read(log) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_agent_process_heartbeats_serves_probes_and_stops_cleanly(
-        make_controller, inventory, tmp_path, sig):
-    controller = make_controller([
-        problem(401, "unknown API key"),
-        Reply(200, b"not json"),
-        problem(502, "bad gateway"),
-    ])
+    make_controller, inventory, tmp_path, sig
+):
+    controller = make_controller(
+        [
+            problem(401, "unknown API key"),
+            Reply(200, b"not json"),
+            problem(502, "bad gateway"),
+        ]
+    )
     env = agent_env()
     env["CPN_AGENT_TOKEN"] = "tok-from-env"
     with open(tmp_path / "agent.log", "w+") as log:
         proc = start_agent(
-            log, "--cluster", "east", "--controller", controller.url,
-            "--inventory", str(inventory), "--probe-host", "127.0.0.1", "--probe-port", "0",
-            "--backoff-base", "0.01", "--backoff-cap", "0.05", env=env)
+            log,
+            "--cluster",
+            "east",
+            "--controller",
+            controller.url,
+            "--inventory",
+            str(inventory),
+            "--probe-host",
+            "127.0.0.1",
+            "--probe-port",
+            "0",
+            "--backoff-base",
+            "0.01",
+            "--backoff-cap",
+            "0.05",
+            env=env,
+        )
         out, rc, probe_url = drive(controller, proc, log, sig)
     assert rc == 0, out
     assert "Traceback" not in out
@@ -70,8 +95,9 @@ def test_agent_process_heartbeats_serves_probes_and_stops_cleanly(
 def drive(controller, proc, log, sig):
     try:
         # 3 refused/garbage answers, then at least 2 acked beats (interval 0.05 s).
-        assert controller.wait_for(lambda: controller.count("/v1/agent/heartbeat") >= 5, 30), \
-            read(log)
+        assert controller.wait_for(lambda: controller.count("/v1/agent/heartbeat") >= 5, 30), read(
+            log
+        )
         beat = controller.heartbeats()[-1]
         assert beat.cluster == "east" and beat.gpus[0].model == "H100-80GB"
         assert controller.received[0].headers["Authorization"] == "Bearer tok-from-env"
@@ -90,9 +116,27 @@ def drive(controller, proc, log, sig):
 def test_once_prints_the_ack(make_controller, inventory, tmp_path):
     controller = make_controller()
     result = subprocess.run(
-        [sys.executable, "-m", "api.cli", "agent", "--once", "--cluster", "east",
-         "--controller", controller.url, "--token", "t", "--inventory", str(inventory)],
-        cwd=ROOT, env=agent_env(), capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "agent",
+            "--once",
+            "--cluster",
+            "east",
+            "--controller",
+            controller.url,
+            "--token",
+            "t",
+            "--inventory",
+            str(inventory),
+        ],
+        cwd=ROOT,
+        env=agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     ack = json.loads(result.stdout)
     assert ack["cluster"] == "east" and ack["state"] == "READY"
@@ -102,8 +146,20 @@ def test_once_prints_the_ack(make_controller, inventory, tmp_path):
 def test_once_with_a_refused_token_is_one_line_and_exit_1(make_controller, inventory, capsys):
     controller = make_controller([problem(403, "token bound to cluster 'west'")])
     with pytest.raises(SystemExit) as exit_:
-        main(["agent", "--once", "--cluster", "east", "--controller", controller.url,
-              "--token", "t", "--inventory", str(inventory)])
+        main(
+            [
+                "agent",
+                "--once",
+                "--cluster",
+                "east",
+                "--controller",
+                controller.url,
+                "--token",
+                "t",
+                "--inventory",
+                str(inventory),
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 1
     assert len(err.splitlines()) == 1
@@ -164,9 +220,23 @@ def test_busy_probe_port_is_one_line_and_exit_2(tmp_path, inventory, capsys):
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(SystemExit) as exit_:
-            main(["agent", "--cluster", "east", "--controller", "http://127.0.0.1:9",
-                  "--token", "t", "--inventory", str(inventory), "--probe-host", "127.0.0.1",
-                  "--probe-port", str(port)])
+            main(
+                [
+                    "agent",
+                    "--cluster",
+                    "east",
+                    "--controller",
+                    "http://127.0.0.1:9",
+                    "--token",
+                    "t",
+                    "--inventory",
+                    str(inventory),
+                    "--probe-host",
+                    "127.0.0.1",
+                    "--probe-port",
+                    str(port),
+                ]
+            )
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1
     assert err.startswith("cpn agent: error: --probe-port: cannot listen on 127.0.0.1:")

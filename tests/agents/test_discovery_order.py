@@ -33,21 +33,28 @@ def no_driver():
 
 
 def test_nvml_first_when_a_driver_answers(inventory, kube):
-    src = select_source("auto", inventory, environ=IN_POD, nvml=RecordedNvml(DGX_MIXED),
-                        kube_api_client=kube.api_client)
+    src = select_source(
+        "auto",
+        inventory,
+        environ=IN_POD,
+        nvml=RecordedNvml(DGX_MIXED),
+        kube_api_client=kube.api_client,
+    )
     assert src.source == "nvml"
 
 
 def test_kubernetes_next_in_a_pod(inventory, kube):
-    src = select_source("auto", inventory, environ=IN_POD, nvml=no_driver(),
-                        kube_api_client=kube.api_client)
+    src = select_source(
+        "auto", inventory, environ=IN_POD, nvml=no_driver(), kube_api_client=kube.api_client
+    )
     assert src.source == "kubernetes"
     assert sum(g.count for g in src.collect()) == 34
 
 
 def test_inventory_last(inventory, kube):
-    src = select_source("auto", inventory, environ={}, nvml=no_driver(),
-                        kube_api_client=kube.api_client)
+    src = select_source(
+        "auto", inventory, environ={}, nvml=no_driver(), kube_api_client=kube.api_client
+    )
     assert src.source == "inventory"
     assert kube.requests == []
 
@@ -58,10 +65,20 @@ def test_nothing_applies_asks_for_an_inventory():
 
 
 def test_forced_modes(inventory, kube):
-    assert select_source("inventory", inventory, environ=IN_POD,
-                         nvml=RecordedNvml(DGX_MIXED)).source == "inventory"
-    assert select_source("kubernetes", None, environ={}, nvml=RecordedNvml(DGX_MIXED),
-                         kube_api_client=kube.api_client).source == "kubernetes"
+    assert (
+        select_source("inventory", inventory, environ=IN_POD, nvml=RecordedNvml(DGX_MIXED)).source
+        == "inventory"
+    )
+    assert (
+        select_source(
+            "kubernetes",
+            None,
+            environ={},
+            nvml=RecordedNvml(DGX_MIXED),
+            kube_api_client=kube.api_client,
+        ).source
+        == "kubernetes"
+    )
     with pytest.raises(DiscoveryError, match=r"^--discovery: nvml: no NVIDIA driver"):
         select_source("nvml", inventory, environ={}, nvml=no_driver())
     with pytest.raises(DiscoveryError, match=r"^--inventory: required"):

@@ -18,8 +18,16 @@ from agents.discovery.k8s import KubernetesSource
 from agents.protocol import GpuInventory
 
 
-def node(name, *, gpus_cap=None, gpus_alloc=None, product=None, memory=None, ready=True,
-         unschedulable=None):
+def node(
+    name,
+    *,
+    gpus_cap=None,
+    gpus_alloc=None,
+    product=None,
+    memory=None,
+    ready=True,
+    unschedulable=None,
+):
     labels = {"kubernetes.io/hostname": name}
     if product:
         labels["nvidia.com/gpu.product"] = product
@@ -46,24 +54,40 @@ def node(name, *, gpus_cap=None, gpus_alloc=None, product=None, memory=None, rea
 
 
 PAGE_1 = {
-    "kind": "NodeList", "apiVersion": "v1",
+    "kind": "NodeList",
+    "apiVersion": "v1",
     "metadata": {"resourceVersion": "9001", "continue": "page-2"},
     "items": [
-        node("a100-1", gpus_cap="8", gpus_alloc="8", product="NVIDIA-A100-SXM4-80GB",
-             memory="81920"),
-        node("a100-2", gpus_cap="8", gpus_alloc="8", product="NVIDIA-A100-SXM4-80GB",
-             memory="81920", unschedulable=True),
+        node(
+            "a100-1", gpus_cap="8", gpus_alloc="8", product="NVIDIA-A100-SXM4-80GB", memory="81920"
+        ),
+        node(
+            "a100-2",
+            gpus_cap="8",
+            gpus_alloc="8",
+            product="NVIDIA-A100-SXM4-80GB",
+            memory="81920",
+            unschedulable=True,
+        ),
         node("cpu-1"),
     ],
 }
 PAGE_2 = {
-    "kind": "NodeList", "apiVersion": "v1",
+    "kind": "NodeList",
+    "apiVersion": "v1",
     "metadata": {"resourceVersion": "9001"},
     "items": [
-        node("h100-1", gpus_cap="8", gpus_alloc="7", product="NVIDIA-H100-80GB-HBM3",
-             memory="81559"),
-        node("h100-2", gpus_cap="8", gpus_alloc="8", product="NVIDIA-H100-80GB-HBM3",
-             memory="81559", ready=False),
+        node(
+            "h100-1", gpus_cap="8", gpus_alloc="7", product="NVIDIA-H100-80GB-HBM3", memory="81559"
+        ),
+        node(
+            "h100-2",
+            gpus_cap="8",
+            gpus_alloc="8",
+            product="NVIDIA-H100-80GB-HBM3",
+            memory="81559",
+            ready=False,
+        ),
         node("mystery-1", gpus_cap="2", gpus_alloc="2"),
     ],
 }
@@ -82,8 +106,15 @@ class FakeApiServer:
                 outer.requests.append(self.path)
                 url = urlsplit(self.path)
                 if status != 200:
-                    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                       "reason": "Forbidden", "code": status}).encode()
+                    body = json.dumps(
+                        {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "status": "Failure",
+                            "reason": "Forbidden",
+                            "code": status,
+                        }
+                    ).encode()
                 elif url.path == "/api/v1/nodes":
                     page = parse_qs(url.query).get("continue", [""])[0]
                     body = json.dumps(PAGE_2 if page == "page-2" else PAGE_1).encode()
@@ -102,8 +133,9 @@ class FakeApiServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def api_client(self):
         cfg = client.Configuration()

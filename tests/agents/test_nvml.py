@@ -69,10 +69,12 @@ def test_groups_devices_by_model_and_memory():
     src = open_nvml(nvml)
     assert src is not None and src.source == "nvml"
     assert src.collect() == [
-        GpuInventory(model="NVIDIA A100-SXM4-40GB", memory_gib=40.0, count=1, allocatable=1,
-                     utilization=None),
-        GpuInventory(model="NVIDIA H100 80GB HBM3", memory_gib=79.65, count=2, allocatable=2,
-                     utilization=0.4),
+        GpuInventory(
+            model="NVIDIA A100-SXM4-40GB", memory_gib=40.0, count=1, allocatable=1, utilization=None
+        ),
+        GpuInventory(
+            model="NVIDIA H100 80GB HBM3", memory_gib=79.65, count=2, allocatable=2, utilization=0.4
+        ),
     ]
     src.close()
     assert nvml.calls == ["init", "shutdown"]

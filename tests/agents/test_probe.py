@@ -41,8 +41,9 @@ def test_ping_and_blob(probe_servers):
     assert httpx.get(base + "/probe/blob?bytes=0").content == b""
 
 
-@pytest.mark.parametrize("query", [f"bytes={PROBE_MAX_BYTES + 1}", "bytes=-1", "bytes=abc", "",
-                                   "bytes=1&bytes=2"])
+@pytest.mark.parametrize(
+    "query", [f"bytes={PROBE_MAX_BYTES + 1}", "bytes=-1", "bytes=abc", "", "bytes=1&bytes=2"]
+)
 def test_bad_blob_sizes_are_400_problems(probe_servers, query):
     r = httpx.get(url(probe_servers()) + "/probe/blob?" + query)
     assert r.status_code == 400
@@ -110,7 +111,8 @@ def test_loss_counts_failed_probes():
     thread.start()
     try:
         m = LinkProber(pings=5).measure(
-            PeerProbe(cluster="f", probe_url=f"http://127.0.0.1:{httpd.server_address[1]}"), 1000)
+            PeerProbe(cluster="f", probe_url=f"http://127.0.0.1:{httpd.server_address[1]}"), 1000
+        )
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -141,8 +143,8 @@ def test_short_blob_is_not_a_measurement():
     thread.start()
     try:
         m = LinkProber(pings=1).measure(
-            PeerProbe(cluster="l", probe_url=f"http://127.0.0.1:{httpd.server_address[1]}"),
-            10_000)
+            PeerProbe(cluster="l", probe_url=f"http://127.0.0.1:{httpd.server_address[1]}"), 10_000
+        )
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -173,8 +175,10 @@ def test_blob_transfers_are_bounded_in_number(probe_servers):
     try:
         # Each response has its headers once the server holds a slot; nobody reads the
         # 64 MiB bodies, so the slots stay held.
-        streams = [c.stream("GET", f"{base}/probe/blob?bytes={PROBE_MAX_BYTES}")
-                   for c in clients[:MAX_CONCURRENT_BLOBS]]
+        streams = [
+            c.stream("GET", f"{base}/probe/blob?bytes={PROBE_MAX_BYTES}")
+            for c in clients[:MAX_CONCURRENT_BLOBS]
+        ]
         responses = [s.__enter__() for s in streams]
         assert all(r.status_code == 200 for r in responses)
         refused = clients[-1].get(f"{base}/probe/blob?bytes=10")

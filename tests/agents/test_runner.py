@@ -24,19 +24,23 @@ def inventory(tmp_path: Path) -> InventorySource:
     return InventorySource.load(path)
 
 
-def make_runner(controller, inventory, *, cluster="east", probe_url=None, stop=None,
-                backoff=NO_WAIT):
+def make_runner(
+    controller, inventory, *, cluster="east", probe_url=None, stop=None, backoff=NO_WAIT
+):
     client = ControllerClient(controller.url, "tok-east")
-    return AgentRunner(AgentConfig(cluster, probe_url, "test"), inventory, client,
-                       backoff=backoff, stop=stop)
+    return AgentRunner(
+        AgentConfig(cluster, probe_url, "test"), inventory, client, backoff=backoff, stop=stop
+    )
 
 
 def test_survives_garbage_then_500_then_gets_its_ack(make_controller, inventory, caplog):
-    controller = make_controller([
-        Reply(200, b"<html>surprise</html>", "text/html"),
-        Reply(200, b'{"cluster": "east"}'),  # JSON, wrong schema
-        problem(500, "database is locked"),
-    ])
+    controller = make_controller(
+        [
+            Reply(200, b"<html>surprise</html>", "text/html"),
+            Reply(200, b'{"cluster": "east"}'),  # JSON, wrong schema
+            problem(500, "database is locked"),
+        ]
+    )
     runner = make_runner(controller, inventory)
     with caplog.at_level(logging.WARNING, logger="agents"):
         runner.run_heartbeats(iterations=4)
@@ -53,12 +57,15 @@ def test_survives_garbage_then_500_then_gets_its_ack(make_controller, inventory,
     assert "HTTP 500" in text and "database is locked" in text
 
 
-def test_bad_token_is_logged_with_the_problem_detail_and_retried(make_controller, inventory,
-                                                                caplog):
-    controller = make_controller([
-        problem(401, "API key revoked"),
-        problem(403, "token is bound to cluster 'west', not 'east'"),
-    ])
+def test_bad_token_is_logged_with_the_problem_detail_and_retried(
+    make_controller, inventory, caplog
+):
+    controller = make_controller(
+        [
+            problem(401, "API key revoked"),
+            problem(403, "token is bound to cluster 'west', not 'east'"),
+        ]
+    )
     runner = make_runner(controller, inventory)
     with caplog.at_level(logging.WARNING, logger="agents"):
         runner.run_heartbeats(iterations=3)
@@ -74,8 +81,12 @@ def test_unreachable_controller_backs_off_then_recovers(make_controller, invento
         port = s.getsockname()[1]
     controller = make_controller()
     client = ControllerClient(f"http://127.0.0.1:{port}", "t")
-    runner = AgentRunner(AgentConfig("east", None), inventory, client,
-                         backoff=Backoff(base_s=1.0, cap_s=8.0, rng=random.Random(7)))
+    runner = AgentRunner(
+        AgentConfig("east", None),
+        inventory,
+        client,
+        backoff=Backoff(base_s=1.0, cap_s=8.0, rng=random.Random(7)),
+    )
     delays = [runner.beat() for _ in range(6)]
     # Full jitter: each delay under its doubling ceiling, capped.
     assert all(0 <= d <= min(8.0, 2.0**i) for i, d in enumerate(delays))
@@ -123,12 +134,22 @@ def test_run_measures_peers_and_reports_links_until_stopped(make_controller, inv
     own = ProbeServer("127.0.0.1", 0).start()
     peer = ProbeServer("127.0.0.1", 0).start()
     peer_url = default_probe_url(peer.host, peer.port)
-    controller = make_controller(default=lambda hb: Reply(200, ack_body(
-        hb.cluster, peers=[{"cluster": "west", "probe_url": peer_url},
-                           {"cluster": "east", "probe_url": "http://self.invalid"}])))
+    controller = make_controller(
+        default=lambda hb: Reply(
+            200,
+            ack_body(
+                hb.cluster,
+                peers=[
+                    {"cluster": "west", "probe_url": peer_url},
+                    {"cluster": "east", "probe_url": "http://self.invalid"},
+                ],
+            ),
+        )
+    )
     stop = threading.Event()
-    runner = make_runner(controller, inventory, stop=stop,
-                         probe_url=default_probe_url(own.host, own.port))
+    runner = make_runner(
+        controller, inventory, stop=stop, probe_url=default_probe_url(own.host, own.port)
+    )
     thread = threading.Thread(target=runner.run)
     thread.start()
     try:
@@ -147,14 +168,14 @@ def test_run_measures_peers_and_reports_links_until_stopped(make_controller, inv
     assert controller.heartbeats()[0].probe_url == default_probe_url(own.host, own.port)
 
 
-def test_lease_expiry_is_warned_once_even_with_a_naive_time(make_controller, inventory,
-                                                            caplog):
+def test_lease_expiry_is_warned_once_even_with_a_naive_time(make_controller, inventory, caplog):
     import json
 
     expired = json.loads(ack_body("east"))
     expired["lease_expires_at"] = "2020-01-01T00:00:00"  # naive, long past
-    controller = make_controller([Reply(200, json.dumps(expired).encode()),
-                                  problem(500, "down"), problem(500, "down")])
+    controller = make_controller(
+        [Reply(200, json.dumps(expired).encode()), problem(500, "down"), problem(500, "down")]
+    )
     runner = make_runner(controller, inventory)
     with caplog.at_level(logging.WARNING, logger="agents"):
         runner.run_heartbeats(iterations=3)

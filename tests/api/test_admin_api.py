@@ -192,6 +192,7 @@ def test_health_ready_metrics_docs(live_server: LiveServer) -> None:
     assert httpx.get(f"{live_server.url}/readyz").status_code == 200
     metrics = httpx.get(f"{live_server.url}/metrics").text
     assert "cpn_http_requests_total" in metrics and 'cpn_clusters{state="READY"}' in metrics
+    assert 'cpn_jobs{state="PENDING"}' in metrics
     spec = httpx.get(f"{live_server.url}/openapi.json").json()
     assert "/v1/agent/heartbeat" in spec["paths"] and "/v1/clusters/{name}/drain" in spec["paths"]
     assert httpx.get(f"{live_server.url}/docs").status_code == 200

@@ -95,6 +95,16 @@ def test_measured_links_replace_declared_and_keep_both(live_server: LiveServer) 
         assert effective[("a", "b")]["egress_price_per_gb"] == 0.05  # the declared price holds
         assert effective[("b", "a")]["source"] == "declared"
         assert len(admin.links("all")) == 3
+    # A pinned declaration wins over measurements (e.g. probes that cannot see the real WAN).
+    with live_server.client() as admin:
+        admin.declare_link("a", "b", bandwidth_gbps=0.2, rtt_ms=45, pinned=True, symmetric=False)
+        effective = {(k["src"], k["dst"]): k for k in admin.links()}
+        assert effective[("a", "b")]["source"] == "declared" and effective[("a", "b")]["pinned"]
+        assert effective[("a", "b")]["bandwidth_gbps"] == 0.2
+        measured = next(k for k in admin.links("measured"))
+        with pytest.raises(ApiError) as pin_measured:
+            admin.request("PATCH", f"/v1/links/{measured['id']}", json={"pinned": True})
+        assert pin_measured.value.status == 422
     bad = {**report, "links": [{**report["links"][0], "dst": "mars"}]}
     with pytest.raises(ApiError) as unknown:
         a.post("/v1/agent/links", bad)

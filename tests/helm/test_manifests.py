@@ -17,6 +17,7 @@ import pytest
 
 from tests.helm import chartkit
 from tests.helm.chartkit import NAMESPACE, Rendered, render
+from training.placement import cluster_resource
 
 NEWEST = kubernetes_validate.utils.latest_version()
 OLDEST = kubernetes_validate.utils.all_versions()[0]
@@ -339,7 +340,8 @@ def test_ray_cluster_pins_workers_to_the_datacenter() -> None:
     ray_cluster = rendered.one("RayCluster")
     assert ray_cluster["spec"]["rayVersion"] == "2.60.0"
     (group,) = ray_cluster["spec"]["workerGroupSpecs"]
-    assert _ray_resources(group) == {"cluster:dc-west": 1}
+    # The very name the launcher pins actors with, so chart and runtime cannot drift apart.
+    assert _ray_resources(group) == {cluster_resource("dc-west"): 1}
     worker = group["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert worker["image"] == ray_cluster["spec"]["headGroupSpec"]["template"]["spec"][

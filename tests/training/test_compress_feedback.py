@@ -14,11 +14,25 @@ from training.compression import (
 )
 
 # A small model's worth of shapes: linear, conv kernel, bias, scalar, and a tiny matrix.
-SHAPES = {"fc.weight": (48, 40), "conv.weight": (16, 8, 3, 3), "fc.bias": (48,),
-          "scale": (), "tiny": (2, 3)}
+SHAPES = {
+    "fc.weight": (48, 40),
+    "conv.weight": (16, 8, 3, 3),
+    "fc.bias": (48,),
+    "scale": (),
+    "tiny": (2, 3),
+}
 # topk with momentum accumulates velocities, not gradients: tested against a reference below.
-EF_SPECS = ["fp16", "bf16", "int8", "int8:minmax", "topk:0.05:m0", "topk:0.01:m0:w4",
-            "powersgd:2", "powersgd:1", "sign"]
+EF_SPECS = [
+    "fp16",
+    "bf16",
+    "int8",
+    "int8:minmax",
+    "topk:0.05:m0",
+    "topk:0.01:m0:w4",
+    "powersgd:2",
+    "powersgd:1",
+    "sign",
+]
 
 
 def _residual(compressor, key: str) -> torch.Tensor:

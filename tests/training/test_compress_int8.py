@@ -91,6 +91,9 @@ def test_constant_and_zero_tensors() -> None:
         compressor = make_compressor(spec)
         for value in (0.0, 2.5):
             x = torch.full((10,), value)
-            torch.testing.assert_close(compressor.decompress(compressor.compress(spec, x)) +
-                                       compressor.state_dict()["residuals"][spec], x)
+            torch.testing.assert_close(
+                compressor.decompress(compressor.compress(spec, x))
+                + compressor.state_dict()["residuals"][spec],
+                x,
+            )
             compressor.load_state_dict({})

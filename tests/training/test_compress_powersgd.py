@@ -12,9 +12,7 @@ HEADER_ALLOWANCE = 64  # bytes: format byte, shape meta, two tensor headers
 
 
 @pytest.mark.parametrize("rank", [1, 4, 8])
-@pytest.mark.parametrize(
-    "shape", [(512, 256), (256, 128, 3, 3), (1000, 784), (64, 3, 7, 7)]
-)
+@pytest.mark.parametrize("shape", [(512, 256), (256, 128, 3, 3), (1000, 784), (64, 3, 7, 7)])
 def test_bytes_shrink_by_the_rank_factor(rank: int, shape: tuple[int, ...]) -> None:
     gradient = torch.randn(shape)
     rows, cols = shape[0], gradient[0].numel()

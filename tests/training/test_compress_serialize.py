@@ -18,8 +18,18 @@ from training.compression import (
     packet_to_bytes,
 )
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,
-          torch.int16, torch.int32, torch.int64, torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=4)
 
 
@@ -46,8 +56,10 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.rand(shape, generator=generator) > 0.5
     if dtype.is_floating_point:
-        tensor = (torch.randn(shape, generator=generator, dtype=torch.float64) *
-                  10 ** draw(st.integers(-6, 6))).to(dtype)
+        tensor = (
+            torch.randn(shape, generator=generator, dtype=torch.float64)
+            * 10 ** draw(st.integers(-6, 6))
+        ).to(dtype)
         if tensor.numel() and draw(st.booleans()):
             special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0], dtype=dtype)
             tensor.view(-1)[: min(4, tensor.numel())] = special[: min(4, tensor.numel())]
@@ -61,29 +73,38 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=5)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.text(max_size=5)
     | st.floats(allow_nan=False),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(named=st.dictionaries(st.text(max_size=6), tensors(), max_size=4),
-       meta=st.dictionaries(st.text(max_size=4), json_values, max_size=3))
+@given(
+    named=st.dictionaries(st.text(max_size=6), tensors(), max_size=4),
+    meta=st.dictionaries(st.text(max_size=4), json_values, max_size=3),
+)
 def test_any_packet_round_trips_exactly(named: dict[str, torch.Tensor], meta: dict) -> None:
     packet = Packet(tensors=named, meta=meta)
     _assert_same(packet_from_bytes(packet_to_bytes(packet)), packet)
 
 
 @settings(max_examples=60, deadline=None)
-@given(spec=st.sampled_from(compressor_specs()),
-       shape=st.lists(st.integers(1, 40), max_size=4).filter(lambda s: math.prod(s) <= 4000),
-       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
-       seed=st.integers(0, 1000))
-def test_every_compressor_packet_round_trips_exactly(spec: str, shape: list[int],
-                                                     dtype: torch.dtype, seed: int) -> None:
+@given(
+    spec=st.sampled_from(compressor_specs()),
+    shape=st.lists(st.integers(1, 40), max_size=4).filter(lambda s: math.prod(s) <= 4000),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
+    seed=st.integers(0, 1000),
+)
+def test_every_compressor_packet_round_trips_exactly(
+    spec: str, shape: list[int], dtype: torch.dtype, seed: int
+) -> None:
     compressor = make_compressor(spec, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     for _ in range(2):  # the second round has residuals and warm starts in play
@@ -95,10 +116,18 @@ def test_every_compressor_packet_round_trips_exactly(spec: str, shape: list[int]
         compressor.step()
 
 
-@pytest.mark.parametrize(("low", "high", "itemsize"), [
-    (0, 255, 1), (-128, 127, 1), (0, 65_535, 2), (-1, 32_767, 2), (0, 2**32 - 1, 4),
-    (-1, 2**31 - 1, 4), (-1, 2**40, 8),
-])
+@pytest.mark.parametrize(
+    ("low", "high", "itemsize"),
+    [
+        (0, 255, 1),
+        (-128, 127, 1),
+        (0, 65_535, 2),
+        (-1, 32_767, 2),
+        (0, 2**32 - 1, 4),
+        (-1, 2**31 - 1, 4),
+        (-1, 2**40, 8),
+    ],
+)
 def test_integers_use_the_smallest_type_that_fits(low: int, high: int, itemsize: int) -> None:
     values = torch.tensor([low, high], dtype=torch.int64)
     data = packet_to_bytes(Packet(tensors={"i": values}))
@@ -116,14 +145,16 @@ def test_top_k_index_gaps_go_out_as_one_or_two_byte_varints() -> None:
     assert len(data) < 1.4 * k  # mean gap 100: ~72% fit in one byte, the rest in two
     assert torch.equal(packet_from_bytes(data).tensors["g"], gaps)
     extremes = torch.tensor([0, 127, 128, 16_383, 16_384, 2**63 - 1] * 3, dtype=torch.int64)
-    assert torch.equal(packet_from_bytes(packet_to_bytes(Packet({"x": extremes}))).tensors["x"],
-                       extremes)
+    assert torch.equal(
+        packet_from_bytes(packet_to_bytes(Packet({"x": extremes}))).tensors["x"], extremes
+    )
 
 
 def test_negative_indices_and_signed_ranges_survive() -> None:
     values = torch.tensor([-129, 5, 200], dtype=torch.int32)
-    assert torch.equal(packet_from_bytes(packet_to_bytes(Packet({"i": values}))).tensors["i"],
-                       values)
+    assert torch.equal(
+        packet_from_bytes(packet_to_bytes(Packet({"i": values}))).tensors["i"], values
+    )
 
 
 def test_signs_are_bit_packed() -> None:
@@ -135,10 +166,14 @@ def test_malformed_bytes_raise_value_error() -> None:
     data = packet_to_bytes(make_compressor("topk:0.1").compress("w", torch.randn(100)))
     varints = packet_to_bytes(Packet({"g": torch.tensor([5] * 20 + [300])}))
     assert len(varints) == 10 + 22  # header + 20 one-byte and 1 two-byte varints, not uint16
-    for bad, message in [(data[:-1], "truncated"), (data + b"\x00", "trailing"),
-                         (b"\x07" + data[1:], "format version"), (b"", "truncated"),
-                         (varints[:-1] + b"\x80", "varint data"),
-                         (varints[:-2] + b"\x00\x00", "varint data")]:
+    for bad, message in [
+        (data[:-1], "truncated"),
+        (data + b"\x00", "trailing"),
+        (b"\x07" + data[1:], "format version"),
+        (b"", "truncated"),
+        (varints[:-1] + b"\x80", "varint data"),
+        (varints[:-2] + b"\x00\x00", "varint data"),
+    ]:
         with pytest.raises(ValueError, match=message):
             packet_from_bytes(bad)
 

@@ -16,11 +16,20 @@ from training.compression.sign import SignCompressor
 from training.compression.topk import TopKCompressor
 
 
-@pytest.mark.parametrize(("spec", "kind"), [
-    ("none", NoCompression), ("fp32", NoCompression), ("fp16", CastCompressor),
-    ("BF16", CastCompressor), ("int8", StochasticInt8), ("int8:minmax", MinMaxInt8),
-    (" topk:0.01 ", TopKCompressor), ("powersgd:4", PowerSGDCompressor), ("sign", SignCompressor),
-])
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        ("none", NoCompression),
+        ("fp32", NoCompression),
+        ("fp16", CastCompressor),
+        ("BF16", CastCompressor),
+        ("int8", StochasticInt8),
+        ("int8:minmax", MinMaxInt8),
+        (" topk:0.01 ", TopKCompressor),
+        ("powersgd:4", PowerSGDCompressor),
+        ("sign", SignCompressor),
+    ],
+)
 def test_specs_build_their_compressor(spec: str, kind: type) -> None:
     assert isinstance(make_compressor(spec), kind)
 
@@ -40,11 +49,31 @@ def test_flags() -> None:
     assert not make_compressor("powersgd:2").momentum_correction
 
 
-@pytest.mark.parametrize("spec", [
-    "", "gzip", "topk", "topk:", "topk:0", "topk:1.5", "topk:abc", "topk:0.01:x3",
-    "topk:0.01:m1", "topk:0.01:w-1", "topk:0.01:m0.5:m0.4", "topk:nan", "powersgd",
-    "powersgd:0", "powersgd:2.5", "powersgd:2:3", "int8:max", "fp16:2", "sign:1", "none:x",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "gzip",
+        "topk",
+        "topk:",
+        "topk:0",
+        "topk:1.5",
+        "topk:abc",
+        "topk:0.01:x3",
+        "topk:0.01:m1",
+        "topk:0.01:w-1",
+        "topk:0.01:m0.5:m0.4",
+        "topk:nan",
+        "powersgd",
+        "powersgd:0",
+        "powersgd:2.5",
+        "powersgd:2:3",
+        "int8:max",
+        "fp16:2",
+        "sign:1",
+        "none:x",
+    ],
+)
 def test_bad_specs_name_the_spec_and_the_valid_forms(spec: str) -> None:
     with pytest.raises(ValueError) as raised:
         make_compressor(spec)
@@ -55,9 +84,11 @@ def test_bad_specs_name_the_spec_and_the_valid_forms(spec: str) -> None:
 
 def _gradients(round_index: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(100 + round_index)
-    return {"fc": torch.randn(64, 48, generator=generator),
-            "conv": torch.randn(8, 4, 3, 3, generator=generator),
-            "bias": torch.randn(64, generator=generator)}
+    return {
+        "fc": torch.randn(64, 48, generator=generator),
+        "conv": torch.randn(8, 4, 3, 3, generator=generator),
+        "bias": torch.randn(64, generator=generator),
+    }
 
 
 def _run(compressor: Compressor, rounds: range) -> list[bytes]:

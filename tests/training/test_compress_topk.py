@@ -71,7 +71,16 @@ def test_density_warm_up_follows_the_dgc_ramp() -> None:
 
 def test_density_schedule_function() -> None:
     assert [dgc_density(r, 0.001, 8) for r in range(10)] == [
-        0.25, 0.25, 0.0625, 0.0625, 0.015625, 0.015625, 0.00390625, 0.00390625, 0.001, 0.001
+        0.25,
+        0.25,
+        0.0625,
+        0.0625,
+        0.015625,
+        0.015625,
+        0.00390625,
+        0.00390625,
+        0.001,
+        0.001,
     ]
     assert dgc_density(0, 0.01, 0) == 0.01  # no warm-up by default
     assert dgc_density(0, 0.5, 10) == 0.5  # target already above the ramp's start
@@ -133,18 +142,21 @@ def test_half_precision_values_keep_their_rounding_error(value_spec: str) -> Non
         gradient = torch.randn(500, generator=generator)
         total += gradient.double()
         packet = packet_from_bytes(packet_to_bytes(compressor.compress("w", gradient)))
-        assert packet.tensors["v"].dtype == getattr(torch, "float16" if value_spec == "fp16"
-                                                    else "bfloat16")
+        assert packet.tensors["v"].dtype == getattr(
+            torch, "float16" if value_spec == "fp16" else "bfloat16"
+        )
         sent += compressor.decompress(packet).double()
     residual = compressor.state_dict()["residuals"]["w"].double()
     torch.testing.assert_close(sent + residual, total, atol=1e-4, rtol=0)
     fp32 = make_compressor("topk:0.1:m0").compress("w", gradient)
     assert len(packet_to_bytes(packet_from_bytes(packet_to_bytes(packet)))) < len(
-        packet_to_bytes(fp32))
+        packet_to_bytes(fp32)
+    )
 
 
-@pytest.mark.parametrize(("spec", "at_least"), [("topk:0.01", 70), ("topk:0.01:fp16", 110),
-                                                ("topk:0.001", 600)])
+@pytest.mark.parametrize(
+    ("spec", "at_least"), [("topk:0.01", 70), ("topk:0.01:fp16", 110), ("topk:0.001", 600)]
+)
 def test_wire_ratio_on_a_large_tensor(spec: str, at_least: float) -> None:
     """Index gaps as varints: 1% density costs ~5.3 bytes per kept value, not 8."""
     gradient = torch.randn(1_000_000, generator=torch.Generator().manual_seed(0))

@@ -89,9 +89,7 @@ def _make_topk(spec: str, options: list[str]) -> TopKCompressor:
             warmup = _parse_int(spec, value, "warm-up rounds")
             if warmup < 0:
                 raise _invalid(spec, f"warm-up rounds {value} must be >= 0")
-    return TopKCompressor(
-        density, momentum=momentum, warmup_rounds=warmup, value_dtype=value_dtype
-    )
+    return TopKCompressor(density, momentum=momentum, warmup_rounds=warmup, value_dtype=value_dtype)
 
 
 def make_compressor(spec: str, *, seed: int = 0) -> Compressor:

@@ -113,7 +113,7 @@ values first; these fails remain for installs that skip schema validation.
 {{- if .ctx.Values.ray.clusterResource }}
 {{- .ctx.Values.ray.clusterResource }}
 {{- else }}
-{{- printf "cluster:%s" .cluster }}
+{{- printf "cpn-cluster-%s" .cluster }}
 {{- end }}
 {{- end }}
 

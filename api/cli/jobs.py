@@ -1,0 +1,464 @@
+"""`cpn quote|submit|jobs|job|cancel|usage|pricing`: the tenant's commands, over REST.
+
+Job specs are YAML or JSON files with the API's schema; they are validated here first so a
+typo costs one line and no request.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from api.client import Client
+    from controller.jobspec import JobSpec
+
+UrlOpt = typer.Option(None, "--url", envvar="CPN_URL", help="Control plane URL.")
+TokenOpt = typer.Option(None, "--token", envvar="CPN_TOKEN", help="API key (tenant or admin).")
+JsonOpt = typer.Option(False, "--json", help="Print JSON instead of tables.")
+STATES = ("PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "RESCHEDULING")
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 3, "CANCELLED": 4}  # --wait; 1 is an API error
+STYLE = {"SUCCEEDED": "green", "RUNNING": "cyan", "FAILED": "red", "CANCELLED": "yellow"}
+
+
+def fail(cmd: str, message: str, code: int) -> typer.Exit:
+    print(f"cpn {cmd}: error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def load_spec(cmd: str, path: Path) -> JobSpec:
+    """The job spec in a YAML or JSON file, or one line naming what is wrong (exit 2)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from controller.jobspec import JobSpec
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise fail(cmd, f"{path}: cannot read it ({reason}); check the path", 2) from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+        where = " ".join(str(exc).split())
+        raise fail(cmd, f"{path}: not valid {kind}: {where}", 2) from None
+    if not isinstance(data, dict):
+        raise fail(
+            cmd,
+            f"{path}: a job spec is a mapping of fields (name, task, gpus, steps, ...), "
+            f"not {type(data).__name__}",
+            2,
+        )
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise fail(cmd, f"{path}: {validation_summary(exc.errors())}", 2) from None
+
+
+def validation_summary(errors: list[Any]) -> str:
+    """Every bad field with what would fix it, on one line."""
+    parts = []
+    for e in errors:
+        field = ".".join(str(p) for p in e["loc"]) or "spec"
+        message = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            message = "unknown field: check its spelling or remove it"
+        elif e["type"] == "missing":
+            message = "required: add it"
+        parts.append(f"{field}: {message}")
+    return "; ".join(parts)
+
+
+def api_error_line(exc: Any) -> str:
+    """`<status> <detail>` and the fields the server named."""
+    if not exc.status:
+        return str(exc.detail)
+    fields = [f"{e.get('field')}: {e.get('message')}" for e in exc.errors if isinstance(e, dict)]
+    return f"{exc.status} {exc.detail}" + (f" ({'; '.join(fields)})" if fields else "")
+
+
+@contextmanager
+def connected(cmd: str, url: str | None, token: str | None) -> Iterator[Client]:
+    """A client whose API errors end the command with one line and exit code 1."""
+    from api.client import ApiError, Client
+
+    try:
+        with Client(url, token) as client:
+            yield client
+    except ApiError as exc:
+        raise fail(cmd, api_error_line(exc), 1) from None
+
+
+def emit(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    return table
+
+
+def _state(state: str) -> str:
+    style = STYLE.get(state)
+    return f"[{style}]{state}[/]" if style else state
+
+
+def _duration(seconds: float) -> str:
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}min"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _placement(items: list[dict[str, Any]] | None) -> str:
+    return ", ".join(f"{p['cluster']}:{p['gpus']}" for p in items or []) or "-"
+
+
+def _gpus(job: dict[str, Any]) -> str:
+    lo, hi = job["gpus_min"], job["gpus_max"]
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def quote_table(quote: dict[str, Any]) -> Table:
+    table = _table(
+        f"Quote {quote['id']} (expires {quote['expires_at'][:19]}Z)",
+        ("option", "placement (cluster:GPUs)", "compression", "sync", "time", "WAN GB", "price"),
+    )
+    for o in quote["options"]:
+        price = o["price"]
+        table.add_row(
+            str(o["objective"]),
+            _placement(o["placement"]),
+            str(o["compression"]),
+            str(o["sync"]),
+            _duration(o["estimate"]["total_time_s"]),
+            f"{o['estimate']['wan_gb']:.2f}",
+            f"{price['total']:.2f} {price.get('currency', '')}".strip(),
+        )
+    return table
+
+
+def jobs_table(jobs: list[dict[str, Any]], with_tenant: bool) -> Table:
+    cols = ("id", "name", "state", "GPUs", "class", "created", "reason")
+    table = _table("Jobs", ("tenant", *cols) if with_tenant else cols)
+    for j in jobs:
+        row = [
+            j["id"],
+            j["name"],
+            _state(j["state"]),
+            _gpus(j),
+            j["qos_class"],
+            j["created_at"][:19],
+            j["reason"],
+        ]
+        table.add_row(*([j["tenant_id"], *row] if with_tenant else row))
+    return table
+
+
+def job_table(job: dict[str, Any]) -> Table:
+    from rich.table import Table
+
+    table = Table(title=f"Job {job['id']}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    spec = job["spec"]
+    held = (job.get("held_price") or {}).get("price", {})
+    rows = [
+        ("name", job["name"]),
+        ("tenant", job["tenant_id"]),
+        ("state", _state(job["state"])),
+        ("reason", job["reason"]),
+        ("task", str(spec.get("task"))),
+        ("steps", str(spec.get("steps"))),
+        ("GPUs", _gpus(job)),
+        (
+            "QoS",
+            f"{job['qos_class']}, priority {job['priority']}"
+            + (", preemptible" if job["preemptible"] else ""),
+        ),
+        ("placement", _placement((job.get("placement") or {}).get("placement"))),
+        ("held price", f"{held['total']:.2f} (quote {job['quote_id']})" if held else "-"),
+        ("attempts", str(job["attempts"])),
+        ("created", job["created_at"][:19]),
+        ("started", (job["started_at"] or "-")[:19]),
+        ("finished", (job["finished_at"] or "-")[:19]),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def events_table(events: list[dict[str, Any]]) -> Table:
+    table = _table("Recent events", ("id", "at", "kind", "change", "message"))
+    for e in events:
+        change = f"{e['from_state'] or '-'} -> {e['to_state']}" if e["to_state"] else ""
+        message = e["message"] or (json.dumps(e["data"]) if e["data"] else "")
+        table.add_row(str(e["id"]), e["at"][11:19], e["kind"], change, message)
+    return table
+
+
+def _show(as_json: bool, data: Any, render: Callable[[Any], Table | list[Table]]) -> None:
+    if as_json:
+        emit(data)
+        return
+    from rich.console import Console
+
+    console = Console()
+    out = render(data)
+    for table in out if isinstance(out, list) else [out]:
+        console.print(table)
+
+
+def quote(
+    file: Path = typer.Argument(..., help="Job spec, YAML or JSON.", show_default=False),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Price a job: the fastest, the cheapest and (with a deadline) the cheapest in time."""
+    spec = load_spec("quote", file)
+    with connected("quote", url, token) as client:
+        answer = client.quote(spec)
+    _show(as_json, answer, quote_table)
+    if not as_json:
+        print(f"hold this price: cpn submit {file} --quote {answer['id']} --option <option>")
+
+
+def submit(
+    file: Path = typer.Argument(..., help="Job spec, YAML or JSON.", show_default=False),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job until it ends."),
+    idempotency_key: str | None = typer.Option(
+        None, "--idempotency-key", help="Retrying with the same key returns the same job."
+    ),
+    quote_id: str | None = typer.Option(None, "--quote", help="Hold this quote's price."),
+    option: str | None = typer.Option(
+        None, "--option", help="Which option of the quote: time, cost, cost-within-deadline."
+    ),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Submit a job (exit codes with --wait: 0 SUCCEEDED, 3 FAILED, 4 CANCELLED, 1 API error)."""
+    import uuid
+
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= 128:
+        raise typer.BadParameter("give 1 to 128 characters", param_hint="--idempotency-key")
+    if option is not None and option not in ("time", "cost", "cost-within-deadline"):
+        raise typer.BadParameter("use time, cost or cost-within-deadline", param_hint="--option")
+    spec = load_spec("submit", file)
+    if quote_id is not None or option is not None:
+        spec = spec.model_copy(
+            update={
+                k: v for k, v in (("quote_id", quote_id), ("quote_option", option)) if v is not None
+            }
+        )
+    key = idempotency_key or f"cpn-{uuid.uuid4()}"
+    with connected("submit", url, token) as client:
+        job = client.submit(spec, key)
+        if not as_json:
+            print(
+                f"job {job['id']} {job['state']}: {job['reason']} (idempotency key {key})",
+                flush=True,
+            )
+        if wait:
+            job = follow(client, job)
+    if as_json:
+        emit(job)
+    if wait:
+        code = EXIT_CODES.get(job["state"], 1)
+        if code:
+            print(f"cpn submit: job {job['id']} {job['state']}: {job['reason']}", file=sys.stderr)
+        raise typer.Exit(code)
+
+
+def follow(client: Client, job: dict[str, Any]) -> dict[str, Any]:
+    """Show a progress bar driven by the job's event stream; return the job once it ended."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    steps = int(job["spec"].get("steps") or 0) or None
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+    with progress:
+        bar = progress.add_task(f"{job['name']} {job['state']}", total=steps)
+        state = job["state"]
+        for event in client.events(job["id"]):
+            data = event.get("data") or {}
+            if event["kind"] == "state" and event.get("to_state"):
+                state = event["to_state"]
+                progress.console.print(f"{event['at'][11:19]} {state}: {event['message']}")
+            if isinstance(data.get("steps"), int) and data["steps"] > 0:
+                progress.update(bar, total=data["steps"])
+            if isinstance(data.get("step"), int):
+                progress.update(bar, completed=data["step"])
+            loss = data.get("loss")
+            detail = f" loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
+            progress.update(bar, description=f"{job['name']} {state}{detail}")
+            if state == "SUCCEEDED":
+                progress.update(bar, completed=progress.tasks[0].total or 0)
+    final: dict[str, Any] = client.job(job["id"])
+    return final
+
+
+def jobs(
+    state: str | None = typer.Option(None, "--state", help="Only jobs in this state."),
+    limit: int = typer.Option(50, "--limit", min=1, max=100_000, help="At most this many."),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """List your jobs, newest first (admins: everyone's)."""
+    if state is not None and state.upper() not in STATES:
+        raise typer.BadParameter(f"use one of {', '.join(STATES)}", param_hint="--state")
+    with connected("jobs", url, token) as client:
+        rows = client.jobs(state.upper() if state else None, limit=limit)
+    tenants = {j["tenant_id"] for j in rows}
+    _show(as_json, rows, lambda r: jobs_table(r, with_tenant=len(tenants) > 1))
+
+
+def job(
+    job_id: str = typer.Argument(..., help="Job id.", show_default=False),
+    events: int = typer.Option(10, "--events", min=0, max=500, help="Recent events to show."),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show one job and its most recent events."""
+    with connected("job", url, token) as client:
+        detail = client.job(job_id)
+        recent: list[Any] = []
+        if events:
+            total = client.get(f"/v1/jobs/{job_id}/events", limit=1)["total"]
+            recent = client.get(
+                f"/v1/jobs/{job_id}/events", limit=events, offset=max(0, total - events)
+            )["items"]
+    _show(
+        as_json,
+        {"job": detail, "events": recent},
+        lambda d: (
+            [job_table(d["job"]), events_table(d["events"])] if d["events"] else job_table(d["job"])
+        ),
+    )
+
+
+def cancel(
+    job_id: str = typer.Argument(..., help="Job id.", show_default=False),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Cancel a job that has not ended; its GPUs are released at once."""
+    with connected("cancel", url, token) as client:
+        done = client.cancel(job_id)
+    if as_json:
+        emit(done)
+    else:
+        print(f"job {done['id']} {done['state']}: {done['reason']}")
+
+
+def usage(
+    tenant: str | None = typer.Option(
+        None, "--tenant", help="Tenant id (required for admin keys; tenants: your own)."
+    ),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Metered GPU time and WAN traffic, and the ledger's total."""
+    with connected("usage", url, token) as client:
+        try:
+            tenant_id = tenant or client.tenant_id()
+        except LookupError as exc:
+            raise fail("usage", f"--tenant: {exc} (cpn usage --tenant ID)", 2) from None
+        metered = client.usage(tenant_id)
+        ledger = client.ledger(tenant_id)
+    data = {"usage": metered, "ledger": {"total": ledger["total"], "entries": ledger["items"]}}
+    _show(as_json, data, usage_tables)
+
+
+def usage_tables(data: dict[str, Any]) -> list[Table]:
+    metered, ledger = data["usage"], data["ledger"]
+    rows = _table(
+        f"Usage of tenant {metered['tenant_id']}: {metered['gpu_seconds'] / 3600:.4f} GPU-hours, "
+        f"{metered['wan_bytes'] / 1e9:.3f} WAN GB",
+        ("kind", "cluster", "to", "GPU model", "class", "quantity"),
+    )
+    for r in metered["rows"]:
+        rows.add_row(
+            r["kind"],
+            r["cluster"],
+            r["dst_cluster"] or "",
+            r["gpu_model"] or "",
+            r["qos_class"] or "",
+            f"{r['quantity']:g}",
+        )
+    charges = _table(
+        f"Ledger: {len(ledger['entries'])} entries, total {ledger['total']}",
+        ("job", "kind", "description", "quantity", "unit price", "amount"),
+    )
+    for e in ledger["entries"][-20:]:
+        charges.add_row(
+            e["job_id"], e["kind"], e["description"], e["quantity"], e["unit_price"], e["amount"]
+        )
+    return [rows, charges]
+
+
+def pricing(
+    url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt
+) -> None:
+    """The prices that apply now: per GPU-hour by cluster, model and class; egress per GB."""
+    with connected("pricing", url, token) as client:
+        prices = client.pricing()
+
+    def render(p: dict[str, Any]) -> list[Table]:
+        gpu = _table("GPU prices per hour", ("cluster", "GPU model", "class", "price", "since"))
+        for g in p["gpu"]:
+            gpu.add_row(
+                g["cluster"],
+                g["gpu_model"],
+                g["qos_class"],
+                f"{g['price_per_gpu_hour']:.4f}",
+                g["effective_from"][:19],
+            )
+        egress = _table("Egress prices per GB", ("from", "to", "price", "since"))
+        for e in p["egress"]:
+            egress.add_row(e["src"], e["dst"], f"{e['price_per_gb']:.4f}", e["effective_from"][:19])
+        return [gpu, egress]
+
+    _show(as_json, prices, render)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the tenant commands."""
+    for name, command in (
+        ("quote", quote),
+        ("submit", submit),
+        ("jobs", jobs),
+        ("job", job),
+        ("cancel", cancel),
+        ("usage", usage),
+        ("pricing", pricing),
+    ):
+        app.command(name)(command)

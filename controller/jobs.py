@@ -1,0 +1,377 @@
+"""The service layer's job operations: quote, submit (idempotent), cancel.
+
+Spec validation that needs the world (task, capacity, deadline, budget, quotes) lives here;
+shape validation lives in the pydantic spec at the API edge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+import scheduler
+from controller import lifecycle
+from controller.allocations import release
+from controller.errors import Conflict, CpnError, Invalid, NotFound
+from controller.jobspec import JobSpec
+from controller.metering import meter_allocations, price_usage, tenant_spend
+from controller.models import Job, Quote, Tenant, utcnow
+from controller.snapshot import build_snapshot
+from controller.tasks import builtin_work, check_task
+
+QUOTE_TTL = timedelta(minutes=15)
+
+
+class Gone(CpnError):
+    status, slug, title = 410, "quote-expired", "Quote expired"
+
+
+def body_hash(spec: JobSpec) -> str:
+    """Fingerprint of a submission, to tell a retry from a different job under one key."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> scheduler.JobRequest:
+    """The scheduler's view of a spec; raises Invalid naming the field when it cannot be."""
+    try:
+        check_task(spec.task)
+    except ValueError as exc:
+        raise Invalid(str(exc), field="task") from None
+    if spec.work is not None:
+        work: dict[str, Any] = spec.work.model_dump(exclude_none=True)
+    else:
+        w = builtin_work(spec.task)
+        work = {"params": w.params, "flops_per_step": w.flops_per_step}
+    deadline_s = spec.deadline_in(now)
+    if deadline_s is not None and deadline_s <= 0:
+        raise Invalid(
+            f"qos.deadline {spec.qos.deadline} is in the past; give a future time",
+            field="qos.deadline",
+        )
+    lo, hi = spec.gpu_range
+    try:
+        return scheduler.JobRequest(
+            steps=spec.steps,
+            min_gpus=lo,
+            max_gpus=hi,
+            qos=scheduler.QoS(
+                priority=spec.qos.priority,
+                deadline_s=deadline_s,
+                max_cost=spec.qos.budget,
+                regions=tuple(spec.qos.regions) if spec.qos.regions else None,
+                max_clusters=spec.qos.max_clusters,
+                preemptible=spec.qos.is_preemptible,
+                qos_class=spec.qos.qos_class,
+            ),
+            compression=spec.compression,
+            sync=spec.sync,
+            tenant=tenant_id,
+            preference=tuple(spec.preference),
+            **work,
+        )
+    except ValueError as exc:
+        raise Invalid(str(exc), field="work" if spec.work else "spec") from None
+
+
+def option(snap: scheduler.Snapshot, result: scheduler.Plan, qos_class: str) -> dict[str, Any]:
+    """A quote option with its price broken down by cluster and by WAN link."""
+    est = result.estimate
+    hours = est.total_time_s / 3600
+    gpu = [
+        {
+            "cluster": a.cluster,
+            "gpus": a.gpus,
+            "gpu_hours": round(a.gpus * hours, 6),
+            "price_per_gpu_hour": snap.by_name[a.cluster].price(qos_class),
+            "amount": round(a.gpus * hours * snap.by_name[a.cluster].price(qos_class), 6),
+        }
+        for a in result.placement
+    ]
+    egress = []
+    ring = est.ring
+    if len(ring) > 1 and est.wan_bytes:
+        per_edge = est.wan_bytes / len(ring)
+        for a, b in zip(ring, [*ring[1:], ring[0]], strict=True):
+            link = snap.link(a, b)
+            price = link.egress_price_per_gb if link else 0.0
+            egress.append(
+                {
+                    "src": a,
+                    "dst": b,
+                    "gb": round(per_edge / 1e9, 9),
+                    "price_per_gb": price,
+                    "amount": round(per_edge / 1e9 * price, 6),
+                }
+            )
+    return {
+        "objective": result.objective,
+        "placement": [{"cluster": a.cluster, "gpus": a.gpus} for a in result.placement],
+        "compression": result.compression,
+        "sync": result.sync,
+        "estimate": {
+            "step_time_s": est.step_time_s,
+            "total_time_s": est.total_time_s,
+            "wan_bytes": est.wan_bytes,
+            "wan_gb": est.wan_bytes / 1e9,
+        },
+        "price": {
+            "total": round(est.cost, 6),
+            "gpu": gpu,
+            "egress": egress,
+            "currency": "USD",
+        },
+        "explanation": list(result.explanation),
+    }
+
+
+def quote_options(
+    session: Session, spec: JobSpec, tenant_id: str, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Fastest, cheapest, and cheapest-within-deadline options over the live snapshot."""
+    request = job_request(spec, tenant_id, now)
+    snap = build_snapshot(session, spec.qos.qos_class, now)
+    objectives: list[scheduler.Objective] = ["time", "cost"]
+    if request.qos.deadline_s is not None:
+        objectives.append("cost-within-deadline")
+    options: list[dict[str, Any]] = []
+    failure: scheduler.Infeasible | None = None
+    for objective in objectives:
+        result = scheduler.plan(snap, request, objective, preempt=False)
+        if isinstance(result, scheduler.Infeasible):
+            failure = failure or result
+            continue
+        options.append(option(snap, result, spec.qos.qos_class))
+    if not options:
+        assert failure is not None
+        raise Invalid(_infeasible_detail(failure), field=_constraint_field(failure.constraint))
+    return options
+
+
+def _constraint_field(constraint: str) -> str:
+    return {
+        "deadline": "qos.deadline",
+        "budget": "qos.budget",
+        "max_cost": "qos.budget",
+        "regions": "qos.regions",
+        "max_clusters": "qos.max_clusters",
+        "quota": "gpus",
+        "capacity": "gpus",
+        "gpus": "gpus",
+    }.get(constraint, constraint)
+
+
+def _infeasible_detail(failure: scheduler.Infeasible) -> str:
+    detail = f"no placement fits ({failure.constraint}): {failure.reason}"
+    if failure.closest is not None:
+        est = failure.closest.estimate
+        detail += f"; the closest plan takes {est.total_time_s:.0f}s and costs {est.cost:.2f}"
+    return detail
+
+
+def create_quote(
+    session: Session, spec: JobSpec, tenant_id: str, ttl: timedelta = QUOTE_TTL
+) -> Quote:
+    now = utcnow()
+    options = quote_options(session, spec, tenant_id, now)
+    quote = Quote(
+        tenant_id=tenant_id,
+        spec=spec.model_dump(mode="json"),
+        options={"options": options},
+        created_at=now,
+        expires_at=now + ttl,
+    )
+    session.add(quote)
+    session.flush()
+    return quote
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    created: bool
+
+
+def submit(
+    session: Session, spec: JobSpec, tenant: Tenant, idempotency_key: str | None
+) -> Submitted:
+    """Create a PENDING job, or return the job an earlier submission with this key created."""
+    digest = body_hash(spec)
+    if idempotency_key:
+        existing = _by_key(session, tenant.id, idempotency_key)
+        if existing is not None:
+            return Submitted(_same_body(existing, digest), created=False)
+    now = utcnow()
+    request = job_request(spec, tenant.id, now)
+    held, reason = _hold_quote(session, spec, tenant, request, now)
+    reason = reason or _queue_reason(session, spec, tenant, request)
+    lo, hi = spec.gpu_range
+    job = Job(
+        tenant_id=tenant.id,
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
+        priority=spec.qos.priority,
+        qos_class=spec.qos.qos_class,
+        preemptible=spec.qos.is_preemptible,
+        gpus_min=lo,
+        gpus_max=hi,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        quote_id=spec.quote_id,
+        held_price=held,
+        reason=reason or "waiting for the scheduler",
+    )
+    session.add(job)
+    try:
+        session.flush()
+    except IntegrityError:
+        # Lost a race with a concurrent submission under the same key: answer with its job.
+        session.rollback()
+        existing = _by_key(session, tenant.id, idempotency_key or "")
+        if existing is None:
+            raise
+        return Submitted(_same_body(existing, digest), created=False)
+    lifecycle.created(session, job, reason or "submitted")
+    return Submitted(job, created=True)
+
+
+def _by_key(session: Session, tenant_id: str, key: str) -> Job | None:
+    return session.scalars(
+        select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
+    ).first()
+
+
+def _same_body(job: Job, digest: str) -> Job:
+    if job.request_hash != digest:
+        raise Invalid(
+            "this Idempotency-Key was used for a different job spec; use a new key for a new job",
+            field="Idempotency-Key",
+        )
+    return job
+
+
+def _hold_quote(
+    session: Session, spec: JobSpec, tenant: Tenant, request: scheduler.JobRequest, now: datetime
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The held price of the quote named in the spec, if its placement is still possible."""
+    if spec.quote_id is None:
+        return None, None
+    quote = session.get(Quote, spec.quote_id)
+    if quote is None or quote.tenant_id != tenant.id:
+        raise NotFound(
+            f"no quote {spec.quote_id!r}; ask for one with POST /v1/quotes", field="quote_id"
+        )
+    if quote.expires_at <= now:
+        raise Gone(
+            f"quote {quote.id} expired at {quote.expires_at.isoformat()}; ask for a new quote",
+            field="quote_id",
+        )
+    options = quote.options["options"]
+    chosen = next((o for o in options if spec.quote_option in (None, o["objective"])), None)
+    if chosen is None:
+        raise Invalid(
+            f"quote {quote.id} has no {spec.quote_option!r} option; it has "
+            + ", ".join(o["objective"] for o in options),
+            field="quote_option",
+        )
+    snap = build_snapshot(session, spec.qos.qos_class, now)
+    placement = [scheduler.Assignment(p["cluster"], p["gpus"]) for p in chosen["placement"]]
+    check = scheduler.evaluate(snap, request, placement)
+    if isinstance(check, scheduler.Infeasible):
+        raise Conflict(
+            f"the quoted placement is no longer possible ({check.reason}); ask for a new quote",
+            field="quote_id",
+        )
+    return {"quote_id": quote.id, **chosen}, None
+
+
+def _queue_reason(
+    session: Session, spec: JobSpec, tenant: Tenant, request: scheduler.JobRequest
+) -> str | None:
+    """Refuse a spec that can never fit; say why an acceptable one will wait.
+
+    Plain submissions get only cheap checks (capacity, quota); the planner runs here only when
+    a budget, deadline, region or cluster limit could make the spec unplaceable on its own. The
+    reconcile loop plans every queued job anyway and keeps its waiting reason current.
+    """
+    snap = build_snapshot(session, spec.qos.qos_class)
+    total = sum(c.gpus_free + _held(snap, c.name) for c in snap.clusters if c.schedulable)
+    lo, _hi = spec.gpu_range
+    if lo > total:
+        raise Invalid(
+            f"the job needs at least {lo} GPUs but the compute network offers {total} in all; "
+            "ask for fewer GPUs",
+            field="gpus",
+        )
+    if tenant.gpu_quota is not None and lo > tenant.gpu_quota:
+        raise Invalid(
+            f"the job needs {lo} GPUs but your quota is {tenant.gpu_quota}; ask for fewer GPUs "
+            "or a larger quota",
+            field="gpus",
+        )
+    qos = spec.qos
+    limited = any(v is not None for v in (qos.budget, qos.deadline, qos.regions, qos.max_clusters))
+    if not limited and tenant.budget is None:
+        return None
+    result = scheduler.plan(snap, request, "cost", preempt=False)
+    if isinstance(result, scheduler.Infeasible):
+        if result.constraint in ("budget", "max_cost", "deadline", "regions", "max_clusters"):
+            # Would an empty network fit it? If not, the spec alone can never fit.
+            empty = _emptied(snap)
+            if isinstance(
+                scheduler.plan(empty, request, "cost", preempt=False), scheduler.Infeasible
+            ):
+                raise Invalid(
+                    _infeasible_detail(result), field=_constraint_field(result.constraint)
+                )
+        return f"waiting: {result.reason}"
+    if tenant.budget is not None:
+        spent = float(tenant_spend(session, tenant.id))
+        if spent + result.estimate.cost > tenant.budget:
+            return (
+                f"waiting: the cheapest plan costs {result.estimate.cost:.2f} and the tenant has "
+                f"{tenant.budget - spent:.2f} of its budget left"
+            )
+    return None
+
+
+def _held(snap: scheduler.Snapshot, cluster: str) -> int:
+    return sum(a.gpus for r in snap.running for a in r.placement if a.cluster == cluster)
+
+
+def _emptied(snap: scheduler.Snapshot) -> scheduler.Snapshot:
+    """The same network with every running job gone: what the spec could ever get."""
+    import dataclasses
+
+    clusters = tuple(
+        dataclasses.replace(c, gpus_free=c.gpus_free + _held(snap, c.name)) for c in snap.clusters
+    )
+    return scheduler.Snapshot(clusters=clusters, links=snap.links, quotas=snap.quotas)
+
+
+def cancel(session: Session, job: Job, reason: str) -> Job:
+    """Cancel now: GPUs go back at once; a running job's actors are stopped by the launcher."""
+    if job.state in lifecycle.TERMINAL:
+        raise Conflict(
+            f"job {job.id} already ended ({job.state}); nothing to cancel", field="state"
+        )
+    lifecycle.transition(session, job, "CANCELLED", reason)
+    release(session, job)
+    meter_allocations(session, job)
+    price_usage(session, job.id)
+    return job
+
+
+def get_job(session: Session, job_id: str, tenant_id: str | None) -> Job:
+    """The job, if the caller may see it (tenant_id None: an admin sees all)."""
+    job = session.get(Job, job_id)
+    if job is None or (tenant_id is not None and job.tenant_id != tenant_id):
+        raise NotFound(f"no job {job_id!r}; list yours with GET /v1/jobs", field="job_id")
+    return job

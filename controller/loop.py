@@ -1,0 +1,178 @@
+"""The controller: one loop per `cpn serve` that places jobs, runs them and recovers them.
+
+Replicas register in the database and heartbeat there; a job is run only by the replica that
+owns it, and a job whose owner stopped heartbeating is adopted by a live replica (restarted
+from its last checkpoint). On SQLite only one replica may run the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+import scheduler
+from controller.launcher import Launcher, LauncherConfig
+from controller.models import Job, JobEvent, Replica, StepObservation, utcnow
+from controller.reconcile import place_pending
+
+log = logging.getLogger("cpn.controller")
+
+
+class ReplicaConflict(RuntimeError):
+    """Another replica runs the loop on a database that supports only one."""
+
+
+def live_replicas(session: Session, ttl_s: float) -> list[Replica]:
+    cutoff = utcnow() - timedelta(seconds=ttl_s)
+    return list(session.scalars(select(Replica).where(Replica.seen_at >= cutoff)))
+
+
+def check_single_replica(
+    factory: sessionmaker[Session], ttl_s: float, me: str | None = None
+) -> None:
+    """On SQLite: raise ReplicaConflict (saying what to do) if another replica is alive."""
+    with factory() as session:
+        others = [r for r in live_replicas(session, ttl_s) if r.id != me]
+    if others:
+        r = others[0]
+        raise ReplicaConflict(
+            f"another cpn serve (replica {r.id}, pid {r.pid} on {r.host or 'this host'}) runs the "
+            "controller on this SQLite database, which supports one replica; stop it, or use "
+            "PostgreSQL (CPN_DATABASE_URL) to run several"
+        )
+
+
+class Controller:
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        *,
+        sqlite: bool,
+        interval_s: float = 1.0,
+        replica_ttl_s: float = 15.0,
+        checkpoint_root: Path = Path("var/checkpoints"),
+        ray_address: str | None = None,
+        max_attempts: int = 3,
+        ray_num_cpus: int | None = None,
+        launch: bool = True,
+    ) -> None:
+        self.launch = launch
+        self.factory = factory
+        self.sqlite = sqlite
+        self.interval_s = interval_s
+        self.replica_ttl_s = replica_ttl_s
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.launcher = Launcher(
+            factory,
+            LauncherConfig(
+                replica_id=self.id,
+                checkpoint_root=checkpoint_root,
+                ray_address=ray_address,
+                max_attempts=max_attempts,
+                ray_num_cpus=ray_num_cpus,
+            ),
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpn-controller", daemon=True)
+        self._efficiency: dict[str, float] = {}
+        self._ticks = 0
+
+    def start(self) -> None:
+        if self.sqlite:
+            check_single_replica(self.factory, self.replica_ttl_s)
+        self._heartbeat()
+        self._thread.start()
+        log.info("controller replica %s started", self.id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.launcher.shutdown()
+        with self.factory() as session, session.begin():
+            session.execute(delete(Replica).where(Replica.id == self.id))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.tick()
+            except Exception:  # the loop must outlive any one bad pass
+                log.exception("controller tick failed; retrying next interval")
+
+    def tick(self) -> None:
+        self._ticks += 1
+        self._heartbeat()
+        self._adopt_orphans()
+        if self._ticks % 30 == 1:
+            self._recalibrate()
+        place_pending(self.factory, self.id, self._efficiency or None)
+        if not self.launch:
+            return
+        self.launcher.tick()
+        with self.factory() as session:
+            mine = session.scalars(
+                select(Job.id).where(Job.owner == self.id, Job.state.in_(("SCHEDULED", "RUNNING")))
+            ).all()
+        for job_id in mine:
+            if job_id not in self.launcher.handles:
+                self.launcher.launch(job_id)
+
+    def _heartbeat(self) -> None:
+        with self.factory() as session, session.begin():
+            row = session.get(Replica, self.id)
+            if row is None:
+                session.add(Replica(id=self.id, host=socket.gethostname(), pid=os.getpid()))
+            else:
+                row.seen_at = utcnow()
+
+    def _adopt_orphans(self) -> None:
+        """Take over jobs whose owner is gone: their runs died with it; restart from checkpoint."""
+        with self.factory() as session, session.begin():
+            live = {r.id for r in live_replicas(session, self.replica_ttl_s)}
+            orphans = session.execute(
+                select(Job.id, Job.owner).where(
+                    Job.state.in_(("SCHEDULED", "RUNNING")),
+                    or_(Job.owner.is_(None), Job.owner.not_in(live)),
+                )
+            ).all()
+            for job_id, old in orphans:
+                taken = session.execute(
+                    update(Job)
+                    .where(Job.id == job_id, (Job.owner == old) if old else Job.owner.is_(None))
+                    .values(owner=self.id, version=Job.version + 1)
+                    .execution_options(synchronize_session=False)
+                )
+                if taken.rowcount == 1:  # type: ignore[attr-defined]
+                    session.add(
+                        JobEvent(
+                            job_id=job_id,
+                            kind="info",
+                            message=f"adopted by replica {self.id} (owner {old} is gone); "
+                            "restarting from the last checkpoint",
+                        )
+                    )
+                    log.warning("adopted job %s from %s", job_id, old)
+
+    def _recalibrate(self) -> None:
+        """Fit GPU efficiency from observed step times so estimates improve as jobs run."""
+        with self.factory() as session:
+            rows = session.scalars(
+                select(StepObservation).order_by(StepObservation.id.desc()).limit(500)
+            ).all()
+        observations = [
+            scheduler.Observation(
+                gpu_model=o.gpu_model, gpus=o.gpus, flops=o.flops, compute_s=o.compute_s
+            )
+            for o in rows
+            if o.flops > 0 and o.compute_s > 0 and scheduler.peak_tflops(o.gpu_model) is not None
+        ]
+        if observations:
+            self._efficiency = scheduler.calibrate(observations)
+            log.info("calibrated efficiency: %s", self._efficiency)

@@ -1,0 +1,140 @@
+"""The scheduler's view of the world, read from the database at one instant."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+import scheduler
+from controller import pricing
+from controller.models import Allocation, Cluster, Job, Link, Tenant, utcnow
+from controller.resources import effective_links
+
+DEFAULT_INTRA_GBPS = 100.0
+
+
+def normalize_gpu_model(reported: str) -> str | None:
+    """Map a reported name ('A100-80GB', 'NVIDIA H100 80GB HBM3') to the scheduler's table."""
+    if scheduler.peak_tflops(reported) is not None:
+        return reported
+    key = reported.upper().replace("NVIDIA", "").replace("_", "-")
+    tokens = key.replace(" ", "-").split("-")
+    matches = [
+        name
+        for name in scheduler.GPU_PEAK_TFLOPS
+        if name.upper() in tokens or key.strip("- ").startswith(name.upper())
+    ]
+    return max(matches, key=len) if matches else None
+
+
+def snapshot_name(cluster: str, gpu_model: str, models_in_cluster: int) -> str:
+    """One scheduler cluster per (cluster, GPU model); plain name when it has one model."""
+    return cluster if models_in_cluster == 1 else f"{cluster}/{gpu_model}"
+
+
+@dataclass(frozen=True)
+class World:
+    """A snapshot plus where each of its clusters came from: (cluster name, inventory model)."""
+
+    snapshot: scheduler.Snapshot
+    origins: dict[str, tuple[str, str]]
+
+
+def build_snapshot(
+    session: Session, qos_class: str, at: datetime | None = None
+) -> scheduler.Snapshot:
+    return build_world(session, qos_class, at).snapshot
+
+
+def build_world(session: Session, qos_class: str, at: datetime | None = None) -> World:
+    """Clusters with free GPUs and the price of `qos_class` now; effective links; running jobs.
+
+    A (cluster, model) without a price for the class is left out: nothing runs unpriced.
+    """
+    at = at or utcnow()
+    gpu_prices = pricing.current_gpu_prices(session, at)
+    egress = pricing.current_egress_prices(session, at)
+    clusters = session.scalars(select(Cluster).options(selectinload(Cluster.gpus))).all()
+    out: list[scheduler.Cluster] = []
+    names: dict[str, list[str]] = {}
+    origins: dict[str, tuple[str, str]] = {}
+    for c in clusters:
+        offered = [g for g in c.gpus if g.allocatable > 0]
+        names[c.id] = []
+        for g in offered:
+            price = gpu_prices.get((c.id, g.model, qos_class))
+            if price is None:
+                continue
+            model = normalize_gpu_model(g.model)
+            tflops = c.labels.get("gpu_tflops")
+            if model is None and tflops is None:
+                continue
+            name = snapshot_name(c.name, g.model, len(offered))
+            names[c.id].append(name)
+            origins[name] = (c.name, g.model)
+            state = c.state if c.state in ("READY", "SUSPECT", "DOWN") else "DOWN"
+            out.append(
+                scheduler.Cluster(
+                    name=name,
+                    region=c.region,
+                    gpu_model=model or g.model,
+                    gpus_free=max(0, g.allocatable - g.in_use),
+                    intra_bandwidth_gbps=float(
+                        c.labels.get("intra_bandwidth_gbps", DEFAULT_INTRA_GBPS)
+                    ),
+                    price_per_gpu_hour=float(price),
+                    state=state,  # type: ignore[arg-type]
+                    cordoned=c.cordoned,
+                    gpu_tflops=float(tflops) if tflops is not None else None,
+                )
+            )
+    links: list[scheduler.Link] = []
+    for link in effective_links(session.scalars(select(Link)).unique().all()):
+        price = egress.get(
+            (link.src_cluster_id, link.dst_cluster_id), Decimal(str(link.egress_price_per_gb))
+        )
+        for a in names.get(link.src_cluster_id, []):
+            for b in names.get(link.dst_cluster_id, []):
+                links.append(scheduler.Link(a, b, link.bandwidth_gbps, link.rtt_ms, float(price)))
+    snapshot = scheduler.Snapshot(
+        clusters=tuple(out),
+        links=tuple(links),
+        running=tuple(running_jobs(session)),
+        quotas=tuple(
+            (t.id, t.gpu_quota) for t in session.scalars(select(Tenant)) if t.gpu_quota is not None
+        ),
+    )
+    return World(snapshot, origins)
+
+
+def running_jobs(session: Session) -> list[scheduler.RunningJob]:
+    """Jobs holding GPUs now, for quotas and preemption."""
+    rows = session.execute(
+        select(Job, Allocation, Cluster.name)
+        .join(Allocation, Allocation.job_id == Job.id)
+        .join(Cluster, Cluster.id == Allocation.cluster_id)
+        .where(Allocation.ended_at.is_(None))
+    ).all()
+    by_job: dict[str, tuple[Job, list[scheduler.Assignment]]] = {}
+    models: dict[str, set[str]] = defaultdict(set)
+    for _job, alloc, _name in rows:
+        models[alloc.cluster_id].add(alloc.gpu_model)
+    for job, alloc, name in rows:
+        entry = by_job.setdefault(job.id, (job, []))
+        cname = name if len(models[alloc.cluster_id]) == 1 else f"{name}/{alloc.gpu_model}"
+        entry[1].append(scheduler.Assignment(cname, alloc.gpus))
+    return [
+        scheduler.RunningJob(
+            id=job.id,
+            placement=tuple(assign),
+            tenant=job.tenant_id,
+            priority=job.priority,
+            preemptible=job.preemptible,
+        )
+        for job, assign in by_job.values()
+    ]

@@ -1,0 +1,26 @@
+"""The built-in task table equals a fresh measurement of the real tasks."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.tasks import BUILTIN_WORK, check_task, measure_work
+
+
+@pytest.mark.parametrize("entry", sorted(BUILTIN_WORK))
+def test_builtin_work_table_matches_measurement(entry: str) -> None:
+    assert measure_work(entry) == BUILTIN_WORK[entry]
+
+
+def test_builtin_table_lists_every_runtime_task() -> None:
+    from training.tasks import BUILTIN
+
+    assert set(BUILTIN_WORK) == {f"builtin:{name}" for name in BUILTIN}
+
+
+def test_check_task_names_the_fix() -> None:
+    check_task("builtin:mnist1d-mlp")
+    with pytest.raises(ValueError, match="unknown builtin"):
+        check_task("builtin:nope")
+    with pytest.raises(ValueError, match="not importable"):
+        check_task("no_such_module_xyz:main")

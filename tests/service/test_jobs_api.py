@@ -1,0 +1,212 @@
+"""Quotes, submission, idempotency, isolation and bad input, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from api.client import ApiError
+from tests.service.conftest import Network, spec
+
+
+def test_quote_then_submit_holds_the_price(network: Network) -> None:
+    quote = network.tenant.post("/v1/quotes", spec())
+    objectives = [o["objective"] for o in quote["options"]]
+    assert objectives == ["time", "cost"]
+    cheapest = quote["options"][1]
+    price = cheapest["price"]
+    parts = sum(g["amount"] for g in price["gpu"]) + sum(e["amount"] for e in price["egress"])
+    assert price["total"] == pytest.approx(parts, rel=1e-6, abs=1e-6)
+    assert sum(p["gpus"] for p in cheapest["placement"]) == 8
+    job = network.tenant.post("/v1/jobs", spec(quote_id=quote["id"], quote_option="cost"))
+    assert job["state"] == "PENDING" and job["quote_id"] == quote["id"]
+    assert job["held_price"]["price"]["total"] == price["total"]
+    events = network.tenant.get(f"/v1/jobs/{job['id']}/events")["items"]
+    assert events[0]["to_state"] == "PENDING"
+
+
+def test_expired_quote_is_refused(expiring_network: Network) -> None:
+    network = expiring_network
+    quote = network.tenant.post("/v1/quotes", spec())
+    expires = datetime.fromisoformat(quote["expires_at"])
+    while datetime.now(UTC) <= expires:  # the server's TTL here is 1 s
+        time.sleep(0.1)
+    with pytest.raises(ApiError) as exc:
+        network.tenant.post("/v1/jobs", spec(quote_id=quote["id"]))
+    assert exc.value.status == 410 and "new quote" in exc.value.detail
+    assert network.tenant.get("/v1/jobs")["total"] == 0
+
+
+def test_quote_placement_gone_is_refused(network: Network) -> None:
+    quote = network.tenant.post("/v1/quotes", spec(gpus=8))
+    clusters = {p["cluster"] for p in quote["options"][0]["placement"]}
+    for name in clusters:
+        network.admin.post(f"/v1/clusters/{name}/cordon")
+    with pytest.raises(ApiError) as exc:
+        network.tenant.post("/v1/jobs", spec(gpus=8, quote_id=quote["id"], quote_option="time"))
+    assert exc.value.status == 409 and "no longer possible" in exc.value.detail
+
+
+def test_fifty_concurrent_submissions_with_one_key_make_one_job(network: Network) -> None:
+    url, token = network.server.url, network.tenant._http.headers["Authorization"]
+    results: list[tuple[int, str]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(50)
+
+    def submit() -> None:
+        with httpx.Client(timeout=60) as http:
+            barrier.wait()
+            r = http.post(
+                f"{url}/v1/jobs",
+                json=spec(),
+                headers={"Authorization": token, "Idempotency-Key": "k-1"},
+            )
+            with lock:
+                results.append((r.status_code, r.json().get("id", r.text)))
+
+    threads = [threading.Thread(target=submit) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(c for c, _ in results)
+    assert codes.count(201) == 1 and codes.count(200) == 49, codes
+    assert len({job_id for _, job_id in results}) == 1
+    assert network.tenant.get("/v1/jobs")["total"] == 1
+    with pytest.raises(ApiError) as other_body:
+        network.tenant.request(
+            "POST", "/v1/jobs", json=spec(steps=5), headers={"Idempotency-Key": "k-1"}
+        )
+    assert (
+        other_body.value.status == 422 and other_body.value.errors[0]["field"] == "Idempotency-Key"
+    )
+
+
+def test_tenants_are_isolated(network: Network) -> None:
+    job = network.tenant.post("/v1/jobs", spec())
+    for call in (
+        lambda: network.other.get(f"/v1/jobs/{job['id']}"),
+        lambda: network.other.post(f"/v1/jobs/{job['id']}/cancel"),
+        lambda: network.other.get(f"/v1/jobs/{job['id']}/events"),
+        lambda: network.other.get(f"/v1/jobs/{job['id']}/metrics"),
+        lambda: network.other.get(f"/v1/tenants/{network.tenant_id}/ledger"),
+    ):
+        with pytest.raises(ApiError) as exc:
+            call()
+        assert exc.value.status == 404  # never 403: existence is not leaked
+    assert network.other.get("/v1/jobs")["total"] == 0
+    assert network.tenant.get(f"/v1/jobs/{job['id']}")["state"] == "PENDING"
+    assert network.admin.get("/v1/jobs")["total"] == 1  # admins see all
+
+
+def test_cancel_records_events_and_streams(network: Network) -> None:
+    job = network.tenant.post("/v1/jobs", spec())
+    cancelled = network.tenant.post(f"/v1/jobs/{job['id']}/cancel")
+    assert cancelled["state"] == "CANCELLED" and cancelled["finished_at"]
+    with pytest.raises(ApiError) as again:
+        network.tenant.post(f"/v1/jobs/{job['id']}/cancel")
+    assert again.value.status == 409
+    with httpx.stream(
+        "GET",
+        f"{network.server.url}/v1/jobs/{job['id']}/events?stream=true",
+        headers={"Authorization": network.tenant._http.headers["Authorization"]},
+        timeout=30,
+    ) as r:
+        body = "".join(r.iter_text())
+    assert '"to_state": "PENDING"' in body and '"to_state": "CANCELLED"' in body
+    assert body.rstrip().endswith("data: {}")
+
+
+def test_bad_specs_name_every_field(network: Network) -> None:
+    with pytest.raises(ApiError) as exc:
+        network.tenant.post(
+            "/v1/jobs", {"name": "", "task": "nope", "gpus": 0, "steps": -1, "compression": "zip"}
+        )
+    assert exc.value.status == 422
+    assert {e["field"] for e in exc.value.errors} >= {
+        "name",
+        "task",
+        "gpus",
+        "steps",
+        "compression",
+    }
+    cases = [
+        (spec(task="builtin:nosuch"), "task", "unknown builtin"),
+        (
+            spec(task="no_such_pkg_zz:main", work={"params": 10, "flops_per_step": 1e9}),
+            "task",
+            "not importable",
+        ),
+        (spec(gpus=10_000), "gpus", "ask for fewer"),
+        (
+            spec(qos={"deadline": (datetime.now(UTC) - timedelta(hours=1)).isoformat()}),
+            "qos.deadline",
+            "past",
+        ),
+        (spec(qos={"budget": 0.000001}), "qos.budget", ""),
+        (spec(task="mymod:fn"), "body", "work"),
+    ]
+    for body, field, words in cases:
+        with pytest.raises(ApiError) as bad:
+            network.tenant.post("/v1/jobs", body)
+        assert bad.value.status == 422, body
+        assert bad.value.errors and bad.value.errors[0]["field"] == field, bad.value.errors
+        assert words in bad.value.detail or words in str(bad.value.errors)
+    assert network.tenant.get("/v1/jobs")["total"] == 0  # nothing half-written
+
+
+def test_over_quota_waits_or_refuses(network: Network) -> None:
+    with pytest.raises(ApiError) as exc:
+        network.tenant.post("/v1/jobs", spec(gpus=24))  # quota is 20 of 32 GPUs: never fits
+    assert exc.value.status == 422 and "quota" in exc.value.detail
+
+
+def test_pricing_is_effective_dated(network: Network) -> None:
+    now = network.admin.get("/v1/pricing")
+    assert {(p["cluster"], p["qos_class"]) for p in now["gpu"]} >= {("us-east", "spot")}
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    network.admin.post(
+        "/v1/pricing/gpu",
+        {
+            "cluster": "us-east",
+            "gpu_model": "A100",
+            "qos_class": "standard",
+            "price_per_gpu_hour": 9.0,
+            "effective_from": later,
+        },
+    )
+    current = {(p["cluster"], p["qos_class"]): p for p in network.tenant.get("/v1/pricing")["gpu"]}
+    assert current[("us-east", "standard")]["price_per_gpu_hour"] == 2.5
+    future = network.tenant.get(
+        "/v1/pricing", at=(datetime.now(UTC) + timedelta(hours=2)).isoformat()
+    )
+    assert {(p["cluster"], p["qos_class"]): p for p in future["gpu"]}[("us-east", "standard")][
+        "price_per_gpu_hour"
+    ] == 9.0
+    with pytest.raises(ApiError) as past:
+        network.admin.post(
+            "/v1/pricing/gpu",
+            {
+                "cluster": "us-east",
+                "gpu_model": "A100",
+                "qos_class": "spot",
+                "price_per_gpu_hour": 1,
+                "effective_from": "2020-01-01T00:00:00Z",
+            },
+        )
+    assert past.value.status == 422 and past.value.errors[0]["field"] == "effective_from"
+    with pytest.raises(ApiError) as tenant_write:
+        network.tenant.post(
+            "/v1/pricing/gpu",
+            {
+                "cluster": "us-east",
+                "gpu_model": "A100",
+                "qos_class": "spot",
+                "price_per_gpu_hour": 1,
+            },
+        )
+    assert tenant_write.value.status == 403

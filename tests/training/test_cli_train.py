@@ -1,0 +1,93 @@
+"""`cpn train` as a user runs it: a real subprocess with its own local Ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CPN = [sys.executable, "-m", "api.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cpn(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CPN, "train", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--clusters", "a"], "--clusters"),
+        (["--sync", "sometimes"], "--sync"),
+        (["--compression", "topk:2"], "--compression"),
+        (["--task", "builtin:nope"], "--task"),
+        (["--steps", "0"], "--steps"),
+        (["--rtt-ms", "30"], "--link-mbps"),
+        (["--resume"], "resume"),
+        (["--links", "/nonexistent/links.json"], "--links"),
+    ],
+)
+def test_bad_flags_one_line_nonzero_exit(args: list[str], needle: str) -> None:
+    out = _cpn(*args)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("cpn train: error:") and needle in lines[0]
+
+
+@pytest.mark.slow
+def test_train_json_report_and_plot(tmp_path: Path) -> None:
+    links = tmp_path / "links.json"
+    links.write_text(json.dumps({"links": [{"a": "a", "b": "b", "mbps": 50, "rtt_ms": 20}]}))
+    plot = tmp_path / "acc.png"
+    out = _cpn(
+        "--task",
+        "builtin:mnist1d-cnn",
+        "--clusters",
+        "a:1,b:1",
+        "--links",
+        str(links),
+        "--compression",
+        "topk:0.05",
+        "--sync",
+        "every-step",
+        "--steps",
+        "8",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--json",
+        "--plot",
+        str(plot),
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)  # one JSON object, nothing else on stdout
+    for key in (
+        "task",
+        "clusters",
+        "compression",
+        "sync",
+        "steps",
+        "final_loss",
+        "final_accuracy",
+        "wall_s",
+        "compute_s",
+        "comm_s",
+        "wan_bytes",
+        "wan_bytes_total",
+        "compression_ratio",
+        "wan_emulated",
+    ):
+        assert key in report
+    assert report["clusters"] == {"a": 1, "b": 1} and report["steps"] == 8
+    assert report["wan_emulated"] is True
+    assert report["wan_bytes_total"] == sum(report["wan_bytes"].values()) > 0
+    assert report["compression_ratio"] > 5
+    assert 0.0 <= report["final_accuracy"] <= 1.0
+    assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
+    assert list((tmp_path / "ck").glob("step-*.pt"))

@@ -1,0 +1,123 @@
+"""The runtime on a real local Ray: equality with single-process training, emulated WAN time,
+adaptive switching, elastic resume. Actors are real processes joined by real gloo groups.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import training
+from tests.training.helpers import final_params, full_batch_reference
+from training import TrainSpec
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+MLP = "builtin:mnist1d-mlp"
+CNN = "builtin:mnist1d-cnn"
+
+
+def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_every_step_uncompressed_equals_single_process_full_batch(tmp_path: Path) -> None:
+    steps = 12
+    report = training.run(
+        TrainSpec(
+            task=MLP,
+            clusters={"a": 2, "b": 1, "c": 1},
+            steps=steps,
+            compression="none",
+            sync="every-step",
+            checkpoint=str(tmp_path / "ck"),
+            eval_every=6,
+        )
+    )
+    assert report.steps == steps and report.restarts == 0
+    assert set(report.wan_bytes) == {f"{x}->{y}" for x in "abc" for y in "abc" if x != y}
+    step, got = final_params(str(tmp_path / "ck"))
+    assert step == steps
+    _assert_close(got, full_batch_reference(MLP, steps))
+    # and it did move weights: the reference differs from the initial model
+    torch.manual_seed(0)
+    init = training.tasks.load_task(MLP).model().state_dict()
+    assert not torch.allclose(init["0.weight"], got["0.weight"])
+
+
+def test_elastic_resume_on_other_clusters_continues_the_same_training(tmp_path: Path) -> None:
+    ck = str(tmp_path / "ck")
+    spec = TrainSpec(
+        task=MLP,
+        clusters={"a": 2, "b": 1},
+        steps=10,
+        compression="none",
+        checkpoint=ck,
+        checkpoint_every=4,
+        eval_every=4,
+    )
+    seen: list[int] = []
+
+    def stop() -> bool:
+        return bool(seen) and seen[-1] >= 4
+
+    first = training.run(spec, on_progress=lambda p: seen.append(p.step), should_stop=stop)
+    assert first.stopped and first.steps == 4
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        training.run(spec)
+    spec.clusters, spec.resume = {"c": 1, "d": 2}, True  # other clusters, other worker count
+    second = training.run(spec)
+    assert second.resumed_from_step == 4 and second.steps == 10
+    _, got = final_params(ck)
+    _assert_close(got, full_batch_reference(MLP, 10))
+
+
+def test_wan_emulation_takes_at_least_the_link_time() -> None:
+    mbps, rtt_ms, steps = 2.0, 40.0, 6
+    report = training.run(
+        TrainSpec(
+            task=CNN,
+            clusters={"a": 1, "b": 1},
+            steps=steps,
+            link_mbps=mbps,
+            rtt_ms=rtt_ms,
+            eval_every=steps,
+        )
+    )
+    assert report.wan_emulated
+    nparams = 9610
+    for link in ("a->b", "b->a"):  # real serialized fp32 payload, plus small framing
+        assert steps * 4 * nparams <= report.wan_bytes[link] <= steps * (4 * nparams + 2048)
+    worst = max(report.wan_bytes.values())
+    need = steps * rtt_ms / 2e3 + worst * 8 / (mbps * 1e6)
+    assert need > 0.9  # the links alone need about a second here
+    assert report.wan_s >= need
+    assert report.comm_s >= need and report.wall_s >= need
+    plain = training.run(
+        TrainSpec(task=CNN, clusters={"a": 1, "b": 1}, steps=steps, eval_every=steps)
+    )
+    assert not plain.wan_emulated and plain.wan_s < need
+
+
+def test_adaptive_compresses_harder_when_the_link_slows_down() -> None:
+    seen: list[tuple[int, str]] = []
+    spec = TrainSpec(
+        task=CNN,
+        clusters={"a": 1, "b": 1},
+        steps=24,
+        sync="adaptive",
+        link_mbps=10_000.0,
+        rtt_ms=0.0,
+        eval_every=4,
+        link_schedule=[(12, 0.5, 20.0)],
+    )
+    report = training.run(spec, on_progress=lambda p: seen.append((p.step, p.compression)))
+    before = [c for s, c in seen if s < 12]  # the level for step s+1 is picked after step s
+    after = [c for s, c in seen if s >= 16]
+    assert set(before) == {"none"}  # 10 Gbit/s hides fp32 under compute
+    assert after and all(c.startswith("topk") for c in after)
+    assert report.compression_ratio > 1.0

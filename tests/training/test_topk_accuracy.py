@@ -1,0 +1,29 @@
+"""MNIST-1D: top-k at 1% density with error feedback ends within 1 point of uncompressed."""
+
+from __future__ import annotations
+
+import pytest
+
+import training
+from training import TrainSpec
+
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
+
+
+def test_topk_one_percent_with_error_feedback_matches_uncompressed() -> None:
+    def spec(compression: str) -> TrainSpec:
+        # long enough for both to reach the MLP's plateau on MNIST-1D (~65-68 %)
+        return TrainSpec(
+            task="builtin:mnist1d-mlp",
+            clusters={"a": 1, "b": 1},
+            steps=1600,
+            compression=compression,
+            eval_every=400,
+        )
+
+    dense = training.run(spec("none"))
+    sparse = training.run(spec("topk:0.01"))
+    assert dense.final_accuracy > 0.6  # both really learned
+    assert sparse.final_accuracy >= dense.final_accuracy - 0.01
+    assert sparse.steps == dense.steps == 1600
+    assert dense.wan_bytes_total / sparse.wan_bytes_total > 50

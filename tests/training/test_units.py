@@ -1,0 +1,109 @@
+"""Pure pieces of the runtime: data sharding, specs, link tables, checkpoint store, adaptivity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.adaptive import choose, estimate_bytes
+from training.checkpoint import DirectoryStore, open_store
+from training.data import batch_indices, shard, shard_sizes
+from training.placement import cluster_resource
+from training.spec import SyncMode, TrainSpec, parse_clusters, parse_sync
+from training.wan import Link, LinkTable, load_links_file
+
+
+def test_shards_cover_the_global_batch_exactly() -> None:
+    idx = batch_indices(1000, 128, seed=3, step=17)
+    assert len(idx) == 128 and len(set(idx.tolist())) == 128
+    for world in (1, 3, 5, 7):
+        parts = [shard(idx, r, world) for r in range(world)]
+        assert torch.equal(torch.cat(parts), idx)
+        assert sum(shard_sizes(128, world)) == 128
+
+
+def test_batches_depend_only_on_seed_and_step() -> None:
+    assert torch.equal(batch_indices(500, 64, 1, 9), batch_indices(500, 64, 1, 9))
+    assert not torch.equal(batch_indices(500, 64, 1, 9), batch_indices(500, 64, 2, 9))
+    epoch = torch.cat([batch_indices(512, 64, 0, s) for s in range(8)])
+    assert sorted(epoch.tolist()) == list(range(512))  # one epoch visits every sample once
+
+
+def test_cluster_resource_is_one_function_and_rejects_bad_names() -> None:
+    assert cluster_resource("eu-west_1") == "cpn-cluster-eu-west_1"
+    with pytest.raises(ValueError, match="cluster name"):
+        cluster_resource("bad name")
+
+
+def test_parsers_name_the_fix() -> None:
+    assert parse_clusters("a:2, b:1") == {"a": 2, "b": 1}
+    assert parse_sync("local-sgd:8") == SyncMode("local-sgd", period=8)
+    assert parse_sync("stale:2") == SyncMode("stale", staleness=2)
+    assert str(parse_sync("adaptive")) == "adaptive"
+    for bad, msg in [("a", "NAME:WORKERS"), ("a:0", "at least 1"), ("a:1,a:2", "twice")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_clusters(bad)
+    for bad in ("sometimes", "local-sgd:0", "stale:x"):
+        with pytest.raises(ValueError, match="every-step"):
+            parse_sync(bad)
+    with pytest.raises(ValueError, match="resume"):
+        TrainSpec(resume=True).validate()
+    with pytest.raises(ValueError, match="links"):
+        TrainSpec(links=[__import__("training").LinkSpec("a", "zz", 10, 1)]).validate()
+
+
+def test_link_table_exchange_time_is_the_slowest_link() -> None:
+    from training.spec import LinkSpec
+
+    table = LinkTable.build([LinkSpec("a", "b", 8.0, 20.0)], mbps=80.0, rtt_ms=10.0)
+    assert table is not None
+    # a->b: 10 ms one way + 1e6 B at 8 Mbit/s = 1.01 s; a->c at the 80 Mbit/s default: 0.105 s
+    t = table.exchange_time({("a", "b"): 1_000_000, ("a", "c"): 1_000_000})
+    assert t == pytest.approx(0.01 + 1.0)
+    assert table.slowest(["a", "b", "c"]) == Link(8e6, 0.02)
+    assert LinkTable.build([], None, None) is None
+
+
+def test_links_file(tmp_path: Path) -> None:
+    f = tmp_path / "links.json"
+    f.write_text(json.dumps({"links": [{"a": "x", "b": "y", "mbps": 100, "rtt_ms": 30}]}))
+    [link] = load_links_file(f)
+    assert (link.a, link.b, link.mbps, link.rtt_ms) == ("x", "y", 100.0, 30.0)
+    f.write_text(json.dumps({"links": [{"a": "x", "mbps": 100}]}))
+    with pytest.raises(ValueError, match=r"links\[0\]: missing field 'b'"):
+        load_links_file(f)
+    with pytest.raises(ValueError, match="cannot be read"):
+        load_links_file(tmp_path / "nope.json")
+
+
+def test_checkpoint_store_latest_keep_and_file_uri(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/ck")
+    assert isinstance(store, DirectoryStore) and store.latest() is None
+    for step in (5, 10, 15, 20):
+        store.save(step, {"step": step, "w": torch.full((2,), float(step))})
+    assert store.steps() == [10, 15, 20]  # keeps the newest three
+    step, state = store.latest()  # type: ignore[misc]
+    assert step == 20 and torch.equal(state["w"], torch.full((2,), 20.0))
+    assert not list((tmp_path / "ck").glob(".tmp-*"))
+    with pytest.raises(ValueError, match="scheme 's3'"):
+        open_store("s3://bucket/x")
+
+
+def test_adaptive_picks_lightest_level_that_hides_under_compute() -> None:
+    levels = ["none", "bf16", "int8", "topk:0.01"]
+    shapes = [(1000, 1000)]  # 4 MB in fp32
+    fast = Link(10e9, 0.001)
+    slow = Link(100e6, 0.03)
+    assert choose(levels, {}, shapes, compute_s=0.1, link=fast) == "none"
+    # at 100 Mbit/s: fp32 0.32 s, bf16 0.16 s, int8 0.08 s, top-k 1% 0.005 s on the wire
+    assert choose(levels, {}, shapes, compute_s=0.1, link=slow) == "int8"
+    assert choose(levels, {}, shapes, compute_s=0.05, link=slow) == "topk:0.01"
+    assert choose(levels, {}, shapes, compute_s=0.2, link=slow) == "bf16"  # RTT not counted
+    assert choose(levels, {}, shapes, compute_s=0.001, link=slow) == "topk:0.01"
+    # a measured size beats the estimate
+    assert choose(levels, {"int8": 4_000_000}, shapes, compute_s=0.1, link=slow) == "topk:0.01"
+    assert estimate_bytes("powersgd:4", [(100, 50)]) == 4 * 4 * 150 + 16
+    assert choose(levels, {}, shapes, compute_s=0.1, link=None) == "none"

@@ -1,0 +1,310 @@
+"""The driver of a training run: places one Ray actor per worker on its cluster, steps them in
+segments, reports progress, and on a lost worker restarts the whole group from the newest
+checkpoint (possibly on a different set of clusters when the caller resumes elastically).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from training.placement import cluster_resource
+from training.spec import Progress, TrainReport, TrainSpec
+
+SEGMENT_TIMEOUT_S = 900.0
+
+
+class WorkerPool:
+    """Keeps worker actors alive between runs with the same placement.
+
+    Starting a worker process (Python, torch, the task's data) costs seconds; benchmarks that
+    run many jobs on one placement pass a pool to `run` and close it at the end.
+    """
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[Any, ...], list[Any]] = {}
+
+    def take(self, key: tuple[Any, ...]) -> list[Any] | None:
+        return self._idle.pop(key, None)
+
+    def give(self, key: tuple[Any, ...], actors: list[Any]) -> None:
+        old = self._idle.pop(key, None)
+        for a in old or []:
+            _kill(a)
+        self._idle[key] = actors
+
+    def close(self) -> None:
+        for actors in self._idle.values():
+            for a in actors:
+                _kill(a)
+        self._idle.clear()
+
+
+def _kill(actor: Any) -> None:
+    import ray
+
+    ray.kill(actor, no_restart=True)
+
+
+def local_resources(clusters: dict[str, int]) -> dict[str, float]:
+    """Custom resources a local Ray needs so each cluster can hold its workers."""
+    return {cluster_resource(c): float(n) for c, n in clusters.items()}
+
+
+def _ensure_ray(spec: TrainSpec) -> tuple[bool, bool]:
+    """Connect or start Ray; (started_here, is_local)."""
+    import ray
+
+    if ray.is_initialized():
+        return False, spec.ray_address is None
+    address = spec.ray_address or os.environ.get("CPN_RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return True, False
+    ray.init(
+        num_cpus=spec.ray_num_cpus or os.cpu_count() or 1,
+        resources=local_resources(spec.clusters),
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    return True, True
+
+
+def _check_capacity(spec: TrainSpec) -> None:
+    import ray
+
+    have = ray.cluster_resources()
+    for c, n in spec.clusters.items():
+        res = cluster_resource(c)
+        if have.get(res, 0.0) < n:
+            raise ValueError(
+                f"clusters: cluster {c!r} needs {n} worker slot(s) but Ray offers "
+                f"{have.get(res, 0.0):g} of resource {res!r}; start the node with "
+                f"--resources '{{\"{res}\": {n}}}' or ask for fewer workers"
+            )
+
+
+def _wait_all(refs: list[Any]) -> list[Any]:
+    """Results of all refs; raises as soon as any fails (a dead worker blocks the others)."""
+    import ray
+
+    pending = list(refs)
+    deadline = time.monotonic() + SEGMENT_TIMEOUT_S
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"workers made no progress for {SEGMENT_TIMEOUT_S:.0f} s")
+        ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+        for r in ready:
+            ray.get(r)
+    return list(ray.get(refs))
+
+
+def _validate(spec: TrainSpec) -> None:
+    from training.compression import make_compressor
+    from training.spec import parse_sync
+    from training.tasks import check_entry
+
+    spec.validate()
+    check_entry(spec.task)
+    adaptive = parse_sync(spec.sync).kind == "adaptive"
+    levels = spec.adaptive_levels if adaptive else [spec.compression]
+    for level in levels:
+        try:
+            make_compressor(level)
+        except ValueError as exc:
+            raise ValueError(f"compression: {exc}") from None
+
+
+def run(
+    spec: TrainSpec,
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    pool: WorkerPool | None = None,
+) -> TrainReport:
+    """Train `spec` to the end (or until `should_stop()`), return the report.
+
+    Connects to `spec.ray_address` (or CPN_RAY_ADDRESS), reuses an initialised Ray, or starts
+    a local one with one custom resource per cluster. ValueError for bad specs. With a `pool`,
+    workers of an earlier run on the same placement are reused and kept for the next.
+    """
+    import ray
+
+    from training.checkpoint import open_store
+    from training.worker import Worker
+
+    _validate(spec)
+    store = open_store(spec.checkpoint) if spec.checkpoint else None
+    resume_step: int | None = None
+    if store is not None:
+        found = store.steps()
+        if found and not spec.resume:
+            raise ValueError(
+                f"checkpoint: {spec.checkpoint!r} already holds checkpoints; "
+                "pass resume (--resume) or use an empty directory"
+            )
+        resume_step = found[-1] if (found and spec.resume) else None
+    resumed_from = resume_step
+    started, local = _ensure_ray(spec)
+    ifname = spec.gloo_ifname or os.environ.get("CPN_GLOO_IFNAME") or ("lo" if local else None)
+    run_id = uuid.uuid4().hex[:8]
+    ranks_cluster = [c for c, n in spec.clusters.items() for _ in range(n)]
+    seg = spec.eval_every or max(1, spec.steps // 20)
+    remote_worker: Any = ray.remote(Worker)
+    base_compute, base_comm = 0.0, 0.0
+    base_wan: dict[str, Any] | None = None
+    last: dict[str, Any] = {}
+    history: list[dict[str, float]] = []
+    restarts = 0
+    stopped = False
+    t0: float | None = None
+    try:
+        _check_capacity(spec)
+        while True:
+            key = (tuple(ranks_cluster), spec.gpus_per_worker, ifname)
+            reused = pool.take(key) if (pool is not None and restarts == 0) else None
+            actors: list[Any] = reused or [
+                remote_worker.options(
+                    name=f"cpn-{run_id}-{restarts}-w{rank}",
+                    num_cpus=0,
+                    num_gpus=spec.gpus_per_worker,
+                    resources={cluster_resource(c): 1.0},
+                    max_restarts=0,
+                ).remote(spec, rank, ranks_cluster, ifname)
+                for rank, c in enumerate(ranks_cluster)
+            ]
+            last = {}
+            kept = False
+            try:
+                if reused:
+                    _wait_all(
+                        [
+                            a.reinit.remote(spec, rank, ranks_cluster, ifname)
+                            for rank, a in enumerate(actors)
+                        ]
+                    )
+                master, port = ray.get(actors[0].address.remote(), timeout=300)
+                step = _wait_all([a.setup.remote(master, port, resume_step) for a in actors])[0]
+                if t0 is None:
+                    t0 = time.perf_counter()
+                while step < spec.steps:
+                    if should_stop is not None and should_stop():
+                        stopped = True
+                        break
+                    until = min(step + seg, spec.steps)
+                    results = _wait_all(
+                        [a.run.remote(until, rank == 0) for rank, a in enumerate(actors)]
+                    )
+                    last = results[0]
+                    step = int(last["step"])
+                    wall = time.perf_counter() - t0
+                    wan = _merge_wan(base_wan, last.get("wan"))
+                    history.append(
+                        {
+                            "wall_s": wall,
+                            "step": step,
+                            "loss": last["loss"],
+                            "accuracy": last["accuracy"],
+                        }
+                    )
+                    if on_progress is not None:
+                        on_progress(
+                            Progress(
+                                step=step,
+                                total_steps=spec.steps,
+                                loss=last["loss"],
+                                accuracy=last["accuracy"],
+                                wall_s=wall,
+                                compute_s=base_compute + last["compute_s"],
+                                comm_s=base_comm + last["comm_s"],
+                                wan_bytes=dict(wan["wan_bytes"]),
+                                wan_bytes_total=wan["sent_bytes"],
+                                compression_ratio=_ratio(wan),
+                                compression=last["compression"],
+                                restarts=restarts,
+                            )
+                        )
+                if stopped and last and last.get("accuracy") is None:
+                    last["accuracy"] = ray.get(actors[0].evaluate.remote())
+                ray.get([a.close.remote() for a in actors], timeout=60)
+                if pool is not None:
+                    pool.give(key, actors)
+                    kept = True
+                break
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                if restarts >= spec.max_restarts:
+                    raise RuntimeError(
+                        f"training failed after {restarts} restart(s): {exc}"
+                    ) from exc
+                restarts += 1
+                if last:
+                    base_compute += last["compute_s"]
+                    base_comm += last["comm_s"]
+                    base_wan = _merge_wan(base_wan, last.get("wan"))
+                found = store.steps() if store is not None else []
+                resume_step = found[-1] if found else None
+            finally:
+                if not kept:
+                    for a in actors:
+                        _kill(a)
+    finally:
+        if started:
+            ray.shutdown()
+    wall = time.perf_counter() - (t0 or time.perf_counter())
+    wan = _merge_wan(base_wan, last.get("wan"))
+    links: list[dict[str, Any]] = [
+        {"a": x.a, "b": x.b, "mbps": x.mbps, "rtt_ms": x.rtt_ms} for x in spec.links
+    ]
+    if spec.link_mbps is not None:
+        links.append({"a": "*", "b": "*", "mbps": spec.link_mbps, "rtt_ms": spec.rtt_ms})
+    final_acc = last.get("accuracy")
+    return TrainReport(
+        task=spec.task,
+        clusters=dict(spec.clusters),
+        compression=spec.compression,
+        sync=spec.sync,
+        steps=int(last.get("step", resumed_from or 0)),
+        final_loss=float(last.get("loss", float("nan"))),
+        final_accuracy=float(final_acc) if final_acc is not None else float("nan"),
+        wall_s=wall,
+        compute_s=base_compute + last.get("compute_s", 0.0),
+        comm_s=base_comm + last.get("comm_s", 0.0),
+        wan_s=wan["wall_s"],
+        wan_bytes=dict(wan["wan_bytes"]),
+        wan_bytes_total=int(wan["sent_bytes"]),
+        compression_ratio=_ratio(wan),
+        wan_emulated=spec.emulated,
+        links=links,
+        restarts=restarts,
+        resumed_from_step=resumed_from,
+        stopped=stopped,
+        history=history,
+    )
+
+
+def _merge_wan(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "wan_bytes": {},
+        "raw_bytes": 0,
+        "sent_bytes": 0,
+        "rounds": 0,
+        "wall_s": 0.0,
+        "link_s": 0.0,
+    }
+    for part in (a, b):
+        if not part:
+            continue
+        for k, v in part.items():
+            if k == "wan_bytes":
+                for link, n in v.items():
+                    out["wan_bytes"][link] = out["wan_bytes"].get(link, 0) + n
+            else:
+                out[k] += v
+    return out
+
+
+def _ratio(wan: dict[str, Any]) -> float:
+    return float(wan["raw_bytes"]) / wan["sent_bytes"] if wan["sent_bytes"] else 1.0

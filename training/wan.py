@@ -1,0 +1,105 @@
+"""The WAN as a link table, and how long moving bytes over it takes.
+
+Pure code: the exchange (`training/exchange.py`) measures real serialized bytes, asks
+`exchange_time` how long the links would have needed, and waits out the difference. A message
+on a link costs half the round trip (one-way latency) plus its bytes at the link bandwidth;
+links are full duplex and independent, so one exchange lasts as long as its slowest link.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.spec import LinkSpec
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth_bps: float
+    rtt_s: float
+
+    def transfer_s(self, nbytes: int) -> float:
+        """Seconds to deliver one message of `nbytes` over this link."""
+        return self.rtt_s / 2.0 + nbytes * 8.0 / self.bandwidth_bps
+
+
+class LinkTable:
+    """Links per unordered cluster pair, with an optional default for pairs not listed."""
+
+    def __init__(self, links: dict[frozenset[str], Link], default: Link | None = None) -> None:
+        self._links = dict(links)
+        self.default = default
+
+    @classmethod
+    def build(
+        cls, links: list[LinkSpec], mbps: float | None = None, rtt_ms: float | None = None
+    ) -> LinkTable | None:
+        """None when nothing is shaped (no links, no default)."""
+        if not links and mbps is None:
+            return None
+        default = Link(mbps * 1e6, (rtt_ms or 0.0) / 1e3) if mbps is not None else None
+        table = {frozenset((x.a, x.b)): Link(x.mbps * 1e6, x.rtt_ms / 1e3) for x in links}
+        return cls(table, default)
+
+    def get(self, a: str, b: str) -> Link | None:
+        return self._links.get(frozenset((a, b)), self.default)
+
+    def exchange_time(self, sent: dict[tuple[str, str], int]) -> float:
+        """Seconds the links need for `sent` ((src, dst) -> bytes), all messages in parallel."""
+        worst = 0.0
+        for (src, dst), nbytes in sent.items():
+            link = self.get(src, dst)
+            if link is not None:
+                worst = max(worst, link.transfer_s(nbytes))
+        return worst
+
+    def slowest(self, clusters: list[str]) -> Link | None:
+        """The link with the least bandwidth among `clusters` (what bounds a full exchange)."""
+        found = [
+            link
+            for i, a in enumerate(clusters)
+            for b in clusters[i + 1 :]
+            if (link := self.get(a, b)) is not None
+        ]
+        return min(found, key=lambda x: (x.bandwidth_bps, -x.rtt_s)) if found else None
+
+
+def load_links_file(path: str | Path) -> list[LinkSpec]:
+    """Read a link table: JSON (or YAML) `{"links": [{"a", "b", "mbps", "rtt_ms"}, ...]}`.
+
+    ValueError names the entry and the field that is wrong.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ValueError(f"links file {str(p)!r} cannot be read: {exc.strerror}") from None
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:
+        raise ValueError(f"links file {str(p)!r} is not valid JSON/YAML: {exc}") from None
+    items = data.get("links") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ValueError(f'links file {str(p)!r}: expected {{"links": [...]}} or a list')
+    out: list[LinkSpec] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"links[{i}]: expected an object with a, b, mbps, rtt_ms")
+        try:
+            a, b = str(item["a"]), str(item["b"])
+            mbps, rtt = float(item["mbps"]), float(item.get("rtt_ms", 0.0))
+        except KeyError as exc:
+            raise ValueError(f"links[{i}]: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError):
+            raise ValueError(f"links[{i}]: mbps and rtt_ms must be numbers") from None
+        if mbps <= 0 or rtt < 0:
+            raise ValueError(f"links[{i}]: mbps must be > 0 and rtt_ms >= 0")
+        out.append(LinkSpec(a, b, mbps, rtt))
+    return out
