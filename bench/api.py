@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,28 +209,10 @@ def build_network(url: str) -> str:
         return str(admin.create_api_key("tenant", tenant["id"])["token"])
 
 
-@contextmanager
-def postgres_database() -> Iterator[str]:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+def postgres_database() -> AbstractContextManager[str]:
+    from controller.db import scratch_database
 
-    name = f"cpn_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(PG_SERVER).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :n AND pid <> pg_backend_pid()"
-                ),
-                {"n": name},
-            )
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+    return scratch_database(PG_SERVER, "cpn_bench")
 
 
 @contextmanager

@@ -56,3 +56,33 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any error."""
     with factory() as session, session.begin():
         yield session
+
+
+@contextmanager
+def scratch_database(
+    server_url: str, prefix: str = "cpn_scratch", template: str | None = None
+) -> Iterator[str]:
+    """A new PostgreSQL database on `server_url` for one test run or benchmark (empty, or a copy
+    of the database `template` names); its URL is yielded, and it is dropped afterwards."""
+    import uuid
+
+    from sqlalchemy import text
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    copy = f' TEMPLATE "{make_url(template).database}"' if template else ""
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"{copy}'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :n AND pid <> pg_backend_pid()"
+                ),
+                {"n": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()

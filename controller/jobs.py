@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -22,7 +22,7 @@ from controller.allocations import release
 from controller.errors import Conflict, CpnError, Invalid, NotFound
 from controller.jobspec import JobSpec
 from controller.metering import meter_allocations, price_usage, tenant_spend
-from controller.models import Job, Quote, Tenant, utcnow
+from controller.models import Cluster, GpuInventory, Job, Quote, Tenant, utcnow
 from controller.snapshot import build_snapshot
 from controller.tasks import builtin_work, check_task
 
@@ -301,8 +301,7 @@ def _queue_reason(
     a budget, deadline, region or cluster limit could make the spec unplaceable on its own. The
     reconcile loop plans every queued job anyway and keeps its waiting reason current.
     """
-    snap = build_snapshot(session, spec.qos.qos_class)
-    total = sum(c.gpus_free + _held(snap, c.name) for c in snap.clusters if c.schedulable)
+    total = offered_gpus(session)
     lo, _hi = spec.gpu_range
     if lo > total:
         raise Invalid(
@@ -320,6 +319,7 @@ def _queue_reason(
     limited = any(v is not None for v in (qos.budget, qos.deadline, qos.regions, qos.max_clusters))
     if not limited and tenant.budget is None:
         return None
+    snap = build_snapshot(session, spec.qos.qos_class)
     result = scheduler.plan(snap, request, "cost", preempt=False)
     if isinstance(result, scheduler.Infeasible):
         if result.constraint in ("budget", "max_cost", "deadline", "regions", "max_clusters"):
@@ -340,6 +340,16 @@ def _queue_reason(
                 f"{tenant.budget - spent:.2f} of its budget left"
             )
     return None
+
+
+def offered_gpus(session: Session) -> int:
+    """GPUs the network offers at all (held or free), on clusters that take new work."""
+    total = session.scalar(
+        select(func.coalesce(func.sum(GpuInventory.allocatable), 0))
+        .join(Cluster, Cluster.id == GpuInventory.cluster_id)
+        .where(Cluster.state.in_(("READY", "SUSPECT")), Cluster.cordoned.is_(False))
+    )
+    return int(total or 0)
 
 
 def _held(snap: scheduler.Snapshot, cluster: str) -> int:

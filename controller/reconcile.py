@@ -82,15 +82,21 @@ def place_pending(
     efficiency: Mapping[str, float] | None = None,
     limit: int = 64,
 ) -> list[Placed]:
-    """One pass over the queue; returns the jobs it placed."""
+    """One pass over the queue; returns the jobs it placed.
+
+    The world is read once per QoS class and pass, and kept current in memory as this pass
+    reserves GPUs; what other replicas reserve meanwhile is caught by the conditional update
+    in `reserve`, which turns into a waiting reason, never an over-commitment.
+    """
     with factory() as session:
         queue, usage, quotas = _queue(session)
     order = scheduler.order_queue(queue, usage=usage, quotas=quotas)
     held = {q.id: reason for q, reason in order.held}
     placed: list[Placed] = []
+    worlds: dict[str, World] = {}
     for queued in order.order[:limit]:
         try:
-            result = _place_one(factory, queued.id, owner, efficiency)
+            result = _place_one(factory, queued.id, owner, efficiency, worlds)
         except CpnError as exc:  # a spec that stopped being valid (e.g. deadline passed)
             _fail(factory, queued.id, exc.detail)
             continue
@@ -102,7 +108,11 @@ def place_pending(
 
 
 def _place_one(
-    factory: sessionmaker[Session], job_id: str, owner: str, efficiency: Mapping[str, float] | None
+    factory: sessionmaker[Session],
+    job_id: str,
+    owner: str,
+    efficiency: Mapping[str, float] | None,
+    worlds: dict[str, World],
 ) -> Placed | None:
     now = utcnow()
     with factory() as session, session.begin():
@@ -113,7 +123,9 @@ def _place_one(
         ).first()
         if job is None:
             return None  # another replica has it, or it left PENDING
-        world = build_world(session, job.qos_class, now)
+        world = worlds.get(job.qos_class)
+        if world is None:
+            world = worlds[job.qos_class] = build_world(session, job.qos_class, now)
         result = plan_for(world, job, efficiency, now)
         if isinstance(result, scheduler.Infeasible):
             reason = f"waiting: {result.reason}"
@@ -132,7 +144,12 @@ def _place_one(
                 reserve(session, job, slots)
         except Conflict as exc:
             job.reason = f"waiting: {exc.detail}"[:512]
+            worlds.clear()  # someone else reserved: read the world again
             return None
+        for qos_class, w in list(worlds.items()):
+            worlds[qos_class] = w.after(
+                job.id, job.tenant_id, job.priority, job.preemptible, result.placement
+            )
         placement = plan_record(result, slots)
         job.placement = placement
         job.owner = owner

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
@@ -43,6 +43,33 @@ class World:
 
     snapshot: scheduler.Snapshot
     origins: dict[str, tuple[str, str]]
+
+    def after(
+        self,
+        job_id: str,
+        tenant: str,
+        priority: int,
+        preemptible: bool,
+        placement: tuple[scheduler.Assignment, ...],
+    ) -> World:
+        """This world once `placement` is reserved for a job: fewer free GPUs, one more runner."""
+        taken = {a.cluster: a.gpus for a in placement}
+        clusters = tuple(
+            replace(c, gpus_free=c.gpus_free - taken[c.name]) if c.name in taken else c
+            for c in self.snapshot.clusters
+        )
+        running = (
+            *self.snapshot.running,
+            scheduler.RunningJob(
+                id=job_id,
+                placement=placement,
+                tenant=tenant,
+                priority=priority,
+                preemptible=preemptible,
+            ),
+        )
+        snapshot = replace(self.snapshot, clusters=clusters, running=running)
+        return World(snapshot, self.origins)
 
 
 def build_snapshot(

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 PG_URL = os.environ.get("CPN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ADMIN_TOKEN = "cpn_admin_test-token-0123456789abcdef"
@@ -42,22 +40,10 @@ def pg_server_url() -> Iterator[str]:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    name = f"cpn_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :n AND pid <> pg_backend_pid()"
-            ),
-            {"n": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    from controller.db import scratch_database
+
+    with scratch_database(PG_URL, "cpn_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
