@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from api.cli import admin, agent, db, demo, jobs, plan, serve, train
+from api.cli import admin, agent, db, demo, jobs, plan, serve, testbed, train
 
 app = typer.Typer(
     name="cpn",
@@ -34,7 +34,7 @@ def version() -> None:
     print(dist_version("cpn"))
 
 
-for module in (serve, db, agent, admin, plan, train, demo, jobs):
+for module in (serve, db, agent, admin, jobs, plan, train, demo, testbed):
     module.register(app)
 
 

@@ -1,0 +1,106 @@
+"""`cpn testbed up|down|status`: the namespace WAN testbed of `bench.testbed` (root only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+sub = typer.Typer(
+    name="testbed",
+    help="A WAN testbed on this host: one network namespace and Ray node per datacenter, "
+    "uplinks shaped with tc (needs root, ip and tc).",
+    no_args_is_help=True,
+)
+
+
+def _fail(message: str) -> typer.Exit:
+    print(f"cpn testbed: error: {message}", file=sys.stderr)
+    return typer.Exit(2)
+
+
+@sub.command("up")
+def up_cmd(
+    dcs: str = typer.Option(
+        "a,b",
+        "--dcs",
+        help="Datacenters: NAME[:MBIT[:WORKERS]],... e.g. a,b,c or a:100:2,b:1000:2.",
+    ),
+    mbit: float = typer.Option(100.0, "--mbit", help="Default uplink rate (both directions)."),
+    workers: int = typer.Option(2, "--workers", help="Default Ray worker slots per datacenter."),
+    as_json: bool = typer.Option(False, "--json", help="Print the testbed as JSON."),
+) -> None:
+    """Build the testbed (tearing down any earlier one) and start Ray across it."""
+    from bench.testbed import TestbedError, parse_dcs, up
+
+    try:
+        layout = parse_dcs(dcs, mbit, workers)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--dcs") from None
+    try:
+        bed = up(layout)
+    except TestbedError as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        print(json.dumps({"ray_address": bed.ray_address, "datacenters": bed.datacenters}))
+        return
+    print(f"testbed up: Ray at {bed.ray_address} (run drivers in the hub namespace)")
+    for d in bed.datacenters:
+        print(f"  {d['name']}: netns {d['netns']} ip {d['ip']} uplink {d['mbit']:g} Mbit/s")
+    print(
+        "train across it: ip netns exec cpntb-hub env RAY_AUTH_MODE=token "
+        f"RAY_AUTH_TOKEN=$(jq -r .token {_state_path()}) cpn train --ray-address "
+        f"{bed.ray_address} --gloo-ifname {bed.gloo_ifname} --clusters ..."
+    )
+
+
+def _state_path() -> str:
+    from bench.testbed import STATE_DIR
+
+    return str(STATE_DIR / "state.json")
+
+
+@sub.command("down")
+def down_cmd() -> None:
+    """Remove every namespace, link, qdisc and Ray process the testbed made (idempotent)."""
+    from bench.testbed import TestbedError, down
+
+    try:
+        gone = down()
+    except TestbedError as exc:
+        raise _fail(str(exc)) from None
+    print(f"testbed down: removed {len(gone)} namespace(s)/link(s)")
+
+
+@sub.command("status")
+def status_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Namespaces, shaping, uplink byte counters and processes of the testbed."""
+    from bench.testbed import TestbedError, status
+
+    try:
+        st = status()
+    except TestbedError as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(st))
+        return
+    if not st["namespaces"]:
+        print("testbed: down")
+        return
+    print(f"testbed: namespaces {', '.join(st['namespaces'])}; Ray at {st['ray_address']}")
+    for d in st["datacenters"]:
+        print(
+            f"  {d['name']}: {d['ip']} {d['mbit']:g} Mbit/s tx {d['tx_bytes']:,} B "
+            f"rx {d['rx_bytes']:,} B, {d['processes']} process(es); {d['qdisc']}"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `cpn testbed` to the root CLI app."""
+    app.add_typer(sub, name="testbed")
+
+
+def main() -> None:
+    """Standalone entry (`python -m bench.testbed`)."""
+    sub()

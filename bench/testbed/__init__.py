@@ -1,0 +1,228 @@
+"""A WAN testbed on one host: one network namespace per datacenter, each joined to a hub bridge
+by a veth uplink shaped with `tc tbf` in both directions, and one Ray node per namespace that
+carries that datacenter's custom resource (`cpn-cluster-<name>`). The Ray head (and drivers:
+`run_in_hub`) live in the hub namespace, so every byte between datacenters crosses two shaped
+uplinks and shows on their interface counters.
+
+`up(layout)`, `down()` (idempotent; finds crash leftovers by the `cpntb` prefix), `status()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.testbed.layout import (
+    HUB_IP,
+    HUB_NS,
+    RAY_PORT,
+    UPLINK_IF,
+    Datacenter,
+    Layout,
+    parse_dcs,
+)
+from bench.testbed.net import TestbedError, check_host
+
+__all__ = [
+    "UPLINK_IF",
+    "Datacenter",
+    "Layout",
+    "Testbed",
+    "TestbedError",
+    "check_host",
+    "down",
+    "parse_dcs",
+    "status",
+    "up",
+]
+
+STATE_DIR = Path(os.environ.get("CPN_TESTBED_DIR", "/tmp/cpn-testbed"))
+RAY_START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Testbed:
+    """A running testbed as recorded in its state file."""
+
+    __test__ = False  # not a pytest class
+
+    datacenters: list[dict[str, Any]]
+    ray_address: str
+    token: str
+    gloo_ifname: str = UPLINK_IF
+
+    def env(self) -> dict[str, str]:
+        """Environment for a process that joins the testbed's Ray (drivers, `cpn train`)."""
+        return {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.token,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "CPN_RAY_ADDRESS": self.ray_address,
+            "CPN_GLOO_IFNAME": self.gloo_ifname,
+        }
+
+    def hub_argv(self, argv: list[str]) -> list[str]:
+        """Wrap a command so it runs in the hub namespace (where a Ray driver must live)."""
+        return ["ip", "netns", "exec", HUB_NS, *argv]
+
+    def run_in_hub(
+        self, argv: list[str], timeout: float, **kw: Any
+    ) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **self.env()}
+        return subprocess.run(
+            self.hub_argv(argv), env=env, capture_output=True, text=True, timeout=timeout, **kw
+        )
+
+    def uplink_bytes(self) -> dict[str, tuple[int, int]]:
+        """{datacenter: (bytes out of it, bytes into it)} from its uplink's counters."""
+        from bench.testbed.net import counters
+
+        return {d["name"]: counters(d["netns"]) for d in self.datacenters}
+
+
+def _state_file() -> Path:
+    return STATE_DIR / "state.json"
+
+
+def load() -> Testbed | None:
+    try:
+        return Testbed(**json.loads(_state_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _ray_bin() -> str:
+    here = Path(sys.executable).parent / "ray"
+    return str(here) if here.exists() else (shutil.which("ray") or "ray")
+
+
+def _ray_env(token: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+
+
+def _ray_start(ns: str, args: list[str], token: str) -> None:
+    argv = ["ip", "netns", "exec", ns, _ray_bin(), "start", *args]
+    argv += ["--num-cpus", "0", "--object-store-memory", str(100 * 1024 * 1024)]
+    argv += ["--disable-usage-stats"]
+    res = subprocess.run(
+        argv, env=_ray_env(token), capture_output=True, text=True, timeout=RAY_START_TIMEOUT_S
+    )
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()
+        raise TestbedError(f"ray start in {ns} failed: {tail[-1] if tail else res.returncode}")
+
+
+def _wait_nodes(bed: Testbed, n: int, timeout: float) -> None:
+    """Wait until the head sees `n` alive nodes (head + one per datacenter)."""
+    code = (
+        "import ray,sys;ray.init(address=sys.argv[1],log_to_driver=False);"
+        "print(sum(1 for x in ray.nodes() if x['Alive']))"
+    )
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        res = bed.run_in_hub([sys.executable, "-c", code, bed.ray_address], timeout=60)
+        last = (res.stdout.strip().splitlines() or [res.stderr.strip()[-200:]])[-1]
+        if res.returncode == 0 and last.isdigit() and int(last) >= n:
+            return
+        time.sleep(1.0)
+    raise TestbedError(f"Ray nodes did not all join within {timeout:.0f} s (last: {last})")
+
+
+def up(layout: Layout) -> Testbed:
+    """Build the namespaces, links and shaping, start Ray; tear down whatever exists first."""
+    from bench.testbed import net
+
+    check_host()
+    down()
+    STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_hex(32)
+    bed = Testbed(
+        datacenters=[{**asdict(d), "netns": d.netns, "ip": d.ip} for d in layout.datacenters],
+        ray_address=layout.ray_address,
+        token=token,
+    )
+    try:
+        net.build(layout)
+        temp = STATE_DIR / "ray"
+        _ray_start(
+            HUB_NS,
+            [
+                "--head",
+                "--node-ip-address", HUB_IP,
+                "--port", str(RAY_PORT),
+                "--include-dashboard=false",
+                "--temp-dir", str(temp),
+            ],
+            token,
+        )  # fmt: skip
+        for dc in layout.datacenters:
+            res = json.dumps({f"cpn-cluster-{dc.name}": dc.workers})
+            _ray_start(
+                dc.netns,
+                ["--address", layout.ray_address, "--node-ip-address", dc.ip, "--resources", res],
+                token,
+            )
+        fd = os.open(_state_file(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(bed), f)
+        _wait_nodes(bed, 1 + len(layout.datacenters), RAY_START_TIMEOUT_S)
+    except BaseException:
+        down()
+        raise
+    return bed
+
+
+def down() -> list[str]:
+    """Remove everything a testbed created, crashed or not; returns what was removed."""
+    from bench.testbed import net
+
+    check_host()
+    gone = net.destroy()
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    return gone
+
+
+def status() -> dict[str, Any]:
+    """What exists now: namespaces, shaping, uplink counters, Ray processes per namespace."""
+    from bench.testbed import net
+
+    check_host()
+    bed = load()
+    out: dict[str, Any] = {
+        "namespaces": net.namespaces(),
+        "ray_address": bed.ray_address if bed else None,
+        "datacenters": [],
+    }
+    for d in bed.datacenters if bed else []:
+        ns = d["netns"]
+        present = ns in out["namespaces"]
+        tx, rx = net.counters(ns) if present else (0, 0)
+        pids = net.sh("ip", "netns", "pids", ns, check=False).split() if present else []
+        out["datacenters"].append(
+            {
+                "name": d["name"],
+                "netns": ns,
+                "ip": d["ip"],
+                "mbit": d["mbit"],
+                "workers": d["workers"],
+                "qdisc": net.qdisc(ns, UPLINK_IF) if present else "",
+                "tx_bytes": tx,
+                "rx_bytes": rx,
+                "processes": len(pids),
+            }
+        )
+    return out

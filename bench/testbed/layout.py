@@ -1,0 +1,101 @@
+"""Names, addresses and shaping parameters of a testbed: pure data, no I/O.
+
+Everything the testbed creates carries the `cpntb` prefix, so `down` can find leftovers of a
+crashed run by name alone. Addresses come from 10.77.0.0/24 and live only inside the testbed's
+own namespaces (the hub holds the bridge; nothing is added to the host's namespace).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+PREFIX = "cpntb"
+HUB_NS = f"{PREFIX}-hub"
+BRIDGE = "br0"  # inside the hub namespace
+UPLINK_IF = "wan0"  # a datacenter's uplink, inside its namespace (gloo binds to it)
+SUBNET = "10.77.0"
+HUB_IP = f"{SUBNET}.1"
+RAY_PORT = 6379
+_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
+
+
+@dataclass(frozen=True)
+class Datacenter:
+    """One datacenter: its namespace, uplink rate (both directions) and Ray worker slots."""
+
+    name: str
+    index: int
+    mbit: float
+    workers: int
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}-dc-{self.name}"
+
+    @property
+    def ip(self) -> str:
+        return f"{SUBNET}.{10 + self.index}"
+
+    @property
+    def hub_if(self) -> str:
+        """The hub-side end of the uplink (egress there = traffic into the datacenter)."""
+        return f"{PREFIX}{self.index}h"
+
+
+@dataclass(frozen=True)
+class Layout:
+    datacenters: list[Datacenter] = field(default_factory=list)
+
+    @property
+    def ray_address(self) -> str:
+        return f"{HUB_IP}:{RAY_PORT}"
+
+    def dc(self, name: str) -> Datacenter:
+        for d in self.datacenters:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+
+def parse_dcs(text: str, default_mbit: float, default_workers: int) -> Layout:
+    """`a,b,c` or `a:100:2,b:1000:2` (NAME[:MBIT[:WORKERS]]); ValueError names the fix."""
+    dcs: list[Datacenter] = []
+    for i, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
+        bits = part.split(":")
+        name = bits[0]
+        if not _NAME.match(name):
+            raise ValueError(
+                f"datacenter {name!r}: use 1-20 lowercase letters, digits or '-', "
+                "starting with a letter"
+            )
+        if any(d.name == name for d in dcs):
+            raise ValueError(f"datacenter {name!r} is listed twice")
+        if len(bits) > 3:
+            raise ValueError(f"datacenter {part!r}: write NAME[:MBIT[:WORKERS]]")
+        try:
+            mbit = float(bits[1]) if len(bits) > 1 and bits[1] else default_mbit
+            workers = int(bits[2]) if len(bits) > 2 else default_workers
+        except ValueError:
+            raise ValueError(
+                f"datacenter {part!r}: MBIT must be a number and WORKERS an integer"
+            ) from None
+        if mbit <= 0:
+            raise ValueError(f"datacenter {part!r}: uplink rate must be > 0 Mbit/s")
+        if workers < 1:
+            raise ValueError(f"datacenter {part!r}: needs at least 1 worker slot")
+        dcs.append(Datacenter(name, i + 1, mbit, workers))
+    if not dcs:
+        raise ValueError("datacenters: name at least one, e.g. a,b or a:100:2,b:100:2")
+    if len(dcs) > 200:
+        raise ValueError("datacenters: at most 200")
+    return Layout(dcs)
+
+
+def tbf_args(mbit: float) -> list[str]:
+    """Token-bucket parameters for a rate: a burst of 10 ms of traffic (>= 64 KiB so that
+    GSO frames pass whole) and a queue of 100 ms, deep enough that TCP is not driven into
+    loss-recovery (which would put retransmitted bytes on the counters)."""
+    rate_bytes = mbit * 1e6 / 8
+    burst = max(64 * 1024, int(rate_bytes * 0.010))
+    return ["rate", f"{mbit}mbit", "burst", str(burst), "latency", "100ms"]
