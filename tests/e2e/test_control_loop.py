@@ -87,13 +87,17 @@ def test_submit_runs_to_success_with_events_metrics_and_ledger(shared: World) ->
 
 
 def test_agent_killed_mid_job_reschedules_and_resumes(world: World) -> None:
-    job = submit(world, gpus=4, steps=300, compression="none")
+    # Long enough to outlive the lost lease (grace 3 s), killed after the first checkpoint
+    # (every 150 steps), so the move is observable and resumes from a real checkpoint.
+    job = submit(world, gpus=4, steps=1500, compression="none")
     running = world.wait_state(job["id"], {"RUNNING"}, 120)
     victim = running["placement"]["clusters"][0]["cluster"]
     wait_for(
         lambda: (
             world.job(job["id"]).get("placement")
-            and any(m["step"] >= 30 for m in world.tenant.paginate(f"/v1/jobs/{job['id']}/metrics"))
+            and any(
+                m["step"] >= 160 for m in world.tenant.paginate(f"/v1/jobs/{job['id']}/metrics")
+            )
         ),
         120,
         "progress past the first checkpoint",
@@ -156,14 +160,14 @@ def test_preemption_checkpoints_victim_and_resumes_it(shared: World) -> None:
         world,
         name="low",
         gpus=6,
-        steps=200,
+        steps=600,
         compression="none",
         qos={"qos_class": "spot", "priority": 0},
     )
     world.wait_state(low["id"], {"RUNNING"}, 120)
     wait_for(
         lambda: any(
-            m["step"] >= 20 for m in world.tenant.paginate(f"/v1/jobs/{low['id']}/metrics")
+            m["step"] >= 70 for m in world.tenant.paginate(f"/v1/jobs/{low['id']}/metrics")
         ),
         120,
         "low progress",
