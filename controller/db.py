@@ -52,13 +52,6 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 @contextmanager
-def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """One unit of work: commit on success, roll back on any error."""
-    with factory() as session, session.begin():
-        yield session
-
-
-@contextmanager
 def scratch_database(
     server_url: str, prefix: str = "cpn_scratch", template: str | None = None
 ) -> Iterator[str]:

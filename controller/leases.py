@@ -43,15 +43,6 @@ class LeasePolicy:
         return "READY"
 
 
-def record_transition(session: Session, cluster: Cluster, to_state: str, reason: str) -> None:
-    session.add(
-        ClusterTransition(
-            cluster_id=cluster.id, from_state=cluster.state, to_state=to_state, reason=reason
-        )
-    )
-    cluster.state = to_state
-
-
 def check_leases(
     factory: sessionmaker[Session], policy: LeasePolicy, now: datetime | None = None
 ) -> list[tuple[str, str, str]]:

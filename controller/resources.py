@@ -74,17 +74,6 @@ def create_cluster(session: Session, name: str, region: str, labels: dict[str, s
     return cluster
 
 
-def set_state(session: Session, cluster: Cluster, to_state: str, reason: str) -> None:
-    if cluster.state == to_state:
-        return
-    session.add(
-        ClusterTransition(
-            cluster_id=cluster.id, from_state=cluster.state, to_state=to_state, reason=reason
-        )
-    )
-    cluster.state = to_state
-
-
 # ---- agent reports -------------------------------------------------------------------------
 
 
