@@ -22,7 +22,8 @@ import httpx
 import yaml
 
 CPN = [sys.executable, "-m", "api.cli"]
-_LISTEN = re.compile(r"Uvicorn running on (http://\S+)")
+LISTENING = re.compile(r"Uvicorn running on (http://\S+)")
+"""What uvicorn prints once it listens; group 1 is the URL."""
 
 
 class ProcessError(RuntimeError):
@@ -82,10 +83,12 @@ def spawn(
     *,
     wait_for: re.Pattern[str] | None = None,
     timeout: float = 60.0,
+    module: str = "api.cli",
 ) -> tuple[Proc, str | None]:
-    """Start `cpn ARGS`; optionally wait until its output matches `wait_for` (group 1 returned)."""
+    """Start `python -m MODULE ARGS` (`cpn ARGS` by default); optionally wait until its output
+    matches `wait_for` (group 1 returned)."""
     popen = subprocess.Popen(
-        [*CPN, *args],
+        [sys.executable, "-m", module, *args],
         env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -143,7 +146,7 @@ def start_control_plane(
         "cpn serve",
         ["serve", "--port", str(port), "--log-level", "info"],
         env,
-        wait_for=_LISTEN,
+        wait_for=LISTENING,
         timeout=timeout,
     )
     assert url is not None

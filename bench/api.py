@@ -23,11 +23,9 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -233,36 +231,14 @@ def cpn_server(database_url: str) -> Iterator[tuple[str, int]]:
 
 @contextmanager
 def bare_server() -> Iterator[tuple[str, int]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.bare_api", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    found = None
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:  # uvicorn logs its address on start
-        if m := re.search(r"Uvicorn running on (http://\S+)", line):
-            found = m.group(1)
-            break
-        if time.monotonic() > deadline:
-            break
-    if found is None:
-        proc.kill()
-        raise RuntimeError("bare app did not start")
-    # Keep reading its output (access log) as api.processes does for cpn serve.
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+    from api.processes import LISTENING, spawn
+
+    proc, url = spawn("bare app", ["--port", "0"], {}, wait_for=LISTENING, module="bench.bare_api")
+    assert url is not None
     try:
-        yield found, proc.pid
+        yield url, proc.popen.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        proc.stop()
 
 
 @contextmanager

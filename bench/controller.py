@@ -46,6 +46,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from api.cli.demo import demo_job_spec
+
 ADMIN_TOKEN = "cpn_admin_bench-" + uuid.uuid4().hex
 PG_SERVER = os.environ.get(
     "CPN_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -111,19 +113,6 @@ class JobTiming:
     accuracy: float
 
 
-def _demo_spec(name: str, steps: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "task": "builtin:mnist1d-mlp",
-        "gpus": 6,
-        "steps": steps,
-        "compression": "auto",
-        "sync": "auto",
-        "qos": {"qos_class": "standard"},
-        "args": {"outer_lr": 1.0, "outer_momentum": 0.0},
-    }
-
-
 def _wait(predicate: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -182,7 +171,7 @@ def demo_jobs(backend: str, workdir: Path, steps: int, n_jobs: int) -> list[JobT
                     for i in range(n_jobs):
                         label = "cold Ray" if i == 0 else "warm Ray"
                         print(f"   {backend}: demo job {i + 1} ({label})", file=sys.stderr)
-                        job = tenant.submit(_demo_spec(f"bench-{i}", steps))
+                        job = tenant.submit(demo_job_spec(f"bench-{i}", steps))
                         out.append(_follow(tenant, job["id"], backend, label))
         finally:
             for agent in agents:

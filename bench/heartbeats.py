@@ -24,12 +24,9 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import re
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -255,36 +252,15 @@ def cpn_server(url: str) -> Iterator[str]:
 
 @contextmanager
 def bare_server(peers: int) -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.bare_app", "--port", "0", "--peers", str(peers)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    found = None
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:  # uvicorn logs its address on start
-        if m := re.search(r"Uvicorn running on (http://\S+)", line):
-            found = m.group(1)
-            break
-        if time.monotonic() > deadline:
-            break
-    if found is None:
-        proc.kill()
-        raise RuntimeError("bare app did not start")
-    # Keep reading its output (access log) as api.processes does for cpn serve.
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+    from api.processes import LISTENING, spawn
+
+    args = ["--port", "0", "--peers", str(peers)]
+    proc, url = spawn("bare app", args, {}, wait_for=LISTENING, module="bench.bare_app")
+    assert url is not None
     try:
-        yield found
+        yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        proc.stop()
 
 
 @dataclass

@@ -33,6 +33,22 @@ DEMO_LINKS = [
 QOS_FACTORS = {"guaranteed": 1.4, "standard": 1.0, "spot": 0.35}
 
 
+def demo_job_spec(name: str, steps: int) -> dict[str, Any]:
+    """The demo's training job, as a tenant would submit it (also used by bench/controller.py)."""
+    return {
+        "name": name,
+        "task": "builtin:mnist1d-mlp",
+        "gpus": 6,
+        "steps": steps,
+        "compression": "auto",
+        "sync": "auto",
+        "qos": {"qos_class": "standard"},
+        # Outer averaging without momentum (FedAvg): DiLoCo's Nesterov 0.7/0.9 outer step
+        # diverges on this SGD-with-momentum MLP over long runs (see the README).
+        "args": {"outer_lr": 1.0, "outer_momentum": 0.0},
+    }
+
+
 def demo(
     workdir: Path = typer.Option(Path("var/demo"), help="Where the demo keeps its state."),
     steps: int = typer.Option(300, min=20, max=100_000, help="Training steps of each job."),
@@ -160,24 +176,10 @@ class _Demo:
 
     # ---- phase 2: quote, submit, train --------------------------------------------------
 
-    def _job_spec(self, name: str, steps: int) -> dict[str, Any]:
-        return {
-            "name": name,
-            "task": "builtin:mnist1d-mlp",
-            "gpus": 6,
-            "steps": steps,
-            "compression": "auto",
-            "sync": "auto",
-            "qos": {"qos_class": "standard"},
-            # Outer averaging without momentum (FedAvg): DiLoCo's Nesterov 0.7/0.9 outer step
-            # diverges on this SGD-with-momentum MLP over long runs (see the README).
-            "args": {"outer_lr": 1.0, "outer_momentum": 0.0},
-        }
-
     def _first_job(self) -> dict[str, Any]:
         from rich.table import Table
 
-        quote = self.tenant.quote(self._job_spec("mnist1d-mlp", self.steps))
+        quote = self.tenant.quote(demo_job_spec("mnist1d-mlp", self.steps))
         table = Table(
             title=f"Quote {quote['id'][:8]} (valid until {quote['expires_at'][11:19]} UTC)"
         )
@@ -204,7 +206,7 @@ class _Demo:
         self.console.print(table)
         job = self.tenant.submit(
             {
-                **self._job_spec("mnist1d-mlp", self.steps),
+                **demo_job_spec("mnist1d-mlp", self.steps),
                 "quote_id": quote["id"],
                 "quote_option": "time",
             }
@@ -218,7 +220,7 @@ class _Demo:
 
     def _second_job(self) -> dict[str, Any]:
         steps = self.steps * 6  # long enough to outlive the dead agent's lease
-        job = self.tenant.submit(self._job_spec("mnist1d-mlp-2", steps))
+        job = self.tenant.submit(demo_job_spec("mnist1d-mlp-2", steps))
         self.console.print(f"submitted job [bold]{job['id'][:8]}[/]; an agent dies while it trains")
         running = self._wait(
             lambda: (
