@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -84,11 +84,13 @@ def spawn(
     wait_for: re.Pattern[str] | None = None,
     timeout: float = 60.0,
     module: str = "api.cli",
+    prefix: Sequence[str] = (),
 ) -> tuple[Proc, str | None]:
     """Start `python -m MODULE ARGS` (`cpn ARGS` by default); optionally wait until its output
-    matches `wait_for` (group 1 returned)."""
+    matches `wait_for` (group 1 returned). `prefix` wraps the command (`ip netns exec NS`:
+    the WAN testbed runs each cluster's processes inside its datacenter's namespace)."""
     popen = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
+        [*prefix, sys.executable, "-m", module, *args],
         env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -129,6 +131,8 @@ def start_control_plane(
     migrate: bool = True,
     timeout: float = 60.0,
     port: int = 0,
+    host: str = "127.0.0.1",
+    prefix: Sequence[str] = (),
 ) -> ControlPlane:
     """`cpn db upgrade` then `cpn serve` (on a free port unless given); returns once ready."""
     env = {"CPN_DATABASE_URL": database_url, "CPN_ADMIN_TOKEN": admin_token, **(settings or {})}
@@ -144,10 +148,11 @@ def start_control_plane(
             raise ProcessError(f"cpn db upgrade failed:\n{done.stderr[-2000:]}")
     proc, url = spawn(
         "cpn serve",
-        ["serve", "--port", str(port), "--log-level", "info"],
+        ["serve", "--host", host, "--port", str(port), "--log-level", "info"],
         env,
         wait_for=LISTENING,
         timeout=timeout,
+        prefix=prefix,
     )
     assert url is not None
     deadline = time.monotonic() + timeout
@@ -168,9 +173,17 @@ def write_inventory(path: Path, gpus: list[dict[str, object]]) -> Path:
 
 
 def start_agent(
-    cluster: str, controller: str, token: str, inventory: Path, extra: list[str] | None = None
+    cluster: str,
+    controller: str,
+    token: str,
+    inventory: Path,
+    extra: list[str] | None = None,
+    *,
+    probe_host: str = "127.0.0.1",
+    prefix: Sequence[str] = (),
 ) -> Proc:
-    """A `cpn agent` with a declared inventory and a probe endpoint on a free loopback port."""
+    """A `cpn agent` with a declared inventory and a probe endpoint on a free port of
+    `probe_host` (loopback unless given)."""
     args = [
         "agent",
         "--cluster",
@@ -182,7 +195,7 @@ def start_agent(
         "--discovery",
         "inventory",
         "--probe-host",
-        "127.0.0.1",
+        probe_host,
         "--probe-port",
         "0",
         "--backoff-base",
@@ -191,5 +204,5 @@ def start_agent(
         "2",
         *(extra or []),
     ]
-    proc, _ = spawn(f"cpn agent {cluster}", args, {"CPN_AGENT_TOKEN": token})
+    proc, _ = spawn(f"cpn agent {cluster}", args, {"CPN_AGENT_TOKEN": token}, prefix=prefix)
     return proc

@@ -123,7 +123,7 @@ def _wait(predicate: Any, timeout: float, what: str) -> Any:
 
 
 def demo_jobs(backend: str, workdir: Path, steps: int, n_jobs: int) -> list[JobTiming]:
-    from api.cli.demo import DEMO_CLUSTERS, DEMO_LINKS, QOS_FACTORS
+    from api.cli.demo import DEMO_CLUSTERS, DEMO_LINKS, price_cluster
     from api.client import Client
     from api.processes import start_agent, start_control_plane, write_inventory
 
@@ -137,16 +137,7 @@ def demo_jobs(backend: str, workdir: Path, steps: int, n_jobs: int) -> list[JobT
                 for name, spec in DEMO_CLUSTERS.items():
                     admin.create_cluster(name, spec["region"])
                     token = admin.create_api_key("agent", name)["token"]
-                    for qos_class, factor in QOS_FACTORS.items():
-                        admin.post(
-                            "/v1/pricing/gpu",
-                            {
-                                "cluster": name,
-                                "gpu_model": spec["model"],
-                                "qos_class": qos_class,
-                                "price_per_gpu_hour": round(spec["price"] * factor, 4),
-                            },
-                        )
+                    price_cluster(admin, name, spec)
                     inventory = write_inventory(
                         workdir / f"{backend}-{name}.yaml",
                         [

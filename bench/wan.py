@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import shlex
@@ -32,7 +33,7 @@ from typing import Any
 RESULTS = Path(__file__).parent / "results"
 DCS = ["a", "b", "c"]
 WORKERS = 2
-DDP_PORT = 29555
+DDP_PORTS = itertools.count(29555)  # a fresh rendezvous port per run: no stale store
 RUN_TIMEOUT_S = 240
 
 
@@ -196,12 +197,12 @@ def run_mode(bed: Any, mode: Mode, task: str, steps: int, evals: int, seed: int)
         out = Path(f"/tmp/cpn-wan-ddp-{os.getpid()}.json")
         out.unlink(missing_ok=True)
         procs = []
-        master = bed.datacenters[0]["ip"]
+        master, port = bed.datacenters[0]["ip"], next(DDP_PORTS)
         for rank in range(len(DCS) * WORKERS):
             dc = bed.datacenters[rank // WORKERS]
             argv = ["ip", "netns", "exec", dc["netns"], *py, "ddp-worker"]
             argv += ["--rank", str(rank), "--world", str(len(DCS) * WORKERS)]
-            argv += ["--master", master, "--port", str(DDP_PORT), "--task", task]
+            argv += ["--master", master, "--port", str(port), "--task", task]
             argv += ["--steps", str(steps), "--eval-every", str(eval_every), "--seed", str(seed)]
             argv += ["--hook", mode.hook, "--ifname", UPLINK_IF, "--out", str(out)]
             procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
@@ -214,7 +215,7 @@ def run_mode(bed: Any, mode: Mode, task: str, steps: int, evals: int, seed: int)
                 p.kill()
                 _, err = p.communicate()
             if p.returncode != 0:
-                errs.append(err.decode()[-800:])
+                errs.append(f"exit {p.returncode}: {err.decode()[-800:]}")
         if errs:
             raise RuntimeError(f"{mode.name}: DDP rank failed: {errs[0]}")
         rep = json.loads(out.read_text())
@@ -300,36 +301,52 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def validate(
-    task: str, steps: int, evals: int, seed: int, real: dict[str, Any], mbit: float
+def emulated_run(task: str, steps: int, evals: int, seed: int, mbit: float) -> dict[str, Any]:
+    """The cpn fp32 every-step run on one node (a local Ray), its WAN emulated at `mbit` per
+    cluster pair: on the testbed a pair's path is one uplink and one downlink at that rate."""
+    argv = [sys.executable, "-m", "bench.wan", "cpn-driver", "--task", task]
+    argv += ["--steps", str(steps), "--seed", str(seed), "--eval-every", str(steps // evals)]
+    argv += ["--compression", "none", "--sync", "every-step", "--dcs", ",".join(DCS)]
+    argv += ["--emulate-mbps", str(mbit)]
+    env = {k: v for k, v in os.environ.items() if k not in ("CPN_RAY_ADDRESS",)}
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+    if res.returncode != 0:
+        raise RuntimeError(f"emulated run: {res.stderr[-800:]}")
+    rep: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    return rep
+
+
+def validation_table(
+    task: str, steps: int, mbit: float, real: list[dict[str, Any]], emulated: list[dict[str, Any]]
 ) -> str:
-    """The cpn fp32 every-step run emulated on one node (local Ray), against the real run."""
-    out = []
-    for label, pair_mbps in (
-        ("pair links = uplink rate", mbit),
-        ("pair links = uplink / (n-1)", mbit / (len(DCS) - 1)),
-    ):
-        argv = [sys.executable, "-m", "bench.wan", "cpn-driver", "--task", task]
-        argv += ["--steps", str(steps), "--seed", str(seed), "--eval-every", str(steps // evals)]
-        argv += ["--compression", "none", "--sync", "every-step", "--dcs", ",".join(DCS)]
-        argv += ["--emulate-mbps", str(pair_mbps)]
-        env = {k: v for k, v in os.environ.items() if k not in ("CPN_RAY_ADDRESS",)}
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
-        if res.returncode != 0:
-            raise RuntimeError(f"emulated run: {res.stderr[-800:]}")
-        rep = json.loads(res.stdout.strip().splitlines()[-1])
-        gap = (rep["wall_s"] - real["wall_s"]) / real["wall_s"]
-        out.append(
-            f"| emulated, {label} ({pair_mbps:g} Mbit/s) | {rep['wall_s']:.1f} | "
-            f"{real['wall_s']:.1f} | {100 * gap:+.0f} % | {rep['wan_bytes_total']:,} |"
-        )
-    head = [
-        f"#### emulation vs testbed: cpn every-step fp32, {task}, {steps} steps, {mbit:g} Mbit/s",
-        "",
-        "| emulated run | emulated wall (s) | real wall (s) | gap | cpn-counted WAN bytes |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    return "\n".join(head + out)
+    """Median wall time of the same run real (testbed) and emulated (one node), and the gap."""
+    import statistics
+
+    r = statistics.median(x["wall_s"] for x in real)
+    e = statistics.median(x["wall_s"] for x in emulated)
+    walls = {
+        side: ", ".join(f"{x['wall_s']:.1f}" for x in runs)
+        for side, runs in (("real", real), ("emulated", emulated))
+    }
+    rc = statistics.median(x["compute_s"] for x in real)
+    ec = statistics.median(x["compute_s"] for x in emulated)
+    return "\n".join(
+        [
+            f"#### emulation vs testbed: cpn every-step fp32, {task}, {steps} steps, "
+            f"{mbit:g} Mbit/s, median of {len(real)} runs each",
+            "",
+            "| run | wall (s) | compute (s) | each run's wall (s) | WAN bytes |",
+            "| --- | ---: | ---: | --- | ---: |",
+            f"| real (testbed) | {r:.1f} | {rc:.1f} | "
+            f"{walls['real']} | "
+            f"{real[0]['uplink_bytes_total']:,} (interfaces) |",
+            f"| emulated (one node) | {e:.1f} | {ec:.1f} | "
+            f"{walls['emulated']} | "
+            f"{emulated[0]['wan_bytes_total']:,} (cpn) |",
+            f"| gap (emulated vs real) | {100 * (e - r) / r:+.0f} % | "
+            f"{100 * (ec - rc) / rc:+.0f} % | | |",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -356,9 +373,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--task", default="builtin:mnist1d-cnn")
     p.add_argument("--steps", type=int, default=480)
     p.add_argument("--evals", type=int, default=24)
+    p.add_argument("--target", type=float, default=None, help="accuracy to race to (task's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="", help="comma-separated substrings of mode names")
     p.add_argument("--validate", action="store_true", help="also emulate the fp32 run locally")
+    p.add_argument("--repeat", type=int, default=3, help="runs of each side of --validate")
     p.add_argument("--name", default="wan", help="results file stem in bench/results/")
     a = p.parse_args(argv)
     if a.cmd == "ddp-worker":
@@ -371,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench.testbed import TestbedError, down, parse_dcs, up
     from training.tasks import load_task
 
-    target = load_task(a.task).target_accuracy or 0.8
+    target = a.target or load_task(a.task).target_accuracy or 0.8
     wanted = [s.strip() for s in a.modes.split(",") if s.strip()]
     modes = [m for m in MODES if not wanted or any(s in m.name for s in wanted)]
     results: dict[str, Any] = {"task": a.task, "steps": a.steps, "runs": {}}
@@ -398,12 +417,22 @@ def main(argv: list[str] | None = None) -> None:
             results["runs"][f"{mbit:g}"] = {"target": target, "rows": rows}
             md.append(table(rows, target, mbit))
             print(md[-1], flush=True)
-            down()
             if a.validate:
-                real = next((r for r in rows if r["mode"] == "(d) cpn every-step fp32"), None)
-                if real is not None:
-                    md.append(validate(a.task, a.steps, a.evals, a.seed, real, mbit))
-                    print(md[-1], flush=True)
+                fp32 = next(m for m in MODES if m.name == "(d) cpn every-step fp32")
+                real = [r for r in rows if r["mode"] == fp32.name]
+                while len(real) < a.repeat:
+                    real.append(run_mode(bed, fp32, a.task, a.steps, a.evals, a.seed))
+            down()
+            if a.validate:  # the testbed's Ray is gone: the emulated runs have the host alone
+                emulated = [
+                    emulated_run(a.task, a.steps, a.evals, a.seed, mbit) for _ in range(a.repeat)
+                ]
+                results["runs"][f"{mbit:g}"]["validation"] = {
+                    "real_wall_s": [x["wall_s"] for x in real],
+                    "emulated_wall_s": [x["wall_s"] for x in emulated],
+                }
+                md.append(validation_table(a.task, a.steps, mbit, real, emulated))
+                print(md[-1], flush=True)
     finally:
         down()
     cmd = "sudo .venv/bin/python -m bench.wan " + shlex.join(argv or sys.argv[1:])

@@ -56,7 +56,7 @@ class RunHandle:
     pending: list[Any] = field(default_factory=list)
     wan_seen: dict[str, int] = field(default_factory=dict)
     wan_since: datetime = field(default_factory=utcnow)
-    last_compute: tuple[int, float] | None = None
+    last_compute: tuple[int, dict[str, float]] | None = None
     report: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -344,26 +344,29 @@ class Launcher:
             job.checkpoint_step = batch[-1].step
 
     def _observe(self, session: Session, handle: RunHandle, p: Any) -> None:
-        """Compute time per step on this run's GPUs: the calibration data of the cost model."""
+        """Compute time per step of each cluster's GPUs: the calibration data of the cost
+        model. Every worker gets an equal share of the global batch, so each cluster's
+        slowest rank measures its GPU model on flops_per_step / workers."""
         previous = handle.last_compute
-        handle.last_compute = (p.step, p.compute_s)
+        handle.last_compute = (p.step, dict(p.compute_by_cluster))
         if previous is None or p.step <= previous[0] or not handle.flops_per_step:
             return
-        per_step = (p.compute_s - previous[1]) / (p.step - previous[0])
-        if per_step <= 0:
-            return
         workers = sum(handle.clusters.values())
-        model = next(iter(handle.gpu_models.values()))
-        session.add(
-            StepObservation(
-                job_id=handle.job_id,
-                gpu_model=normalize_gpu_model(model) or model,
-                gpus=1,
-                flops=handle.flops_per_step / workers,
-                compute_s=per_step,
-                predicted_s=handle.predicted_step_s,
+        for cluster, total in p.compute_by_cluster.items():
+            per_step = (total - previous[1].get(cluster, total)) / (p.step - previous[0])
+            model = handle.gpu_models.get(cluster)
+            if per_step <= 0 or model is None:  # a restart resets the counters
+                continue
+            session.add(
+                StepObservation(
+                    job_id=handle.job_id,
+                    gpu_model=normalize_gpu_model(model) or model,
+                    gpus=1,
+                    flops=handle.flops_per_step / workers,
+                    compute_s=per_step,
+                    predicted_s=handle.predicted_step_s,
+                )
             )
-        )
 
     def _check_stops(self) -> None:
         ids = [j for j, h in self.handles.items() if h.stop_reason is None]

@@ -15,7 +15,7 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 import scheduler
@@ -83,6 +83,7 @@ class Controller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpn-controller", daemon=True)
         self._efficiency: dict[str, float] = {}
+        self._observed_upto: int | None = None  # newest StepObservation fitted
         self._ticks = 0
 
     def start(self) -> None:
@@ -110,8 +111,7 @@ class Controller:
         self._ticks += 1
         self._heartbeat()
         self._adopt_orphans()
-        if self._ticks % 30 == 1:
-            self._recalibrate()
+        self._recalibrate()
         place_pending(self.factory, self.id, self._efficiency or None)
         if not self.launch:
             return
@@ -161,8 +161,13 @@ class Controller:
                     log.warning("adopted job %s from %s", job_id, old)
 
     def _recalibrate(self) -> None:
-        """Fit GPU efficiency from observed step times so estimates improve as jobs run."""
+        """Fit GPU efficiency from observed step times so estimates improve as jobs run: on
+        the first pass after new observations, so the next job placed already uses them."""
         with self.factory() as session:
+            newest = session.scalar(select(func.max(StepObservation.id)))
+            if newest is None or newest == self._observed_upto:
+                return
+            self._observed_upto = newest
             rows = session.scalars(
                 select(StepObservation).order_by(StepObservation.id.desc()).limit(500)
             ).all()

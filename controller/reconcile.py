@@ -178,6 +178,12 @@ def plan_record(result: scheduler.Plan, slots: list[Slot]) -> dict[str, Any]:
             "wan_bytes": est.wan_bytes,
             "cost": est.cost,
             "compute_s": est.compute_s,
+            "intra_s": est.intra_s,
+            "wan_s": est.wan_s,
+            "overhead_s": est.overhead_s,
+            "effective_steps": est.effective_steps,
+            "ring": list(est.ring),
+            "step_overhead_s": est.step_overhead_s,
         },
         "explanation": list(result.explanation),
     }

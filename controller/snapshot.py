@@ -7,15 +7,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 import scheduler
 from controller import pricing
-from controller.models import Allocation, Cluster, Job, Link, Tenant, utcnow
+from controller.models import Allocation, Cluster, Job, JobMetric, Link, Tenant, utcnow
 from controller.resources import effective_links
 
 DEFAULT_INTRA_GBPS = 100.0
+OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
 
 
 def normalize_gpu_model(reported: str) -> str | None:
@@ -135,8 +136,49 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         quotas=tuple(
             (t.id, t.gpu_quota) for t in session.scalars(select(Tenant)) if t.gpu_quota is not None
         ),
+        step_overhead_s=step_overhead(session),
     )
     return World(snapshot, origins)
+
+
+def step_overhead(session: Session) -> float:
+    """Per-step time the cost model missed on the last finished multi-worker jobs: observed
+    step minus observed compute minus what their estimate gave communication."""
+    jobs = session.execute(
+        select(Job.id, Job.placement)
+        .where(Job.state == "SUCCEEDED", Job.placement.is_not(None))
+        .order_by(Job.finished_at.desc())
+        .limit(OVERHEAD_JOBS)
+    ).all()
+    estimates: dict[str, dict[str, float]] = {}
+    for job_id, placement in jobs:
+        if not isinstance(placement, dict):
+            continue
+        workers = sum(c.get("gpus", 0) for c in placement.get("clusters", []))
+        est = placement.get("estimate", {})
+        if workers > 1 and est.get("step_time_s") is not None and est.get("compute_s"):
+            estimates[job_id] = est
+    if not estimates:
+        return 0.0
+    last = (
+        select(JobMetric.job_id, func.max(JobMetric.step).label("step"))
+        .where(JobMetric.job_id.in_(estimates))
+        .group_by(JobMetric.job_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(
+            JobMetric.job_id, JobMetric.step, JobMetric.step_time_s, JobMetric.compute_time_s
+        ).join(last, (JobMetric.job_id == last.c.job_id) & (JobMetric.step == last.c.step))
+    ).all()
+    residuals = []
+    for job_id, step, step_s, compute_total in rows:
+        if not step or step_s is None or compute_total is None:
+            continue
+        est = estimates[job_id]
+        modelled_comm = est["step_time_s"] - est["compute_s"] - est.get("step_overhead_s", 0.0)
+        residuals.append(step_s - compute_total / step - modelled_comm)
+    return scheduler.fit_step_overhead(residuals)
 
 
 def running_jobs(session: Session) -> list[scheduler.RunningJob]:

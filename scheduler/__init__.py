@@ -3,7 +3,7 @@
 Pure code (no I/O, database, Ray or web): data in, data out, deterministic.
 """
 
-from scheduler.calibrate import Observation, calibrate
+from scheduler.calibrate import POOLED, Observation, calibrate, fit_step_overhead
 from scheduler.compression import (
     AUTO_COMPRESSIONS,
     AUTO_SYNCS,
@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_EFFICIENCY",
     "GPU_PEAK_TFLOPS",
     "OBJECTIVES",
+    "POOLED",
     "Assignment",
     "Cluster",
     "CompressorModel",
@@ -72,6 +73,7 @@ __all__ = [
     "estimate",
     "evaluate",
     "exclusions",
+    "fit_step_overhead",
     "order_queue",
     "peak_tflops",
     "plan",

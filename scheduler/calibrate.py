@@ -3,10 +3,17 @@ modelling function of Y.2501: estimates improve as the system runs."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduler.gpus import peak_tflops
+
+POOLED = "*"
+"""The key of the fit over every observation: the efficiency assumed for GPU models (or
+clusters) not observed yet. Without it an unobserved model keeps the datasheet prior, which on
+a fleet running far below datasheet makes it look the fastest and draws every placement."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +35,7 @@ def calibrate(observations: Iterable[Observation], min_count: int = 1) -> dict[s
 
     The model predicts t = a / e with a = flops / (gpus x peak); minimising sum (t - a x)^2 over
     x = 1/e gives x = sum(a t) / sum(a^2). Keys with fewer than `min_count` observations are
-    left out so the caller keeps its prior for them.
+    left out so the caller keeps its prior for them; `POOLED` fits all of them together.
     """
     sums: dict[str, tuple[float, float, int]] = {}
     for ob in observations:
@@ -39,12 +46,21 @@ def calibrate(observations: Iterable[Observation], min_count: int = 1) -> dict[s
                 "gpus >= 1, compute_s > 0 and flops > 0"
             )
         a = ob.flops / (ob.gpus * peak * 1e12)
-        key = ob.key or ob.gpu_model
-        s_at, s_aa, n = sums.get(key, (0.0, 0.0, 0))
-        sums[key] = (s_at + a * ob.compute_s, s_aa + a * a, n + 1)
+        for key in (ob.key or ob.gpu_model, POOLED):
+            s_at, s_aa, n = sums.get(key, (0.0, 0.0, 0))
+            sums[key] = (s_at + a * ob.compute_s, s_aa + a * a, n + 1)
     out: dict[str, float] = {}
     for key, (s_at, s_aa, n) in sorted(sums.items()):
         if n < min_count or s_at <= 0:
             continue
         out[key] = min(1.0, s_aa / s_at)
     return out
+
+
+def fit_step_overhead(residuals: Iterable[float]) -> float:
+    """The per-step time the cost model leaves out, from finished multi-worker jobs: each
+    residual is observed step minus observed compute minus the estimate's communication
+    (`step_time_s - compute_s - step_overhead_s` of its placement). The median, so one job
+    slowed by a neighbour does not set it; never negative."""
+    values = [r for r in residuals if math.isfinite(r)]
+    return max(0.0, min(statistics.median(values), 3599.0)) if values else 0.0

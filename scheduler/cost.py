@@ -32,6 +32,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from scheduler.calibrate import POOLED
 from scheduler.compression import CompressorModel, SyncModel, compressor_model, sync_model
 from scheduler.gpus import DEFAULT_EFFICIENCY, peak_tflops
 from scheduler.types import Assignment, Cluster, Estimate, JobRequest, Placement, Snapshot
@@ -50,14 +51,13 @@ def ring_allreduce_time(p: int, nbytes: float, alpha_s: float, bandwidth_bytes_s
 
 
 def efficiency_of(cluster: Cluster, factors: Mapping[str, float] | None = None) -> float:
-    """Cluster override, then a calibrated factor by cluster name, then by GPU model."""
+    """Cluster override, then a calibrated factor by cluster name, by GPU model, pooled."""
     if cluster.efficiency is not None:
         return cluster.efficiency
     if factors:
-        if cluster.name in factors:
-            return factors[cluster.name]
-        if cluster.gpu_model in factors:
-            return factors[cluster.gpu_model]
+        for key in (cluster.name, cluster.gpu_model, POOLED):
+            if key in factors:
+                return factors[key]
     return DEFAULT_EFFICIENCY
 
 
@@ -68,7 +68,8 @@ def job_work_flops(job: JobRequest, factors: Mapping[str, float] | None = None) 
     assert job.step_time_s_ref is not None and job.ref_gpu is not None
     peak = peak_tflops(job.ref_gpu)
     assert peak is not None
-    eff = (factors or {}).get(job.ref_gpu, DEFAULT_EFFICIENCY)
+    factors = factors or {}
+    eff = factors.get(job.ref_gpu, factors.get(POOLED, DEFAULT_EFFICIENCY))
     return job.step_time_s_ref * peak * 1e12 * eff
 
 
@@ -254,7 +255,9 @@ class CostModel:
             wan = self.wan(names, compression)
             sm = self.sync(sync)
             steps_factor = self.compressor(compression).steps_factor * sm.steps_factor
-        step = step_time(compute, intra_s, wan, sm)
+        # the fleet's observed overhead: one worker alone waits on nobody
+        extra = self.snapshot.step_overhead_s if len(names) > 1 or intra_s > 0 else 0.0
+        step = step_time(compute, intra_s, wan, sm) + extra
         eff_steps = self.job.steps * steps_factor
         total = eff_steps * step
         exchanges = eff_steps / sm.period if sm.kind == "local-sgd" else eff_steps
@@ -274,6 +277,7 @@ class CostModel:
             egress_cost=egress,
             ring=wan.ring,
             bottleneck=wan.bottleneck,
+            step_overhead_s=extra,
         )
 
     def score(

@@ -132,8 +132,14 @@ class Snapshot:
     links: tuple[Link, ...] = ()
     running: tuple[RunningJob, ...] = ()
     quotas: tuple[tuple[str, int], ...] = ()
+    # observed seconds per step of a multi-worker job that the cost model does not explain
+    # (stragglers, runtime overhead): `fit_step_overhead` over finished jobs; added to every
+    # multi-worker estimate
+    step_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.step_overhead_s < 3600:
+            raise ValueError("step_overhead_s: must be in [0, 3600) seconds")
         names = [c.name for c in self.clusters]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -266,6 +272,7 @@ class Estimate:
     ring: tuple[str, ...] = ()
     bottleneck: tuple[str, str] | None = None
     batch_shares: tuple[tuple[str, float], ...] = ()
+    step_overhead_s: float = 0.0  # included in step_time_s
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,10 @@ def choose(
     shapes: Sequence[tuple[int, ...]],
     compute_s: float,
     link: Link | None,
+    rounds: int = 1,
 ) -> str:
     """The first (least compressed) level whose time on the wire is at most the compute time.
+    A message crosses the slowest link `rounds` times (n-1 in a ring all-gather of n).
 
     Only the bandwidth part counts: the latency of a synchronous exchange is paid whatever the
     compression, so no level can hide it (local SGD does).
@@ -60,6 +62,6 @@ def choose(
         return levels[0] if levels else "none"
     for level in levels:
         nbytes = measured.get(level) or estimate_bytes(level, shapes)
-        if nbytes * 8.0 / link.bandwidth_bps <= compute_s:
+        if rounds * nbytes * 8.0 / link.bandwidth_bps <= compute_s:
             return level
     return levels[-1]

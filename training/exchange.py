@@ -1,11 +1,12 @@
 """The compressed exchange between cluster leaders over the (possibly emulated) WAN.
 
 Each leader compresses its cluster's tensors, serialises them into one message with
-`packet_to_bytes`, and all leaders all-gather the messages over their own gloo group. The byte
-count of each message is what crosses each link to every other leader; it is counted per
-directed link. With a link table, the exchange then waits until it has lasted as long as the
-links would have needed for those bytes (`LinkTable.exchange_time`), so one machine behaves
-like clusters in several datacenters.
+`packet_to_bytes`, and all leaders all-gather the messages over their own gloo group. Gloo's
+all-gather is a ring of n-1 rounds over blocks padded to the longest message, so each ring edge
+(`ring_edges`) carries n-1 such blocks and no other link carries any: that is what is counted
+per directed link, and what the interface counters of a real WAN show. With a link table, the
+exchange then waits until it has lasted as long as the links would have needed
+(`LinkTable.allgather_time`), so one machine behaves like clusters in several datacenters.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from training.compression import Compressor, packet_from_bytes, packet_to_bytes
-from training.wan import LinkTable
+from training.wan import LinkTable, ring_edges
 
 _HEADER = struct.Struct("<I")
 
@@ -121,12 +122,10 @@ class LeaderExchange:
         compressor.step()
         datas = all_gather_bytes(payload, self.group)
         messages = [decode(c, d, decompressors) for c, d in zip(self.clusters, datas, strict=True)]
-        sent: dict[tuple[str, str], int] = {}
-        for m in messages:
-            for dst in self.clusters:
-                if dst != m.cluster:
-                    sent[(m.cluster, dst)] = m.nbytes
-        need = links.exchange_time(sent) if links is not None else 0.0
+        block = max(len(d) for d in datas)
+        rounds = len(self.clusters) - 1
+        sent = {edge: rounds * block for edge in ring_edges(self.clusters)}
+        need = links.allgather_time(self.clusters, block) if links is not None else 0.0
         elapsed = time.perf_counter() - start
         if need > elapsed:  # the emulated WAN: wait out what the links would still need
             time.sleep(need - elapsed)

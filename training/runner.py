@@ -210,6 +210,9 @@ def run(
                             "accuracy": last["accuracy"],
                         }
                     )
+                    by_cluster: dict[str, float] = {}
+                    for c, r in zip(ranks_cluster, results, strict=True):
+                        by_cluster[c] = max(by_cluster.get(c, 0.0), float(r["compute_s"]))
                     if on_progress is not None:
                         on_progress(
                             Progress(
@@ -225,6 +228,7 @@ def run(
                                 compression_ratio=_ratio(wan),
                                 compression=last["compression"],
                                 restarts=restarts,
+                                compute_by_cluster=by_cluster,
                             )
                         )
                 if stopped and last and last.get("accuracy") is None:

@@ -191,6 +191,9 @@ class Progress:
     compression_ratio: float
     compression: str
     restarts: int = 0
+    # compute seconds so far of each cluster's slowest rank (the cost model's calibration
+    # needs each GPU model's own time, not rank 0's)
+    compute_by_cluster: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

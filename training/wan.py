@@ -1,9 +1,11 @@
 """The WAN as a link table, and how long moving bytes over it takes.
 
 Pure code: the exchange (`training/exchange.py`) measures real serialized bytes, asks
-`exchange_time` how long the links would have needed, and waits out the difference. A message
-on a link costs half the round trip (one-way latency) plus its bytes at the link bandwidth;
-links are full duplex and independent, so one exchange lasts as long as its slowest link.
+`allgather_time` how long the links would have needed, and waits out the difference. The model
+is what gloo does on real links (checked against the namespace testbed, `bench/wan.py
+--validate`): its all-gather is a ring, n-1 rounds in which every cluster sends one block to
+the next, each round as slow as its slowest ring edge; a message on an edge costs half the
+round trip (one-way latency) plus its bytes at the link bandwidth, links are full duplex.
 """
 
 from __future__ import annotations
@@ -46,14 +48,17 @@ class LinkTable:
     def get(self, a: str, b: str) -> Link | None:
         return self._links.get(frozenset((a, b)), self.default)
 
-    def exchange_time(self, sent: dict[tuple[str, str], int]) -> float:
-        """Seconds the links need for `sent` ((src, dst) -> bytes), all messages in parallel."""
-        worst = 0.0
-        for (src, dst), nbytes in sent.items():
-            link = self.get(src, dst)
-            if link is not None:
-                worst = max(worst, link.transfer_s(nbytes))
-        return worst
+    def allgather_time(self, clusters: list[str], block: int) -> float:
+        """Seconds gloo's ring all-gather of one `block`-byte block per cluster needs: n-1
+        rounds over the ring edges `ring_edges(clusters)`, after the ring of block sizes that
+        precedes it (latency only). Unlisted edges without a default cost nothing."""
+        links = [self.get(a, b) for a, b in ring_edges(clusters)]
+        shaped = [x for x in links if x is not None]
+        if not shaped:
+            return 0.0
+        rounds = len(clusters) - 1
+        latency = max(x.rtt_s / 2.0 for x in shaped)
+        return rounds * (latency + max(x.transfer_s(block) for x in shaped))
 
     def slowest(self, clusters: list[str]) -> Link | None:
         """The link with the least bandwidth among `clusters` (what bounds a full exchange)."""
@@ -64,6 +69,14 @@ class LinkTable:
             if (link := self.get(a, b)) is not None
         ]
         return min(found, key=lambda x: (x.bandwidth_bps, -x.rtt_s)) if found else None
+
+
+def ring_edges(clusters: list[str]) -> list[tuple[str, str]]:
+    """The directed edges of gloo's ring over `clusters` (rank i sends to rank i+1): the only
+    links an all-gather among them puts bytes on."""
+    if len(clusters) < 2:
+        return []
+    return list(zip(clusters, clusters[1:] + clusters[:1], strict=True))
 
 
 def load_links_file(path: str | Path) -> list[LinkSpec]:

@@ -135,6 +135,8 @@ class Worker:
                 nesterov=spec.outer_momentum > 0,
             )
         self.measured: dict[str, int] = {}
+        self.exchange_s: dict[str, float] = {}  # adaptive: slowest leader's time per level
+        self.last_level: str | None = None
         self.compute_ema = 0.0
         self.last_exchange_s = 0.0
         self.step = 0
@@ -226,20 +228,32 @@ class Worker:
         return total.to(self.device)
 
     def _adapt(self, msgs: list[Message], step: int) -> None:
-        """Pick the next level from what every leader reported (identical on all leaders)."""
+        """Pick the next level from what every leader reported (identical on all leaders).
+
+        Without a link table the bandwidth is inferred from the exchanges themselves: each
+        message says how long its sender's previous exchange took, at the level then in use.
+        The level with the largest messages gives the least biased estimate (latency and
+        waiting on slower leaders weigh least there); inferring from the last exchange alone
+        spiralled down: a small message's time is mostly latency, which reads as a slow link,
+        which picks a smaller message still.
+        """
         level = msgs[0].compression
         self.measured[level] = max(m.nbytes for m in msgs)
+        xs = max(m.info["xs"] for m in msgs)
+        if self.last_level is not None and xs > 0:
+            self.exchange_s[self.last_level] = xs
+        self.last_level = level
         compute = max(m.info["compute"] for m in msgs)
+        rounds = len(self.clusters) - 1  # gloo's ring all-gather: n-1 blocks per edge
         links = self._links_now(step + 1)
         link = links.slowest(self.clusters) if links is not None else None
-        if link is None:
-            xs = max(m.info["xs"] for m in msgs)
-            if xs > 0:
-                from training.wan import Link
+        if link is None and self.exchange_s:
+            from training.wan import Link
 
-                link = Link(self.measured[level] * 8 / xs, 0.0)
+            bps = max(self.measured[lv] * 8 * rounds / t for lv, t in self.exchange_s.items())
+            link = Link(bps, 0.0)
         self.compression = choose(
-            self.spec.adaptive_levels, self.measured, self.shapes, compute, link
+            self.spec.adaptive_levels, self.measured, self.shapes, compute, link, rounds
         )
 
     def _apply(self, flat: torch.Tensor) -> None:
@@ -451,6 +465,7 @@ class Worker:
                 "anchor": [a.cpu() for a in self.anchor],
                 "compression": self.compression,
                 "measured": self.measured,
+                "exchange_s": self.exchange_s,
                 "compute_ema": self.compute_ema,
             },
         }
@@ -474,6 +489,7 @@ class Worker:
         sync = state["sync"]
         if self.sync.kind == sync["kind"]:
             self.measured = dict(sync["measured"])
+            self.exchange_s = dict(sync.get("exchange_s", {}))
             self.compute_ema = float(sync["compute_ema"])
             if self.sync.kind == "adaptive":
                 self.compression = sync["compression"]

@@ -33,6 +33,20 @@ DEMO_LINKS = [
 QOS_FACTORS = {"guaranteed": 1.4, "standard": 1.0, "spot": 0.35}
 
 
+def price_cluster(admin: Any, name: str, spec: dict[str, Any]) -> None:
+    """A demo cluster's GPU-hour price for every QoS class: its base price x the class factor."""
+    for qos_class, factor in QOS_FACTORS.items():
+        admin.post(
+            "/v1/pricing/gpu",
+            {
+                "cluster": name,
+                "gpu_model": spec["model"],
+                "qos_class": qos_class,
+                "price_per_gpu_hour": round(spec["price"] * factor, 4),
+            },
+        )
+
+
 def demo_job_spec(name: str, steps: int) -> dict[str, Any]:
     """The demo's training job, as a tenant would submit it (also used by bench/controller.py)."""
     return {
@@ -126,16 +140,7 @@ class _Demo:
         for name, spec in DEMO_CLUSTERS.items():
             admin.create_cluster(name, spec["region"])
             self.tokens[name] = admin.create_api_key("agent", name, f"{name} agent")["token"]
-            for qos_class, factor in QOS_FACTORS.items():
-                admin.post(
-                    "/v1/pricing/gpu",
-                    {
-                        "cluster": name,
-                        "gpu_model": spec["model"],
-                        "qos_class": qos_class,
-                        "price_per_gpu_hour": round(spec["price"] * factor, 4),
-                    },
-                )
+            price_cluster(admin, name, spec)
             self._start_agent(name)
         for a, b, values in DEMO_LINKS:
             admin.declare_link(a, b, pinned=True, **values)

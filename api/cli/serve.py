@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import typer
@@ -44,6 +45,13 @@ def serve(
             raise typer.Exit(1) from None
         finally:
             engine.dispose()
+    # cpn's own loggers (controller loop, launcher, lease monitor) at the same level as
+    # uvicorn's; uvicorn keeps its handlers and does not propagate, so nothing doubles
+    level = log_level.upper()
+    logging.basicConfig(
+        level=level if level in logging.getLevelNamesMapping() else logging.DEBUG,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
 
 

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
+from controller.db import make_engine
+from controller.models import StepObservation
 from tests.e2e.world import World, build_world, wait_for
 
 pytestmark = pytest.mark.slow
@@ -58,6 +61,18 @@ def test_submit_runs_to_success_with_events_metrics_and_ledger(shared: World) ->
     metrics = list(world.tenant.paginate(f"/v1/jobs/{job['id']}/metrics"))
     assert metrics and metrics[-1]["step"] == 60 and metrics[-1]["wan_bytes"] > 0
     assert world.gpus_in_use() == 0
+    # calibration data: each placed cluster's compute time, under its own GPU model
+    engine = make_engine(world.plane.env["CPN_DATABASE_URL"])
+    try:
+        with engine.connect() as conn:
+            observed = set(
+                conn.scalars(
+                    select(StepObservation.gpu_model).where(StepObservation.job_id == job["id"])
+                )
+            )
+    finally:
+        engine.dispose()
+    assert observed == {c["gpu_model"] for c in clusters}
     # Ledger = metered usage x prices, recomputed here from the public usage and pricing views.
     usage = world.tenant.get(f"/v1/tenants/{world.tenant_id}/usage")
     ledger = world.tenant.get(f"/v1/tenants/{world.tenant_id}/ledger")

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler import (
+    POOLED,
     Assignment,
     Infeasible,
     Observation,
@@ -234,5 +235,11 @@ def test_calibration_recovers_efficiency_and_changes_estimates() -> None:
     tuned = _feasible(plan(snap, job(8), "time", efficiency=factors))
     # default efficiency 0.4 -> 0.3: compute-bound step 4/3 as long
     assert tuned.estimate.compute_s == pytest.approx(base.estimate.compute_s * 0.4 / 0.3)
+    # a GPU model not observed yet takes the pooled fit, not the datasheet prior
+    assert factors[POOLED] == pytest.approx(0.3)
+    other = Snapshot((cluster("h", 8, gpu_model="H100", efficiency=None),))
+    h_base = _feasible(plan(other, job(8), "time"))
+    h_tuned = _feasible(plan(other, job(8), "time", efficiency=factors))
+    assert h_tuned.estimate.compute_s == pytest.approx(h_base.estimate.compute_s * 0.4 / 0.3)
     with pytest.raises(ValueError, match="observation"):
         calibrate([Observation("nope", 1, 1e12, 1.0)])

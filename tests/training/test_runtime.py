@@ -39,7 +39,11 @@ def test_every_step_uncompressed_equals_single_process_full_batch(tmp_path: Path
         )
     )
     assert report.steps == steps and report.restarts == 0
-    assert set(report.wan_bytes) == {f"{x}->{y}" for x in "abc" for y in "abc" if x != y}
+    # gloo's ring all-gather puts bytes on the ring's edges only, two blocks each per step
+    assert set(report.wan_bytes) == {"a->b", "b->c", "c->a"}
+    nbytes = 4 * sum(t.numel() for t in training.tasks.load_task(MLP).model().parameters())
+    for sent in report.wan_bytes.values():
+        assert steps * 2 * nbytes <= sent <= steps * 2 * (nbytes + 4096)
     step, got = final_params(str(tmp_path / "ck"))
     assert step == steps
     _assert_close(got, full_batch_reference(MLP, steps))

@@ -13,7 +13,7 @@ from training.checkpoint import DirectoryStore, open_store
 from training.data import batch_indices, shard, shard_sizes
 from training.placement import cluster_resource
 from training.spec import SyncMode, TrainSpec, parse_clusters, parse_sync
-from training.wan import Link, LinkTable, load_links_file
+from training.wan import Link, LinkTable, load_links_file, ring_edges
 
 
 def test_shards_cover_the_global_batch_exactly() -> None:
@@ -55,16 +55,23 @@ def test_parsers_name_the_fix() -> None:
         TrainSpec(links=[__import__("training").LinkSpec("a", "zz", 10, 1)]).validate()
 
 
-def test_link_table_exchange_time_is_the_slowest_link() -> None:
+def test_link_table_allgather_time_is_gloos_ring() -> None:
     from training.spec import LinkSpec
 
     table = LinkTable.build([LinkSpec("a", "b", 8.0, 20.0)], mbps=80.0, rtt_ms=10.0)
     assert table is not None
-    # a->b: 10 ms one way + 1e6 B at 8 Mbit/s = 1.01 s; a->c at the 80 Mbit/s default: 0.105 s
-    t = table.exchange_time({("a", "b"): 1_000_000, ("a", "c"): 1_000_000})
-    assert t == pytest.approx(0.01 + 1.0)
+    assert ring_edges(["a", "b", "c"]) == [("a", "b"), ("b", "c"), ("c", "a")]
+    assert ring_edges(["a"]) == []
+    # a->b: 10 ms one way + 1e6 B at 8 Mbit/s = 1.01 s; b->c, c->a at the 80 Mbit/s default:
+    # 0.105 s. Two rounds, each as slow as a->b, each after a 10 ms round of block sizes.
+    t = table.allgather_time(["a", "b", "c"], 1_000_000)
+    assert t == pytest.approx(2 * (0.01 + 0.01 + 1.0))
+    # two clusters on the default link: one round of sizes (5 ms), one of the block
+    assert table.allgather_time(["a", "c"], 1_000_000) == pytest.approx(0.005 + 0.105)
     assert table.slowest(["a", "b", "c"]) == Link(8e6, 0.02)
     assert LinkTable.build([], None, None) is None
+    only_ab = LinkTable.build([LinkSpec("a", "b", 8.0, 20.0)])
+    assert only_ab is not None and only_ab.allgather_time(["c", "d"], 10**6) == 0.0
 
 
 def test_links_file(tmp_path: Path) -> None:
@@ -102,6 +109,8 @@ def test_adaptive_picks_lightest_level_that_hides_under_compute() -> None:
     assert choose(levels, {}, shapes, compute_s=0.1, link=slow) == "int8"
     assert choose(levels, {}, shapes, compute_s=0.05, link=slow) == "topk:0.01"
     assert choose(levels, {}, shapes, compute_s=0.2, link=slow) == "bf16"  # RTT not counted
+    # three clusters: each block crosses the slowest ring edge twice (bf16 0.32 s > 0.2 s)
+    assert choose(levels, {}, shapes, compute_s=0.2, link=slow, rounds=2) == "int8"
     assert choose(levels, {}, shapes, compute_s=0.001, link=slow) == "topk:0.01"
     # a measured size beats the estimate
     assert choose(levels, {"int8": 4_000_000}, shapes, compute_s=0.1, link=slow) == "topk:0.01"
