@@ -3,6 +3,11 @@
 RTT is the median of a few pings on a warm connection. Throughput comes from one bounded
 blob transfer: its bytes over its duration minus one RTT (the request's trip out and the
 first byte's trip back carry no payload). Loss is the fraction of probes that failed.
+
+What an agent reports is filtered over its last few measurements of a link, as BBR filters
+its path model: the largest bandwidth and the smallest RTT. Anything sharing the path while
+a probe runs (another agent's probe, a job's traffic) can only lower the throughput it sees
+and raise the delay, never the other way, so one unlucky probe must not become the link.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -22,6 +28,18 @@ log = logging.getLogger(__name__)
 
 MAX_GBPS = 100_000.0  # LinkMeasurement's upper bound
 MIN_GBPS = 1e-9
+WINDOW = 3  # measurements of a link the report is filtered over
+
+
+def windowed(recent: Iterable[LinkMeasurement]) -> LinkMeasurement:
+    """The newest measurement with the window's largest bandwidth and smallest RTT."""
+    window = list(recent)
+    return window[-1].model_copy(
+        update={
+            "bandwidth_gbps": max(m.bandwidth_gbps for m in window),
+            "rtt_ms": min(m.rtt_ms for m in window),
+        }
+    )
 
 
 def throughput_gbps(nbytes: int, elapsed_s: float, rtt_s: float) -> float:
@@ -63,6 +81,7 @@ class LinkProber:
         self.timeout_s = timeout_s
         self.blob_timeout_s = blob_timeout_s
         self._clock = clock
+        self._recent: dict[tuple[str, str], deque[LinkMeasurement]] = {}
 
     def measure(self, peer: PeerProbe, probe_bytes: int) -> LinkMeasurement | None:
         """The link to `peer`, or None when it is unreachable (logged)."""
@@ -178,12 +197,21 @@ class LinkProber:
                 log.exception("peer %s: measurement failed unexpectedly", peer.cluster)
                 continue
             if m is not None:
+                # keyed by the URL too: a peer that moved starts a fresh window
+                key = (peer.cluster, peer.probe_url)
+                recent = self._recent.setdefault(key, deque(maxlen=WINDOW))
+                recent.append(m)
+                report = windowed(recent)
                 log.info(
-                    "link to %s: %.3f Gbit/s, rtt %.2f ms, loss %.2f",
+                    "link to %s: %.3f Gbit/s, rtt %.2f ms, loss %.2f (reported: %.3f Gbit/s, "
+                    "rtt %.2f ms, best of the last %d)",
                     m.dst,
                     m.bandwidth_gbps,
                     m.rtt_ms,
                     m.loss,
+                    report.bandwidth_gbps,
+                    report.rtt_ms,
+                    len(recent),
                 )
-                out.append(m)
+                out.append(report)
         return out

@@ -4,14 +4,15 @@ import json
 import socket
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
-from agents.links import LinkProber, throughput_gbps
+from agents.links import WINDOW, LinkProber, throughput_gbps, windowed
 from agents.probe_server import ProbeServer, default_probe_url
-from agents.protocol import PROBE_MAX_BYTES, PeerProbe
+from agents.protocol import PROBE_MAX_BYTES, LinkMeasurement, PeerProbe
 
 
 @pytest.fixture
@@ -196,3 +197,27 @@ def test_blob_transfers_are_bounded_in_number(probe_servers):
             break
         time.sleep(0.05)
     assert httpx.get(f"{base}/probe/blob?bytes=10").status_code == 200
+
+
+def test_reports_are_the_best_of_the_last_few_measurements(probe_servers):
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    ms = [
+        LinkMeasurement(
+            dst="b",
+            bandwidth_gbps=bw,
+            rtt_ms=rtt,
+            loss=loss,
+            bytes_transferred=1,
+            measured_at=t0 + timedelta(seconds=i),
+        )
+        for i, (bw, rtt, loss) in enumerate([(1.0, 5.0, 0.0), (0.4, 9.0, 0.1), (0.8, 7.0, 0.2)])
+    ]
+    # a probe that shared the path saw less bandwidth and more delay; the newest loss stands
+    got = windowed(ms)
+    assert (got.bandwidth_gbps, got.rtt_ms, got.loss) == (1.0, 5.0, 0.2)
+    assert got.measured_at == ms[-1].measured_at
+    # through measure_all: while the window fills, the reported bandwidth never falls
+    peer = PeerProbe(cluster="b", probe_url=url(probe_servers()))
+    prober = LinkProber(pings=1)
+    reports = [prober.measure_all([peer], 200_000)[0].bandwidth_gbps for _ in range(WINDOW)]
+    assert reports == sorted(reports)
