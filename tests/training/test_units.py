@@ -116,3 +116,23 @@ def test_adaptive_picks_lightest_level_that_hides_under_compute() -> None:
     assert choose(levels, {"int8": 4_000_000}, shapes, compute_s=0.1, link=slow) == "topk:0.01"
     assert estimate_bytes("powersgd:4", [(100, 50)]) == 4 * 4 * 150 + 16
     assert choose(levels, {}, shapes, compute_s=0.1, link=None) == "none"
+
+
+def test_mnist1d_is_generated_once_and_a_bad_cache_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.tasks import _mnist1d
+
+    generate = _mnist1d.__wrapped__
+    monkeypatch.setenv("CPN_CACHE_DIR", str(tmp_path))
+    fresh = generate(7)
+    (cached,) = tmp_path.glob("mnist1d-*-seed7.pt")
+    assert all(torch.equal(a, b) for a, b in zip(fresh, generate(7), strict=True))
+    assert len(fresh[0]) > 1000 and fresh[0].shape[1] == 40
+    marked = (fresh[0] + 1, *fresh[1:])
+    torch.save(marked, cached)
+    assert torch.equal(generate(7)[0], marked[0])  # read from the file, not regenerated
+    cached.write_bytes(b"half a file")
+    assert all(torch.equal(a, b) for a, b in zip(fresh, generate(7), strict=True))
+    assert torch.load(cached, weights_only=True)[0].shape == fresh[0].shape
+    assert not list(tmp_path.glob("*.tmp"))
