@@ -13,10 +13,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal, TypeVar
 
 import httpx
 import yaml
@@ -24,6 +24,28 @@ import yaml
 CPN = [sys.executable, "-m", "api.cli"]
 LISTENING = re.compile(r"Uvicorn running on (http://\S+)")
 """What uvicorn prints once it listens; group 1 is the URL."""
+
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T | Literal[False] | None],
+    timeout: float,
+    what: str,
+    every: float = 0.1,
+) -> T:
+    """Poll `predicate` until it returns something truthy, and return that; TimeoutError naming
+    `what` and the last value otherwise. How the demo, benchmarks and tests wait on the real
+    processes they start."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+        time.sleep(every)
 
 
 class ProcessError(RuntimeError):

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from api.cli.demo import demo_job_spec
+from api.processes import wait_until
 
 ADMIN_TOKEN = "cpn_admin_bench-" + uuid.uuid4().hex
 PG_SERVER = os.environ.get(
@@ -113,15 +114,6 @@ class JobTiming:
     accuracy: float
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-
-
 def demo_jobs(backend: str, workdir: Path, steps: int, n_jobs: int) -> list[JobTiming]:
     from api.cli.demo import DEMO_CLUSTERS, DEMO_LINKS, price_cluster
     from api.client import Client
@@ -151,10 +143,11 @@ def demo_jobs(backend: str, workdir: Path, steps: int, n_jobs: int) -> list[JobT
                     agents.append(start_agent(name, plane.url, token, inventory))
                 for a, b, values in DEMO_LINKS:
                     admin.declare_link(a, b, pinned=True, **values)
-                _wait(
+                wait_until(
                     lambda: all(c["state"] == "READY" and c["gpus"] for c in admin.clusters()),
                     120,
                     "clusters READY",
+                    every=0.2,
                 )
                 tenant_id = admin.post("/v1/tenants", {"name": "bench"})["id"]
                 tenant_token = admin.create_api_key("tenant", tenant_id)["token"]
@@ -172,10 +165,11 @@ def demo_jobs(backend: str, workdir: Path, steps: int, n_jobs: int) -> list[JobT
 
 
 def _follow(tenant: Any, job_id: str, backend: str, label: str) -> JobTiming:
-    done = _wait(
+    done = wait_until(
         lambda: (j := tenant.job(job_id))["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") and j,
         600,
         f"job {job_id} to finish",
+        every=0.2,
     )
     events = list(tenant.paginate(f"/v1/jobs/{job_id}/events"))
     if done["state"] != "SUCCEEDED":

@@ -23,25 +23,16 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from api.processes import wait_until
 
 RESULTS = Path(__file__).parent / "results"
 # NAME:MBIT:GPUS, the demo's three clusters on uplinks of different speeds
 DEFAULT_DCS = "us-east:200:4,eu-west:100:2,ap-south:50:4"
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise TimeoutError(f"{what}: not within {timeout:g} s")
 
 
 def shaped_mbit(dcs: list[dict[str, Any]], src: str, dst: str) -> float:
@@ -119,17 +110,20 @@ def drive(a: argparse.Namespace) -> None:
 
             first = {
                 (x["src"], x["dst"]): x["measured_at"]
-                for x in _wait("clusters READY and links measured", links_measured, a.timeout)
+                for x in wait_until(
+                    links_measured, a.timeout, "clusters READY and links measured", every=0.5
+                )
             }
             # a second round of probes: a pair first measured while another agent's probe
             # shared its uplink has now been measured again
-            _wait(
-                "a second round of link probes",
+            wait_until(
                 lambda: all(
                     x["measured_at"] != first.get((x["src"], x["dst"]))
                     for x in admin.links("measured")
                 ),
                 a.timeout,
+                "a second round of link probes",
+                every=0.5,
             )
             out["links"] = [
                 {
@@ -166,10 +160,10 @@ def run_job(
     before = bed.uplink_bytes()
     spec = job_spec(f"wan-serve-{n}", a.steps)
     job = client.submit({**spec, "gpus": a.gpus or spec["gpus"]})
-    done = _wait(
-        f"job {n}",
+    done = wait_until(
         lambda: (j := client.job(job["id"]))["state"] in TERMINAL and j,
         a.timeout,
+        f"job {n}",
         every=1.0,
     )
     after = bed.uplink_bytes()

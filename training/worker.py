@@ -231,9 +231,10 @@ class Worker:
         """Pick the next level from what every leader reported (identical on all leaders).
 
         Without a link table the bandwidth is inferred from the exchanges themselves: each
-        message says how long its sender's previous exchange took, at the level then in use.
-        The level with the largest messages gives the least biased estimate (latency and
-        waiting on slower leaders weigh least there); inferring from the last exchange alone
+        message says how long its sender's previous exchange took, at the level then in use,
+        and the largest bandwidth any level's exchange implied is taken: latency and waiting
+        on slower leaders only ever lower it (they weigh least on the level with the largest
+        messages, which usually sets it). Inferring from the last exchange alone
         spiralled down: a small message's time is mostly latency, which reads as a slow link,
         which picks a smaller message still.
         """

@@ -376,16 +376,15 @@ class _Demo:
         self.console.print(f"plot saved to [bold]{out}[/]")
 
     def _wait(self, predicate: Any, what: str) -> Any:
-        from api.processes import ProcessError
+        from api.processes import ProcessError, wait_until
 
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.3)
-        tails = "\n".join(a.tail(5) for a in self.agents.values()) + "\n" + self.plane.proc.tail(10)
-        raise ProcessError(f"timed out waiting for {what}:\n{tails}")
+        try:
+            return wait_until(predicate, self.timeout, what, every=0.3)
+        except TimeoutError:
+            tails = "\n".join(a.tail(5) for a in self.agents.values())
+            raise ProcessError(
+                f"timed out waiting for {what}:\n{tails}\n{self.plane.proc.tail(10)}"
+            ) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from api.client import ApiError, Client
+from api.processes import wait_until
 from tests.conftest import LiveServer, start_server, stop_server
 
 INTERVAL, GRACE = 0.4, 1.6
@@ -32,16 +33,6 @@ def _agent(live: LiveServer, name: str) -> Client:
         admin.create_cluster(name, "r1")
         token = admin.create_api_key("agent", name)["token"]
     return live.client(token)
-
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_heartbeat_syncs_gpus_and_lists_peers(live_server: LiveServer) -> None:
@@ -123,9 +114,9 @@ def test_lease_goes_suspect_down_and_back(fast_lease_server: LiveServer) -> None
     with live.client() as admin:
         state = lambda: admin.get("/v1/clusters/a")["state"]  # noqa: E731
         assert state() == "READY"
-        wait_for(lambda: state() == "SUSPECT", what="SUSPECT")
+        wait_until(lambda: state() == "SUSPECT", 10, "SUSPECT")
         assert time.monotonic() - silent_from >= INTERVAL  # not before a beat was missed
-        wait_for(lambda: state() == "DOWN", what="DOWN")
+        wait_until(lambda: state() == "DOWN", 10, "DOWN")
         assert time.monotonic() - silent_from >= GRACE
         a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": []})
         assert state() == "READY"

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from api.client import Client
-from api.processes import ControlPlane, Proc, start_agent, start_control_plane, write_inventory
+from api.processes import (
+    ControlPlane,
+    Proc,
+    start_agent,
+    start_control_plane,
+    wait_until,
+    write_inventory,
+)
 
 INTERVAL, GRACE = 0.5, 3.0
 CLUSTERS = {
@@ -19,17 +26,6 @@ CLUSTERS = {
     "eu-west": [{"model": "H100-80GB", "memory_gib": 80, "count": 4}],
     "ap-south": [{"model": "L4", "memory_gib": 24, "count": 16, "allocatable": 12}],
 }
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture
@@ -71,7 +67,7 @@ def test_three_agents_ready_then_one_killed_goes_suspect_down_and_back(
         def states() -> dict[str, str]:
             return {c["name"]: c["state"] for c in admin.clusters()}
 
-        wait_for(lambda: set(states().values()) == {"READY"}, 30, "all clusters READY")
+        wait_until(lambda: set(states().values()) == {"READY"}, 30, "all clusters READY")
         by_name = {c["name"]: c for c in admin.clusters()}
         assert by_name["ap-south"]["gpus"][0]["allocatable"] == 12
         assert sum(g["count"] for c in by_name.values() for g in c["gpus"]) == 28
@@ -80,7 +76,7 @@ def test_three_agents_ready_then_one_killed_goes_suspect_down_and_back(
             links = admin.links("measured")
             return links if len(links) == 6 else []
 
-        links = wait_for(measured, 30, "6 measured links (full mesh)")
+        links = wait_until(measured, 30, "6 measured links (full mesh)")
         assert all(k["bandwidth_gbps"] > 0 and k["rtt_ms"] > 0 for k in links)
         # The declared price carries over to the measured link of the same pair.
         ue = next(k for k in links if (k["src"], k["dst"]) == ("us-east", "eu-west"))
@@ -88,13 +84,13 @@ def test_three_agents_ready_then_one_killed_goes_suspect_down_and_back(
 
         agents["eu-west"].kill(signal.SIGKILL)
         killed_at = time.monotonic()
-        wait_for(lambda: states()["eu-west"] == "SUSPECT", GRACE + 5, "eu-west SUSPECT")
-        wait_for(lambda: states()["eu-west"] == "DOWN", GRACE + 10, "eu-west DOWN")
+        wait_until(lambda: states()["eu-west"] == "SUSPECT", GRACE + 5, "eu-west SUSPECT")
+        wait_until(lambda: states()["eu-west"] == "DOWN", GRACE + 10, "eu-west DOWN")
         assert time.monotonic() - killed_at >= GRACE - INTERVAL  # not before the lease ran out
         assert states()["us-east"] == "READY" and states()["ap-south"] == "READY"
 
         agents["eu-west"] = launch("eu-west")
-        wait_for(lambda: states()["eu-west"] == "READY", 30, "eu-west READY again")
+        wait_until(lambda: states()["eu-west"] == "READY", 30, "eu-west READY again")
         moves = [
             (t["from_state"], t["to_state"])
             for t in admin.get("/v1/clusters/eu-west/transitions")["items"]

@@ -176,8 +176,8 @@ def test_two_replicas_never_overcommit(pg_server_url: str, tmp_path: Path) -> No
         assert sum(sum(c["gpus"] for c in j["placement"]["clusters"]) for j in placed) <= 100
 
         # Free the capacity: cancelling the placed jobs lets the waiting ones in.
-        for j in placed:
-            admin.post(f"/v1/jobs/{j['id']}/cancel")
+        for job in placed:
+            admin.post(f"/v1/jobs/{job['id']}/cancel")
         jobs = wait_for(quiet, 120, "the waiting jobs placed after cancellations")
         assert any(j["state"] == "SCHEDULED" for j in jobs)
         watcher.stop.set()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from api.client import Client
 from api.processes import ControlPlane, Proc, start_agent, start_control_plane, write_inventory
+from api.processes import wait_until as wait_for
 
 CLUSTERS: dict[str, dict[str, Any]] = {
     "us-east": {"model": "A100", "count": 2, "price": 2.5},
@@ -29,17 +28,6 @@ FAST = {
     "CPN_REPLICA_TTL_S": "3",
     "CPN_RAY_NUM_CPUS": "2",
 }
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 @dataclass
