@@ -156,19 +156,25 @@ def cancel_job(
     return _job_out(job, response)
 
 
-def _events_after(request: Request, job_id: str, after: int) -> list[dict[str, Any]]:
+_SSE_BATCH = 500
+
+
+def _events_after(request: Request, job_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
+    """Events after `after`, and whether they are the last: the job has ended and all are sent.
+
+    The state is read before the events: the final transition commits its event together with
+    the state, so a job seen ended here has every event visible to the read that follows.
+    Reading them the other way round could end the stream before its last event."""
     with request.app.state.sessions() as session:
+        state = session.scalar(select(Job.state).where(Job.id == job_id))
         rows = session.scalars(
             select(JobEvent)
             .where(JobEvent.job_id == job_id, JobEvent.id > after)
             .order_by(JobEvent.id)
-            .limit(500)
+            .limit(_SSE_BATCH)
         ).all()
-        state = session.scalar(select(Job.state).where(Job.id == job_id))
         out = [JobEventOut.model_validate(e).model_dump(mode="json") for e in rows]
-    if state in lifecycle.TERMINAL:
-        out.append({"_end": True})
-    return out
+    return out, state in lifecycle.TERMINAL and len(rows) < _SSE_BATCH
 
 
 @router.get(
@@ -209,15 +215,11 @@ def job_events(
 async def _sse(request: Request, job_id: str, after: int) -> AsyncIterator[str]:
     """Poll the events table and forward new rows; end once the job has ended and all is sent."""
     while not await request.is_disconnected():
-        batch = await run_in_threadpool(_events_after, request, job_id, after)
-        ended = False
+        batch, last = await run_in_threadpool(_events_after, request, job_id, after)
         for event in batch:
-            if event.get("_end"):
-                ended = True
-                continue
             after = event["id"]
             yield f"id: {after}\nevent: {event['kind']}\ndata: {json.dumps(event)}\n\n"
-        if ended and len(batch) <= 500:
+        if last:
             yield "event: end\ndata: {}\n\n"
             return
         if not batch:

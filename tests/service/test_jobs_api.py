@@ -5,12 +5,18 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event as sa_event
 
 from api.client import ApiError
-from tests.service.conftest import Network, spec
+from controller.db import make_engine, make_sessionmaker
+from controller.lifecycle import transition
+from controller.models import Job
+from tests.conftest import start_server, stop_server
+from tests.service.conftest import Network, build_network, spec
 
 
 def test_quote_then_submit_holds_the_price(network: Network) -> None:
@@ -119,6 +125,41 @@ def test_cancel_records_events_and_streams(network: Network) -> None:
         body = "".join(r.iter_text())
     assert '"to_state": "PENDING"' in body and '"to_state": "CANCELLED"' in body
     assert body.rstrip().endswith("data: {}")
+
+
+def test_stream_never_ends_before_the_final_event(db_url: str) -> None:
+    """The job ends between the stream's reads of its events and of its state.
+
+    The server's own engine commits the final transition right after the stream's events query
+    runs (an SQLAlchemy hook on the real database, nothing faked): a stream that read the
+    events before the state would see the job ended and close without its last event."""
+    live, server, thread = start_server(database_url=db_url, run_controller=False)
+    net = build_network(live)
+    job = net.tenant.post("/v1/jobs", spec())
+    engine = server.config.app.state.engine  # type: ignore[attr-defined]
+    writer = make_engine(db_url)
+    ended: list[bool] = []
+
+    def end_job_after_events_read(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if ended or "FROM job_events" not in statement or "job_events.id >" not in statement:
+            return
+        ended.append(True)
+        with make_sessionmaker(writer)() as s, s.begin():
+            row = s.get(Job, job["id"])
+            assert row is not None
+            transition(s, row, "CANCELLED", "ended mid-poll")
+
+    sa_event.listen(engine, "after_cursor_execute", end_job_after_events_read)
+    try:
+        states = [e["to_state"] for e in net.tenant.events(job["id"]) if e["kind"] == "state"]
+    finally:
+        sa_event.remove(engine, "after_cursor_execute", end_job_after_events_read)
+        writer.dispose()
+        for c in (net.admin, net.tenant, net.other):
+            c.close()
+        stop_server(server, thread)
+    assert ended, "the hook never ran: the stream no longer reads events this way"
+    assert states == ["PENDING", "CANCELLED"]
 
 
 def test_bad_specs_name_every_field(network: Network) -> None:
