@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import event as sa_event
+from sqlalchemy.engine import Engine
 
 from api.client import ApiError
 from controller.db import make_engine, make_sessionmaker
 from controller.lifecycle import transition
 from controller.models import Job
-from tests.conftest import start_server, stop_server
-from tests.service.conftest import Network, build_network, spec
+from tests.service.conftest import Network, spec
 
 
 def test_quote_then_submit_holds_the_price(network: Network) -> None:
@@ -127,17 +127,14 @@ def test_cancel_records_events_and_streams(network: Network) -> None:
     assert body.rstrip().endswith("data: {}")
 
 
-def test_stream_never_ends_before_the_final_event(db_url: str) -> None:
+def test_stream_never_ends_before_the_final_event(network: Network) -> None:
     """The job ends between the stream's reads of its events and of its state.
 
-    The server's own engine commits the final transition right after the stream's events query
-    runs (an SQLAlchemy hook on the real database, nothing faked): a stream that read the
-    events before the state would see the job ended and close without its last event."""
-    live, server, thread = start_server(database_url=db_url, run_controller=False)
-    net = build_network(live)
-    job = net.tenant.post("/v1/jobs", spec())
-    engine = server.config.app.state.engine  # type: ignore[attr-defined]
-    writer = make_engine(db_url)
+    The final transition is committed right after the stream's events query runs (an
+    SQLAlchemy hook on the real database, nothing faked): a stream that read the events before
+    the state would see the job ended and close without its last event."""
+    job = network.tenant.post("/v1/jobs", spec())
+    writer = make_engine(network.server.database_url)
     ended: list[bool] = []
 
     def end_job_after_events_read(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
@@ -149,15 +146,13 @@ def test_stream_never_ends_before_the_final_event(db_url: str) -> None:
             assert row is not None
             transition(s, row, "CANCELLED", "ended mid-poll")
 
-    sa_event.listen(engine, "after_cursor_execute", end_job_after_events_read)
+    # Every engine: the server's is the one that runs the stream's query.
+    sa_event.listen(Engine, "after_cursor_execute", end_job_after_events_read)
     try:
-        states = [e["to_state"] for e in net.tenant.events(job["id"]) if e["kind"] == "state"]
+        states = [e["to_state"] for e in network.tenant.events(job["id"]) if e["kind"] == "state"]
     finally:
-        sa_event.remove(engine, "after_cursor_execute", end_job_after_events_read)
+        sa_event.remove(Engine, "after_cursor_execute", end_job_after_events_read)
         writer.dispose()
-        for c in (net.admin, net.tenant, net.other):
-            c.close()
-        stop_server(server, thread)
     assert ended, "the hook never ran: the stream no longer reads events this way"
     assert states == ["PENDING", "CANCELLED"]
 
