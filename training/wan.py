@@ -50,8 +50,9 @@ class LinkTable:
 
     def allgather_time(self, clusters: list[str], block: int) -> float:
         """Seconds gloo's ring all-gather of one `block`-byte block per cluster needs: n-1
-        rounds over the ring edges `ring_edges(clusters)`, after the ring of block sizes that
-        precedes it (latency only). Unlisted edges without a default cost nothing."""
+        rounds over the ring edges `ring_edges(clusters)`. The all-gather of block sizes
+        before it (8 bytes a cluster, latency only) is not charged. Unlisted edges without a
+        default cost nothing."""
         links = [self.get(a, b) for a, b in ring_edges(clusters)]
         shaped = [x for x in links if x is not None]
         if not shaped:
