@@ -1,8 +1,7 @@
 """Modelled gradient compressors and sync modes: bytes on the WAN versus extra work and steps.
 
-The spec strings are the ones the training runtime parses ("none", "fp16", "bf16", "int8",
-"topk:<density>", "powersgd:<rank>", "sign"; "every-step", "local-sgd:<H>", "stale:<s>"), so a
-plan can be handed to a run unchanged.
+Values are parsed by `grammar`, the same parser the API, the CLI and the training runtime use,
+so every value a job may carry has a model here and a plan can be handed to a run unchanged.
 
 Every figure below is a *model*, not a measurement:
 
@@ -15,17 +14,29 @@ Every figure below is a *model*, not a measurement:
   Bernstein et al. 2018 (signSGD) and Douillard et al. 2023 (DiLoCo). Without this factor the
   planner would always pick the most aggressive compressor; with it, it picks the least
   compression that hides the WAN under compute.
-- `allreducible`: the payload can be summed chunk-wise in a ring (dense formats, PowerSGD's
-  P/Q factors). Sparse top-k and sign payloads cannot, so they are all-gathered instead.
+- `allreducible`: the runtime all-reduces it through a ring of compressed chunks (dense
+  formats, int8/int4/int2 and top-k without momentum correction: each hop re-compresses a
+  partial sum with error feedback). PowerSGD, top-k with DGC momentum and sign payloads are
+  all-gathered instead, so their bytes per cluster grow with the number of clusters.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
-SYNC_KINDS = ("every-step", "local-sgd", "stale")
+from grammar import (
+    COMPRESSION_HELP as _C_HELP,
+)
+from grammar import (
+    SYNC_HELP,
+    Compression,
+    CompressionKind,
+    Sync,
+    SyncKind,
+    parse_compression,
+    parse_sync,
+)
 
 # Candidates the planner tries for compression="auto" / sync="auto" (in this order, so ties
 # resolve to the earlier, milder choice).
@@ -44,12 +55,6 @@ AUTO_SYNCS: tuple[str, ...] = ("every-step", "stale:1", "local-sgd:8", "local-sg
 # d = sqrt(params / POWERSGD_ASSUMED_MATRICES), i.e. a network of at least this many weight
 # matrices (a 12-layer transformer has 6 per layer), with d clamped to [16, 16384].
 POWERSGD_ASSUMED_MATRICES = 64
-
-_HELP_COMPRESSION = (
-    'use "none", "fp16", "bf16", "int8", "topk:<density in (0,1]>", "powersgd:<rank >= 1>", '
-    '"sign" or "auto"'
-)
-_HELP_SYNC = 'use "every-step", "local-sgd:<H >= 1>", "stale:<s >= 0>" or "auto"'
 
 
 @dataclass(frozen=True)
@@ -89,78 +94,79 @@ def _powersgd_ratio(rank: int, params: int, layer_shapes: tuple[tuple[int, int],
 
 
 def compressor_model(
-    spec: str, params: int = 1, layer_shapes: tuple[tuple[int, int], ...] = ()
+    spec: str | Compression, params: int = 1, layer_shapes: tuple[tuple[int, int], ...] = ()
 ) -> CompressorModel:
-    """Parse a compression spec into its model; ValueError names the fix."""
-    s = spec.strip().lower()
-    if s == "none":
-        return CompressorModel("none", 1.0, 0.0, 1.0, True)
-    if s in ("fp16", "bf16"):
-        return CompressorModel(s, 0.5, 2.0, 1.0, True)
-    if s == "int8":
-        # one fp32 scale per 1024-element chunk
-        return CompressorModel("int8", 0.25 + 1.0 / 1024, 4.0, 1.01, False)
-    if s == "sign":
+    """The model of a concrete compression value; ValueError (from `grammar`) names the fix."""
+    c = parse_compression(spec)
+    name = str(c)
+    if c.kind is CompressionKind.AUTO:
+        raise ValueError(f"compression 'auto' has no model: the planner replaces it; {_C_HELP}")
+    if c.kind is CompressionKind.NONE:
+        return CompressorModel(name, 1.0, 0.0, 1.0, True)
+    if c.kind in (CompressionKind.FP16, CompressionKind.BF16):
+        return CompressorModel(name, 0.5, 2.0, 1.0, True)
+    if c.kind is CompressionKind.INT8:
+        # one fp32 scale (stochastic) or a min and a step per tensor piece
+        return CompressorModel(name, 0.25 + 1.0 / 1024, 4.0, 1.01, True)
+    if c.kind in (CompressionKind.INT4, CompressionKind.INT2):
+        # 4 or 2 bits a value + one bf16 scale per 128 values; stochastic rounding's noise
+        # costs a few more steps than int8's
+        bits = 4 if c.kind is CompressionKind.INT4 else 2
+        steps = 1.03 if bits == 4 else 1.08
+        return CompressorModel(name, (bits + 16.0 / 128) / 32.0, 6.0, steps, True)
+    if c.kind is CompressionKind.SIGN:
         # 1 bit per element + one fp32 scale per tensor (negligible)
-        return CompressorModel("sign", 1.0 / 32, 4.0, 1.15, False)
-    m = re.fullmatch(r"topk:([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)", s)
-    if m:
-        density = float(m.group(1))
-        if not 0.0 < density <= 1.0:
-            raise ValueError(
-                f"compression {spec!r}: density must be in (0, 1]; {_HELP_COMPRESSION}"
-            )
-        # fp32 value + int32 index per kept element; selection ~ a few passes over the tensor
+        return CompressorModel(name, 1.0 / 32, 4.0, 1.15, False)
+    if c.kind is CompressionKind.TOPK:
+        # a value (4 bytes, 2 in half precision, 4 or 2 bits) + an int32 index per kept
+        # element; selection ~ a few passes over the tensor
+        value_bytes = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int4": 0.5, "int2": 0.25}[c.values]
+        quantized = 0.02 if c.values in ("int4", "int2") else 0.0
         return CompressorModel(
-            f"topk:{m.group(1)}",
-            min(1.0, 2.0 * density),
+            name,
+            min(1.0, (value_bytes + 4.0) / 4.0 * c.density),
             16.0,
-            1.0 + 0.05 * math.log10(1.0 / density),
-            False,
+            1.0 + 0.05 * math.log10(1.0 / c.density) + quantized,
+            c.momentum == 0.0,
         )
-    m = re.fullmatch(r"powersgd:(\d+)", s)
-    if m:
-        rank = int(m.group(1))
-        if rank < 1:
-            raise ValueError(f"compression {spec!r}: rank must be >= 1; {_HELP_COMPRESSION}")
-        # two matmuls M Q and M^T P (2 m n r FLOPs each) + orthogonalisation
-        return CompressorModel(
-            f"powersgd:{rank}",
-            _powersgd_ratio(rank, params, layer_shapes),
-            4.0 * rank + 8.0,
-            1.0 + 0.2 / rank,
-            True,
-        )
-    raise ValueError(f"compression {spec!r} is not understood: {_HELP_COMPRESSION}")
-
-
-def sync_model(spec: str) -> SyncModel:
-    """Parse a sync spec into its model; ValueError names the fix."""
-    s = spec.strip().lower()
-    if s == "every-step":
-        return SyncModel("every-step", "every-step")
-    m = re.fullmatch(r"(local-sgd|stale):(\d+)", s)
-    if not m:
-        raise ValueError(f"sync {spec!r} is not understood: {_HELP_SYNC}")
-    n = int(m.group(2))
-    if m.group(1) == "stale":
-        return SyncModel(f"stale:{n}", "stale", staleness=n, steps_factor=1.0 + 0.02 * n)
-    if n < 1:
-        raise ValueError(f"sync {spec!r}: H must be >= 1; {_HELP_SYNC}")
-    return SyncModel(
-        f"local-sgd:{n}", "local-sgd", period=n, steps_factor=1.0 + 0.02 * math.log2(n)
+    # PowerSGD: two matmuls M Q and M^T P (2 m n r FLOPs each) + orthogonalisation; each
+    # leader's factors are all-gathered (the runtime does not all-reduce P and Q)
+    return CompressorModel(
+        name,
+        _powersgd_ratio(c.rank, params, layer_shapes),
+        4.0 * c.rank + 8.0,
+        1.0 + 0.2 / c.rank,
+        False,
     )
 
 
-def validate_compression(spec: str) -> str:
-    """Return the canonical spec ("auto" allowed); ValueError names the fix."""
-    if spec.strip().lower() == "auto":
-        return "auto"
-    return compressor_model(spec).spec
+def sync_model(spec: str | Sync) -> SyncModel:
+    """The model of a concrete sync value; ValueError (from `grammar`) names the fix.
 
-
-def validate_sync(spec: str) -> str:
-    """Return the canonical spec ("auto" allowed); ValueError names the fix."""
-    if spec.strip().lower() == "auto":
-        return "auto"
-    return sync_model(spec).spec
+    `adaptive` exchanges every step; its compression level moves at run time, so the plan's
+    compression (the one the planner picks) stands for it. `streaming:H:fF:dD` sends the same
+    bytes per H steps as `local-sgd:H` (each fragment once), so it is modelled as local SGD
+    of period H: its overlap of the exchange with compute is not credited (a conservative
+    step time), and its delay costs a little more quality.
+    """
+    s = parse_sync(spec)
+    name = str(s)
+    if s.kind is SyncKind.AUTO:
+        raise ValueError(f"sync 'auto' has no model: the planner replaces it; {SYNC_HELP}")
+    if s.kind is SyncKind.STALE:
+        return SyncModel(
+            name, "stale", staleness=s.staleness, steps_factor=1.0 + 0.02 * s.staleness
+        )
+    if s.kind is SyncKind.LOCAL_SGD:
+        return SyncModel(
+            name, "local-sgd", period=s.period, steps_factor=1.0 + 0.02 * math.log2(s.period)
+        )
+    if s.kind is SyncKind.STREAMING:
+        lag = 0.01 * s.delay / s.period
+        return SyncModel(
+            name,
+            "local-sgd",
+            period=s.period,
+            steps_factor=1.0 + 0.02 * math.log2(s.period) + lag,
+        )
+    return SyncModel(name, "every-step")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
-from scheduler.compression import validate_compression, validate_sync
+from grammar import canonical_compression, canonical_sync
 from scheduler.gpus import peak_tflops
 
 ClusterState = Literal["READY", "SUSPECT", "DOWN"]
@@ -244,8 +244,8 @@ class JobRequest:
                 raise ValueError(
                     "ref_gpu: name a GPU model from the GPU table with step_time_s_ref"
                 )
-        object.__setattr__(self, "compression", validate_compression(self.compression))
-        object.__setattr__(self, "sync", validate_sync(self.sync))
+        object.__setattr__(self, "compression", canonical_compression(self.compression))
+        object.__setattr__(self, "sync", canonical_sync(self.sync))
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from training.placement import cluster_resource
+from training.results import WanBytes
 from training.spec import LinkSpec, Progress, TrainReport, TrainSpec
 
 if TYPE_CHECKING:
     from training.runner import WorkerPool
 
-__all__ = ["LinkSpec", "Progress", "TrainReport", "TrainSpec", "cluster_resource", "run"]
+__all__ = [
+    "LinkSpec",
+    "Progress",
+    "TrainReport",
+    "TrainSpec",
+    "WanBytes",
+    "cluster_resource",
+    "run",
+]
 
 
 def run(

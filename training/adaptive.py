@@ -6,34 +6,35 @@ exchange headers), so all leaders switch to the same level on the same step.
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Sequence
 
+from grammar import CompressionKind, parse_compression
 from training.wan import Link
 
 
 def estimate_bytes(level: str, shapes: Sequence[tuple[int, ...]]) -> int:
     """Roughly how many bytes one message of `level` takes for tensors of `shapes`."""
+    c = parse_compression(level)
     total = 0
     for shape in shapes:
-        n = 1
-        for d in shape:
-            n *= d
-        if level in ("none", "fp32"):
-            total += 4 * n
-        elif level in ("fp16", "bf16"):
+        n = math.prod(shape)
+        if c.kind in (CompressionKind.FP16, CompressionKind.BF16):
             total += 2 * n
-        elif level.startswith("int8"):
+        elif c.kind is CompressionKind.INT8:
             total += n + 8
-        elif level == "sign":
+        elif c.kind in (CompressionKind.INT4, CompressionKind.INT2):
+            bits = 4 if c.kind is CompressionKind.INT4 else 2
+            total += math.ceil(n * bits / 8) + 2 * math.ceil(n / 128)
+        elif c.kind is CompressionKind.SIGN:
             total += n // 8 + 8
-        elif m := re.match(r"topk:([0-9.eE-]+)", level):
-            total += max(1, int(float(m.group(1)) * n)) * 6  # value + small index
-        elif m := re.match(r"powersgd:(\d+)", level):
-            r = int(m.group(1))
+        elif c.kind is CompressionKind.TOPK:
+            value = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int4": 0.6, "int2": 0.3}[c.values]
+            total += math.ceil(max(1, int(c.density * n)) * (value + 2))  # value + small index
+        elif c.kind is CompressionKind.POWERSGD:
             if len(shape) >= 2:
                 rows, cols = shape[0], n // shape[0]
-                total += 4 * min(n, r * (rows + cols))
+                total += 4 * min(n, c.rank * (rows + cols))
             else:
                 total += 4 * n
         else:
@@ -48,14 +49,15 @@ def choose(
     shapes: Sequence[tuple[int, ...]],
     compute_s: float,
     link: Link | None,
-    rounds: int = 1,
+    rounds: float = 1,
 ) -> str:
     """The first (least compressed) level whose time on the wire is at most the compute time.
-    A message crosses the slowest link `rounds` times (n-1 in a ring all-gather of n).
+    A message crosses the slowest link `rounds` times (n-1 in a ring all-gather of n; the
+    adaptive sync passes bytes per link already, with rounds=1).
 
     Only the bandwidth part counts: the latency of a synchronous exchange is paid whatever the
     compression, so no level can hide it (local SGD does).
-    `measured` holds real message sizes seen for levels already used (they beat estimates).
+    `measured` holds real sizes seen for levels already used (they beat estimates).
     Without a link (no shaping, no table) the WAN is not the bottleneck: the first level.
     """
     if link is None or not levels:

@@ -1,19 +1,32 @@
 """The compressed exchange between cluster leaders over the (possibly emulated) WAN.
 
-Each leader compresses its cluster's tensors, serialises them into one message with
-`packet_to_bytes`, and all leaders all-gather the messages over their own gloo group. Gloo's
-all-gather is a ring of n-1 rounds over blocks padded to the longest message, so each ring edge
-(`ring_edges`) carries n-1 such blocks and no other link carries any: that is what is counted
-per directed link, and what the interface counters of a real WAN show. With a link table, the
-exchange then waits until it has lasted as long as the links would have needed
-(`LinkTable.allgather_time`), so one machine behaves like clusters in several datacenters.
+Two ways to sum one flat tensor (a gradient, a fragment's pseudo-gradient) over clusters:
+
+- `ring` (compressors with `ring`: none, fp16/bf16, int8, int4/int2, top-k without momentum):
+  a ring all-reduce. The tensor is cut into one chunk per leader; in n-1 reduce-scatter
+  rounds each leader sends one chunk's partial sum (compressed, with error feedback per chunk
+  piece) to the next leader, which adds its own; the leader that ends with a chunk's full sum
+  compresses it once more and n-1 all-gather rounds relay those bytes unchanged around the
+  ring, so every leader decodes the same bits. Each leader sends 2(n-1)/n of one compressed
+  copy per exchange, whatever the number of clusters.
+- `gather` (PowerSGD, top-k with DGC momentum, sign): each leader compresses its whole tensor
+  once into one message and all leaders all-gather the messages (gloo's ring of n-1 rounds
+  over blocks padded to the longest), then sum them in cluster order.
+
+Either way each leader's message carries a little shared information (`info`: compute time,
+the previous exchange's time), and the bytes each directed link carried are counted exactly
+(the same on every leader), which is what the interface counters of a real WAN show. With a
+link table the exchange then waits until it has lasted as long as the links would have
+needed, so one machine behaves like clusters in several datacenters.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from training.compression import Compressor, packet_from_bytes, packet_to_bytes
+from training.results import Edge, ExchangeCounters, WanBytes
 from training.wan import LinkTable, ring_edges
 
 _HEADER = struct.Struct("<I")
@@ -28,31 +42,87 @@ _HEADER = struct.Struct("<I")
 
 @dataclass
 class Message:
-    """What one leader said in one exchange: its tensors plus a little shared information."""
+    """What one leader said in one message: its tensors plus a little shared information."""
 
     cluster: str
     compression: str
     tensors: list[torch.Tensor]
     info: dict[str, float]
     nbytes: int
+    sizes: list[int] = field(default_factory=list)
+    """Ring only: the bytes of the sender's reduce-scatter messages, round by round."""
 
 
 @dataclass
-class ExchangeCounters:
-    """Cumulative totals over a run (all directed links; every leader sees the same sizes)."""
+class Exchanged:
+    """The outcome of one exchange on one leader (the same on every leader)."""
 
-    wan_bytes: dict[str, int] = field(default_factory=dict)
-    raw_bytes: int = 0
-    sent_bytes: int = 0
-    rounds: int = 0
-    wall_s: float = 0.0
-    link_s: float = 0.0  # what the links alone needed (emulated or not)
+    total: torch.Tensor
+    """The sum over clusters, flat float32 on the CPU."""
+    compression: str
+    infos: list[dict[str, float]]
+    """What each leader announced, in cluster order."""
+    edge_bytes: int
+    """The most bytes one directed link carried in this exchange."""
 
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+@dataclass(frozen=True)
+class Piece:
+    """A stretch [lo, hi) of a flat slice that lies inside one parameter.
+
+    `key` names it for the compressor's per-key state: the parameter's name when the piece is
+    the whole parameter (then `shape` is the parameter's shape, which PowerSGD needs), else
+    `name[a:b]` with the piece's place inside the parameter (and a 1-D shape)."""
+
+    key: str
+    lo: int
+    hi: int
+    shape: tuple[int, ...]
+
+
+def param_pieces(
+    names: Sequence[str], shapes: Sequence[torch.Size], offset: int, length: int
+) -> list[Piece]:
+    """The pieces of the flat parameter slice [offset, offset + length), positions relative
+    to the slice."""
+    out: list[Piece] = []
+    start = 0
+    end = offset + length
+    for name, shape in zip(names, shapes, strict=True):
+        numel = shape.numel()
+        lo, hi = max(start, offset), min(start + numel, end)
+        if lo < hi:
+            if lo == start and hi == start + numel:
+                out.append(Piece(name, lo - offset, hi - offset, tuple(shape)))
+            else:
+                key = f"{name}[{lo - start}:{hi - start}]"
+                out.append(Piece(key, lo - offset, hi - offset, (hi - lo,)))
+        start += numel
+    return out
+
+
+def cut(pieces: Sequence[Piece], lo: int, hi: int) -> list[Piece]:
+    """`pieces` restricted to [lo, hi), 1-D, positions relative to `lo`; a whole parameter cut
+    short is keyed `key[a:b]` by its place in the piece."""
+    out: list[Piece] = []
+    for p in pieces:
+        a, b = max(p.lo, lo), min(p.hi, hi)
+        if a < b:
+            whole = a == p.lo and b == p.hi
+            key = p.key if whole else f"{p.key}[{a - p.lo}:{b - p.lo}]"
+            out.append(Piece(key, a - lo, b - lo, (b - a,)))
+    return out
+
+
+def chunk_bounds(length: int, n: int) -> list[tuple[int, int]]:
+    """n contiguous ranges covering [0, length), sizes differing by at most one."""
+    base, extra = divmod(length, n)
+    out, pos = [], 0
+    for i in range(n):
+        size = base + (1 if i < extra else 0)
+        out.append((pos, pos + size))
+        pos += size
+    return out
 
 
 def encode(
@@ -61,12 +131,14 @@ def encode(
     keys: list[str],
     tensors: list[torch.Tensor],
     info: dict[str, float],
+    sizes: list[int] | None = None,
 ) -> bytes:
     """One leader's message: a small JSON header, then each packet's serialised bytes."""
     blobs = [packet_to_bytes(compressor.compress(k, t)) for k, t in zip(keys, tensors, strict=True)]
-    header = json.dumps(
-        {"c": compression, "n": [len(b) for b in blobs], "i": info}, separators=(",", ":")
-    ).encode()
+    head: dict[str, Any] = {"c": compression, "n": [len(b) for b in blobs], "i": info}
+    if sizes is not None:
+        head["r"] = sizes
+    header = json.dumps(head, separators=(",", ":")).encode()
     return _HEADER.pack(len(header)) + header + b"".join(blobs)
 
 
@@ -79,7 +151,7 @@ def decode(cluster: str, data: bytes, decompressors: dict[str, Compressor]) -> M
     for n in header["n"]:
         tensors.append(comp.decompress(packet_from_bytes(data[pos : pos + n])))
         pos += n
-    return Message(cluster, header["c"], tensors, header["i"], len(data))
+    return Message(cluster, header["c"], tensors, header["i"], len(data), header.get("r", []))
 
 
 def all_gather_bytes(payload: bytes, group: Any) -> list[bytes]:
@@ -97,47 +169,166 @@ def all_gather_bytes(payload: bytes, group: Any) -> list[bytes]:
     return [bytes(b[: int(s)].numpy().tobytes()) for b, s in zip(bufs, sizes, strict=True)]
 
 
+def model_digest(model: torch.nn.Module) -> bytes:
+    """SHA-256 of a model's state (names, dtypes, shapes, bytes): equal digests, equal start."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.digest()
+
+
 class LeaderExchange:
-    """Runs on a cluster leader; all leaders call `exchange` in the same order."""
+    """Runs on a cluster leader; all leaders call its exchanges in the same order."""
 
     def __init__(self, clusters: list[str], me: str, group: Any) -> None:
         self.clusters = clusters
         self.me = me
+        self.index = clusters.index(me)
         self.group = group
+        # totals so far; replaced (never mutated) after each exchange, so a reader on another
+        # thread (exchanges in the background) sees a consistent value
         self.counters = ExchangeCounters()
 
-    def exchange(
+    # ------------------------------------------------------------------ all-gather
+
+    def gather(
         self,
         compression: str,
         compressor: Compressor,
         decompressors: dict[str, Compressor],
-        keys: list[str],
-        tensors: list[torch.Tensor],
+        flat: torch.Tensor,
+        pieces: list[Piece],
         info: dict[str, float],
         links: LinkTable | None,
-    ) -> list[Message]:
-        """Send this cluster's tensors, receive every cluster's (in cluster order, self too)."""
+    ) -> Exchanged:
+        """Send this cluster's `flat` (CPU float32) as one message, receive every cluster's
+        and sum them in cluster order."""
         start = time.perf_counter()
-        payload = encode(compression, compressor, keys, tensors, info)
+        tensors = [flat[p.lo : p.hi].view(p.shape) for p in pieces]
+        payload = encode(compression, compressor, [p.key for p in pieces], tensors, info)
         compressor.step()
         datas = all_gather_bytes(payload, self.group)
         messages = [decode(c, d, decompressors) for c, d in zip(self.clusters, datas, strict=True)]
+        total = torch.zeros(flat.numel(), dtype=torch.float32)
+        for m in messages:
+            for p, t in zip(pieces, m.tensors, strict=True):
+                total[p.lo : p.hi] += t.reshape(-1).float()
         block = max(len(d) for d in datas)
         rounds = len(self.clusters) - 1
         sent = {edge: rounds * block for edge in ring_edges(self.clusters)}
         need = links.allgather_time(self.clusters, block) if links is not None else 0.0
+        self._finish(start, need, sent, flat.numel())
+        infos = [m.info for m in messages]
+        return Exchanged(total, compression, infos, rounds * block)
+
+    # ------------------------------------------------------------------ ring all-reduce
+
+    def _shift(self, payload: bytes) -> bytes:
+        """Send `payload` to the next leader of the ring, receive the previous one's."""
+        n = len(self.clusters)
+        nxt, prv = (self.index + 1) % n, (self.index - 1) % n
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        sends = [dist.isend(size, group=self.group, group_dst=nxt)]
+        got = torch.zeros(1, dtype=torch.int64)
+        dist.recv(got, group=self.group, group_src=prv)
+        out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        sends.append(dist.isend(out, group=self.group, group_dst=nxt))
+        buf = torch.empty(int(got), dtype=torch.uint8)
+        dist.recv(buf, group=self.group, group_src=prv)
+        for work in sends:
+            if work is not None:
+                work.wait()
+        return bytes(buf.numpy().tobytes())
+
+    def ring(
+        self,
+        compression: str,
+        compressor: Compressor,
+        decompressors: dict[str, Compressor],
+        flat: torch.Tensor,
+        pieces: list[Piece],
+        info: dict[str, float],
+        links: LinkTable | None,
+    ) -> Exchanged:
+        """Ring all-reduce of `flat` (CPU float32) in compressed chunks (module docstring)."""
+        start = time.perf_counter()
+        n, me = len(self.clusters), self.index
+        bounds = chunk_bounds(flat.numel(), n)
+        chunks = [cut(pieces, lo, hi) for lo, hi in bounds]
+        acc = flat.clone()
+
+        def parts(c: int, prefix: str) -> tuple[list[str], list[torch.Tensor]]:
+            base = bounds[c][0]
+            keys = [prefix + p.key for p in chunks[c]]
+            return keys, [acc[base + p.lo : base + p.hi] for p in chunks[c]]
+
+        def place(c: int, tensors: list[torch.Tensor], into: torch.Tensor, add: bool) -> None:
+            base = bounds[c][0]
+            for p, t in zip(chunks[c], tensors, strict=True):
+                span = into[base + p.lo : base + p.hi]
+                if add:
+                    span += t.reshape(-1).float()
+                else:
+                    span.copy_(t.reshape(-1))
+
+        # reduce-scatter: in round r leader i sends chunk i-r and adds what arrives to i-r-1
+        rs_sizes: list[int] = []
+        for r in range(n - 1):
+            payload = encode(compression, compressor, *parts((me - r) % n, "rs:"), {})
+            rs_sizes.append(len(payload))
+            received = decode("", self._shift(payload), decompressors)
+            place((me - r - 1) % n, received.tensors, acc, add=True)
+        # all-gather: leader i holds the full sum of chunk i+1; its bytes go round unchanged
+        own = (me + 1) % n
+        payloads = {own: encode(compression, compressor, *parts(own, "ag:"), info, rs_sizes)}
+        compressor.step()
+        forward = payloads[own]
+        for r in range(n - 1):
+            forward = self._shift(forward)
+            payloads[(me - r) % n] = forward
+        total = torch.zeros(flat.numel(), dtype=torch.float32)
+        messages: dict[int, Message] = {}
+        for c, data in payloads.items():
+            owner = (c - 1) % n
+            messages[owner] = decode(self.clusters[owner], data, decompressors)
+            place(c, messages[owner].tensors, total, add=False)
+        # bytes per directed link, round by round: the same bookkeeping on every leader
+        edges = ring_edges(self.clusters)
+        rounds: list[dict[Edge, int]] = []
+        for r in range(n - 1):
+            rounds.append({edges[j]: messages[j].sizes[r] for j in range(n)})
+        for r in range(n - 1):
+            rounds.append({edges[j]: len(payloads[(j + 1 - r) % n]) for j in range(n)})
+        sent: dict[Edge, int] = {}
+        for rnd in rounds:
+            for edge, nbytes in rnd.items():
+                sent[edge] = sent.get(edge, 0) + nbytes
+        need = links.rounds_time(rounds) if links is not None else 0.0
+        self._finish(start, need, sent, flat.numel())
+        infos = [messages[j].info for j in range(n)]
+        return Exchanged(total, compression, infos, max(sent.values()))
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _finish(self, start: float, need: float, sent: dict[Edge, int], numel: int) -> None:
+        """Wait out the emulated links, then add this exchange to the counters."""
         elapsed = time.perf_counter() - start
         if need > elapsed:  # the emulated WAN: wait out what the links would still need
             time.sleep(need - elapsed)
-        c = self.counters
-        for (src, dst), n in sent.items():
-            key = f"{src}->{dst}"
-            c.wan_bytes[key] = c.wan_bytes.get(key, 0) + n
-        raw = sum(t.numel() * 4 for t in tensors)
-        peers = len(self.clusters) - 1
-        c.raw_bytes += raw * peers * len(self.clusters)
-        c.sent_bytes += sum(sent.values())
-        c.rounds += 1
-        c.link_s += need
-        c.wall_s += time.perf_counter() - start
-        return messages
+        n = len(self.clusters)
+        self.counters = self.counters + ExchangeCounters(
+            wan_bytes=WanBytes(sent),
+            raw_bytes=2 * (n - 1) * numel * 4,  # what a float32 ring all-reduce sends
+            sent_bytes=sum(sent.values()),
+            rounds=1,
+            wall_s=time.perf_counter() - start,
+            link_s=need,
+        )
+
+    def count_setup(self, sent: dict[Edge, int]) -> None:
+        """Add bytes the start-up put on the links (digests; the model when starts differ)."""
+        total = sum(sent.values())
+        self.counters = self.counters + ExchangeCounters(
+            wan_bytes=WanBytes(sent), sent_bytes=total, setup_bytes=total
+        )

@@ -9,9 +9,11 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from training.placement import cluster_resource
+from training.results import ExchangeCounters, SegmentResult
 from training.spec import Progress, TrainReport, TrainSpec
 
 SEGMENT_TIMEOUT_S = 900.0
@@ -104,19 +106,10 @@ def _wait_all(refs: list[Any]) -> list[Any]:
 
 
 def _validate(spec: TrainSpec) -> None:
-    from training.compression import make_compressor
-    from training.spec import parse_sync
     from training.tasks import check_entry
 
-    spec.validate()
+    spec.validate()  # sync and compression values through the shared grammar
     check_entry(spec.task)
-    adaptive = parse_sync(spec.sync).kind == "adaptive"
-    levels = spec.adaptive_levels if adaptive else [spec.compression]
-    for level in levels:
-        try:
-            make_compressor(level)
-        except ValueError as exc:
-            raise ValueError(f"compression: {exc}") from None
 
 
 def run(
@@ -155,8 +148,8 @@ def run(
     seg = spec.eval_every or max(1, spec.steps // 20)
     remote_worker: Any = ray.remote(Worker)
     base_compute, base_comm = 0.0, 0.0
-    base_wan: dict[str, Any] | None = None
-    last: dict[str, Any] = {}
+    base_wan = ExchangeCounters()  # earlier attempts' totals (a restart zeroes the workers')
+    last: SegmentResult | None = None
     history: list[dict[str, float]] = []
     restarts = 0
     stopped = False
@@ -176,7 +169,7 @@ def run(
                 ).remote(spec, rank, ranks_cluster, ifname)
                 for rank, c in enumerate(ranks_cluster)
             ]
-            last = {}
+            last = None
             kept = False
             try:
                 if reused:
@@ -195,44 +188,44 @@ def run(
                         stopped = True
                         break
                     until = min(step + seg, spec.steps)
-                    results = _wait_all(
+                    results: list[SegmentResult] = _wait_all(
                         [a.run.remote(until, rank == 0) for rank, a in enumerate(actors)]
                     )
                     last = results[0]
-                    step = int(last["step"])
+                    step = last.step
                     wall = time.perf_counter() - t0
-                    wan = _merge_wan(base_wan, last.get("wan"))
+                    wan = base_wan + last.wan
                     history.append(
                         {
                             "wall_s": wall,
                             "step": step,
-                            "loss": last["loss"],
-                            "accuracy": last["accuracy"],
+                            "loss": last.loss,
+                            "accuracy": last.accuracy,  # type: ignore[dict-item]
                         }
                     )
                     by_cluster: dict[str, float] = {}
                     for c, r in zip(ranks_cluster, results, strict=True):
-                        by_cluster[c] = max(by_cluster.get(c, 0.0), float(r["compute_s"]))
+                        by_cluster[c] = max(by_cluster.get(c, 0.0), r.compute_s)
                     if on_progress is not None:
                         on_progress(
                             Progress(
                                 step=step,
                                 total_steps=spec.steps,
-                                loss=last["loss"],
-                                accuracy=last["accuracy"],
+                                loss=last.loss,
+                                accuracy=last.accuracy,
                                 wall_s=wall,
-                                compute_s=base_compute + last["compute_s"],
-                                comm_s=base_comm + last["comm_s"],
-                                wan_bytes=dict(wan["wan_bytes"]),
-                                wan_bytes_total=wan["sent_bytes"],
-                                compression_ratio=_ratio(wan),
-                                compression=last["compression"],
+                                compute_s=base_compute + last.compute_s,
+                                comm_s=base_comm + last.comm_s,
+                                wan_bytes=wan.wan_bytes,
+                                wan_bytes_total=wan.sent_bytes,
+                                compression_ratio=wan.compression_ratio,
+                                compression=last.compression,
                                 restarts=restarts,
                                 compute_by_cluster=by_cluster,
                             )
                         )
-                if stopped and last and last.get("accuracy") is None:
-                    last["accuracy"] = ray.get(actors[0].evaluate.remote())
+                if stopped and last is not None and last.accuracy is None:
+                    last = replace(last, accuracy=ray.get(actors[0].evaluate.remote()))
                 ray.get([a.close.remote() for a in actors], timeout=60)
                 if pool is not None:
                     pool.give(key, actors)
@@ -244,10 +237,10 @@ def run(
                         f"training failed after {restarts} restart(s): {exc}"
                     ) from exc
                 restarts += 1
-                if last:
-                    base_compute += last["compute_s"]
-                    base_comm += last["comm_s"]
-                    base_wan = _merge_wan(base_wan, last.get("wan"))
+                if last is not None:
+                    base_compute += last.compute_s
+                    base_comm += last.comm_s
+                    base_wan = base_wan + last.wan
                 found = store.steps() if store is not None else []
                 resume_step = found[-1] if found else None
             finally:
@@ -258,28 +251,29 @@ def run(
         if started:
             ray.shutdown()
     wall = time.perf_counter() - (t0 or time.perf_counter())
-    wan = _merge_wan(base_wan, last.get("wan"))
+    wan = base_wan + last.wan if last is not None else base_wan
     links: list[dict[str, Any]] = [
         {"a": x.a, "b": x.b, "mbps": x.mbps, "rtt_ms": x.rtt_ms} for x in spec.links
     ]
     if spec.link_mbps is not None:
         links.append({"a": "*", "b": "*", "mbps": spec.link_mbps, "rtt_ms": spec.rtt_ms})
-    final_acc = last.get("accuracy")
+    final_acc = last.accuracy if last is not None else None
     return TrainReport(
         task=spec.task,
         clusters=dict(spec.clusters),
         compression=spec.compression,
         sync=spec.sync,
-        steps=int(last.get("step", resumed_from or 0)),
-        final_loss=float(last.get("loss", float("nan"))),
+        steps=last.step if last is not None else (resumed_from or 0),
+        final_loss=last.loss if last is not None else float("nan"),
         final_accuracy=float(final_acc) if final_acc is not None else float("nan"),
         wall_s=wall,
-        compute_s=base_compute + last.get("compute_s", 0.0),
-        comm_s=base_comm + last.get("comm_s", 0.0),
-        wan_s=wan["wall_s"],
-        wan_bytes=dict(wan["wan_bytes"]),
-        wan_bytes_total=int(wan["sent_bytes"]),
-        compression_ratio=_ratio(wan),
+        compute_s=base_compute + (last.compute_s if last is not None else 0.0),
+        comm_s=base_comm + (last.comm_s if last is not None else 0.0),
+        wan_s=wan.wall_s,
+        wan_bytes=wan.wan_bytes,
+        wan_bytes_total=wan.sent_bytes,
+        compression_ratio=wan.compression_ratio,
+        wan_setup_bytes=wan.setup_bytes,
         wan_emulated=spec.emulated,
         links=links,
         restarts=restarts,
@@ -287,28 +281,3 @@ def run(
         stopped=stopped,
         history=history,
     )
-
-
-def _merge_wan(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "wan_bytes": {},
-        "raw_bytes": 0,
-        "sent_bytes": 0,
-        "rounds": 0,
-        "wall_s": 0.0,
-        "link_s": 0.0,
-    }
-    for part in (a, b):
-        if not part:
-            continue
-        for k, v in part.items():
-            if k == "wan_bytes":
-                for link, n in v.items():
-                    out["wan_bytes"][link] = out["wan_bytes"].get(link, 0) + n
-            else:
-                out[k] += v
-    return out
-
-
-def _ratio(wan: dict[str, Any]) -> float:
-    return float(wan["raw_bytes"]) / wan["sent_bytes"] if wan["sent_bytes"] else 1.0

@@ -1,55 +1,19 @@
 """What a training run is asked to do (`TrainSpec`), what it reports while running (`Progress`)
 and at the end (`TrainReport`). Plain dataclasses so the controller, the CLI and the benchmark
-share them without importing torch or Ray.
+share them without importing torch or Ray. Compression and sync values are the shared grammar's
+(`grammar.parse_compression`, `grammar.parse_sync`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from grammar import Compression, Sync, SyncKind, parse_compression, parse_sync
 from training.placement import cluster_resource
-
-SYNC_HELP = "use every-step, local-sgd:H (H >= 1), stale:S (S >= 0) or adaptive"
-
-
-@dataclass(frozen=True)
-class SyncMode:
-    """How often and how stale the cross-cluster exchange is.
-
-    kind: "every-step" (exchange gradients each step), "local-sgd" (DiLoCo: `period` inner steps,
-    then an outer Nesterov step on the averaged pseudo-gradient), "stale" (gradients are applied
-    `staleness` steps late, so the exchange overlaps that many steps of compute) or "adaptive"
-    (every step, compression level picked from link bandwidth and measured compute time).
-    """
-
-    kind: str
-    period: int = 1
-    staleness: int = 0
-
-    def __str__(self) -> str:
-        if self.kind == "local-sgd":
-            return f"local-sgd:{self.period}"
-        if self.kind == "stale":
-            return f"stale:{self.staleness}"
-        return self.kind
-
-
-def parse_sync(text: str) -> SyncMode:
-    """Parse `every-step`, `local-sgd:H`, `stale:S` or `adaptive`; ValueError says the fix."""
-    t = text.strip().lower()
-    if t in ("every-step", "adaptive"):
-        return SyncMode(t)
-    m = re.fullmatch(r"(local-sgd|diloco|stale):(\d+)", t)
-    if not m:
-        raise ValueError(f"sync {text!r} is not understood: {SYNC_HELP}")
-    n = int(m.group(2))
-    if m.group(1) == "stale":
-        return SyncMode("stale", staleness=n)
-    if n < 1:
-        raise ValueError(f"sync {text!r}: H must be >= 1 ({SYNC_HELP})")
-    return SyncMode("local-sgd", period=n)
+from training.results import WanBytes
 
 
 def parse_clusters(text: str) -> dict[str, int]:
@@ -70,6 +34,16 @@ def parse_clusters(text: str) -> dict[str, int]:
     if not out:
         raise ValueError("clusters: name at least one cluster, e.g. a:2,b:2")
     return out
+
+
+def _concrete_compression(text: str) -> Compression:
+    compression = parse_compression(text)
+    if compression.is_auto:
+        raise ValueError(
+            f"compression {text!r}: auto is the planner's to replace; a run needs a concrete "
+            "value such as none, int8 or topk:0.01"
+        )
+    return compression
 
 
 @dataclass
@@ -113,6 +87,9 @@ class TrainSpec:
     max_restarts: int = 3
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    outer_nesterov: bool = True
+    """The outer step (local SGD, streaming) is SGD with this lr and momentum, Nesterov's when
+    `outer_nesterov` and the momentum is > 0."""
     adaptive_levels: list[str] = field(
         default_factory=lambda: [
             "none",
@@ -136,7 +113,7 @@ class TrainSpec:
             cluster_resource(name)
             if n < 1:
                 raise ValueError(f"clusters: cluster {name!r} needs at least 1 worker")
-        parse_sync(self.sync)
+        self._check_grammar()
         if self.steps < 1:
             raise ValueError("steps: must be >= 1")
         if self.batch_size is not None and self.batch_size < self.world_size:
@@ -162,6 +139,36 @@ class TrainSpec:
                 raise ValueError(f"links: {link.a}-{link.b} needs mbps > 0 and rtt_ms >= 0")
         if self.max_restarts < 0:
             raise ValueError("max_restarts: must be >= 0")
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
+            raise ValueError(f"outer_lr: {self.outer_lr} must be a number > 0, e.g. 0.7")
+        if not (math.isfinite(self.outer_momentum) and 0.0 <= self.outer_momentum < 1.0):
+            raise ValueError(
+                f"outer_momentum: {self.outer_momentum} must be in [0, 1), e.g. 0.9 (0: none)"
+            )
+
+    def _check_grammar(self) -> None:
+        """Sync and compression through the shared grammar; a run needs concrete values."""
+        sync = self.sync_mode()
+        if sync.is_auto:
+            raise ValueError(
+                f"sync {self.sync!r}: auto is the planner's to replace; a run needs a concrete "
+                "value such as every-step, local-sgd:8, stale:1, streaming:32 or adaptive"
+            )
+        compression = parse_compression(self.compression)
+        if sync.kind is SyncKind.ADAPTIVE:  # the levels are what runs, not `compression`
+            if not self.adaptive_levels:
+                raise ValueError("adaptive_levels: name at least one compression level")
+            for i, level in enumerate(self.adaptive_levels):
+                try:
+                    _concrete_compression(level)
+                except ValueError as exc:
+                    raise ValueError(f"adaptive_levels[{i}]: {exc}") from None
+        elif compression.is_auto:
+            _concrete_compression(self.compression)
+
+    def sync_mode(self) -> Sync:
+        """`sync` parsed (ValueError quotes it and lists the valid forms)."""
+        return parse_sync(self.sync)
 
     @property
     def world_size(self) -> int:
@@ -186,7 +193,8 @@ class Progress:
     wall_s: float
     compute_s: float
     comm_s: float
-    wan_bytes: dict[str, int]
+    wan_bytes: WanBytes
+    """Bytes so far per directed link `(src, dst)`; `to_dict` writes them `{"src->dst": n}`."""
     wan_bytes_total: int
     compression_ratio: float
     compression: str
@@ -194,6 +202,10 @@ class Progress:
     # compute seconds so far of each cluster's slowest rank (the cost model's calibration
     # needs each GPU model's own time, not rank 0's)
     compute_by_cluster: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: `wan_bytes` as `{"src->dst": bytes}`."""
+        return {**asdict(self), "wan_bytes": self.wan_bytes.to_json()}
 
 
 @dataclass
@@ -211,7 +223,8 @@ class TrainReport:
     compute_s: float
     comm_s: float
     wan_s: float
-    wan_bytes: dict[str, int]
+    wan_bytes: WanBytes
+    """Bytes per directed link `(src, dst)`; `to_dict` writes them `{"src->dst": n}`."""
     wan_bytes_total: int
     compression_ratio: float
     wan_emulated: bool
@@ -220,6 +233,10 @@ class TrainReport:
     resumed_from_step: int | None
     stopped: bool
     history: list[dict[str, float]]
+    wan_setup_bytes: int = 0
+    """Of `wan_bytes_total`, what the start-up sent: the digests that check every worker built
+    the same model, and the model itself only where some did not."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready (what `cpn train --json` prints): `wan_bytes` as `{"src->dst": bytes}`."""
+        return {**asdict(self), "wan_bytes": self.wan_bytes.to_json()}

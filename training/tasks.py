@@ -306,7 +306,11 @@ def check_entry(entry: str) -> None:
 
 
 def load_task(entry: str) -> Task:
-    """Resolve `builtin:NAME` or `module:function` and call it."""
+    """Resolve `builtin:NAME` or `module:function` and call it.
+
+    Runs in the workers only: the control plane checks an entrypoint's text and never imports
+    it. ValueError (the job fails, no retry) when the module or function is missing, is not a
+    function, or returns anything but a `Task`."""
     check_entry(entry)
     kind, _, name = entry.partition(":")
     if kind == "builtin":
@@ -315,7 +319,15 @@ def load_task(entry: str) -> Task:
         fn = getattr(importlib.import_module(kind), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"task {entry!r} cannot be loaded: {exc}") from None
+    if not callable(fn):
+        raise ValueError(
+            f"task {entry!r}: {name} is not a function (it is {type(fn).__name__}); name a "
+            "function that takes no arguments and returns training.tasks.Task"
+        )
     task = fn()
     if not isinstance(task, Task):
-        raise ValueError(f"task {entry!r}: the function must return training.tasks.Task")
+        raise ValueError(
+            f"task {entry!r}: the function returned {type(task).__name__}, not "
+            "training.tasks.Task; return a Task (model, loss, data, optimizer)"
+        )
     return task

@@ -1,7 +1,8 @@
 """The WAN as a link table, and how long moving bytes over it takes.
 
 Pure code: the exchange (`training/exchange.py`) measures real serialized bytes, asks
-`allgather_time` how long the links would have needed, and waits out the difference. The model
+`allgather_time` (an all-gather) or `rounds_time` (a ring all-reduce's rounds) how long the
+links would have needed, and waits out the difference. The model
 is what gloo does on real links (checked against the namespace testbed, `bench/wan.py
 --validate`): its all-gather is a ring, n-1 rounds in which every cluster sends one block to
 the next, each round as slow as its slowest ring edge; a message on an edge costs half the
@@ -11,6 +12,7 @@ round trip (one-way latency) plus its bytes at the link bandwidth, links are ful
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,21 @@ class LinkTable:
         rounds = len(clusters) - 1
         latency = max(x.rtt_s / 2.0 for x in shaped)
         return rounds * (latency + max(x.transfer_s(block) for x in shaped))
+
+    def rounds_time(self, rounds: Sequence[Mapping[tuple[str, str], int]]) -> float:
+        """Seconds a sequence of rounds needs, each round's messages (bytes per directed
+        link) sent at once and the round as slow as its slowest message (one-way latency plus
+        bytes at the link's bandwidth): a ring all-reduce's 2(n-1) rounds. Messages on links
+        not in the table cost nothing."""
+        total = 0.0
+        for messages in rounds:
+            times = [
+                link.transfer_s(nbytes)
+                for (a, b), nbytes in messages.items()
+                if (link := self.get(a, b)) is not None
+            ]
+            total += max(times, default=0.0)
+        return total
 
     def slowest(self, clusters: list[str]) -> Link | None:
         """The link with the least bandwidth among `clusters` (what bounds a full exchange)."""

@@ -1,10 +1,11 @@
 """One data-parallel worker: a Ray actor pinned to its cluster (see `training.runner`).
 
-Ranks are grouped by cluster; the first rank of each cluster is its leader. Per exchange:
-all-reduce inside the cluster (gloo, or NCCL on GPUs), compressed exchange between leaders
-(`training.exchange`), broadcast inside the cluster. The global batch of each step is sharded
-over all ranks, and every gradient is weighted by its shard's share of the global batch, so the
-reduced gradient is the full-batch mean gradient.
+The Worker owns the loop: data, forward/backward, the local optimizer step, progress and
+checkpoints. What crosses clusters, and when, is its sync strategy's (`training.sync`), built
+from the run's sync value; the Worker never looks at which mode it runs. The global batch of
+each step is sharded over all ranks, and each rank's loss is weighted by its shard's share of
+what the strategy's `scope` says (the global batch, or its cluster's), so the reduced
+gradient is that batch's mean gradient.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import contextlib
 import os
 import socket
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -22,12 +21,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.adaptive import choose
+from grammar import Sync
 from training.checkpoint import open_store
-from training.compression import Compressor, make_compressor
+from training.collective import Collective, flatten, split
 from training.data import batch_indices, shard, shard_sizes
-from training.exchange import LeaderExchange, Message
-from training.spec import SyncMode, TrainSpec, parse_sync
+from training.results import SegmentResult
+from training.spec import TrainSpec
+from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy
 from training.tasks import Task, accuracy, as_tensors, load_task
 from training.wan import LinkTable
 
@@ -56,7 +56,7 @@ class Worker:
         self.cluster_ranks = [r for r, c in enumerate(ranks_cluster) if c == self.cluster]
         self.leader_ranks = [ranks_cluster.index(c) for c in self.clusters]
         self.is_leader = rank == self.cluster_ranks[0]
-        self.sync: SyncMode = parse_sync(spec.sync)
+        self.sync: Sync = spec.sync_mode()
         if gloo_ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
         torch.set_num_threads(1)
@@ -89,12 +89,12 @@ class Worker:
         use_gpu = spec.gpus_per_worker > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
         # every rank must create every group, in the same order
-        self.intra: Any = None
+        intra: Any = None
         for c in self.clusters:
             ranks = [r for r, x in enumerate(self.ranks_cluster) if x == c]
             g = dist.new_group(ranks, backend="nccl" if use_gpu else "gloo")
             if c == self.cluster:
-                self.intra = g
+                intra = g
         self.leaders: Any = dist.new_group(self.leader_ranks, backend="gloo")
 
         task: Task = load_task(spec.task)
@@ -104,41 +104,38 @@ class Worker:
         self.batch = min(spec.batch_size or task.batch_size, len(self.x))
         torch.manual_seed(spec.seed)
         self.model: nn.Module = task.model()
-        for t in self.model.state_dict().values():  # same start everywhere, whatever the seeding
-            dist.broadcast(t, src=0)
-        self.model.to(self.device)
-        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.shapes = [tuple(p.shape) for p in self.params]
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        shapes = [p.shape for p in self.model.parameters() if p.requires_grad]
 
-        self.links = LinkTable.build(spec.links, spec.link_mbps, spec.rtt_ms)
-        adaptive = self.sync.kind == "adaptive"
-        self.compression = spec.adaptive_levels[0] if adaptive else spec.compression
-        self.compressors: dict[str, Compressor] = {}
-        comp = self._compressor(self.compression)
-        no_momentum = comp.momentum_correction and self.sync.kind != "local-sgd"
-        self.opt = task.optimizer.build(self.params, lr=spec.lr, no_momentum=no_momentum)
-        self.exchanger = (
-            LeaderExchange(self.clusters, self.cluster, self.leaders) if self.is_leader else None
+        self.comm = Collective(
+            rank=self.rank,
+            ranks_cluster=self.ranks_cluster,
+            intra=intra,
+            leaders=self.leaders,
+            names=names,
+            shapes=shapes,
+            device=self.device,
+            links=LinkTable.build(spec.links, spec.link_mbps, spec.rtt_ms),
+            link_schedule=spec.link_schedule,
         )
-        self.pool = ThreadPoolExecutor(max_workers=1) if self.is_leader else None
-        self.pending: deque[Future[torch.Tensor] | torch.Tensor] = deque()
-        self.own: deque[torch.Tensor] = deque()
-        self.anchor: list[torch.Tensor] = []
-        self.outer: Any = None
-        if self.sync.kind == "local-sgd":
-            self.anchor = [p.detach().clone() for p in self.params]
-            self.outer = torch.optim.SGD(
-                self.anchor,
-                lr=spec.outer_lr,
-                momentum=spec.outer_momentum,
-                nesterov=spec.outer_momentum > 0,
-            )
-        self.measured: dict[str, int] = {}
-        self.exchange_s: dict[str, float] = {}  # adaptive: slowest leader's time per level
-        self.last_level: str | None = None
-        self.compute_ema = 0.0
-        self.last_exchange_s = 0.0
+        # same start everywhere, whatever the seeding; the model crosses the WAN only if needed
+        self.comm.align_start(self.model)
+        self.model.to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.shapes = [p.shape for p in self.params]
+        sizes = shard_sizes(self.batch, self.world)
+        ctx = SyncContext(
+            spec=spec,
+            comm=self.comm,
+            model=self.model,
+            params=self.params,
+            apply=self._apply,
+            cluster_share=sum(sizes[r] for r in self.cluster_ranks) / self.batch,
+        )
+        self.strategy: SyncStrategy = make_sync_strategy(self.sync, ctx)
+        comp = self.comm.compressor(self.strategy.compression)
+        no_momentum = comp.momentum_correction and self.strategy.exchanges_gradients
+        self.opt = task.optimizer.build(self.params, lr=spec.lr, no_momentum=no_momentum)
         self.step = 0
         self.compute_s = 0.0
         self.comm_s = 0.0
@@ -148,117 +145,35 @@ class Worker:
         self.last_ckpt = -1
         if resume_step is not None and spec.checkpoint:
             self._restore(open_store(spec.checkpoint).load(resume_step))
+        else:
+            self.strategy.load_state_dict(None, None)
         return self.step
-
-    def _compressor(self, level: str) -> Compressor:
-        if level not in self.compressors:
-            self.compressors[level] = make_compressor(level)
-        return self.compressors[level]
 
     # ------------------------------------------------------------------ one step
 
     def _grad_flat(self) -> torch.Tensor:
-        return torch.cat(
-            [
-                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                for p in self.params
-            ]
-        )
+        return flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
 
-    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        out, pos = [], 0
-        for p in self.params:
-            out.append(flat[pos : pos + p.numel()].view_as(p))
-            pos += p.numel()
-        return out
-
-    def _local_backward(self, weight_of: str) -> None:
-        """Forward/backward on this rank's shard, weighted by its share of the batch."""
+    def _local_backward(self, scope: Scope) -> None:
+        """Forward/backward on this rank's shard, weighted by its share of the `scope` batch."""
         idx = batch_indices(len(self.x), self.batch, self.spec.seed, self.step)
         mine = shard(idx, self.rank, self.world)
         x, y = self.x[mine].to(self.device), self.y[mine].to(self.device)
         self.model.train()
         self.opt.zero_grad(set_to_none=False)
         loss = self.task.loss(self.model(x), y)
-        if weight_of == "global":
+        if scope is Scope.GLOBAL:
             denom = len(idx)
-        else:  # the cluster's batch (local SGD trains each cluster on its own)
+        else:  # the cluster's batch
             sizes = shard_sizes(len(idx), self.world)
             denom = sum(sizes[r] for r in self.cluster_ranks)
         (loss * (len(mine) / denom)).backward()
         self.loss_sum += float(loss.detach())
         self.loss_n += 1
 
-    def _intra_reduce(self, flat: torch.Tensor) -> None:
-        if len(self.cluster_ranks) > 1:
-            dist.all_reduce(flat, group=self.intra)
-
-    def _intra_broadcast(self, flat: torch.Tensor) -> None:
-        if len(self.cluster_ranks) > 1:
-            dist.broadcast(flat, src=self.cluster_ranks[0], group=self.intra)
-
-    def _links_now(self, step: int) -> LinkTable | None:
-        links = self.links
-        for from_step, mbps, rtt in self.spec.link_schedule:
-            if step >= from_step:
-                links = LinkTable.build([], mbps, rtt)
-        return links
-
-    def _wan_sum(self, flat: torch.Tensor, step: int, level: str) -> torch.Tensor:
-        """Leader only: exchange this cluster's tensor, return the sum over clusters."""
-        assert self.exchanger is not None
-        cpu = flat.detach().to("cpu", copy=True)
-        info = {"compute": self.compute_ema, "xs": self.last_exchange_s}
-        start = time.perf_counter()
-        msgs = self.exchanger.exchange(
-            level,
-            self._compressor(level),
-            self.compressors,
-            self.names,
-            self._split(cpu),
-            info,
-            self._links_now(step),
-        )
-        self.last_exchange_s = time.perf_counter() - start
-        if self.sync.kind == "adaptive":
-            self._adapt(msgs, step)
-        total = torch.zeros_like(cpu)
-        for m in msgs:  # cluster order: the same sum, bit for bit, on every leader
-            total += torch.cat([t.reshape(-1).float() for t in m.tensors])
-        return total.to(self.device)
-
-    def _adapt(self, msgs: list[Message], step: int) -> None:
-        """Pick the next level from what every leader reported (identical on all leaders).
-
-        Without a link table the bandwidth is inferred from the exchanges themselves: each
-        message says how long its sender's previous exchange took, at the level then in use,
-        and the largest bandwidth any level's exchange implied is taken: latency and waiting
-        on slower leaders only ever lower it (they weigh least on the level with the largest
-        messages, which usually sets it). Inferring from the last exchange alone
-        spiralled down: a small message's time is mostly latency, which reads as a slow link,
-        which picks a smaller message still.
-        """
-        level = msgs[0].compression
-        self.measured[level] = max(m.nbytes for m in msgs)
-        xs = max(m.info["xs"] for m in msgs)
-        if self.last_level is not None and xs > 0:
-            self.exchange_s[self.last_level] = xs
-        self.last_level = level
-        compute = max(m.info["compute"] for m in msgs)
-        rounds = len(self.clusters) - 1  # gloo's ring all-gather: n-1 blocks per edge
-        links = self._links_now(step + 1)
-        link = links.slowest(self.clusters) if links is not None else None
-        if link is None and self.exchange_s:
-            from training.wan import Link
-
-            bps = max(self.measured[lv] * 8 * rounds / t for lv, t in self.exchange_s.items())
-            link = Link(bps, 0.0)
-        self.compression = choose(
-            self.spec.adaptive_levels, self.measured, self.shapes, compute, link, rounds
-        )
-
     def _apply(self, flat: torch.Tensor) -> None:
-        for p, g in zip(self.params, self._split(flat), strict=True):
+        """A local optimizer step with the flat gradient `flat`."""
+        for p, g in zip(self.params, split(flat, self.shapes), strict=True):
             if p.grad is None:
                 p.grad = g.clone()
             else:
@@ -266,153 +181,54 @@ class Worker:
         self.opt.step()
 
     def _train_step(self) -> None:
-        spec, kind = self.spec, self.sync.kind
+        strategy = self.strategy
         t0 = time.perf_counter()
-        if kind == "local-sgd":
-            self._local_backward("cluster")
-            t1 = time.perf_counter()
-            flat = self._grad_flat()
-            self._intra_reduce(flat)
-            self.opt.zero_grad(set_to_none=False)
-            t2 = time.perf_counter()
-            self._apply(flat)
-            t3 = time.perf_counter()
-            self.compute_s += (t1 - t0) + (t3 - t2)
-            self.comm_s += t2 - t1
-            if (self.step + 1) % self.sync.period == 0 or self.step + 1 == spec.steps:
-                t4 = time.perf_counter()
-                self._outer_step()
-                self.comm_s += time.perf_counter() - t4
-            self.step += 1
-            return
-        stale = kind == "stale" and self.sync.staleness > 0 and len(self.clusters) > 1
-        self._local_backward("cluster" if stale else "global")
+        self._local_backward(strategy.scope)
         t1 = time.perf_counter()
-        dt = t1 - t0
-        self.compute_ema = dt if self.compute_ema == 0 else 0.8 * self.compute_ema + 0.2 * dt
-        flat = self._grad_flat()
-        self._intra_reduce(flat)
-        update: torch.Tensor | None
-        if len(self.clusters) == 1:
-            update = flat
-        elif stale:
-            update = self._stale_exchange(flat)
-        else:
-            if self.is_leader:
-                flat = self._wan_sum(flat, self.step, self.compression)
-            self._intra_broadcast(flat)
-            update = flat
+        update = strategy.after_backward(self._grad_flat(), self.step, t1 - t0)
         t2 = time.perf_counter()
-        if update is not None:
-            self._apply(update)
+        self._apply(update)
         t3 = time.perf_counter()
+        strategy.after_step(self.step)
+        t4 = time.perf_counter()
         self.compute_s += (t1 - t0) + (t3 - t2)
-        self.comm_s += t2 - t1
+        self.comm_s += (t2 - t1) + (t4 - t3)
         self.step += 1
-
-    def _cluster_share(self) -> float:
-        sizes = shard_sizes(self.batch, self.world)
-        return sum(sizes[r] for r in self.cluster_ranks) / self.batch
-
-    def _stale_exchange(self, flat: torch.Tensor) -> torch.Tensor:
-        """Bounded staleness: the own cluster's gradient now, the other clusters' s steps late.
-
-        The leader runs exchanges on one background thread in step order, so up to s exchanges
-        overlap compute and a cluster never runs more than s steps ahead of the slowest one.
-        Each step applies the cluster's fresh gradient plus, for step t-s, the correction
-        (global mean gradient - own gradient), so every cluster applies the same total update;
-        only its timing differs (clusters' parameters differ by the updates in flight).
-        """
-        s = self.sync.staleness
-        self.own.append(flat.clone())
-        if self.is_leader:
-            assert self.pool is not None
-            self.pending.append(
-                self.pool.submit(
-                    self._wan_sum, flat * self._cluster_share(), self.step, self.compression
-                )
-            )
-        if len(self.own) <= s:
-            return flat
-        return flat + self._correction()
-
-    def _correction(self) -> torch.Tensor:
-        """The oldest in-flight step: global mean gradient minus what this cluster applied."""
-        own = self.own.popleft()
-        glob = torch.zeros_like(own)
-        if self.is_leader:
-            item = self.pending.popleft()
-            got = item.result() if isinstance(item, Future) else item
-            assert got is not None
-            glob = got
-        self._intra_broadcast(glob)
-        return glob - own
-
-    def _stale_flush(self) -> None:
-        """At the end of training, apply the corrections still in flight (same on all clusters)."""
-        while self.own:
-            self.opt.zero_grad(set_to_none=False)
-            self._apply(self._correction())
-
-    def _outer_step(self) -> None:
-        """DiLoCo: average the pseudo-gradients over clusters, take a Nesterov outer step."""
-        cur = torch.cat([p.detach().reshape(-1) for p in self.params])
-        anchor = torch.cat([a.reshape(-1) for a in self.anchor])
-        delta = anchor - cur  # cluster copies are identical after the intra all-reduce
-        if len(self.clusters) > 1:
-            if self.is_leader:
-                sizes = shard_sizes(self.batch, self.world)
-                share = sum(sizes[r] for r in self.cluster_ranks) / self.batch
-                delta = self._wan_sum(delta * share, self.step, self.compression)
-            self._intra_broadcast(delta)
-        for a, g in zip(self.anchor, self._split(delta), strict=True):
-            a.grad = g.clone()
-        self.outer.step()
-        with torch.no_grad():
-            for p, a in zip(self.params, self.anchor, strict=True):
-                p.copy_(a)
 
     # ------------------------------------------------------------------ driver calls
 
-    def run(self, until: int, evaluate: bool) -> dict[str, Any]:
+    def run(self, until: int, evaluate: bool) -> SegmentResult:
         """Train up to step `until`, checkpointing on the way; stats for the driver."""
         spec = self.spec
         until = min(until, spec.steps)
         every = spec.checkpoint_every
         while self.step < until:
             self._train_step()
-            if self.step == spec.steps and self.own:
+            if self.step == spec.steps:
                 t0 = time.perf_counter()
-                self._stale_flush()
+                self.strategy.finish()
                 self.comm_s += time.perf_counter() - t0
             if spec.checkpoint and every and self.step % every == 0:
                 self.ckpt_due = True
-            if self.ckpt_due and self._synced():
+            if self.ckpt_due and self.strategy.at_sync_point(self.step):
                 self._checkpoint()
         if spec.checkpoint and self.step == spec.steps and self.last_ckpt != self.step:
             self._checkpoint()
         return self._stats(evaluate)
 
-    def _synced(self) -> bool:
-        if self.sync.kind == "local-sgd":
-            return self.step % self.sync.period == 0 or self.step == self.spec.steps
-        return True
-
-    def _stats(self, evaluate: bool) -> dict[str, Any]:
+    def _stats(self, evaluate: bool) -> SegmentResult:
         acc = self.evaluate() if evaluate else None
         loss = self.loss_sum / max(self.loss_n, 1)
         self.loss_sum, self.loss_n = 0.0, 0
-        out: dict[str, Any] = {
-            "step": self.step,
-            "loss": loss,
-            "accuracy": acc,
-            "compute_s": self.compute_s,
-            "comm_s": self.comm_s,
-            "compression": self.compression,
-        }
-        if self.exchanger is not None:
-            out["wan"] = self.exchanger.counters.state_dict()
-        return out
+        return SegmentResult(
+            step=self.step,
+            loss=loss,
+            accuracy=acc,
+            compute_s=self.compute_s,
+            comm_s=self.comm_s,
+            compression=self.strategy.compression,
+            wan=self.comm.counters,
+        )
 
     def evaluate(self) -> float:
         self.model.eval()
@@ -426,31 +242,22 @@ class Worker:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _drain(self) -> list[torch.Tensor]:
-        out = [item.result() if isinstance(item, Future) else item for item in self.pending]
-        self.pending = deque(out)
-        return [t.cpu() for t in out]
-
     def _checkpoint(self) -> None:
+        """Rank 0 writes one file: the model, each cluster leader's state, the sync state."""
         self.ckpt_due = False
         self.last_ckpt = self.step
-        pending = self._drain() if self.is_leader else []
-        mine = None
         if self.is_leader:
+            sync_part = self.strategy.cluster_state()  # first: no exchange left in flight
             mine = {
                 "optimizer": self.opt.state_dict(),
                 "rng": torch.get_rng_state(),
-                "own": [t.cpu() for t in self.own],
-                "model": (
-                    {k: v.cpu() for k, v in self.model.state_dict().items()} if self.own else None
-                ),
-                "compressors": {k: c.state_dict() for k, c in self.compressors.items()},
+                **sync_part,
+                "compressors": {k: c.state_dict() for k, c in self.comm.compressors.items()},
             }
             gathered: list[Any] = [None] * len(self.clusters)
             dist.all_gather_object(gathered, (self.cluster, mine), group=self.leaders)
         if self.rank != 0:
             return
-        assert self.exchanger is not None
         state = {
             "version": CHECKPOINT_VERSION,
             "step": self.step,
@@ -460,14 +267,10 @@ class Worker:
             "model": {k: v.cpu() for k, v in self.model.state_dict().items()},
             "clusters": dict(gathered),
             "sync": {
-                "kind": self.sync.kind,
-                "pending": pending,
-                "outer": self.outer.state_dict() if self.outer is not None else None,
-                "anchor": [a.cpu() for a in self.anchor],
-                "compression": self.compression,
-                "measured": self.measured,
-                "exchange_s": self.exchange_s,
-                "compute_ema": self.compute_ema,
+                "kind": self.sync.kind.value,
+                "compression": self.strategy.compression,
+                "compute_ema": self.comm.compute_ema,
+                **self.strategy.state_dict(),
             },
         }
         open_store(self.spec.checkpoint or "").save(self.step, state)
@@ -482,40 +285,26 @@ class Worker:
         clusters: dict[str, Any] = state["clusters"]
         # elastic: a new cluster takes the first cluster's optimizer state and fresh compressors
         entry = clusters.get(self.cluster) or next(iter(clusters.values()))
-        if entry.get("model") is not None:  # stale mode: this cluster's own view
+        if entry.get("model") is not None:  # clusters' parameters differed: this one's own view
             self.model.load_state_dict(entry["model"])
         # an optimizer of another kind (e.g. momentum correction now on) starts fresh
         with contextlib.suppress(ValueError):
             self.opt.load_state_dict(entry["optimizer"])
         sync = state["sync"]
-        if self.sync.kind == sync["kind"]:
-            self.measured = dict(sync["measured"])
-            self.exchange_s = dict(sync.get("exchange_s", {}))
-            self.compute_ema = float(sync["compute_ema"])
-            if self.sync.kind == "adaptive":
-                self.compression = sync["compression"]
-            if self.outer is not None and sync["outer"] is not None:
-                with torch.no_grad():
-                    for a, saved in zip(self.anchor, sync["anchor"], strict=True):
-                        a.copy_(saved)
-                self.outer.load_state_dict(sync["outer"])
-            if self.sync.kind == "stale":
-                self.own = deque(t.to(self.device) for t in entry.get("own", []))
-                if self.is_leader:
-                    self.pending = deque(t.to(self.device) for t in sync["pending"])
-        if self.outer is not None and self.sync.kind != sync["kind"]:
-            with torch.no_grad():
-                for a, p in zip(self.anchor, self.params, strict=True):
-                    a.copy_(p.detach())
+        if sync.get("kind") == self.sync.kind.value:
+            self.comm.compute_ema = float(sync.get("compute_ema", 0.0))
+            self.strategy.load_state_dict(sync, entry)
+        else:  # written by another sync mode: its sync state means nothing here
+            self.strategy.load_state_dict(None, None)
         if clusters.get(self.cluster) is not None:
             torch.set_rng_state(clusters[self.cluster]["rng"])
             for level, cstate in clusters[self.cluster]["compressors"].items():
-                self._compressor(level).load_state_dict(cstate)
+                self.comm.compressor(level).load_state_dict(cstate)
 
     def close(self) -> None:
-        pool = getattr(self, "pool", None)
-        if pool is not None:
-            pool.shutdown(wait=True)
-            self.pool = None
+        strategy: SyncStrategy | None = getattr(self, "strategy", None)
+        if strategy is not None:
+            strategy.close()
+            del self.strategy
         if dist.is_initialized():
             dist.destroy_process_group()

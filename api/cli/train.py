@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 
+from api.cli.errors import FAILED, fail
+from grammar import (
+    COMPRESSION_HELP,
+    SYNC_HELP,
+    Compression,
+    Sync,
+    parse_compression,
+    parse_sync,
+)
 
-def _fail(field: str, message: str, code: int = 2) -> typer.Exit:
-    print(f"cpn train: error: {field}: {message}", file=sys.stderr)
-    return typer.Exit(code)
+_V = TypeVar("_V", Compression, Sync)
+
+_FLAGS = {"outer_lr": "--outer-lr", "outer_momentum": "--outer-momentum"}
+"""Spec fields whose errors name the flag that sets them."""
+
+
+def _concrete(value: _V) -> _V:
+    """A run needs concrete values: `auto` is the planner's to replace."""
+    if value.is_auto:
+        raise ValueError("auto needs the planner: give a concrete value (cpn plan suggests one)")
+    return value
 
 
 def _report_table(report: Any) -> Any:
@@ -33,11 +49,12 @@ def _report_table(report: Any) -> Any:
         ("compute time", f"{report.compute_s:.2f} s"),
         ("communication time", f"{report.comm_s:.2f} s"),
         ("WAN bytes (total)", f"{report.wan_bytes_total:,}"),
+        ("  of which start-up", f"{report.wan_setup_bytes:,}"),
         ("compression ratio", f"{report.compression_ratio:.1f}x"),
         ("WAN", "emulated" if report.wan_emulated else "not shaped"),
         ("restarts", str(report.restarts)),
     ]
-    rows += [(f"  {link}", f"{n:,} B") for link, n in sorted(report.wan_bytes.items())]
+    rows += [(f"  {src}->{dst}", f"{n:,} B") for (src, dst), n in sorted(report.wan_bytes.items())]
     if report.resumed_from_step is not None:
         rows.append(("resumed from step", str(report.resumed_from_step)))
     for k, v in rows:
@@ -86,15 +103,24 @@ def train(
     compression: str = typer.Option(
         "none",
         "--compression",
-        help="none, fp16, bf16, int8, int8:minmax, topk:D, powersgd:R, sign",
+        help=f"Compression between clusters; {COMPRESSION_HELP} (auto is for planned jobs).",
     ),
     sync: str = typer.Option(
-        "every-step", "--sync", help="every-step, local-sgd:H, stale:S or adaptive"
+        "every-step", "--sync", help=f"Sync between clusters; {SYNC_HELP} (not auto)."
     ),
     steps: int = typer.Option(100, "--steps", min=1, help="Training steps."),
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="Global batch size."),
     lr: float | None = typer.Option(None, "--lr", min=0.0, help="Inner learning rate."),
     seed: int = typer.Option(0, "--seed"),
+    outer_lr: float = typer.Option(
+        0.7, "--outer-lr", help="Outer learning rate of local-sgd/streaming (> 0)."
+    ),
+    outer_momentum: float = typer.Option(
+        0.9, "--outer-momentum", help="Outer momentum of local-sgd/streaming, in [0, 1) (0: none)."
+    ),
+    nesterov: bool = typer.Option(
+        True, "--nesterov/--no-nesterov", help="Nesterov's outer momentum (with a momentum > 0)."
+    ),
     checkpoint_dir: str | None = typer.Option(
         None, "--checkpoint-dir", help="Directory or file:// URI for checkpoints."
     ),
@@ -122,39 +148,36 @@ def train(
     plot: Path | None = typer.Option(None, "--plot", help="Save accuracy against wall time (PNG)."),
 ) -> None:
     """Train one data-parallel job over clusters of Ray workers, compressed across the WAN."""
-    from training.spec import TrainSpec, parse_clusters, parse_sync
+    from training.spec import TrainSpec, parse_clusters
     from training.tasks import check_entry
     from training.wan import load_links_file
 
     try:
         cluster_map = parse_clusters(clusters)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--clusters") from None
+        raise fail("train", "--clusters", str(exc)) from None
     try:
-        parse_sync(sync)
+        sync = str(_concrete(parse_sync(sync)))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--sync") from None
     try:
+        compression = str(_concrete(parse_compression(compression)))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--compression") from None
+    try:
         check_entry(task)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--task") from None
+        raise fail("train", "--task", str(exc)) from None
     if rtt_ms is not None and link_mbps is None:
-        raise typer.BadParameter("--rtt-ms needs --link-mbps", param_hint="--rtt-ms")
+        raise fail("train", "--rtt-ms", "needs --link-mbps: give both, or neither")
     if plot is not None and plot.suffix.lower() != ".png":
-        raise typer.BadParameter("write a .png path", param_hint="--plot")
+        raise fail("train", "--plot", "write a .png path")
     link_list = []
     if links is not None:
         try:
             link_list = load_links_file(links)
         except ValueError as exc:
-            raise _fail("--links", str(exc)) from None
-    from training.compression import make_compressor
-
-    if parse_sync(sync).kind != "adaptive":
-        try:
-            make_compressor(compression)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--compression") from None
+            raise fail("train", "--links", str(exc)) from None
     spec = TrainSpec(
         task=task,
         clusters=cluster_map,
@@ -174,12 +197,15 @@ def train(
         ray_address=ray_address,
         gloo_ifname=gloo_ifname,
         gpus_per_worker=gpus_per_worker,
+        outer_lr=outer_lr,
+        outer_momentum=outer_momentum,
+        outer_nesterov=nesterov,
     )
     try:
         spec.validate()
     except ValueError as exc:
         field, _, msg = str(exc).partition(": ")
-        raise _fail(field, msg or str(exc)) from None
+        raise fail("train", _FLAGS.get(field, field), msg or str(exc)) from None
 
     import training
 
@@ -212,9 +238,9 @@ def train(
                 report = training.run(spec, on_progress=show)
     except ValueError as exc:
         field, _, msg = str(exc).partition(": ")
-        raise _fail(field, msg or str(exc)) from None
+        raise fail("train", field, msg or str(exc)) from None
     except RuntimeError as exc:
-        raise _fail("run", str(exc), code=1) from None
+        raise fail("train", "run", str(exc), FAILED) from None
     if plot is not None:
         plot_accuracy(report.history, plot, f"{task} {compression} {sync}")
     if as_json:

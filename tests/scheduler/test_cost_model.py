@@ -86,8 +86,11 @@ def test_two_clusters_with_fp16_and_int8() -> None:
     assert fp16.step_time_s == pytest.approx(0.2 + 1.62 + 2 * PARAMS / RATE)
     assert fp16.wan_bytes == 4e8 * 100
     int8 = estimate(snap, j, pl, "int8", "every-step")
-    # int8 is all-gathered: D-1 = 1 round of n' = 4e8 * (0.25 + 1/1024) = 1.00390625e8 B
-    assert int8.wan_s == pytest.approx(0.01 + 1.00390625e8 / 1.25e8)
+    # int8 runs in the compressed ring like fp16: 2 rounds of n'/D, n' = 4e8 * (0.25 + 1/1024)
+    assert int8.wan_s == pytest.approx(2 * (0.01 + 1.00390625e8 / 2 / 1.25e8))
+    # top-k with DGC momentum is all-gathered: D-1 = 1 round of its whole payload
+    topk = estimate(snap, j, pl, "topk:0.01", "every-step")
+    assert topk.wan_s == pytest.approx(0.01 + 4e8 * 0.02 / 1.25e8)
     # steps factor 1.01
     assert int8.effective_steps == pytest.approx(101.0)
     assert int8.total_time_s == pytest.approx(101.0 * int8.step_time_s)

@@ -30,6 +30,12 @@ def _cpn(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         (["--rtt-ms", "30"], "--link-mbps"),
         (["--resume"], "resume"),
         (["--links", "/nonexistent/links.json"], "--links"),
+        (["--sync", "streaming:4:f9"], "--sync"),
+        (["--compression", "int3"], "--compression"),
+        (["--outer-lr", "0"], "--outer-lr"),
+        (["--outer-lr", "nan"], "--outer-lr"),
+        (["--outer-momentum", "1"], "--outer-momentum"),
+        (["--outer-momentum", "-0.5", "--no-nesterov"], "--outer-momentum"),
     ],
 )
 def test_bad_flags_one_line_nonzero_exit(args: list[str], needle: str) -> None:

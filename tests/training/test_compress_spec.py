@@ -11,6 +11,7 @@ from training.compression import Compressor, compressor_specs, make_compressor, 
 from training.compression.cast import CastCompressor
 from training.compression.identity import NoCompression
 from training.compression.int8 import MinMaxInt8, StochasticInt8
+from training.compression.intn import StochasticIntN
 from training.compression.powersgd import PowerSGDCompressor
 from training.compression.sign import SignCompressor
 from training.compression.topk import TopKCompressor
@@ -25,7 +26,10 @@ from training.compression.topk import TopKCompressor
         ("BF16", CastCompressor),
         ("int8", StochasticInt8),
         ("int8:minmax", MinMaxInt8),
+        ("int4", StochasticIntN),
+        ("INT2", StochasticIntN),
         (" topk:0.01 ", TopKCompressor),
+        ("topk:0.02:m0:c4096:int2", TopKCompressor),
         ("powersgd:4", PowerSGDCompressor),
         ("sign", SignCompressor),
     ],
@@ -47,6 +51,18 @@ def test_flags() -> None:
     assert make_compressor("none").mergeable and make_compressor("fp16").mergeable
     assert not make_compressor("topk:0.01").mergeable
     assert not make_compressor("powersgd:2").momentum_correction
+    # what may run in the compressed ring (per-piece state only) and what is all-gathered
+    ring = ["none", "fp16", "bf16", "int8", "int8:minmax", "int4", "int2", "topk:0.01:m0"]
+    for spec in [*ring, "topk:0.02:m0:c4096:int2"]:
+        assert make_compressor(spec).ring, spec
+    for spec in ["topk:0.01", "powersgd:2", "sign"]:
+        assert not make_compressor(spec).ring, spec
+
+
+def test_chunked_quantized_topk_options() -> None:
+    compressor = make_compressor("topk:0.02:m0:c4096:int2")
+    assert isinstance(compressor, TopKCompressor)
+    assert (compressor.chunk, compressor.value_bits, compressor.momentum) == (4096, 2, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -63,6 +79,11 @@ def test_flags() -> None:
         "topk:0.01:m1",
         "topk:0.01:w-1",
         "topk:0.01:m0.5:m0.4",
+        "topk:0.01:c0",
+        "topk:0.01:c-3",
+        "topk:0.01:int2:fp16",
+        "int4:2",
+        "int2:minmax",
         "topk:nan",
         "powersgd",
         "powersgd:0",
@@ -80,6 +101,17 @@ def test_bad_specs_name_the_spec_and_the_valid_forms(spec: str) -> None:
     message = str(raised.value)
     assert repr(spec) in message
     assert "valid forms" in message and "topk:<density" in message and "powersgd:<rank" in message
+
+
+def test_auto_and_parsed_values() -> None:
+    from grammar import parse_compression
+
+    with pytest.raises(ValueError, match=r"'auto'.*concrete value"):
+        make_compressor("auto")
+    topk = make_compressor(parse_compression("topk:0.01:m0:w3:bf16"))
+    assert isinstance(topk, TopKCompressor)
+    assert (topk.momentum, topk.warmup_rounds, topk.value_dtype) == (0.0, 3, torch.bfloat16)
+    assert isinstance(make_compressor(parse_compression("int8:minmax")), MinMaxInt8)
 
 
 def _gradients(round_index: int) -> dict[str, torch.Tensor]:

@@ -39,11 +39,16 @@ def test_every_step_uncompressed_equals_single_process_full_batch(tmp_path: Path
         )
     )
     assert report.steps == steps and report.restarts == 0
-    # gloo's ring all-gather puts bytes on the ring's edges only, two blocks each per step
-    assert set(report.wan_bytes) == {"a->b", "b->c", "c->a"}
-    nbytes = 4 * sum(t.numel() for t in training.tasks.load_task(MLP).model().parameters())
+    # the ring all-reduce puts bytes on the ring's edges only: per step each edge carries two
+    # reduce-scatter and two all-gather chunks of a third of the model (2(n-1)/n = 4/3 of it)
+    assert set(report.wan_bytes) == {("a", "b"), ("b", "c"), ("c", "a")}
+    assert report.wan_bytes.total == report.wan_bytes_total
+    assert set(report.to_dict()["wan_bytes"]) == {"a->b", "b->c", "c->a"}
+    params = sum(t.numel() for t in training.tasks.load_task(MLP).model().parameters())
     for sent in report.wan_bytes.values():
-        assert steps * 2 * nbytes <= sent <= steps * 2 * (nbytes + 4096)
+        assert steps * 4 * 4 * (params // 3) <= sent <= steps * (4 * 4 * params // 3 + 4096) + 99
+    # the start-up compared digests (33 bytes a leader, twice round the ring) and sent no model
+    assert report.wan_setup_bytes == 3 * 2 * 33
     step, got = final_params(str(tmp_path / "ck"))
     assert step == steps
     _assert_close(got, full_batch_reference(MLP, steps))
@@ -94,7 +99,7 @@ def test_wan_emulation_takes_at_least_the_link_time() -> None:
     )
     assert report.wan_emulated
     nparams = 9610
-    for link in ("a->b", "b->a"):  # real serialized fp32 payload, plus small framing
+    for link in (("a", "b"), ("b", "a")):  # real serialized fp32 payload, plus small framing
         assert steps * 4 * nparams <= report.wan_bytes[link] <= steps * (4 * nparams + 2048)
     worst = max(report.wan_bytes.values())
     need = steps * rtt_ms / 2e3 + worst * 8 / (mbps * 1e6)

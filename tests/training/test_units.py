@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from grammar import Sync, SyncKind, parse_sync
 from training.adaptive import choose, estimate_bytes
 from training.checkpoint import DirectoryStore, open_store
 from training.data import batch_indices, shard, shard_sizes
 from training.placement import cluster_resource
-from training.spec import SyncMode, TrainSpec, parse_clusters, parse_sync
+from training.spec import TrainSpec, parse_clusters
 from training.wan import Link, LinkTable, load_links_file, ring_edges
 
 
@@ -40,19 +41,53 @@ def test_cluster_resource_is_one_function_and_rejects_bad_names() -> None:
 
 def test_parsers_name_the_fix() -> None:
     assert parse_clusters("a:2, b:1") == {"a": 2, "b": 1}
-    assert parse_sync("local-sgd:8") == SyncMode("local-sgd", period=8)
-    assert parse_sync("stale:2") == SyncMode("stale", staleness=2)
+    assert parse_sync("local-sgd:8") == Sync(SyncKind.LOCAL_SGD, period=8)
+    assert parse_sync("stale:2") == Sync(SyncKind.STALE, staleness=2)
+    assert parse_sync("streaming:32") == Sync(SyncKind.STREAMING, 32, fragments=4, delay=7)
+    assert str(parse_sync("streaming:8:d0")) == "streaming:8:f4:d0"
     assert str(parse_sync("adaptive")) == "adaptive"
     for bad, msg in [("a", "NAME:WORKERS"), ("a:0", "at least 1"), ("a:1,a:2", "twice")]:
         with pytest.raises(ValueError, match=msg):
             parse_clusters(bad)
-    for bad in ("sometimes", "local-sgd:0", "stale:x"):
+    for bad in ("sometimes", "local-sgd:0", "stale:x", "streaming:4:f5", "streaming:4:d4"):
         with pytest.raises(ValueError, match="every-step"):
             parse_sync(bad)
     with pytest.raises(ValueError, match="resume"):
         TrainSpec(resume=True).validate()
     with pytest.raises(ValueError, match="links"):
         TrainSpec(links=[__import__("training").LinkSpec("a", "zz", 10, 1)]).validate()
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"sync": "sometimes"}, "sync 'sometimes'.*every-step"),
+        ({"sync": "auto"}, "sync 'auto'.*concrete value"),
+        ({"compression": "auto"}, "compression 'auto'.*concrete value"),
+        ({"compression": "topk:2"}, "compression 'topk:2'.*valid forms"),
+        ({"sync": "adaptive", "compression": "gzip"}, "compression 'gzip'"),
+        ({"sync": "adaptive", "adaptive_levels": ["none", "auto"]}, r"adaptive_levels\[1\]"),
+        ({"sync": "adaptive", "adaptive_levels": []}, "adaptive_levels"),
+    ],
+)
+def test_spec_validates_sync_and_compression_through_the_grammar(
+    fields: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(ValueError, match=needle):
+        TrainSpec(**fields).validate()  # type: ignore[arg-type]
+
+
+def test_spec_accepts_every_runnable_documented_value() -> None:
+    from grammar import DOCUMENTED_COMPRESSIONS, DOCUMENTED_SYNCS
+
+    for sync in DOCUMENTED_SYNCS:
+        for compression in DOCUMENTED_COMPRESSIONS:
+            spec = TrainSpec(sync=sync, compression=compression)
+            if sync == "auto" or (compression == "auto" and sync != "adaptive"):
+                with pytest.raises(ValueError, match="concrete value"):
+                    spec.validate()
+            else:
+                spec.validate()  # adaptive runs its levels, whatever `compression` says
 
 
 def test_link_table_allgather_time_is_gloos_ring() -> None:
@@ -72,6 +107,56 @@ def test_link_table_allgather_time_is_gloos_ring() -> None:
     assert LinkTable.build([], None, None) is None
     only_ab = LinkTable.build([LinkSpec("a", "b", 8.0, 20.0)])
     assert only_ab is not None and only_ab.allgather_time(["c", "d"], 10**6) == 0.0
+
+
+def test_link_table_rounds_time_is_a_ring_all_reduce() -> None:
+    from training.spec import LinkSpec
+
+    table = LinkTable.build([LinkSpec("a", "b", 8.0, 20.0)], mbps=80.0, rtt_ms=10.0)
+    assert table is not None
+    # each round as slow as its slowest message: a->b 10 ms + 1e6 B at 8 Mbit/s = 1.01 s
+    rounds = [{("a", "b"): 10**6, ("b", "c"): 10**6}, {("b", "c"): 10**6, ("c", "a"): 0}]
+    assert table.rounds_time(rounds) == pytest.approx(1.01 + 0.105)
+    assert table.rounds_time([]) == 0.0
+    only_ab = LinkTable.build([LinkSpec("a", "b", 8.0, 20.0)])
+    assert only_ab is not None and only_ab.rounds_time([{("c", "d"): 10**6}]) == 0.0
+
+
+def test_pieces_of_a_flat_slice_name_their_parameter_and_place() -> None:
+    from training.exchange import chunk_bounds, cut, param_pieces
+
+    assert chunk_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert chunk_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    shapes = [torch.Size([2, 3]), torch.Size([4]), torch.Size([5])]
+    whole = param_pieces(["w", "b", "c"], shapes, 0, 15)
+    assert [(p.key, p.lo, p.hi, p.shape) for p in whole] == [
+        ("w", 0, 6, (2, 3)),
+        ("b", 6, 10, (4,)),
+        ("c", 10, 15, (5,)),
+    ]
+    part = param_pieces(["w", "b", "c"], shapes, 4, 8)  # a fragment: flat [4, 12)
+    assert [(p.key, p.lo, p.hi) for p in part] == [("w[4:6]", 0, 2), ("b", 2, 6), ("c[0:2]", 6, 8)]
+    chunk = cut(whole, 5, 12)  # a ring chunk of the whole model
+    assert [(p.key, p.lo, p.hi, p.shape) for p in chunk] == [
+        ("w[5:6]", 0, 1, (1,)),
+        ("b", 1, 5, (4,)),
+        ("c[0:2]", 5, 7, (2,)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"outer_lr": 0.0}, "outer_lr: 0.0 must be a number > 0"),
+        ({"outer_lr": float("inf")}, "outer_lr"),
+        ({"outer_momentum": 1.0}, r"outer_momentum: 1.0 must be in \[0, 1\)"),
+        ({"outer_momentum": -0.1}, "outer_momentum"),
+    ],
+)
+def test_outer_optimizer_settings_are_validated(fields: dict[str, float], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        TrainSpec(**fields).validate()  # type: ignore[arg-type]
+    TrainSpec(outer_lr=1.0, outer_momentum=0.0, outer_nesterov=False).validate()
 
 
 def test_links_file(tmp_path: Path) -> None:

@@ -33,12 +33,18 @@ class Compressor(ABC):
     `mergeable` is True when decompress(a) + decompress(b) may be replaced by summing payloads
     (fp32/fp16); the runtime never relies on it for correctness, only for speed.
     `momentum_correction` is True when the compressor applies momentum itself (DGC); the runtime
-    then runs the local optimizer without momentum for parameters it handles.
+    then runs the local optimizer without momentum for parameters it handles. `ring`: see below.
     """
 
     name: str = "abstract"
     mergeable: bool = False
     momentum_correction: bool = False
+    ring: bool = False
+    """True when the compressor may compress any slice of a tensor and partial sums of
+    several leaders' tensors (it keeps no per-leader state but error feedback): the runtime
+    then all-reduces through a ring of compressed chunks (reduce-scatter + all-gather), whose
+    bytes per leader stay flat as clusters are added. False: each leader's whole packet is
+    all-gathered (PowerSGD's factors, DGC's momentum correction, sign)."""
 
     @abstractmethod
     def compress(self, key: str, tensor: torch.Tensor) -> Packet:

@@ -15,6 +15,7 @@ class CastCompressor(ErrorFeedbackCompressor):
     clamped rather than turned into inf) stays in the residual and is sent later."""
 
     mergeable = True  # payloads may be summed after upcasting to float32
+    ring = True
 
     def __init__(self, dtype: torch.dtype, *, error_feedback: bool = True) -> None:
         if dtype not in (torch.float16, torch.bfloat16):

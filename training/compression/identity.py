@@ -13,6 +13,7 @@ class NoCompression(Compressor):
 
     name = "none"
     mergeable = True
+    ring = True
 
     def compress(self, key: str, tensor: torch.Tensor) -> Packet:
         return Packet(tensors={"x": as_float32(tensor)})

@@ -27,6 +27,7 @@ class StochasticInt8(ErrorFeedbackCompressor):
     """
 
     name = "int8"
+    ring = True
 
     def __init__(self, *, seed: int = 0, error_feedback: bool = True) -> None:
         super().__init__(error_feedback=error_feedback)
@@ -59,6 +60,7 @@ class MinMaxInt8(ErrorFeedbackCompressor):
     """Asymmetric 8-bit: q = round((x - min) / s) in [0, 255], s = (max - min) / 255."""
 
     name = "int8:minmax"
+    ring = True
 
     def encode(self, key: str, corrected: torch.Tensor) -> Packet:
         if corrected.numel() == 0:

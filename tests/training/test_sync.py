@@ -1,0 +1,241 @@
+"""Sync modes behind one interface: the registry builds each mode's class, and a strategy this
+test defines runs through the real `Worker` loop (real processes, real gloo groups) without a
+change to `training/worker.py`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grammar import Sync, SyncKind, parse_sync
+from training.collective import Collective
+from training.data import batch_indices, shard
+from training.spec import TrainSpec
+from training.sync import (
+    AdaptiveSync,
+    EveryStepSync,
+    LocalSGDSync,
+    Scope,
+    StaleSync,
+    StreamingSync,
+    SyncContext,
+    SyncStrategy,
+    make_sync_strategy,
+    register_sync_strategy,
+)
+from training.sync.streaming import fragment_offsets, fragments_due
+from training.tasks import as_tensors, load_task
+from training.worker import free_port
+
+MLP = "builtin:mnist1d-mlp"
+
+
+def _context(spec: TrainSpec) -> SyncContext:
+    """One rank, one cluster: enough to build any strategy (no collective is called)."""
+    model = torch.nn.Linear(3, 2)
+    params = list(model.parameters())
+    comm = Collective(
+        rank=0,
+        ranks_cluster=["a"],
+        intra=None,
+        leaders=None,
+        names=[n for n, _ in model.named_parameters()],
+        shapes=[p.shape for p in params],
+        device=torch.device("cpu"),
+        links=None,
+    )
+    return SyncContext(spec, comm, model, params, apply=lambda flat: None, cluster_share=1.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "cls", "scope", "exchanges_gradients"),
+    [
+        ("every-step", EveryStepSync, Scope.GLOBAL, True),
+        ("local-sgd:4", LocalSGDSync, Scope.CLUSTER, False),
+        ("diloco:4", LocalSGDSync, Scope.CLUSTER, False),
+        ("stale:2", StaleSync, Scope.GLOBAL, True),  # one cluster: nothing to be stale about
+        ("adaptive", AdaptiveSync, Scope.GLOBAL, True),
+        ("streaming:8:f2:d3", StreamingSync, Scope.CLUSTER, False),
+    ],
+)
+def test_registry_builds_each_mode(
+    value: str, cls: type[SyncStrategy], scope: Scope, exchanges_gradients: bool
+) -> None:
+    spec = TrainSpec(sync=value, compression="int8")
+    strategy = make_sync_strategy(parse_sync(value), _context(spec))
+    assert type(strategy) is cls
+    assert strategy.scope is scope and strategy.exchanges_gradients is exchanges_gradients
+    assert strategy.compression == ("none" if cls is AdaptiveSync else "int8")
+    strategy.close()
+
+
+def test_registry_refuses_auto_and_double_registration() -> None:
+    with pytest.raises(ValueError, match="sync 'auto': no strategy runs it"):
+        make_sync_strategy(Sync(SyncKind.AUTO), _context(TrainSpec()))
+    with pytest.raises(ValueError, match="already has a strategy"):
+        register_sync_strategy(SyncKind.EVERY_STEP, EveryStepSync)
+
+
+def test_local_sgd_is_at_a_sync_point_every_period_and_at_the_end() -> None:
+    spec = TrainSpec(sync="local-sgd:4", steps=10)
+    strategy = make_sync_strategy(parse_sync(spec.sync), _context(spec))
+    assert [s for s in range(1, 11) if strategy.at_sync_point(s)] == [4, 8, 10]
+
+
+def test_streaming_staggers_its_fragments_over_the_period() -> None:
+    # fragment p leaves after the steps s with s + 1 = (p + 1) H / F (mod H): F per period
+    assert fragment_offsets(8, 4) == [2, 4, 6, 8]
+    assert fragment_offsets(5, 2) == [2, 5]
+    due = {s: fragments_due(s, 8, 4) for s in range(16)}
+    assert {s: f for s, f in due.items() if f} == {
+        1: [0],
+        3: [1],
+        5: [2],
+        7: [3],
+        9: [0],
+        11: [1],
+        13: [2],
+        15: [3],
+    }
+    # one fragment is local SGD's schedule
+    assert [s for s in range(12) if fragments_due(s, 4, 1)] == [3, 7, 11]
+
+
+def test_streaming_checkpoints_anywhere_and_splits_the_model_evenly() -> None:
+    spec = TrainSpec(sync="streaming:4:f3:d1", steps=10)
+    strategy = make_sync_strategy(parse_sync(spec.sync), _context(spec))
+    assert isinstance(strategy, StreamingSync)
+    assert all(strategy.at_sync_point(s) for s in range(1, 11))
+    assert strategy.bounds == [(0, 3), (3, 6), (6, 8)]  # Linear(3, 2): 6 weights + 2 biases
+    assert [a.numel() for a in strategy.anchor] == [3, 3, 2]
+    strategy.close()
+
+
+def test_a_delayed_outer_step_keeps_the_progress_made_meanwhile() -> None:
+    """One cluster, H=2, one fragment, delay 1, outer SGD lr 0.5 without momentum: the
+    pseudo-gradient leaves after step 1 and is applied after step 2, on top of step 2's own
+    progress."""
+    spec = TrainSpec(sync="streaming:2:f1:d1", steps=3, outer_lr=0.5, outer_momentum=0.0)
+    ctx = _context(spec)
+    strategy = make_sync_strategy(parse_sync(spec.sync), ctx)
+    strategy.load_state_dict(None, None)
+    start = [p.detach().clone() for p in ctx.params]
+
+    def inner_step() -> None:  # what a local optimizer step would do: +1 everywhere
+        with torch.no_grad():
+            for p in ctx.params:
+                p.add_(1.0)
+
+    for step in range(3):
+        inner_step()
+        strategy.after_step(step)
+    # anchor: start - 0.5 * (start - (start + 2)) = start + 1; then + 1 (step 2's progress)
+    for p, s0 in zip(ctx.params, start, strict=True):
+        torch.testing.assert_close(p.detach(), s0 + 2.0)
+    strategy.finish()  # the final sync: pseudo-gradient -1, anchor + 0.5, parameters = anchor
+    for p, s0 in zip(ctx.params, start, strict=True):
+        torch.testing.assert_close(p.detach(), s0 + 1.5)
+    strategy.close()
+
+
+def test_outer_settings_reach_the_outer_optimizer() -> None:
+    for value in ("local-sgd:4", "streaming:4"):
+        spec = TrainSpec(sync=value, outer_lr=0.5, outer_momentum=0.8, outer_nesterov=False)
+        strategy: Any = make_sync_strategy(parse_sync(value), _context(spec))
+        group = strategy.outer.param_groups[0]
+        assert (group["lr"], group["momentum"], group["nesterov"]) == (0.5, 0.8, False)
+        spec = TrainSpec(sync=value, outer_momentum=0.0)  # Nesterov needs a momentum
+        strategy = make_sync_strategy(parse_sync(value), _context(spec))
+        assert strategy.outer.param_groups[0]["nesterov"] is False
+        strategy.close()
+
+
+class NoExchange(SyncStrategy):
+    """A mode cpn does not have: each cluster trains alone, nothing crosses the WAN."""
+
+    def __init__(self, sync: Sync, ctx: SyncContext) -> None:
+        super().__init__(sync, ctx)
+        self.calls = {"after_backward": 0, "after_step": 0, "finish": 0}
+
+    @property
+    def scope(self) -> Scope:
+        return Scope.CLUSTER
+
+    def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
+        self.calls["after_backward"] += 1
+        self.comm.reduce(grad)
+        return grad
+
+    def after_step(self, step: int) -> None:
+        self.calls["after_step"] += 1
+
+    def finish(self) -> None:
+        self.calls["finish"] += 1
+
+
+def _rank(rank: int, ranks_cluster: list[str], port: int, steps: int, out: str) -> None:
+    """One rank in its own process: plug NoExchange in, then the Worker's own loop."""
+    from training.worker import Worker
+
+    register_sync_strategy(SyncKind.EVERY_STEP, NoExchange, replace=True)
+    spec = TrainSpec(task=MLP, clusters={"a": 1, "b": 1}, steps=steps, sync="every-step")
+    worker = Worker(spec, rank, ranks_cluster, "lo")
+    worker.setup("127.0.0.1", port, None)
+    result = worker.run(steps, evaluate=False)
+    strategy: Any = worker.strategy
+    found = {
+        "strategy": type(strategy).__name__,
+        "calls": dict(strategy.calls),
+        "step": result.step,
+        "rounds": result.wan.rounds,
+        "wan_bytes": result.wan.wan_bytes.total,
+        "setup_bytes": result.wan.setup_bytes,
+        "model": {k: v.clone() for k, v in worker.model.state_dict().items()},
+    }
+    worker.close()
+    torch.save(found, Path(out) / f"rank{rank}.pt")
+
+
+def _alone(rank: int, world: int, steps: int) -> dict[str, torch.Tensor]:
+    """Plain training of one rank on its shard of each global batch, no other rank."""
+    task = load_task(MLP)
+    torch.manual_seed(0)
+    model = task.model()
+    opt = task.optimizer.build(model.parameters())
+    x, y = as_tensors(task.train)
+    for step in range(steps):
+        mine = shard(batch_indices(len(x), task.batch_size, 0, step), rank, world)
+        opt.zero_grad()
+        task.loss(model(x[mine]), y[mine]).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def test_a_new_strategy_plugs_into_the_real_worker_loop(tmp_path: Path) -> None:
+    steps, ranks_cluster, port = 5, ["a", "b"], free_port()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_rank, args=(r, ranks_cluster, port, steps, str(tmp_path)))
+        for r in range(len(ranks_cluster))
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+        assert p.exitcode == 0, f"rank process ended with {p.exitcode}"
+    found = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for rank, f in enumerate(found):
+        assert f["strategy"] == "NoExchange" and f["step"] == steps
+        assert f["calls"] == {"after_backward": steps, "after_step": steps, "finish": 1}
+        # nothing crossed but the start-up's digests (33 bytes a leader, not the model)
+        assert f["rounds"] == 0 and f["wan_bytes"] == f["setup_bytes"] == 2 * 33
+        want = _alone(rank, len(ranks_cluster), steps)  # each cluster trained on its own data
+        for k, v in want.items():
+            torch.testing.assert_close(f["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    # and the clusters really went separate ways
+    assert not torch.equal(found[0]["model"]["0.weight"], found[1]["model"]["0.weight"])

@@ -1,0 +1,119 @@
+"""Typed values the workers hand the driver: WAN byte counters and per-segment results.
+
+Plain dataclasses and a small mapping, no torch: the driver, the controller and the CLI read
+them without loading the runtime. Counters are immutable and addable, so the driver sums the
+counters of a run's attempts (`before + last`) instead of merging dicts by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+Edge = tuple[str, str]
+"""A directed WAN link: (source cluster, destination cluster)."""
+
+
+class WanBytes(Mapping[Edge, int]):
+    """Bytes put on each directed WAN link, keyed by `(src, dst)`; immutable and addable.
+
+    Its JSON form (`to_json`, `from_json`) keys each link `"src->dst"`: that is what job
+    events, metrics and `cpn train --json` store.
+    """
+
+    def __init__(self, by_edge: Mapping[Edge, int] | None = None) -> None:
+        self._by_edge: dict[Edge, int] = {
+            (str(src), str(dst)): int(n) for (src, dst), n in (by_edge or {}).items()
+        }
+
+    def __getitem__(self, edge: Edge) -> int:
+        return self._by_edge[edge]
+
+    def __iter__(self) -> Iterator[Edge]:
+        return iter(self._by_edge)
+
+    def __len__(self) -> int:
+        return len(self._by_edge)
+
+    def __repr__(self) -> str:
+        return f"WanBytes({self._by_edge!r})"
+
+    def __add__(self, other: WanBytes) -> WanBytes:
+        if not isinstance(other, WanBytes):
+            return NotImplemented
+        out = dict(self._by_edge)
+        for edge, n in other._by_edge.items():
+            out[edge] = out.get(edge, 0) + n
+        return WanBytes(out)
+
+    @property
+    def total(self) -> int:
+        """Bytes over all links."""
+        return sum(self._by_edge.values())
+
+    def to_json(self) -> dict[str, int]:
+        """`{"src->dst": bytes}`, links in the order they were first used."""
+        return {f"{src}->{dst}": n for (src, dst), n in self._by_edge.items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, int]) -> WanBytes:
+        """Read `to_json`'s form; ValueError names a key that is not `src->dst`."""
+        out: dict[Edge, int] = {}
+        for key, n in data.items():
+            src, arrow, dst = key.partition("->")
+            if not arrow or not src or not dst:
+                raise ValueError(f"wan_bytes: key {key!r} is not 'src->dst'")
+            out[(src, dst)] = int(n)
+        return cls(out)
+
+
+@dataclass(frozen=True)
+class ExchangeCounters:
+    """Totals of the cross-cluster exchanges (every directed link; leaders all see the same)."""
+
+    wan_bytes: WanBytes = field(default_factory=WanBytes)
+    raw_bytes: int = 0
+    """What uncompressed float32 exchanges would have put on the links."""
+    sent_bytes: int = 0
+    rounds: int = 0
+    wall_s: float = 0.0
+    link_s: float = 0.0
+    """What the links alone needed (emulated or not)."""
+    setup_bytes: int = 0
+    """Of `sent_bytes`, what the start-up put on the links: the digests that check every
+    worker built the same model, plus the model itself where they did not."""
+
+    def __add__(self, other: ExchangeCounters) -> ExchangeCounters:
+        if not isinstance(other, ExchangeCounters):
+            return NotImplemented
+        return ExchangeCounters(
+            wan_bytes=self.wan_bytes + other.wan_bytes,
+            raw_bytes=self.raw_bytes + other.raw_bytes,
+            sent_bytes=self.sent_bytes + other.sent_bytes,
+            rounds=self.rounds + other.rounds,
+            wall_s=self.wall_s + other.wall_s,
+            link_s=self.link_s + other.link_s,
+            setup_bytes=self.setup_bytes + other.setup_bytes,
+        )
+
+    @property
+    def compression_ratio(self) -> float:
+        """Uncompressed bytes over sent bytes (1.0 before anything was sent)."""
+        return float(self.raw_bytes) / self.sent_bytes if self.sent_bytes else 1.0
+
+
+@dataclass(frozen=True)
+class SegmentResult:
+    """What one worker reports after a segment of steps (`Worker.run`)."""
+
+    step: int
+    loss: float
+    """Mean training loss over the segment's steps on this rank."""
+    accuracy: float | None
+    """Evaluation accuracy, when the driver asked for it."""
+    compute_s: float
+    comm_s: float
+    compression: str
+    """The compression level in use (adaptive sync changes it during the run)."""
+    wan: ExchangeCounters = field(default_factory=ExchangeCounters)
+    """This run's exchange totals so far; zero on ranks that are not cluster leaders."""

@@ -1,0 +1,147 @@
+"""The interface every sync mode implements, and the registry that builds them by kind.
+
+`Worker` owns the loop: data, forward/backward, the local optimizer step, progress and
+checkpoints. A `SyncStrategy` owns what crosses clusters and when. Per step the Worker calls
+
+    grad   = strategy.after_backward(local_grad, step, compute_s)  # exchange, timed as comm
+    apply grad with the local optimizer                               # timed as compute
+    strategy.after_step(step)                                         # e.g. an outer step
+
+then, after the run's last step, `finish()`. It checkpoints only where `at_sync_point(step)`,
+saving `state_dict()` (run-wide, from rank 0) and `cluster_state()` (each cluster leader's),
+and hands both back to `load_state_dict` when it resumes.
+
+A new mode is a `SyncKind` in `grammar` plus one class registered here with
+`register_sync_strategy`; the Worker does not change.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+from torch import nn
+
+from grammar import Sync, SyncKind
+from training.collective import Collective
+from training.spec import TrainSpec
+
+
+class Scope(StrEnum):
+    """What a rank's loss is averaged over, hence what its gradient is a share of."""
+
+    GLOBAL = "global"
+    """The step's global batch: summed over all clusters, the gradients give the full-batch
+    mean (modes that exchange every step's gradient)."""
+    CLUSTER = "cluster"
+    """Its cluster's batch: summed inside the cluster, the gradient is that cluster's mean
+    (modes where a cluster steps on its own gradient first)."""
+
+
+@dataclass
+class SyncContext:
+    """What a strategy works with on one rank."""
+
+    spec: TrainSpec
+    comm: Collective
+    model: nn.Module
+    params: Sequence[torch.Tensor]
+    """The trainable parameters, in the order of the flat gradients."""
+    apply: Callable[[torch.Tensor], None]
+    """Take a local optimizer step with this flat gradient (the Worker's optimizer)."""
+    cluster_share: float
+    """This cluster's share of the global batch."""
+
+
+class SyncStrategy(ABC):
+    """How (and how often) the clusters of a run exchange: one instance per rank.
+
+    Every rank calls the same methods in the same order; collectives inside them must match
+    across ranks (`self.comm` knows who is a leader).
+    """
+
+    exchanges_gradients: bool = True
+    """True when what crosses the WAN is each step's gradient: a compressor's momentum
+    correction (DGC) then replaces the local optimizer's momentum. False when it is something
+    else (local SGD's pseudo-gradients), so the local optimizer keeps its momentum."""
+
+    def __init__(self, sync: Sync, ctx: SyncContext) -> None:
+        self.sync = sync
+        self.ctx = ctx
+        self.comm = ctx.comm
+        self.spec = ctx.spec
+        # the compression level of the next exchange (reported in progress, checkpointed)
+        self.compression: str = ctx.spec.compression
+
+    @property
+    def scope(self) -> Scope:
+        """What this rank's loss is averaged over before `after_backward`."""
+        return Scope.GLOBAL
+
+    @abstractmethod
+    def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
+        """This rank's flat gradient of `step` (weighted per `scope`; backward took
+        `compute_s`): exchange what the mode exchanges and return the flat gradient the local
+        optimizer applies now. May reduce `grad` in place."""
+
+    def after_step(self, step: int) -> None:  # noqa: B027 - optional hook
+        """After the local optimizer step of `step` (local SGD's outer step goes here)."""
+
+    def finish(self) -> None:  # noqa: B027 - optional hook
+        """After the run's last step: apply what is still in flight."""
+
+    def at_sync_point(self, step: int) -> bool:
+        """Whether every cluster holds the state a checkpoint after `step` must capture."""
+        return True
+
+    def cluster_state(self) -> dict[str, Any]:
+        """On each cluster leader at a checkpoint (before the leaders gather): this cluster's
+        part of the sync state. A `"model"` entry (not None) is this cluster's own view of the
+        parameters, which the Worker restores for that cluster. Must leave no exchange in
+        flight."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """On rank 0 at a checkpoint, after `cluster_state`: the run-wide sync state."""
+        return {}
+
+    def load_state_dict(  # noqa: B027 - optional hook
+        self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
+    ) -> None:
+        """Called once at setup, after the model and optimizer are restored. `state` and
+        `cluster_state` are what `state_dict` and this cluster's `cluster_state` saved (a new
+        cluster gets the first cluster's), or None on a fresh start or when the checkpoint was
+        written by another sync mode."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release threads or other resources (the process may train another run)."""
+
+
+SyncFactory = Callable[[Sync, SyncContext], SyncStrategy]
+
+_REGISTRY: dict[SyncKind, SyncFactory] = {}
+
+
+def register_sync_strategy(
+    kind: SyncKind, factory: SyncFactory, *, replace: bool = False
+) -> SyncFactory | None:
+    """Make `factory` build the strategy of sync values of `kind`; returns the one it
+    replaces. Registering a kind twice is an error unless `replace` is set."""
+    previous = _REGISTRY.get(kind)
+    if previous is not None and not replace:
+        raise ValueError(f"sync kind {kind.value!r} already has a strategy ({previous!r})")
+    _REGISTRY[kind] = factory
+    return previous
+
+
+def make_sync_strategy(sync: Sync, ctx: SyncContext) -> SyncStrategy:
+    """The strategy registered for `sync.kind`; ValueError for kinds no run can use (auto)."""
+    factory = _REGISTRY.get(sync.kind)
+    if factory is None:
+        runnable = ", ".join(k.value for k in _REGISTRY)
+        raise ValueError(f"sync {str(sync)!r}: no strategy runs it; use one of {runnable}")
+    return factory(sync, ctx)

@@ -1,0 +1,76 @@
+"""Local SGD / DiLoCo: each cluster takes `period` inner steps on its own, then the clusters
+average their pseudo-gradients and take one outer Nesterov step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from grammar import Sync
+from training.collective import flatten, split
+from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.outer import make_outer
+
+
+class LocalSGDSync(SyncStrategy):
+    """Inner steps reduce only inside the cluster; every `period` steps (and after the last
+    step) the cluster's pseudo-gradient (anchor - parameters) crosses the WAN, weighted by
+    the cluster's batch share, and an outer SGD (Nesterov momentum by default) moves the anchor,
+    which every rank then copies into its parameters."""
+
+    exchanges_gradients = False
+
+    def __init__(self, sync: Sync, ctx: SyncContext) -> None:
+        super().__init__(sync, ctx)
+        self.period = sync.period
+        self.anchor = [p.detach().clone() for p in ctx.params]
+        self.outer = make_outer(self.anchor, ctx.spec)
+
+    @property
+    def scope(self) -> Scope:
+        return Scope.CLUSTER
+
+    def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
+        self.comm.reduce(grad)
+        return grad
+
+    def after_step(self, step: int) -> None:
+        if (step + 1) % self.period == 0 or step + 1 == self.spec.steps:
+            self._outer_step(step)
+
+    def at_sync_point(self, step: int) -> bool:
+        return step % self.period == 0 or step == self.spec.steps
+
+    def _outer_step(self, step: int) -> None:
+        """Average the pseudo-gradients over clusters, take a Nesterov outer step."""
+        params = self.ctx.params
+        cur = flatten([p.detach() for p in params])
+        delta = flatten(self.anchor) - cur  # cluster copies agree after the intra all-reduce
+        if len(self.comm.clusters) > 1:
+            if self.comm.is_leader:
+                share = self.ctx.cluster_share
+                delta = self.comm.wan_sum(delta * share, step, self.compression)
+            self.comm.broadcast(delta)
+        for a, g in zip(self.anchor, split(delta, [a.shape for a in self.anchor]), strict=True):
+            a.grad = g.clone()
+        self.outer.step()
+        with torch.no_grad():
+            for p, a in zip(params, self.anchor, strict=True):
+                p.copy_(a)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"outer": self.outer.state_dict(), "anchor": [a.cpu() for a in self.anchor]}
+
+    def load_state_dict(
+        self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
+    ) -> None:
+        with torch.no_grad():
+            if state is not None and state.get("outer") is not None:
+                for a, saved in zip(self.anchor, state["anchor"], strict=True):
+                    a.copy_(saved)
+                self.outer.load_state_dict(state["outer"])
+            else:  # a fresh start, or another mode's checkpoint: start from the parameters
+                for a, p in zip(self.anchor, self.ctx.params, strict=True):
+                    a.copy_(p.detach())

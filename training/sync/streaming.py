@@ -1,0 +1,235 @@
+"""Streaming DiLoCo: local SGD whose outer exchange hides under the inner steps.
+
+The flat parameters are cut into `fragments` contiguous slices of equal size. Each fragment is
+synced once every `period` (H) steps, the fragments at staggered steps (fragment p after the
+steps s with s + 1 = (p + 1) H / F mod H), so the WAN carries 1/F of the model at a time. When
+a fragment is due, every rank takes its pseudo-gradient (anchor - parameters) and its cluster
+leader hands it, weighted by the cluster's batch share, to a background thread that
+all-reduces it over the leaders (`Collective.wan_sum`: the compressed ring) while the inner
+steps go on. `delay` (D) steps later, after that step's local update, the outer SGD step is
+applied to the fragment's anchor and the fragment's parameters become the new anchor plus
+the local progress made since the pseudo-gradient left (so no inner step is lost: that
+progress is in the next pseudo-gradient). With F = 1 and D = 0 it is local SGD, bit for bit.
+
+Checkpoints may fall anywhere: a cluster leader first waits for the exchanges in flight and
+keeps their sums (run-wide, the same on every leader) next to each rank's snapshot of the
+fragment (per cluster), so a resumed run applies them at the same steps as an uninterrupted
+one. After the last step, what is in flight is applied and every fragment not synced at the
+last step is synced once more, so all clusters end with the same model.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grammar import Sync
+from training.collective import flatten
+from training.exchange import chunk_bounds
+from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.outer import make_outer
+
+
+def fragment_offsets(period: int, fragments: int) -> list[int]:
+    """Fragment p is sent after the steps s with (s + 1 - offset_p) a multiple of `period`;
+    offsets spread the fragments evenly over a period, the last one at H (local SGD's)."""
+    return [(p + 1) * period // fragments for p in range(fragments)]
+
+
+def fragments_due(step: int, period: int, fragments: int) -> list[int]:
+    """The fragments whose pseudo-gradients leave after (0-based) `step`."""
+    return [
+        p
+        for p, off in enumerate(fragment_offsets(period, fragments))
+        if step + 1 >= off and (step + 1 - off) % period == 0
+    ]
+
+
+@dataclass
+class InFlight:
+    """A fragment's pseudo-gradient on its way: sent after step `sent`, applied after step
+    `apply_at`."""
+
+    fragment: int
+    sent: int
+    apply_at: int
+    snapshot: torch.Tensor
+    """This rank's parameters of the fragment when the pseudo-gradient left."""
+    result: Future[torch.Tensor] | torch.Tensor | None
+    """The sum over clusters (a future until it arrives); None on ranks that are not leaders,
+    which receive it from theirs when it is applied."""
+
+
+class StreamingSync(SyncStrategy):
+    """See the module docstring."""
+
+    exchanges_gradients = False
+
+    def __init__(self, sync: Sync, ctx: SyncContext) -> None:
+        super().__init__(sync, ctx)
+        self.period = sync.period
+        self.fragments = sync.fragments
+        self.delay = sync.delay
+        self.sizes = [p.numel() for p in ctx.params]
+        self.bounds = chunk_bounds(sum(self.sizes), self.fragments)
+        flat = flatten([p.detach() for p in ctx.params])
+        self.anchor = [flat[lo:hi].clone() for lo, hi in self.bounds]
+        self.outer = make_outer(self.anchor, ctx.spec)
+        self.multi = len(self.comm.clusters) > 1
+        leader = self.comm.is_leader and self.multi
+        self.pool = ThreadPoolExecutor(max_workers=1) if leader else None
+        self.inflight: deque[InFlight] = deque()
+        self.finished = False
+
+    @property
+    def scope(self) -> Scope:
+        return Scope.CLUSTER
+
+    # ------------------------------------------------------------------ the fragments
+
+    def _spans(self, p: int) -> list[tuple[torch.Tensor, int, int, int]]:
+        """(parameter, start in it, end in it, start in the fragment) of fragment p."""
+        lo, hi = self.bounds[p]
+        out, pos = [], 0
+        for param, size in zip(self.ctx.params, self.sizes, strict=True):
+            a, b = max(lo, pos), min(hi, pos + size)
+            if a < b:
+                out.append((param, a - pos, b - pos, a - lo))
+            pos += size
+        return out
+
+    def _read(self, p: int) -> torch.Tensor:
+        """Fragment p of this rank's parameters, as a new flat tensor."""
+        parts = [param.detach().reshape(-1)[a:b] for param, a, b, _ in self._spans(p)]
+        return torch.cat(parts) if parts else self.anchor[p].new_zeros(0)
+
+    def _write(self, p: int, values: torch.Tensor) -> None:
+        with torch.no_grad():
+            for param, a, b, at in self._spans(p):
+                param.data.view(-1)[a:b].copy_(values[at : at + b - a])
+
+    def _send(self, p: int, step: int) -> None:
+        """Take fragment p's pseudo-gradient and start its exchange."""
+        current = self._read(p)
+        delta = self.anchor[p] - current
+        result: Future[torch.Tensor] | torch.Tensor | None = None
+        if not self.multi:
+            result = delta
+        elif self.pool is not None:
+            shared = delta * self.ctx.cluster_share
+            lo = self.bounds[p][0]
+            result = self.pool.submit(self.comm.wan_sum, shared, step, self.compression, lo)
+        self.inflight.append(InFlight(p, step, step + self.delay, current, result))
+
+    def _apply(self, item: InFlight) -> None:
+        """The outer step of `item`'s fragment, then its parameters: the new anchor plus
+        what this rank learnt since the pseudo-gradient left."""
+        p = item.fragment
+        if self.multi:
+            total = torch.zeros_like(self.anchor[p])
+            if self.comm.is_leader:
+                got = item.result
+                assert got is not None
+                total = got.result() if isinstance(got, Future) else got
+            self.comm.broadcast(total)
+        else:
+            assert isinstance(item.result, torch.Tensor)
+            total = item.result
+        for i, a in enumerate(self.anchor):
+            a.grad = total.clone() if i == p else None
+        self.outer.step()
+        self._write(p, self.anchor[p] + (self._read(p) - item.snapshot))
+
+    # ------------------------------------------------------------------ the loop
+
+    def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
+        self.comm.reduce(grad)
+        return grad
+
+    def after_step(self, step: int) -> None:
+        for p in fragments_due(step, self.period, self.fragments):
+            self._send(p, step)
+        while self.inflight and self.inflight[0].apply_at <= step:
+            self._apply(self.inflight.popleft())
+
+    def finish(self) -> None:
+        """Apply what is in flight, then sync once more every fragment not sent after the
+        last step, so every cluster ends with the same parameters."""
+        while self.inflight:
+            self._apply(self.inflight.popleft())
+        last = self.spec.steps - 1
+        synced = set(fragments_due(last, self.period, self.fragments))
+        for p in range(self.fragments):
+            if p not in synced:
+                self._send(p, last)
+        while self.inflight:
+            self._apply(self.inflight.popleft())
+        self.finished = True
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _drain(self) -> None:
+        """Wait for the exchanges in flight (the leaders' group must be idle for a
+        checkpoint's gather) and keep their sums."""
+        for item in self.inflight:
+            if isinstance(item.result, Future):
+                item.result = item.result.result()
+
+    def cluster_state(self) -> dict[str, Any]:
+        self._drain()
+        model = self.ctx.model
+        return {
+            "inflight": [(i.fragment, i.sent, i.apply_at, i.snapshot.cpu()) for i in self.inflight],
+            # clusters' parameters differ until the run's final sync
+            "model": None if self.finished else {k: v.cpu() for k, v in model.state_dict().items()},
+        }
+
+    def _layout(self) -> list[int]:
+        return [self.period, self.fragments, self.delay, sum(self.sizes)]
+
+    def state_dict(self) -> dict[str, Any]:
+        self._drain()
+        results = [
+            i.result.cpu() if isinstance(i.result, torch.Tensor) else None for i in self.inflight
+        ]
+        return {
+            "layout": self._layout(),
+            "anchor": [a.detach().cpu() for a in self.anchor],
+            "outer": self.outer.state_dict(),
+            "results": results,
+            "finished": self.finished,
+        }
+
+    def load_state_dict(
+        self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
+    ) -> None:
+        fresh = state is None or list(state.get("layout", [])) != self._layout()
+        with torch.no_grad():
+            if fresh or state is None:  # a fresh start, or another layout: from the parameters
+                for p, a in enumerate(self.anchor):
+                    a.copy_(self._read(p))
+                self.inflight.clear()
+                return
+            for a, saved in zip(self.anchor, state["anchor"], strict=True):
+                a.copy_(saved)
+        self.outer.load_state_dict(state["outer"])
+        self.finished = bool(state.get("finished", False))
+        device = self.comm.device
+        saved_inflight = list((cluster_state or {}).get("inflight", []))
+        results = list(state.get("results", []))
+        self.inflight.clear()
+        for (p, sent, apply_at, snapshot), result in zip(saved_inflight, results, strict=True):
+            mine = result.to(device) if result is not None and self.comm.is_leader else None
+            if not self.multi and result is not None:
+                mine = result.to(device)
+            self.inflight.append(InFlight(p, sent, apply_at, snapshot.to(device), mine))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
