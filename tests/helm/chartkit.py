@@ -94,6 +94,20 @@ def render_raw(
     return rendered
 
 
+def render_text(
+    values: dict[str, Any] | None = None,
+    *,
+    api_versions: list[str] | None = None,
+) -> str:
+    """The release's manifests as one YAML stream, as `helm template` prints them."""
+    raw = render_raw(values, api_versions=api_versions)
+    return "\n---\n".join(
+        text
+        for path, text in sorted(raw.items())
+        if not path.endswith("NOTES.txt") and text.strip()
+    )
+
+
 def render(
     values: dict[str, Any] | None = None,
     *,
@@ -112,6 +126,18 @@ def render(
                 assert isinstance(doc, dict), f"{path} rendered a non-mapping document"
                 docs.append(doc)
     return Rendered(docs, notes)
+
+
+def pod_templates(rendered: Rendered) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(owner, pod template) for every pod the release creates: workloads and Ray groups."""
+    out = []
+    for doc in rendered.docs:
+        if doc["kind"] in ("Deployment", "Job"):
+            out.append((doc, doc["spec"]["template"]))
+        elif doc["kind"] == "RayCluster":
+            groups = [doc["spec"]["headGroupSpec"], *doc["spec"]["workerGroupSpecs"]]
+            out.extend((doc, group["template"]) for group in groups)
+    return out
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:

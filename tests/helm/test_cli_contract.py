@@ -46,8 +46,9 @@ def _invocations() -> list[Invocation]:
                     flags[rest[i]] = None
                     i += 1
             where = f"{scenario}: {workload['kind']}/{workload['metadata']['name']}"
-            invocation = Invocation(where, tuple(args[:split]), flags, tuple(rest),
-                                    chartkit.env_of(container))
+            invocation = Invocation(
+                where, tuple(args[:split]), flags, tuple(rest), chartkit.env_of(container)
+            )
             found.setdefault(tuple(args), invocation)
     return list(found.values())
 
@@ -61,8 +62,14 @@ def test_the_chart_runs_serve_db_upgrade_and_agent() -> None:
 
 def _help(subcommand: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "300", "NO_COLOR": "1", "TERM": "dumb"}
-    return subprocess.run([str(CPN), *subcommand, "--help"], capture_output=True, text=True,
-                          env=env, timeout=120, check=False)
+    return subprocess.run(
+        [str(CPN), *subcommand, "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("invocation", INVOCATIONS, ids=lambda i: i.where)
@@ -70,7 +77,8 @@ def test_help_lists_every_flag_the_chart_passes(invocation: Invocation) -> None:
     result = _help(invocation.subcommand)
     assert result.returncode == 0, (
         f"{invocation.where}: `cpn {' '.join(invocation.subcommand)} --help` failed: "
-        f"{result.stderr.strip()}")
+        f"{result.stderr.strip()}"
+    )
     words = set(result.stdout.replace("│", " ").replace(",", " ").split())
     for flag in invocation.flags:
         assert flag in words, f"{invocation.where}: {flag} is not in the help of the command"

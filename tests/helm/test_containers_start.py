@@ -46,7 +46,9 @@ def _secret_value(rendered: Rendered, ref: dict[str, str]) -> str:
 
 
 def _process_env(
-    rendered: Rendered, container: dict[str, Any], mounts: dict[str, Path],
+    rendered: Rendered,
+    container: dict[str, Any],
+    mounts: dict[str, Path],
     secrets: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The container's environment as the kubelet would build it, volumes mapped to `mounts`."""
@@ -110,20 +112,39 @@ def control_plane(tmp_path: Path) -> Iterator[tuple[str, str]]:
     serve_env = _process_env(rendered, deployment, mounts)
 
     # Before the hook has run, the server refuses to start and says what to do.
-    early = subprocess.run([str(CPN), *deployment["args"]], env=serve_env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=120, check=False)
+    early = subprocess.run(
+        [str(CPN), *deployment["args"]],
+        env=serve_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert early.returncode != 0 and "cpn db upgrade" in early.stderr, early.stderr
 
-    migrate = subprocess.run([str(CPN), *job["args"]], env=_process_env(rendered, job, mounts),
-                             cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                             check=False)
+    migrate = subprocess.run(
+        [str(CPN), *job["args"]],
+        env=_process_env(rendered, job, mounts),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert migrate.returncode == 0, migrate.stderr
     assert (mounts["/data"] / "cpn.db").is_file(), "the Job wrote the database the pod mounts"
 
     port = _free_port()
     args = _with_flag(_with_flag(deployment["args"], "--port", str(port)), "--host", "127.0.0.1")
-    proc = subprocess.Popen([str(CPN), *args], env=serve_env, cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(CPN), *args],
+        env=serve_env,
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_http(base + deployment["livenessProbe"]["httpGet"]["path"], proc)
@@ -145,25 +166,30 @@ def test_control_plane_starts_from_the_chart(control_plane: tuple[str, str]) -> 
 
 
 def test_agent_reports_through_the_chart_command_line(
-    control_plane: tuple[str, str], tmp_path: Path,
+    control_plane: tuple[str, str],
+    tmp_path: Path,
 ) -> None:
     base, admin_key = control_plane
     auth = {"Authorization": f"Bearer {admin_key}"}
-    created = httpx.post(f"{base}/v1/clusters", json={"name": "dc-east", "region": "east"},
-                         headers=auth)
+    created = httpx.post(
+        f"{base}/v1/clusters", json={"name": "dc-east", "region": "east"}, headers=auth
+    )
     assert created.status_code == 201, created.text
-    key = httpx.post(f"{base}/v1/api-keys", json={"role": "agent", "scope": "dc-east"},
-                     headers=auth)
+    key = httpx.post(
+        f"{base}/v1/api-keys", json={"role": "agent", "scope": "dc-east"}, headers=auth
+    )
     assert key.status_code == 201, key.text
 
     # Outside a pod there are no nodes to read, so this agent declares its GPUs (the chart's
     # inventory option) instead of the default Kubernetes discovery.
     values = copy.deepcopy(chartkit.AGENT_VALUES)
-    values["agent"].update({
-        "controllerURL": base,
-        "discovery": "inventory",
-        "inventory": "gpus:\n  - model: A100-80GB\n    memory_gib: 80\n    count: 8\n",
-    })
+    values["agent"].update(
+        {
+            "controllerURL": base,
+            "discovery": "inventory",
+            "inventory": "gpus:\n  - model: A100-80GB\n    memory_gib: 80\n    count: 8\n",
+        }
+    )
     rendered = render(values)
     deployment = rendered.one("Deployment")
     container = chartkit.pod_spec(deployment)["containers"][0]
@@ -171,14 +197,22 @@ def test_agent_reports_through_the_chart_command_line(
     config.mkdir()
     (config / "inventory.yaml").write_text(rendered.one("ConfigMap")["data"]["inventory.yaml"])
     mounts = {"/etc/cpn": config, "/tmp": tmp_path}
-    env = _process_env(rendered, container, mounts,
-                       secrets={"cpn-agent-token": key.json()["token"]})
+    env = _process_env(
+        rendered, container, mounts, secrets={"cpn-agent-token": key.json()["token"]}
+    )
     probe_port = _free_port()
     args = [a.replace("/etc/cpn", str(config)) for a in container["args"]]
-    args = _with_flag(_with_flag(args, "--probe-port", str(probe_port)),
-                      "--probe-host", "127.0.0.1")
-    proc = subprocess.Popen([str(CPN), *args], env=env, cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    args = _with_flag(
+        _with_flag(args, "--probe-port", str(probe_port)), "--probe-host", "127.0.0.1"
+    )
+    proc = subprocess.Popen(
+        [str(CPN), *args],
+        env=env,
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         probe_path = container["livenessProbe"]["httpGet"]["path"]
         _wait_http(f"http://127.0.0.1:{probe_port}{probe_path}", proc, expect=204)

@@ -121,10 +121,12 @@ def test_entrypoint_is_the_cpn_console_script() -> None:
 
 
 def _ignored(path: str) -> bool:
-    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-    return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(path.split("/")[0], p)
-               for p in patterns)
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(path.split("/")[0], p) for p in patterns)
 
 
 def _copied_sources() -> list[str]:
@@ -151,6 +153,28 @@ def test_build_copies_every_package_and_nothing_ignored() -> None:
         assert _ignored(path), path
 
 
+def _project_packages() -> list[str]:
+    return sorted(d.name for d in REPO.iterdir() if (d / "__init__.py").is_file())
+
+
+def test_every_package_cpn_imports_ships_in_the_wheel_and_the_image() -> None:
+    """Whatever `cpn` imports, at the top or inside a command, is a package the wheel and the
+    image carry; bench/ and tests/ are neither (the testbed once lived in bench/, so
+    `cpn testbed` broke wherever cpn was installed rather than run from a checkout)."""
+    import grimp
+
+    graph = grimp.build_graph(*_project_packages())
+    needed = {m.split(".")[0] for m in graph.find_upstream_modules("api", as_package=True)}
+    needed.add("api")
+    assert "testbed" in needed, "cpn testbed imports the testbed package"
+    assert not needed & {"bench", "tests"}, f"cpn imports {needed & {'bench', 'tests'}}"
+    include = _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]  # type: ignore[index]
+    installed = {pattern.rstrip("*") for pattern in include}
+    assert needed <= installed, f"not in the wheel: {sorted(needed - installed)}"
+    copied = set(_copied_sources())
+    assert needed <= copied, f"not in the image: {sorted(needed - copied)}"
+
+
 @pytest.mark.slow
 def test_the_build_context_installs_a_working_cpn(tmp_path: Path) -> None:
     """Install what the build stage copies, as the image does (not editable), and run the
@@ -160,35 +184,75 @@ def test_the_build_context_installs_a_working_cpn(tmp_path: Path) -> None:
     for source in _copied_sources():
         src = REPO / source
         if src.is_dir():
-            shutil.copytree(src, context / source,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                src, context / source, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
         else:
             shutil.copy2(src, context / source)
     site = tmp_path / "site"
     # Dependencies come from this virtualenv; the image installs them at the same pins.
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--target", str(site), str(context)],
-                   check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(context),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     shutil.rmtree(context)
     workdir = tmp_path / "home"
     workdir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CPN_")}
-    env.update(PYTHONPATH=str(site), CPN_DATABASE_URL=f"sqlite:///{tmp_path}/data.db",
-               HOME=str(workdir), COLUMNS="200")
+    env.update(
+        PYTHONPATH=str(site),
+        CPN_DATABASE_URL=f"sqlite:///{tmp_path}/data.db",
+        HOME=str(workdir),
+        COLUMNS="200",
+    )
 
     def cpn(*args: str) -> subprocess.CompletedProcess[str]:
         code = "import sys; from api.cli import main; sys.argv[0] = 'cpn'; main()"
-        return subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=workdir,
-                              capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            env=env,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
-    where = subprocess.run([sys.executable, "-c", "import api, migrations; "
-                            "print(api.__file__); print(migrations.__file__)"],
-                           env=env, cwd=workdir, capture_output=True, text=True, check=True)
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import api, migrations, testbed; "
+            "print(api.__file__); print(migrations.__file__); "
+            "print(testbed.__file__)",
+        ],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
     top = cpn("--help")
     assert top.returncode == 0, top.stderr
-    for command in ("serve", "agent", "db"):
+    for command in ("serve", "agent", "db", "testbed"):
         assert command in top.stdout
+    testbed = cpn("testbed", "up", "--dcs", "Bad!")  # checked before anything needs root
+    assert testbed.returncode == 2, testbed.stderr
+    assert testbed.stderr.startswith("cpn testbed up: error: --dcs: "), testbed.stderr
     upgraded = cpn("db", "upgrade")
     assert upgraded.returncode == 0, upgraded.stderr  # the migrations ship in the package
     current = cpn("db", "current")

@@ -13,8 +13,13 @@ from tests.helm import chartkit
 
 
 def _lint(chart_dir: Path, values: dict[str, Any]) -> dict[str, Any]:
-    return helm_python.lint(chart_dir, values, strict=True, namespace=chartkit.NAMESPACE,
-                            kube_version=chartkit.KUBE_VERSION)
+    return helm_python.lint(
+        chart_dir,
+        values,
+        strict=True,
+        namespace=chartkit.NAMESPACE,
+        kube_version=chartkit.KUBE_VERSION,
+    )
 
 
 @pytest.mark.parametrize("scenario", sorted(chartkit.SCENARIOS))

@@ -44,21 +44,31 @@ def test_agent_needs_a_cluster_name(cluster_name: str | None) -> None:
     assert "clusterName" in message
 
 
-@pytest.mark.parametrize("url", [
-    "cpn.example.com",             # no scheme
-    "ftp://cpn.example.com",       # not http(s)
-    "http//cpn.example.com",       # no colon
-    "https://",                    # no host
-    "https://cpn example.com",     # space in the host
-    "",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "cpn.example.com",  # no scheme
+        "ftp://cpn.example.com",  # not http(s)
+        "http//cpn.example.com",  # no colon
+        "https://",  # no host
+        "https://cpn example.com",  # space in the host
+        "",
+    ],
+)
 def test_agent_needs_a_well_formed_controller_url(url: str) -> None:
     message = _refusal(_agent(controllerURL=url))
     assert "controllerURL" in message
 
 
-@pytest.mark.parametrize("url", ["http://cpn:8000", "https://cpn.example.com/",
-                                 "https://cpn.example.com/api", "http://10.0.0.7:8000"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://cpn:8000",
+        "https://cpn.example.com/",
+        "https://cpn.example.com/api",
+        "http://10.0.0.7:8000",
+    ],
+)
 def test_well_formed_controller_urls_pass(url: str) -> None:
     render(_agent(controllerURL=url))
 
@@ -67,17 +77,31 @@ def test_agent_needs_a_token_secret() -> None:
     assert "tokenSecret" in _refusal(_agent(tokenSecret=""))
 
 
-@pytest.mark.parametrize(("values", "field"), [
-    ({"controlPlane": {"replica": 2}}, "replica"),                            # typo
-    ({"controlPlane": {"replicas": 0}}, "/controlPlane/replicas"),
-    ({"controlPlane": {"service": {"type": "Ingress"}}}, "/controlPlane/service/type"),
-    ({"agent": {"discovery": "dns"}}, "/agent/discovery"),
-    ({"agent": {"advertiseURL": "probe.example.com:9100"}}, "/agent/advertiseURL"),
-    ({"agent": {"clusterName": "dc east"}}, "/agent/clusterName"),
-    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
-    ({"ray": {"enabled": True, "workerGroups": [{"name": "gpu"}]}}, "clusterName"),
-    ({"ray": {"workerGroups": [{"name": "GPU"}]}}, "/ray/workerGroups/0/name"),
-])
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"controlPlane": {"replica": 2}}, "replica"),  # typo
+        ({"controlPlane": {"replicas": 0}}, "/controlPlane/replicas"),
+        ({"controlPlane": {"service": {"type": "Ingress"}}}, "/controlPlane/service/type"),
+        ({"agent": {"discovery": "dns"}}, "/agent/discovery"),
+        ({"agent": {"advertiseURL": "probe.example.com:9100"}}, "/agent/advertiseURL"),
+        ({"agent": {"clusterName": "dc east"}}, "/agent/clusterName"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"ray": {"enabled": True, "workerGroups": [{"name": "gpu"}]}}, "clusterName"),
+        ({"ray": {"workerGroups": [{"name": "GPU"}]}}, "/ray/workerGroups/0/name"),
+        ({"image": {"digest": "sha256:abc"}}, "/image/digest"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"networkPolicy": {"enable": False}}, "enable"),
+        (
+            {"networkPolicy": {"agent": {"peerProbePorts": [0]}}},
+            "/networkPolicy/agent/peerProbePorts/0",
+        ),
+        (
+            {"networkPolicy": {"controlPlane": {"extraFrom": [{}]}}},
+            "/networkPolicy/controlPlane/extraFrom/0",
+        ),
+    ],
+)
 def test_other_bad_values_name_their_field(values: dict[str, Any], field: str) -> None:
     assert field in _refusal(values)
 
@@ -114,13 +138,18 @@ def test_templates_refuse_replicas_without_postgres_and_say_why(
     assert "ReadWriteOnce" in message
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    ({"clusterName": ""}, "agent.clusterName is required"),
-    ({"controllerURL": "cpn.example.com"}, "agent.controllerURL=\"cpn.example.com\" is not"),
-    ({"tokenSecret": ""}, "agent.tokenSecret is required"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"clusterName": ""}, "agent.clusterName is required"),
+        ({"controllerURL": "cpn.example.com"}, 'agent.controllerURL="cpn.example.com" is not'),
+        ({"tokenSecret": ""}, "agent.tokenSecret is required"),
+    ],
+)
 def test_templates_refuse_incomplete_agents(
-    chart_without_schema: Path, overrides: dict[str, Any], expected: str,
+    chart_without_schema: Path,
+    overrides: dict[str, Any],
+    expected: str,
 ) -> None:
     assert expected in _template_refusal(chart_without_schema, _agent(**overrides))
 
