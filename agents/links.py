@@ -8,6 +8,11 @@ What an agent reports is filtered over its last few measurements of a link, as B
 its path model: the largest bandwidth and the smallest RTT. Anything sharing the path while
 a probe runs (another agent's probe, a job's traffic) can only lower the throughput it sees
 and raise the delay, never the other way, so one unlucky probe must not become the link.
+
+Peers come only from the controller's `HeartbeatAck`, and a peer's URL is fetched only once it
+passes `check_probe_url` here too (the store may hold a URL from before that check existed).
+A peer is another datacenter, so nothing it answers is trusted to be small or quick: a ping
+body is read up to a few KiB, a blob up to the bytes asked for, each within a deadline.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from datetime import UTC, datetime
 
 import httpx
 
-from agents.protocol import PROBE_MAX_BYTES, LinkMeasurement, PeerProbe
+from agents.protocol import PROBE_MAX_BYTES, LinkMeasurement, PeerProbe, check_probe_url
 
 log = logging.getLogger(__name__)
 
 MAX_GBPS = 100_000.0  # LinkMeasurement's upper bound
 MIN_GBPS = 1e-9
 WINDOW = 3  # measurements of a link the report is filtered over
+PING_MAX_BODY = 4096  # a ping answers 204 with no body; more than this is not a probe endpoint
 
 
 def windowed(recent: Iterable[LinkMeasurement]) -> LinkMeasurement:
@@ -75,19 +81,24 @@ class LinkProber:
         pings: int = 5,
         timeout_s: float = 10.0,
         blob_timeout_s: float = 60.0,
+        blob_deadline_s: float = 600.0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """`timeout_s`: per network operation of a ping, and a ping's whole duration;
+        `blob_timeout_s`: per operation of a blob transfer; `blob_deadline_s`: its whole."""
         self.pings = pings
         self.timeout_s = timeout_s
         self.blob_timeout_s = blob_timeout_s
+        self.blob_deadline_s = blob_deadline_s
         self._clock = clock
         self._recent: dict[tuple[str, str], deque[LinkMeasurement]] = {}
 
     def measure(self, peer: PeerProbe, probe_bytes: int) -> LinkMeasurement | None:
         """The link to `peer`, or None when it is unreachable (logged)."""
-        base = peer.probe_url.rstrip("/")
-        if not base.startswith(("http://", "https://")):
-            log.warning("peer %s: probe URL %r is not http(s); skipped", peer.cluster, base)
+        try:
+            base = check_probe_url(peer.probe_url).rstrip("/")
+        except ValueError as exc:
+            log.warning("peer %s: probe URL %s; skipped", peer.cluster, exc)
             return None
         nbytes = max(1, min(probe_bytes, PROBE_MAX_BYTES))
         counts = ProbeCounts()
@@ -125,13 +136,24 @@ class LinkProber:
     ) -> float | None:
         counts.attempted += 1
         start = self._clock()
+        received = 0
         try:
-            response = client.get(url)
+            with client.stream("GET", url) as response:
+                # Read the (empty) body to its end, so the connection stays warm for the next
+                # ping, but never more than a ping can carry.
+                for chunk in response.iter_raw():
+                    received += len(chunk)
+                    if received > PING_MAX_BODY or self._clock() - start > self.timeout_s:
+                        break
         except httpx.HTTPError as exc:
             counts.failed += 1
             log.debug("peer %s: ping failed: %s", peer.cluster, exc)
             return None
         elapsed = self._clock() - start
+        if received > PING_MAX_BODY or elapsed > self.timeout_s:
+            counts.failed += 1
+            log.debug("peer %s: ping answered too much or too slowly; failed", peer.cluster)
+            return None
         if response.status_code != 204:
             counts.failed += 1
             log.debug("peer %s: ping answered HTTP %d", peer.cluster, response.status_code)
@@ -157,8 +179,8 @@ class LinkProber:
                     return None
                 for chunk in response.iter_raw():
                     received += len(chunk)
-                    if received > nbytes:
-                        break
+                    if received > nbytes or self._clock() - start > self.blob_deadline_s:
+                        break  # too much, or a trickle that would hold this prober for hours
         except httpx.HTTPError as exc:
             counts.failed += 1
             log.warning(
@@ -170,6 +192,16 @@ class LinkProber:
             )
             return None
         elapsed = self._clock() - start
+        if elapsed > self.blob_deadline_s:
+            counts.failed += 1
+            log.warning(
+                "peer %s: blob transfer took over %.0f s (%d of %d bytes); skipped",
+                peer.cluster,
+                self.blob_deadline_s,
+                received,
+                nbytes,
+            )
+            return None
         if received != nbytes:
             counts.failed += 1
             log.warning(

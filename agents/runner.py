@@ -17,7 +17,14 @@ from agents.backoff import Backoff
 from agents.controller_client import ControllerClient, ControllerError, Rejected
 from agents.discovery import DiscoveryError, GpuSource
 from agents.links import LinkProber
-from agents.protocol import GpuInventory, Heartbeat, HeartbeatAck, LinkMeasurement, LinkReport
+from agents.protocol import (
+    GpuInventory,
+    Heartbeat,
+    HeartbeatAck,
+    LinkMeasurement,
+    LinkReport,
+    check_probe_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,14 @@ class AgentConfig:
     cluster: str
     probe_url: str | None
     agent_version: str = ""
+
+    def __post_init__(self) -> None:
+        # Refused here, once, at start: the controller would refuse every heartbeat carrying it.
+        if self.probe_url is not None:
+            try:
+                check_probe_url(self.probe_url)
+            except ValueError as exc:
+                raise ValueError(f"probe URL {self.probe_url!r} {exc}") from None
 
 
 class AgentRunner:

@@ -15,8 +15,9 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from pydantic import BaseModel
 
-from agents.protocol import Heartbeat, LinkReport
+from agents.protocol import ClusterState, Heartbeat, HeartbeatAck, LinkReport, PeerProbe
 
 
 @dataclass
@@ -34,26 +35,30 @@ class Received:
     body: bytes
 
 
-def ack_body(
+def ack(
     cluster: str,
     *,
     interval: float = 0.05,
     probe_interval: float = 0.05,
     probe_bytes: int = 256 * 1024,
-    peers: list[dict[str, str]] | None = None,
-    state: str = "READY",
-) -> bytes:
-    return json.dumps(
-        {
-            "cluster": cluster,
-            "state": state,
-            "lease_expires_at": (datetime.now(UTC) + timedelta(seconds=40)).isoformat(),
-            "heartbeat_interval_s": interval,
-            "probe_interval_s": probe_interval,
-            "probe_bytes": probe_bytes,
-            "peers": peers or [],
-        }
-    ).encode()
+    peers: list[PeerProbe] | None = None,
+    state: ClusterState = "READY",
+) -> HeartbeatAck:
+    """A controller's answer to a heartbeat, in the protocol's own model: fast beats and probes."""
+    return HeartbeatAck(
+        cluster=cluster,
+        state=state,
+        lease_expires_at=datetime.now(UTC) + timedelta(seconds=40),
+        heartbeat_interval_s=interval,
+        probe_interval_s=probe_interval,
+        probe_bytes=probe_bytes,
+        peers=peers or [],
+    )
+
+
+def ok(body: BaseModel) -> Reply:
+    """A 200 carrying a protocol model as JSON."""
+    return Reply(200, body.model_dump_json().encode())
 
 
 def problem(status: int, detail: str) -> Reply:
@@ -135,7 +140,7 @@ def make_controller() -> Iterator[Callable[..., FakeController]]:
     def make(
         script: list[Reply] | None = None, default: Callable[[Heartbeat], Reply] | None = None
     ) -> FakeController:
-        fc = FakeController(script or [], default or (lambda hb: Reply(200, ack_body(hb.cluster))))
+        fc = FakeController(script or [], default or (lambda hb: ok(ack(hb.cluster))))
         fc.thread.start()
         started.append(fc)
         return fc

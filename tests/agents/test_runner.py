@@ -3,6 +3,7 @@
 import logging
 import random
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ from agents.backoff import Backoff
 from agents.controller_client import ControllerClient
 from agents.discovery.inventory import InventorySource
 from agents.probe_server import ProbeServer, default_probe_url
+from agents.protocol import PeerProbe
 from agents.runner import AgentConfig, AgentRunner
-from tests.agents.conftest import Reply, ack_body, problem
+from tests.agents.conftest import Reply, ack, ok, problem
 
 NO_WAIT = Backoff(base_s=0.0, cap_s=0.0)
 
@@ -103,7 +105,7 @@ def test_retry_after_is_honoured(make_controller, inventory):
 
 
 def test_ack_for_another_cluster_is_rejected(make_controller, inventory, caplog):
-    controller = make_controller([Reply(200, ack_body("west"))])
+    controller = make_controller([ok(ack("west"))])
     runner = make_runner(controller, inventory)
     with caplog.at_level(logging.WARNING, logger="agents"):
         runner.beat()
@@ -135,15 +137,14 @@ def test_run_measures_peers_and_reports_links_until_stopped(make_controller, inv
     peer = ProbeServer("127.0.0.1", 0).start()
     peer_url = default_probe_url(peer.host, peer.port)
     controller = make_controller(
-        default=lambda hb: Reply(
-            200,
-            ack_body(
+        default=lambda hb: ok(
+            ack(
                 hb.cluster,
                 peers=[
-                    {"cluster": "west", "probe_url": peer_url},
-                    {"cluster": "east", "probe_url": "http://self.invalid"},
+                    PeerProbe(cluster="west", probe_url=peer_url),
+                    PeerProbe(cluster="east", probe_url="http://self.invalid"),
                 ],
-            ),
+            )
         )
     )
     stop = threading.Event()
@@ -169,13 +170,9 @@ def test_run_measures_peers_and_reports_links_until_stopped(make_controller, inv
 
 
 def test_lease_expiry_is_warned_once_even_with_a_naive_time(make_controller, inventory, caplog):
-    import json
-
-    expired = json.loads(ack_body("east"))
-    expired["lease_expires_at"] = "2020-01-01T00:00:00"  # naive, long past
-    controller = make_controller(
-        [Reply(200, json.dumps(expired).encode()), problem(500, "down"), problem(500, "down")]
-    )
+    naive_past = datetime(2020, 1, 1)  # no time zone, long past: a controller may send one
+    expired = ack("east").model_copy(update={"lease_expires_at": naive_past})
+    controller = make_controller([ok(expired), problem(500, "down"), problem(500, "down")])
     runner = make_runner(controller, inventory)
     with caplog.at_level(logging.WARNING, logger="agents"):
         runner.run_heartbeats(iterations=3)

@@ -11,21 +11,21 @@ import pytest
 
 from api.client import ApiError, Client
 from api.processes import wait_until
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.conftest import LiveServer, start_server
 
 INTERVAL, GRACE = 0.4, 1.6
 
 
 @pytest.fixture
 def fast_lease_server(db_url: str) -> Iterator[LiveServer]:
-    live, server, thread = start_server(
+    live = start_server(
         database_url=db_url,
         heartbeat_interval_s=INTERVAL,
         lease_grace_s=GRACE,
         monitor_interval_s=0.05,
     )
     yield live
-    stop_server(server, thread)
+    live.stop()
 
 
 def _agent(live: LiveServer, name: str) -> Client:
@@ -134,11 +134,11 @@ def test_lease_goes_suspect_down_and_back(fast_lease_server: LiveServer) -> None
 
 @pytest.fixture
 def slow_lease_server(db_url: str) -> Iterator[LiveServer]:
-    live, server, thread = start_server(
+    live = start_server(
         database_url=db_url, heartbeat_interval_s=2.0, lease_grace_s=8.0, monitor_interval_s=0.05
     )
     yield live
-    stop_server(server, thread)
+    live.stop()
 
 
 def test_steady_heartbeats_keep_cluster_ready(slow_lease_server: LiveServer) -> None:
@@ -152,3 +152,46 @@ def test_steady_heartbeats_keep_cluster_ready(slow_lease_server: LiveServer) -> 
             assert admin.get("/v1/clusters/a")["state"] == "READY"
             time.sleep(0.25)
         assert admin.get("/v1/clusters/a/transitions")["total"] == 1
+
+
+PROBE_URL_REFUSALS = {
+    "http://10.0.0.7:8500/v1/kv/secret#": "#fragment",  # would make every peer GET that URL
+    "http://10.0.0.7:9100/?x=1": "?query",
+    "http://user:pw@10.0.0.7:9100": "credentials",
+    "gopher://10.0.0.7:70": "http:// or https://",
+    "http://10.0.0.7:99999": "port",
+    "http://10.0.0.7/../v1": "path",
+    "http://10.0.0.7:9100/" + "a" * 600: "512",
+}
+
+
+def test_probe_urls_are_plain_base_urls_or_a_422_naming_the_field(
+    live_server: LiveServer,
+) -> None:
+    import httpx
+
+    with live_server.client() as admin:
+        admin.create_cluster("a", "r1")
+        admin.create_cluster("b", "r1")
+        token = admin.create_api_key("agent", "a")["token"]
+        b = live_server.client(admin.create_api_key("agent", "b")["token"])
+    good = "http://10.0.0.7:9100/probe-base"
+    a = live_server.client(token)
+    a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [], "probe_url": good})
+    for bad, why in PROBE_URL_REFUSALS.items():
+        r = httpx.post(
+            f"{live_server.url}/v1/agent/heartbeat",
+            json={"cluster": "a", "gpus": [], "probe_url": bad},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert r.status_code == 422, (bad, r.text)
+        assert r.headers["content-type"] == "application/problem+json"
+        problem = r.json()
+        assert problem["status"] == 422 and "probe_url" in problem["detail"]
+        assert [e["field"] for e in problem["errors"]] == ["probe_url"]
+        assert why in problem["errors"][0]["message"], problem
+    # Nothing stored changed: the cluster keeps its URL, and peers are told that one.
+    with live_server.client() as admin:
+        assert admin.get("/v1/clusters/a")["probe_url"] == good
+    ack = b.post("/v1/agent/heartbeat", {"cluster": "b", "gpus": []})
+    assert ack["peers"] == [{"cluster": "a", "probe_url": good}]
