@@ -26,6 +26,8 @@ COPY scheduler ./scheduler
 COPY agents ./agents
 COPY training ./training
 COPY migrations ./migrations
+COPY grammar ./grammar
+COPY testbed ./testbed
 RUN pip install -c constraints.txt . \
  && python -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__"
 

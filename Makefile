@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint unit bench clean
+.PHONY: install tools demo test lint unit bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,18 +14,39 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# checkov (tests/helm/test_checkov.py scans the rendered chart with it) pins packaging<24,
+# which constraints.txt excludes, so it gets a virtual environment of its own.
+CHECKOV_VENV := $(VENV)/tools/checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
+
+$(CHECKOV_STAMP): tests/helm/checkov-requirements.txt
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r tests/helm/checkov-requirements.txt
+	@touch $(CHECKOV_STAMP)
+
+tools: $(CHECKOV_STAMP)
+
 demo: install
 	$(VENV)/bin/cpn demo
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
 
-unit: install
+unit: install tools
 	$(PY) -m pytest -m "not slow"
 
-test: lint
+test: lint tools
 	$(PY) -m pytest
+
+# The quick benchmarks: tables on stdout in about a minute, nothing written. The others (they
+# refresh the plots in bench/results/, some need PostgreSQL or root) are run by hand: README.
+bench: install
+	$(PY) -m bench.scheduler --quick
+	$(PY) -m bench.compressors
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache cpn.egg-info

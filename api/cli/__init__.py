@@ -11,6 +11,7 @@ import sys
 import typer
 
 from api.cli import admin, agent, db, demo, jobs, plan, serve, testbed, train
+from api.cli.errors import usage_error
 
 app = typer.Typer(
     name="cpn",
@@ -51,9 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.TyperException as exc:
         # Usage errors (unknown option, bad value): one line naming the command and the fix.
         ctx = getattr(exc, "ctx", None)
-        where = ctx.command_path if ctx is not None else "cpn"
-        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        print(f"{where}: error: {message}", file=sys.stderr)
+        print(usage_error(ctx.command_path if ctx is not None else "cpn", exc), file=sys.stderr)
         raise SystemExit(getattr(exc, "exit_code", 2)) from None
     if isinstance(rv, int):
         raise SystemExit(rv)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from api.cli.errors import FAILED, fail
 
 UrlOpt = typer.Option(None, "--url", envvar="CPN_URL", help="Control plane URL.")
 TokenOpt = typer.Option(None, "--token", envvar="CPN_TOKEN", help="Admin API key.")
@@ -71,6 +72,7 @@ def gpus_table(gpus: list[dict[str, Any]]) -> Table:
 
 
 def _show(
+    cmd: str,
     url: str | None,
     token: str | None,
     as_json: bool,
@@ -83,8 +85,7 @@ def _show(
         with Client(url, token) as client:
             rows = fetch(client)
     except ApiError as exc:
-        print(f"cpn: error: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+        raise fail(cmd, None, str(exc), FAILED) from None
     if as_json:
         print(json.dumps(rows, indent=2))
     else:
@@ -95,7 +96,7 @@ def clusters(
     url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt
 ) -> None:
     """List clusters with their state and GPUs."""
-    _show(url, token, as_json, lambda c: c.clusters(), clusters_table)
+    _show("clusters", url, token, as_json, lambda c: c.clusters(), clusters_table)
 
 
 def links(
@@ -106,13 +107,13 @@ def links(
 ) -> None:
     """List WAN links between clusters."""
     if view not in ("effective", "declared", "measured", "all"):
-        raise typer.BadParameter("use effective, declared, measured or all", param_hint="--view")
-    _show(url, token, as_json, lambda c: c.links(view), links_table)
+        raise fail("links", "--view", "use effective, declared, measured or all")
+    _show("links", url, token, as_json, lambda c: c.links(view), links_table)
 
 
 def gpus(url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt) -> None:
     """List GPU inventory per cluster."""
-    _show(url, token, as_json, lambda c: c.gpus(), gpus_table)
+    _show("gpus", url, token, as_json, lambda c: c.gpus(), gpus_table)
 
 
 def register(app: typer.Typer) -> None:

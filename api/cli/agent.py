@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 import typer
 
+from api.cli.errors import FAILED, fail
+
 
 class DiscoveryChoice(StrEnum):
     auto = "auto"
@@ -35,7 +37,16 @@ def _controller(value: str) -> str:
 
 
 def _advertise(value: str | None) -> str | None:
-    return _http_url(value, "--advertise-url")
+    """Peers fetch this URL, so it obeys the protocol's probe-URL rule (no query, no creds)."""
+    from agents.protocol import check_probe_url
+
+    url = _http_url(value, "--advertise-url")
+    if url is None:
+        return None
+    try:
+        return check_probe_url(url)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{url!r}: {exc}", param_hint="--advertise-url") from None
 
 
 def _cluster(value: str) -> str:
@@ -53,11 +64,6 @@ def _token(value: str) -> str:
             param_hint="--token",
         )
     return value.strip()
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    print(f"cpn agent: error: {message}", file=sys.stderr)
-    return typer.Exit(code)
 
 
 def _agent_version() -> str:
@@ -137,7 +143,7 @@ def agent(
 
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
-        raise typer.BadParameter("use DEBUG, INFO, WARNING or ERROR", param_hint="--log-level")
+        raise fail("agent", "--log-level", "use DEBUG, INFO, WARNING or ERROR")
     logging.basicConfig(
         level=level,
         stream=sys.stderr,
@@ -151,8 +157,8 @@ def agent(
 
     try:
         source = select_source(discovery.value, inventory)
-    except DiscoveryError as exc:
-        raise _fail(str(exc)) from None
+    except DiscoveryError as exc:  # its message starts with the flag at fault
+        raise fail("agent", None, str(exc)) from None
     log.info("cluster %s: GPU discovery through %s", cluster, source.source)
     client = ControllerClient(controller, token, user_agent=f"cpn-agent/{version}")
     try:
@@ -170,15 +176,17 @@ def agent(
                 )
                 ack = client.heartbeat(beat)
             except (ControllerError, DiscoveryError) as exc:
-                raise _fail(str(exc), 1) from None
+                raise fail("agent", None, str(exc), FAILED) from None
             print(ack.model_dump_json(indent=2))
             return
         try:
             server = ProbeServer(probe_host, probe_port)
         except OSError as exc:
-            raise _fail(
-                f"--probe-port: cannot listen on {probe_host}:{probe_port} "
-                f"({exc.strerror or exc}); pick a free port, or 0 for any"
+            raise fail(
+                "agent",
+                "--probe-port",
+                f"cannot listen on {probe_host}:{probe_port} "
+                f"({exc.strerror or exc}); pick a free port, or 0 for any",
             ) from None
         probe_url = advertise_url or default_probe_url(probe_host, server.port)
         if advertise_url is None and probe_host in ("0.0.0.0", "::", ""):

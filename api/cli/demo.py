@@ -11,13 +11,14 @@ from __future__ import annotations
 import secrets
 import shutil
 import signal
-import sys
 import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from api.cli.errors import FAILED, fail
 
 DEMO_CLUSTERS: dict[str, dict[str, Any]] = {
     "us-east": {"region": "us-east-1", "model": "A100", "memory": 80, "count": 4, "price": 2.40},
@@ -80,8 +81,7 @@ def demo(
     try:
         _Demo(console, workdir.resolve(), steps, timeout).run()
     except ProcessError as exc:
-        print(f"cpn demo: error: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+        raise fail("demo", None, str(exc), FAILED) from None
 
 
 class _Demo:
@@ -313,7 +313,7 @@ class _Demo:
         rows = [
             ("placement (final)", placement),
             ("compression / sync", f"{report.get('compression', '?')} / {report.get('sync', '?')}"),
-            ("final accuracy", f"{report.get('final_accuracy', float('nan')):.4f}"),
+            ("final accuracy", _accuracy(report.get("final_accuracy"))),
             (
                 "submit to finish",
                 f"{elapsed:.1f} s (training {report.get('wall_s', 0):.1f} s, "
@@ -390,3 +390,8 @@ class _Demo:
 def register(app: typer.Typer) -> None:
     """Attach `cpn demo`."""
     app.command("demo")(demo)
+
+
+def _accuracy(value: object) -> str:
+    """A report's accuracy: JSON has no NaN, so a run that never evaluated stores null."""
+    return f"{value:.4f}" if isinstance(value, int | float) else "not evaluated"

@@ -6,11 +6,12 @@ Exit codes: 0 a feasible plan, 1 no feasible plan (the answer is still printed),
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from api.cli.errors import fail
 
 if TYPE_CHECKING:
     from scheduler import PlanResult
@@ -22,11 +23,6 @@ def _check_objective(value: str) -> str:
     if value not in _OBJECTIVES:
         raise typer.BadParameter(f"{value!r}: use one of {', '.join(_OBJECTIVES)}")
     return value
-
-
-def _fail(field: str, message: str) -> typer.Exit:
-    print(f"cpn plan: error: {field}: {message}", file=sys.stderr)
-    return typer.Exit(2)
 
 
 def result_to_json(result: PlanResult) -> dict[str, Any]:
@@ -120,9 +116,10 @@ def register(app: typer.Typer) -> None:
             req = load_job(job)
             placement = load_placement(evaluate) if evaluate is not None else None
         except PlanFileError as exc:
-            raise _fail(exc.field, exc.message) from None
+            raise fail("plan", exc.field, exc.message) from None
         if objective == "cost-within-deadline" and req.qos.deadline_s is None:
-            raise _fail(
+            raise fail(
+                "plan",
                 "job.qos.deadline_s",
                 "--objective cost-within-deadline needs a deadline; add qos.deadline_s",
             )

@@ -1,11 +1,17 @@
-"""`cpn testbed up|down|status`: the namespace WAN testbed of `bench.testbed` (root only)."""
+"""`cpn testbed up|down|status`: the namespace WAN testbed of the `testbed` package (root only).
+
+`testbed` is stdlib only and imported here at the top, so a `cpn` installed without it fails at
+once rather than on first use.
+"""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import typer
+
+from api.cli.errors import fail
+from testbed import STATE_DIR, TestbedError, down, parse_dcs, status, up
 
 sub = typer.Typer(
     name="testbed",
@@ -13,11 +19,6 @@ sub = typer.Typer(
     "uplinks shaped with tc (needs root, ip and tc).",
     no_args_is_help=True,
 )
-
-
-def _fail(message: str) -> typer.Exit:
-    print(f"cpn testbed: error: {message}", file=sys.stderr)
-    return typer.Exit(2)
 
 
 @sub.command("up")
@@ -32,16 +33,14 @@ def up_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the testbed as JSON."),
 ) -> None:
     """Build the testbed (tearing down any earlier one) and start Ray across it."""
-    from bench.testbed import TestbedError, parse_dcs, up
-
     try:
         layout = parse_dcs(dcs, mbit, workers)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--dcs") from None
+        raise fail("testbed up", "--dcs", str(exc)) from None
     try:
         bed = up(layout)
     except TestbedError as exc:
-        raise _fail(str(exc)) from None
+        raise fail("testbed up", None, str(exc)) from None
     if as_json:
         print(json.dumps({"ray_address": bed.ray_address, "datacenters": bed.datacenters}))
         return
@@ -56,32 +55,26 @@ def up_cmd(
 
 
 def _state_path() -> str:
-    from bench.testbed import STATE_DIR
-
     return str(STATE_DIR / "state.json")
 
 
 @sub.command("down")
 def down_cmd() -> None:
     """Remove every namespace, link, qdisc and Ray process the testbed made (idempotent)."""
-    from bench.testbed import TestbedError, down
-
     try:
         gone = down()
     except TestbedError as exc:
-        raise _fail(str(exc)) from None
+        raise fail("testbed down", None, str(exc)) from None
     print(f"testbed down: removed {len(gone)} namespace(s)/link(s)")
 
 
 @sub.command("status")
 def status_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Namespaces, shaping, uplink byte counters and processes of the testbed."""
-    from bench.testbed import TestbedError, status
-
     try:
         st = status()
     except TestbedError as exc:
-        raise _fail(str(exc)) from None
+        raise fail("testbed status", None, str(exc)) from None
     if as_json:
         print(json.dumps(st))
         return
@@ -99,8 +92,3 @@ def status_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
 def register(app: typer.Typer) -> None:
     """Attach `cpn testbed` to the root CLI app."""
     app.add_typer(sub, name="testbed")
-
-
-def main() -> None:
-    """Standalone entry (`python -m bench.testbed`)."""
-    sub()

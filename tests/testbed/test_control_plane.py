@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from bench import wan_serve
-from bench.testbed.net import namespaces
+from testbed.net import namespaces
 from tests.testbed.test_testbed import _unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from bench.testbed import Testbed, TestbedError, check_host, down, parse_dcs, up
-from bench.testbed.net import namespaces
+from testbed import Testbed, TestbedError, check_host, down, parse_dcs, up
+from testbed.net import namespaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

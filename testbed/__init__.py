@@ -5,6 +5,8 @@ carries that datacenter's custom resource (`cpn-cluster-<name>`). The Ray head (
 uplinks and shows on their interface counters.
 
 `up(layout)`, `down()` (idempotent; finds crash leftovers by the `cpntb` prefix), `status()`.
+Part of the installed package (stdlib only, no other cpn package), so `cpn testbed` works from a
+wheel or the image; `bench/` and `tests/` import it from here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.testbed.layout import (
+from testbed import net
+from testbed.layout import (
     HUB_IP,
     HUB_NS,
     RAY_PORT,
@@ -29,9 +32,10 @@ from bench.testbed.layout import (
     Layout,
     parse_dcs,
 )
-from bench.testbed.net import TestbedError, check_host
+from testbed.net import TestbedError, check_host
 
 __all__ = [
+    "STATE_DIR",
     "UPLINK_IF",
     "Datacenter",
     "Layout",
@@ -39,6 +43,7 @@ __all__ = [
     "TestbedError",
     "check_host",
     "down",
+    "load",
     "parse_dcs",
     "status",
     "up",
@@ -83,9 +88,7 @@ class Testbed:
 
     def uplink_bytes(self) -> dict[str, tuple[int, int]]:
         """{datacenter: (bytes out of it, bytes into it)} from its uplink's counters."""
-        from bench.testbed.net import counters
-
-        return {d["name"]: counters(d["netns"]) for d in self.datacenters}
+        return {d["name"]: net.counters(d["netns"]) for d in self.datacenters}
 
 
 def _state_file() -> Path:
@@ -144,8 +147,6 @@ def _wait_nodes(bed: Testbed, n: int, timeout: float) -> None:
 
 def up(layout: Layout) -> Testbed:
     """Build the namespaces, links and shaping, start Ray; tear down whatever exists first."""
-    from bench.testbed import net
-
     check_host()
     down()
     STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -188,8 +189,6 @@ def up(layout: Layout) -> Testbed:
 
 def down() -> list[str]:
     """Remove everything a testbed created, crashed or not; returns what was removed."""
-    from bench.testbed import net
-
     check_host()
     gone = net.destroy()
     shutil.rmtree(STATE_DIR, ignore_errors=True)
@@ -198,8 +197,6 @@ def down() -> list[str]:
 
 def status() -> dict[str, Any]:
     """What exists now: namespaces, shaping, uplink counters, Ray processes per namespace."""
-    from bench.testbed import net
-
     check_host()
     bed = load()
     out: dict[str, Any] = {

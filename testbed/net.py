@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from bench.testbed.layout import BRIDGE, HUB_IP, HUB_NS, PREFIX, UPLINK_IF, Layout, tbf_args
+from testbed.layout import BRIDGE, HUB_IP, HUB_NS, PREFIX, UPLINK_IF, Layout, tbf_args
 
 
 class TestbedError(RuntimeError):

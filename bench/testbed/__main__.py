@@ -1,5 +1,0 @@
-"""`python -m bench.testbed up|down|status` (the same as `cpn testbed ...`)."""
-
-from api.cli.testbed import main
-
-main()
