@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
-from fastapi import FastAPI
-from sqlalchemy import select
+from fastapi import Depends, FastAPI
+from sqlalchemy import or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import problems
-from api.config import Settings
+from api import docs, problems, ratelimit
+from api.config import Settings, admin_token_problem
+from api.deps import FailureAudit
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import agent, clusters, health, jobs, links, pricing, tenants, usage
-from controller import keys
+from api.streams import StreamSlots
+from controller import keys, resources, scrub
 from controller.db import is_sqlite, make_engine, make_sessionmaker
 from controller.leases import LeaseMonitor, LeasePolicy
 from controller.loop import Controller
 from controller.migrate import pending_reason
-from controller.models import ApiKey
+from controller.models import ApiKey, utcnow
 from controller.resources import PeerTable
 
 log = logging.getLogger("cpn.api")
@@ -32,31 +37,99 @@ class NotMigrated(RuntimeError):
     """The database schema is behind the code; the message names the fix."""
 
 
-def bootstrap_admin(app: FastAPI) -> str | None:
-    """Make sure an admin key exists; return a generated token (to print once) if one was made."""
+def bootstrap_admin(app: FastAPI) -> Path | None:
+    """Make sure an admin key exists; return the file a generated one was written to, if any.
+
+    CPN_ADMIN_TOKEN becomes an admin key, and the environment's earlier keys are revoked (a
+    rotated token must not leave the old one working). Without it, and with no live admin key,
+    one is generated and written to `admin_token_file` (mode 0600) before the transaction that
+    stores it commits: never a key nobody can read, never a key in the log."""
+    try:
+        return _bootstrap(app)
+    except IntegrityError:  # another replica stored the same token just now: adopt its row
+        return _bootstrap(app)
+
+
+def _bootstrap(app: FastAPI) -> Path | None:
     settings: Settings = app.state.settings
     with app.state.sessions() as session, session.begin():
         if settings.admin_token:
-            if keys.authenticate(session, settings.admin_token) is None:
-                exists = session.scalar(
-                    select(ApiKey.id).where(ApiKey.key_hash == keys.hash_key(settings.admin_token))
+            adopted = keys.adopt_env_admin(session, settings.admin_token)
+            for old in adopted.replaced:
+                resources.audit(
+                    session, None, "key.revoke", "api_key", old.id, reason="CPN_ADMIN_TOKEN changed"
                 )
-                if exists is None:
-                    keys.create_key(session, "admin", None, "CPN_ADMIN_TOKEN", settings.admin_token)
+            if adopted.replaced:
+                log.warning(
+                    "CPN_ADMIN_TOKEN changed: revoked the admin key it replaced (%s)",
+                    ", ".join(k.id for k in adopted.replaced),
+                )
             return None
+        now = utcnow()
         has_admin = session.scalar(
-            select(ApiKey.id).where(ApiKey.role == "admin", ApiKey.revoked_at.is_(None)).limit(1)
+            select(ApiKey.id)
+            .where(
+                ApiKey.role == "admin",
+                ApiKey.revoked_at.is_(None),
+                or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > now),
+            )
+            .limit(1)
         )
         if has_admin:
             return None
         _key, token = keys.create_key(session, "admin", None, "generated at first start")
-        return token
+        path = Path(settings.admin_token_file).resolve()
+        try:
+            write_secret(path, token)
+        except OSError as exc:
+            raise AdminKeyFile(
+                f"cpn serve cannot start: cannot write the generated admin key to {path} "
+                f"({exc.strerror or exc}); set CPN_ADMIN_TOKEN_FILE to a writable path, or set "
+                "CPN_ADMIN_TOKEN"
+            ) from None
+        return path
+
+
+class AdminKeyFile(RuntimeError):
+    """The generated admin key could not be written; the message names the fix."""
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write `text` to `path`, readable and writable by its owner only (0600).
+
+    Written to a new file beside it and renamed over it: a file or symlink already there is
+    replaced, never followed or widened."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def heartbeat_workers(database_url: str) -> int:
     """Threads that ingest heartbeats: SQLite takes one writer at a time; PostgreSQL waits on
-    round trips and commits, so a few beats in flight keep it busy (within the 20+20 pool)."""
+    round trips and commits, so a few beats in flight keep it busy (each holds one connection
+    of the agents' own pool, sized from this)."""
     return 1 if is_sqlite(database_url) else 8
+
+
+def engine_options(settings: Settings) -> dict[str, Any]:
+    """The engine's pool and durability settings (unset pool sizes keep the backend's)."""
+    options: dict[str, Any] = {
+        "pool_timeout": settings.db_pool_timeout_s,
+        "sqlite_synchronous": settings.sqlite_synchronous,
+    }
+    if settings.db_pool_size is not None:
+        options["pool_size"] = settings.db_pool_size
+    if settings.db_max_overflow is not None:
+        options["max_overflow"] = settings.db_max_overflow
+    return options
 
 
 def make_controller(settings: Settings, sessions: sessionmaker[Session]) -> Controller:
@@ -73,10 +146,31 @@ def make_controller(settings: Settings, sessions: sessionmaker[Session]) -> Cont
     )
 
 
+def agent_engine_options(settings: Settings) -> dict[str, Any]:
+    """The agents' own pool: heartbeat threads, link reports and key lookups, the lease
+    monitor. Small, and never drawn on by tenant or admin requests, so no stream or burst of
+    them can make a heartbeat wait for a connection."""
+    return {
+        **engine_options(settings),
+        "pool_size": heartbeat_workers(settings.database_url) + 2,
+        "max_overflow": 2,
+    }
+
+
+AGENT_THREADS = 2
+"""Threads for agents' key lookups and link reports, apart from the shared pool of 40 that
+tenant requests may fill."""
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    engine = make_engine(settings.database_url)
+    refused = admin_token_problem(settings.admin_token)
+    if refused:
+        raise ValueError(refused)
+    engine = make_engine(settings.database_url, **engine_options(settings))
     sessions = make_sessionmaker(engine)
+    agent_engine = make_engine(settings.database_url, **agent_engine_options(settings))
+    agent_sessions = make_sessionmaker(agent_engine)
     metrics = Metrics()
     policy = LeasePolicy(settings.heartbeat_interval_s, settings.lease_grace_s)
 
@@ -85,10 +179,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reason = pending_reason(engine)
         if reason:
             raise NotMigrated(f"cpn serve cannot start: {reason}")
-        token = bootstrap_admin(app)
-        if token:
+        written = bootstrap_admin(app)
+        if written:
             print(
-                f"cpn: generated the first admin key (shown once, store it): {token}",
+                f"cpn: generated the first admin key into {written} (readable by its owner "
+                "only); it is not printed: read it from that file",
                 file=sys.stderr,
                 flush=True,
             )
@@ -101,7 +196,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 for _name, _from, to in moved:
                     metrics.lease_transitions.labels(to).inc()
 
-            monitor = LeaseMonitor(sessions, policy, settings.monitor_period(), on_moved)
+            monitor = LeaseMonitor(agent_sessions, policy, settings.monitor_period(), on_moved)
             monitor.start()
             controller = make_controller(settings, sessions)
             controller.start()
@@ -113,6 +208,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if monitor:
                 monitor.stop()
             engine.dispose()
+            agent_engine.dispose()
 
     app = FastAPI(
         title="cpn",
@@ -120,10 +216,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Cross-datacenter compute-network orchestrator",
         description="Admin API over clusters, links, GPUs, tenants and keys; the agent protocol.",
         lifespan=lifespan,
+        **docs.fastapi_urls(settings),
     )
+    docs.install(app, settings)
+    # Error text a tenant may read (worker errors in job events) masks these too.
+    scrub.remember(settings.admin_token, settings.database_url)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = sessions
+    app.state.agent_engine = agent_engine
+    app.state.agent_sessions = agent_sessions
+    app.state.agent_threads = anyio.CapacityLimiter(AGENT_THREADS)
+    app.state.streams = StreamSlots(settings.max_streams_per_key, settings.stream_max_s)
+    app.state.failure_audit = FailureAudit()
     app.state.metrics = metrics
     app.state.lease_policy = policy
     app.state.peers = PeerTable()
@@ -131,7 +236,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.heartbeat_workers = anyio.CapacityLimiter(heartbeat_workers(settings.database_url))
     problems.install(app)
     for module in (health, clusters, links, tenants, pricing, jobs, usage, agent):
-        app.include_router(module.router)
+        # Quotes per tenant need the tenant, so that limit runs after authentication.
+        deps = [Depends(ratelimit.limit_tenant_routes)] if module is jobs else None
+        app.include_router(module.router, dependencies=deps)
     app.add_middleware(problems.BodySizeLimit, limit=settings.max_body_bytes)
+    ratelimit.install(app, ratelimit.RateLimits.from_settings(settings), metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

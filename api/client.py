@@ -93,8 +93,14 @@ class Client:
     def declare_link(self, src: str, dst: str, **values: Any) -> Any:
         return self.post("/v1/links", {"src": src, "dst": dst, **values})
 
-    def create_api_key(self, role: str, scope: str | None = None, name: str = "") -> Any:
-        return self.post("/v1/api-keys", {"role": role, "scope": scope, "name": name})
+    def create_api_key(
+        self, role: str, scope: str | None = None, name: str = "", expires_at: str | None = None
+    ) -> Any:
+        """Mint a key (`expires_at`: ISO 8601 with an offset; none: until revoked)."""
+        body: dict[str, Any] = {"role": role, "scope": scope, "name": name}
+        if expires_at is not None:
+            body["expires_at"] = expires_at
+        return self.post("/v1/api-keys", body)
 
     def clusters(self) -> list[Any]:
         return list(self.paginate("/v1/clusters"))
@@ -138,27 +144,42 @@ class Client:
         return self.request("POST", f"/v1/jobs/{job_id}/cancel", headers=headers)
 
     def events(
-        self, job_id: str, after: int | None = None, *, reconnects: int = 3
+        self, job_id: str, after: int | None = None, *, reconnects: int = 3, busy_retries: int = 10
     ) -> Iterator[Any]:
         """A job's events as they happen (server-sent events), ending when the job has ended.
 
-        A dropped stream is resumed from the last event seen (Last-Event-ID), so none is lost
-        or repeated."""
-        last, failures = after, 0
+        The server ends each stream after its lifetime (`event: resume`) and this resumes it
+        at once from the last event seen (Last-Event-ID), so none is lost or repeated; a
+        dropped stream is resumed the same way, up to `reconnects` times in a row. A 429 (this
+        key holds the most streams the server allows) is retried after its Retry-After, up to
+        `busy_retries` times. A stream ended by the server because the key was revoked or
+        expired raises its problem as ApiError (401)."""
+        last, failures, busy = after, 0, 0
         while True:
             headers = {"Accept": "text/event-stream"}
             if last is not None:
                 headers["Last-Event-ID"] = str(last)
+            resumed = False
             try:
                 with self._http.stream(
                     "GET", f"/v1/jobs/{job_id}/events", params={"stream": "true"}, headers=headers
                 ) as response:
+                    if response.status_code == 429 and busy < busy_retries:
+                        response.read()
+                        busy += 1
+                        time.sleep(_retry_after(response))
+                        continue
                     if response.status_code >= 400:
                         response.read()
                         raise _problem(response)
                     for kind, data in sse_messages(response.iter_lines()):
                         if kind == "end":
                             return
+                        if kind == "resume":
+                            resumed = True
+                            break
+                        if kind == "error":
+                            raise _problem_of(data)
                         if data:
                             event = json.loads(data)
                             last = event.get("id", last)
@@ -167,6 +188,9 @@ class Client:
                 reason = "the server closed the stream before the job ended"
             except httpx.TransportError as exc:
                 reason = str(exc) or exc.__class__.__name__
+            if resumed:
+                failures = 0
+                continue
             failures += 1
             if failures > reconnects:
                 raise ApiError(0, "unreachable", f"event stream of job {job_id} broke: {reason}")
@@ -235,6 +259,30 @@ def _problem(response: httpx.Response) -> ApiError:
         str(body.get("detail", response.text[:200])),
         body.get("errors"),
     )
+
+
+def _problem_of(data: str) -> ApiError:
+    """The problem an `event: error` carries."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    return ApiError(
+        int(body.get("status") or 500),
+        str(body.get("title", "Stream error")),
+        str(body.get("detail", data[:200])),
+        body.get("errors"),
+    )
+
+
+def _retry_after(response: httpx.Response, most: float = 30.0) -> float:
+    """Seconds a 429 asks to wait (1 when it does not say), at most `most`."""
+    try:
+        return min(max(float(response.headers.get("Retry-After", "1")), 0.0), most)
+    except ValueError:
+        return 1.0
 
 
 def sse_messages(lines: Iterable[str]) -> Iterator[tuple[str, str]]:

@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controller.tasks import parse_task_modules
+
 DEFAULT_DB_PATH = Path("var") / "cpn.db"
+MIN_ADMIN_TOKEN_CHARS = 32
+"""A bearer key given through CPN_ADMIN_TOKEN must be at least this long (generated keys have
+over 50 characters): a short one can be guessed, and one admin key opens everything."""
+
+
+def admin_token_problem(token: str | None) -> str | None:
+    """Why `token` cannot be the admin key (None: it can, or it is unset and one is generated).
+
+    The message never contains the token."""
+    if not token:
+        return None
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        return (
+            f"CPN_ADMIN_TOKEN has {len(token)} characters, fewer than the "
+            f"{MIN_ADMIN_TOKEN_CHARS} required; set a longer random secret (e.g. the output "
+            "of `openssl rand -hex 32`) or unset it to have one generated"
+        )
+    return None
 
 
 class Settings(BaseSettings):
@@ -20,8 +40,21 @@ class Settings(BaseSettings):
         default=f"sqlite:///{DEFAULT_DB_PATH}",
         description="SQLAlchemy URL: SQLite file by default, postgresql+psycopg://... to scale.",
     )
+    db_pool_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="How long a request waits for a free connection before a 503 with Retry-After.",
+    )
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        default="FULL",
+        description="SQLite durability: FULL survives power loss; NORMAL (WAL) is faster but may "
+        "lose the last commits (an acknowledged job or ledger row) on power loss.",
+    )
     admin_token: str | None = Field(
-        default=None, description="First admin bearer key; generated and printed once if unset."
+        default=None,
+        description="First admin bearer key (at least 32 characters); if unset, one is generated "
+        "into admin_token_file. A new value revokes the key the old one made.",
     )
     ray_address: str | None = Field(default=None, description="Existing Ray cluster to launch on.")
     heartbeat_interval_s: float = Field(default=10.0, gt=0, le=3600)
@@ -45,12 +78,95 @@ class Settings(BaseSettings):
     checkpoint_root: str = Field(default="var/checkpoints", description="Per-job checkpoints.")
     max_attempts: int = Field(default=3, ge=1, le=100, description="Runs before a job FAILS.")
     ray_num_cpus: int | None = Field(default=None, ge=1, description="CPUs of a local Ray.")
+    key_rate_limit: float = Field(
+        default=50.0,
+        ge=0,
+        description="Requests/s per API key (burst twice that), per replica; 0 = no limit.",
+    )
+    agent_rate_limit: float = Field(
+        default=100.0,
+        ge=0,
+        description="Requests/s per agent key on /v1/agent/*, a bucket apart from tenant "
+        "traffic (burst twice that), per replica; 0 = no limit.",
+    )
+    auth_fail_limit: int = Field(
+        default=20,
+        ge=0,
+        description="Failed authentications per client address a minute; beyond, that "
+        "address's unknown keys get 429 before any lookup. Per replica; 0 = no limit.",
+    )
+    max_queued_jobs: int = Field(
+        default=10_000,
+        ge=0,
+        description="Most PENDING jobs one tenant may have; beyond, submissions get 429. "
+        "0 = no limit.",
+    )
+    quote_rate_limit: int = Field(
+        default=60,
+        ge=0,
+        description="Quotes per tenant a minute (all its keys together), per replica; "
+        "0 = no limit.",
+    )
+
+    max_streams_per_key: int = Field(
+        default=4,
+        ge=1,
+        le=10_000,
+        description="Event streams one API key may hold open at once (per replica); beyond, "
+        "a 429 problem with Retry-After.",
+    )
+    stream_max_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86400,
+        description="An event stream ends after this long with an `event: resume`; clients "
+        "reconnect with Last-Event-ID and lose nothing.",
+    )
+    db_pool_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="Connections kept by the API's pool (tenant and admin requests, the "
+        "controller); default 20 on PostgreSQL, 5 on SQLite. Agents and the lease monitor "
+        "use a small pool of their own.",
+    )
+    db_max_overflow: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Connections the API's pool may open beyond db_pool_size under load; "
+        "default 20 on PostgreSQL, 10 on SQLite.",
+    )
+    admin_token_file: str = Field(
+        default=str(Path("var") / "admin-token"),
+        description="Where a generated first admin key is written (mode 0600) when "
+        "CPN_ADMIN_TOKEN is unset; the key is never printed.",
+    )
+
+    task_modules: str = Field(
+        default="",
+        description="Comma-separated module prefixes whose `module:function` tasks jobs may "
+        "name (`mycorp.training` allows mycorp.training and mycorp.training.*); empty: "
+        "builtin: tasks only. Workers import them; the control plane never does.",
+    )
+    protect_docs: bool = Field(
+        default=False,
+        description="Serve /docs, /redoc and /openapi.json to authenticated callers only.",
+    )
+    protect_metrics: bool = Field(
+        default=False, description="Serve /metrics to admin keys only (Prometheus: a bearer key)."
+    )
+
+    @field_validator("task_modules")
+    @classmethod
+    def _task_modules(cls, value: str) -> str:
+        parse_task_modules(value)  # a bad prefix stops `cpn serve` with the reason
+        return value
+
+    def task_prefixes(self) -> tuple[str, ...]:
+        """CPN_TASK_MODULES as module prefixes."""
+        return parse_task_modules(self.task_modules)
 
     def monitor_period(self) -> float:
         """Seconds between lease checks: a quarter beat, so SUSPECT shows soon after a miss."""
         return self.monitor_interval_s or max(0.05, min(self.heartbeat_interval_s / 4, 5.0))
-
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

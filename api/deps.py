@@ -1,19 +1,41 @@
-"""FastAPI dependencies: the database session and the calling principal."""
+"""FastAPI dependencies: the database session and the calling principal.
+
+Agents' routes (`/v1/agent/*`) draw sessions from a small pool of their own and look keys up
+on threads of their own, so heartbeats never queue behind tenant traffic for a connection or
+a thread (that pool also serves the lease monitor)."""
 
 from __future__ import annotations
 
+import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
+import anyio
 from fastapi import Depends, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from api.config import Settings
 from controller.keys import Principal, PrincipalCache, authenticate_cached, hash_key
+from controller.models import AuditLog
 
+log = logging.getLogger("cpn.api")
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer cpn_...`")
+AGENT_PATHS = "/v1/agent/"
+
+
+def is_agent_path(path: str) -> bool:
+    return path.startswith(AGENT_PATHS)
+
+
+def sessions_for(request: Request) -> sessionmaker[Session]:
+    """The agents' pool for the agent protocol, the shared one for everything else."""
+    state = request.app.state
+    factory: sessionmaker[Session] = (
+        state.agent_sessions if is_agent_path(request.url.path) else state.sessions
+    )
+    return factory
 
 
 def get_settings(request: Request) -> Settings:
@@ -23,7 +45,7 @@ def get_settings(request: Request) -> Settings:
 
 def get_session(request: Request) -> Iterator[Session]:
     """A session per request; routes commit what they change, the rest is rolled back."""
-    with request.app.state.sessions() as session:
+    with sessions_for(request)() as session:
         yield session
 
 
@@ -46,20 +68,93 @@ async def get_principal(
             "missing bearer API key: send `Authorization: Bearer <key>`",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    state = request.app.state
-    cache: PrincipalCache = state.principals
-    principal = None if cache.stale() else cache.get(hash_key(creds.credentials))
+    principal = await current_principal(request, creds.credentials)
     if principal is None:
-        principal = await run_in_threadpool(
-            authenticate_cached, cache, state.sessions, creds.credentials
-        )
-    if principal is None:
+        await audit_failure(request)
         raise HTTPException(
             401,
-            "API key is unknown or revoked: ask an admin for a valid key",
+            "API key is unknown, revoked or expired: ask an admin for a valid key",
             headers={"WWW-Authenticate": "Bearer"},
         )
     return principal
+
+
+def bearer_token(request: Request) -> str | None:
+    """The request's bearer key, read as `HTTPBearer` reads it (None: none given)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token if scheme.lower() == "bearer" and token else None
+
+
+async def current_principal(request: Request, token: str) -> Principal | None:
+    """The live principal of `token` now (None: unknown, revoked or expired). Open event
+    streams ask again every second, so a revoked key's streams end."""
+    state = request.app.state
+    cache: PrincipalCache = state.principals
+    principal = None if cache.stale() else cache.get(hash_key(token))
+    if principal is None:
+        agent = is_agent_path(request.url.path)
+        principal = await anyio.to_thread.run_sync(
+            authenticate_cached,
+            cache,
+            state.agent_sessions if agent else state.sessions,
+            token,
+            limiter=state.agent_threads if agent else None,
+        )
+    return principal
+
+
+class FailureAudit:
+    """Which failed authentications get an audit row: at most one per client address per
+    `period_s` (the row counts the failures held back since), so a flood of junk keys costs a
+    write a minute per address, not one per request. Pure: callers pass `now`."""
+
+    def __init__(self, period_s: float = 60.0, max_entries: int = 10_000) -> None:
+        self.period_s = period_s
+        self.max_entries = max_entries
+        self._seen: OrderedDict[str, tuple[float, int]] = OrderedDict()
+
+    def record(self, address: str, now: float) -> int | None:
+        """Count one failure from `address`: the failures the new row should carry, or None
+        when that address had a row less than `period_s` ago."""
+        last, held = self._seen.get(address, (None, 0))
+        if last is not None and now - last < self.period_s:
+            self._seen[address] = (last, held + 1)
+            self._seen.move_to_end(address)
+            return None
+        self._seen[address] = (now, 0)
+        self._seen.move_to_end(address)
+        while len(self._seen) > self.max_entries:
+            self._seen.popitem(last=False)
+        return held + 1
+
+
+async def audit_failure(request: Request) -> None:
+    """Write the audit row of a presented key that failed, when `FailureAudit` says so (the
+    count goes to `cpn_auth_failures_total` in the rate-limit middleware). Never the key."""
+    state = request.app.state
+    address = request.client.host if request.client else "unknown"
+    failures = state.failure_audit.record(address, anyio.current_time())
+    if failures is None:
+        return
+    row: dict[str, Any] = {"path": request.url.path[:200], "failures": failures}
+    try:
+        await anyio.to_thread.run_sync(_write_failure, sessions_for(request), address, row)
+    except Exception:  # the 401 matters more than its audit row
+        log.exception("could not audit a failed authentication from %s", address)
+
+
+def _write_failure(sessions: sessionmaker[Session], address: str, detail: dict[str, Any]) -> None:
+    with sessions() as session:
+        session.add(
+            AuditLog(
+                actor_key_id=None,
+                action="auth.fail",
+                target_type="client",
+                target_id=address[:64],
+                detail=detail,
+            )
+        )
+        session.commit()
 
 
 def require(*roles: str) -> Callable[[Principal], Awaitable[Principal]]:
@@ -77,3 +172,5 @@ def require(*roles: str) -> Callable[[Principal], Awaitable[Principal]]:
 
 AdminDep = Annotated[Principal, Depends(require("admin"))]
 AgentDep = Annotated[Principal, Depends(require("agent"))]
+ReaderDep = Annotated[Principal, Depends(require("tenant", "admin"))]
+"""A tenant (routes scope it to its own objects) or an admin: who may read jobs and usage."""

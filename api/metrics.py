@@ -1,4 +1,5 @@
-"""Prometheus metrics: request rate and latency by route, heartbeats, cluster states."""
+"""Prometheus metrics: request rate and latency by route, heartbeats, cluster states, failed
+authentications and rate-limit refusals."""
 
 from __future__ import annotations
 
@@ -43,6 +44,20 @@ class Metrics:
             "cpn_cluster_transitions_total",
             "Cluster state changes made by the lease monitor.",
             ["to_state"],
+            registry=self.registry,
+        )
+        self.auth_failures = Counter(
+            "cpn_auth_failures_total",
+            "Requests answered 401: no key (missing) or a key unknown, revoked or expired "
+            "(rejected).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.rate_limited = Counter(
+            "cpn_rate_limited_total",
+            "Requests answered 429, by the limit that refused them "
+            "(key, agent, auth_failures, quotes).",
+            ["limit"],
             registry=self.registry,
         )
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from grammar import canonical_compression, canonical_sync
 from scheduler import (
     Assignment,
     Cluster,
@@ -18,7 +19,6 @@ from scheduler import (
     RunningJob,
     Snapshot,
 )
-from scheduler.compression import validate_compression, validate_sync
 from scheduler.gpus import GPU_PEAK_TFLOPS, peak_tflops
 
 
@@ -194,11 +194,11 @@ class JobIn(_Edge):
                 f"({', '.join(GPU_PEAK_TFLOPS)})"
             )
         try:
-            validate_compression(self.compression)
+            canonical_compression(self.compression)
         except ValueError as exc:
             raise ValueError(f"compression: {exc}") from None
         try:
-            validate_sync(self.sync)
+            canonical_sync(self.sync)
         except ValueError as exc:
             raise ValueError(f"sync: {exc}") from None
         return self

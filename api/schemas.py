@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from agents.protocol import BoundedUTC, PlainText
+from controller.jobspec import QosClass
+from controller.plan import HeldPlan, JobPlan
+from controller.states import JobState
 
 T = TypeVar("T")
 
@@ -40,15 +45,27 @@ class GpuOut(BaseModel):
     utilization: float | None
 
 
+LABELS_HELP = (
+    "Free-form labels; the planner reads intra_bandwidth_gbps (Gbit/s between the cluster's "
+    "GPUs, a number above 0) and gpu_tflops (peak TFLOPS of one GPU, for models cpn lacks, "
+    "a number above 0), which are checked when written."
+)
+
+
+LabelKey = Annotated[PlainText, Field(min_length=1, max_length=63)]
+LabelValue = Annotated[PlainText, Field(max_length=256)]
+Labels = dict[LabelKey, LabelValue]
+
+
 class ClusterIn(_In):
     name: str = Name
-    region: str = Field(min_length=1, max_length=63)
-    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    region: PlainText = Field(min_length=1, max_length=63)
+    labels: Labels = Field(default_factory=dict, max_length=64, description=LABELS_HELP)
 
 
 class ClusterPatch(_In):
-    region: str | None = Field(default=None, min_length=1, max_length=63)
-    labels: dict[str, str] | None = Field(default=None, max_length=64)
+    region: PlainText | None = Field(default=None, min_length=1, max_length=63)
+    labels: Labels | None = Field(default=None, max_length=64, description=LABELS_HELP)
 
 
 class ClusterOut(BaseModel):
@@ -79,8 +96,8 @@ class TransitionOut(BaseModel):
 
 
 class LinkIn(_In):
-    src: str = Field(min_length=1, max_length=63, description="Source cluster name.")
-    dst: str = Field(min_length=1, max_length=63, description="Destination cluster name.")
+    src: PlainText = Field(min_length=1, max_length=63, description="Source cluster name.")
+    dst: PlainText = Field(min_length=1, max_length=63, description="Destination cluster name.")
     bandwidth_gbps: float = Field(gt=0, le=100_000)
     rtt_ms: float = Field(ge=0, le=600_000)
     loss: float = Field(default=0.0, ge=0, le=1)
@@ -125,15 +142,48 @@ class GpuTotal(BaseModel):
     clusters: int
 
 
+def _unique(values: list[QosClass]) -> list[QosClass]:
+    return list(dict.fromkeys(values))
+
+
+PriorityCeiling = Annotated[
+    int,
+    Field(
+        ge=-1000,
+        le=1000,
+        description="The highest qos.priority the tenant's jobs may ask for; a quote or job "
+        "above it is refused (403). Queue order and preemption never count a job higher.",
+    ),
+]
+QosClasses = Annotated[
+    list[QosClass],
+    Field(
+        min_length=1,
+        max_length=3,
+        description="QoS classes the tenant's jobs may use (default standard and spot: "
+        "guaranteed, never preempted, is granted by an admin).",
+    ),
+    AfterValidator(_unique),
+]
+
+
+def _default_classes() -> list[QosClass]:
+    return ["standard", "spot"]
+
+
 class TenantIn(_In):
     name: str = Name
     gpu_quota: int | None = Field(default=None, ge=0, le=10_000_000)
     budget: float | None = Field(default=None, ge=0, le=1e9, description="Spending limit.")
+    priority_ceiling: PriorityCeiling = 0
+    qos_classes: QosClasses = Field(default_factory=_default_classes)
 
 
 class TenantPatch(_In):
     gpu_quota: int | None = Field(default=None, ge=0, le=10_000_000)
     budget: float | None = Field(default=None, ge=0, le=1e9, description="Spending limit.")
+    priority_ceiling: PriorityCeiling = 0
+    qos_classes: QosClasses = Field(default_factory=_default_classes)
 
 
 class TenantOut(BaseModel):
@@ -143,17 +193,24 @@ class TenantOut(BaseModel):
     name: str
     gpu_quota: int | None
     budget: float | None
+    priority_ceiling: int
+    qos_classes: list[str]
     created_at: datetime
 
 
 class ApiKeyIn(_In):
     role: Literal["admin", "tenant", "agent"]
-    scope: str | None = Field(
+    scope: PlainText | None = Field(
         default=None,
         max_length=63,
         description="Tenant id for a tenant key, cluster name for an agent key; none for admin.",
     )
-    name: str = Field(default="", max_length=128)
+    name: PlainText = Field(default="", max_length=128)
+    expires_at: BoundedUTC | None = Field(
+        default=None,
+        description="When the key stops working (ISO 8601 with a UTC offset, in the future); "
+        "none: until revoked.",
+    )
 
 
 class ApiKeyOut(BaseModel):
@@ -161,11 +218,15 @@ class ApiKeyOut(BaseModel):
 
     id: str
     name: str
-    prefix: str
+    prefix: str = Field(
+        description="Up to 8 characters of the key after `cpn_<role>_`, to tell keys apart; "
+        "empty for a key given through CPN_ADMIN_TOKEN."
+    )
     role: str
     scope: str | None
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None = None
 
 
 class ApiKeyCreated(ApiKeyOut):
@@ -192,20 +253,22 @@ class LinkReportAck(BaseModel):
 
 
 class GpuPriceIn(_In):
-    cluster: str = Field(min_length=1, max_length=63)
-    gpu_model: str = Field(min_length=1, max_length=128)
+    cluster: PlainText = Field(min_length=1, max_length=63)
+    gpu_model: PlainText = Field(min_length=1, max_length=128)
     qos_class: Literal["guaranteed", "standard", "spot"]
     price_per_gpu_hour: float = Field(ge=0, le=100_000)
-    effective_from: datetime | None = Field(
+    effective_from: BoundedUTC | None = Field(
         default=None, description="UTC time it applies from; now when left out; never the past."
     )
 
 
 class EgressPriceIn(_In):
-    src: str = Field(min_length=1, max_length=63)
-    dst: str = Field(min_length=1, max_length=63)
+    src: PlainText = Field(min_length=1, max_length=63)
+    dst: PlainText = Field(min_length=1, max_length=63)
     price_per_gb: float = Field(ge=0, le=1_000)
-    effective_from: datetime | None = None
+    effective_from: BoundedUTC | None = Field(
+        default=None, description="UTC time it applies from; now when left out; never the past."
+    )
     symmetric: bool = True
 
 
@@ -234,14 +297,14 @@ class QuoteOut(BaseModel):
     id: str
     created_at: datetime
     expires_at: datetime
-    options: list[dict[str, object]]
+    options: list[JobPlan] = Field(description="One plan per objective, priced.")
 
 
 class JobOut(BaseModel):
     id: str
     tenant_id: str
     name: str
-    state: str
+    state: JobState
     reason: str
     priority: int
     qos_class: str
@@ -250,8 +313,8 @@ class JobOut(BaseModel):
     gpus_max: int
     spec: dict[str, object]
     quote_id: str | None
-    held_price: dict[str, object] | None
-    placement: dict[str, object] | None
+    held_price: HeldPlan | None = Field(description="The quote option the job was submitted with.")
+    placement: JobPlan | None = Field(description="The plan its GPUs are reserved for.")
     attempts: int
     created_at: datetime
     updated_at: datetime
@@ -266,8 +329,8 @@ class JobEventOut(BaseModel):
     id: int
     at: datetime
     kind: str
-    from_state: str | None
-    to_state: str | None
+    from_state: JobState | None
+    to_state: JobState | None
     message: str
     data: dict[str, object]
 

@@ -300,7 +300,10 @@ def seed_network(url: str, n_clusters: int, n_jobs: int, per_cluster: int) -> tu
 
     t0 = time.monotonic()
     plane = start_control_plane(
-        url, ADMIN_TOKEN, settings={**QUIET_LEASES, "CPN_RUN_CONTROLLER": "false"}
+        url,
+        ADMIN_TOKEN,
+        # One admin and one tenant key seed everything: the per-key rate limit is off (0).
+        settings={**QUIET_LEASES, "CPN_RUN_CONTROLLER": "false", "CPN_KEY_RATE_LIMIT": "0"},
     )
     rng = random.Random(7)
     names = [f"dc-{i:03d}" for i in range(n_clusters)]

@@ -1,4 +1,4 @@
-"""cpn against PyTorch DDP on the namespace WAN testbed (`bench.testbed`), on the same wire.
+"""cpn against PyTorch DDP on the namespace WAN testbed (package `testbed`), on the same wire.
 
 3 datacenters x 2 workers, every datacenter's uplink shaped with tc tbf (both directions).
 Modes: (a) DDP over one flat gloo group, no hook (what Ray Train's TorchTrainer sets up);
@@ -187,7 +187,7 @@ def time_to(history: list[dict[str, Any]], target: float) -> float | None:
 
 
 def run_mode(bed: Any, mode: Mode, task: str, steps: int, evals: int, seed: int) -> dict[str, Any]:
-    from bench.testbed.layout import UPLINK_IF
+    from testbed.layout import UPLINK_IF
 
     eval_every = max(1, steps // evals)
     before = bed.uplink_bytes()
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         cpn_driver(a)
         return
 
-    from bench.testbed import TestbedError, down, parse_dcs, up
+    from testbed import TestbedError, down, parse_dcs, up
     from training.tasks import load_task
 
     target = a.target or load_task(a.task).target_accuracy or 0.8

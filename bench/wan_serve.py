@@ -1,4 +1,4 @@
-"""The demo's job through the control plane on the WAN testbed (`bench.testbed`).
+"""The demo's job through the control plane on the namespace WAN testbed (package `testbed`).
 
 A `cpn serve` in the testbed's hub namespace whose Ray is the testbed's cluster; one `cpn agent`
 per datacenter inside its namespace, measuring the real shaped links to its peers (nothing
@@ -57,8 +57,8 @@ def drive(a: argparse.Namespace) -> None:
     from api.cli.demo import DEMO_CLUSTERS, demo_job_spec, price_cluster
     from api.client import Client
     from api.processes import Proc, start_agent, start_control_plane, write_inventory
-    from bench.testbed import load
-    from bench.testbed.layout import HUB_IP
+    from testbed import load
+    from testbed.layout import HUB_IP
 
     bed = load()
     if bed is None:
@@ -282,7 +282,7 @@ def run(
 ) -> dict[str, Any]:
     """Bring the testbed up, run `drive` in its hub namespace, tear it down; the report.
     TestbedError (no root, no tc) or ValueError (bad `dcs`) before anything starts."""
-    from bench.testbed import down, parse_dcs, up
+    from testbed import down, parse_dcs, up
 
     bed = up(parse_dcs(dcs, 100.0, 2))
     out = Path(tempfile.mkstemp(prefix="cpn-wan-serve-", suffix=".json")[1])
@@ -302,7 +302,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--dcs", default=DEFAULT_DCS, help="NAME:MBIT:GPUS,... (bench.testbed)")
+    p.add_argument("--dcs", default=DEFAULT_DCS, help="NAME:MBIT:GPUS,... (testbed)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--gpus", type=int, default=0, help="GPUs the job asks for (0: the demo's)")
     p.add_argument("--jobs", type=int, default=2, help="runs of the job (2nd+: calibrated)")
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
         drive(a)
         return
 
-    from bench.testbed import TestbedError
+    from testbed import TestbedError
 
     try:
         result = run(a.dcs, a.steps, a.jobs, a.timeout, a.probe_interval, a.gpus)

@@ -16,12 +16,19 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+SQLITE_SYNCHRONOUS = ("FULL", "NORMAL")
+
+
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL", **kwargs: Any) -> Engine:
     """Create an engine tuned for the backend.
 
     SQLite gets WAL (readers do not block the writer), a busy timeout instead of immediate
     'database is locked' errors, and foreign keys on; the file's folder is created if missing.
+    `synchronous=FULL` syncs the WAL at every commit, so an acknowledged job or ledger row
+    survives a power loss; NORMAL (faster) may lose the last commits then.
     """
+    if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
+        raise ValueError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
     if is_sqlite(url):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -34,7 +41,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()

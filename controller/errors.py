@@ -32,3 +32,13 @@ class PreconditionFailed(CpnError):
 
 class Forbidden(CpnError):
     status, slug, title = 403, "forbidden", "Forbidden"
+
+
+class TooMany(CpnError):
+    """A tenant is over a cap that frees itself (jobs start or end): retry later."""
+
+    status, slug, title = 429, "rate-limited", "Too many requests"
+
+    def __init__(self, detail: str, *, field: str | None = None, retry_after_s: int = 30) -> None:
+        super().__init__(detail, field=field)
+        self.retry_after_s = retry_after_s

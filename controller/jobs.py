@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,13 +21,15 @@ from sqlalchemy.orm import Session
 
 import scheduler
 from controller import lifecycle
-from controller.allocations import release
-from controller.errors import Conflict, CpnError, Invalid, NotFound
-from controller.jobspec import JobSpec
-from controller.metering import meter_allocations, price_usage, tenant_spend
+from controller.budget import as_money, commitment, refusal
+from controller.errors import Conflict, CpnError, Invalid, NotFound, TooMany
+from controller.jobspec import JobSpec, stored_spec
 from controller.models import Cluster, GpuInventory, Job, Quote, Tenant, utcnow
-from controller.snapshot import build_snapshot
-from controller.tasks import builtin_work, check_task
+from controller.plan import HeldPlan, JobPlan, QuoteOptions, plan_of
+from controller.snapshot import build_snapshot, build_world
+from controller.states import JobState
+from controller.tasks import builtin_work, check_allowed, check_task
+from controller.tenancy import check_grant
 
 QUOTE_TTL = timedelta(minutes=15)
 
@@ -37,6 +42,27 @@ def body_hash(spec: JobSpec) -> str:
     """Fingerprint of a submission, to tell a retry from a different job under one key."""
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+_SPECS_KEPT = 4096
+_specs: OrderedDict[str, JobSpec] = OrderedDict()
+_specs_lock = threading.Lock()
+
+
+def spec_of(job: Job) -> JobSpec:
+    """The job's spec, parsed once per job (a stored spec never changes): the reconcile loop
+    reads every queued job's spec on every pass."""
+    with _specs_lock:
+        spec = _specs.get(job.id)
+        if spec is not None:
+            _specs.move_to_end(job.id)
+            return spec
+    spec = stored_spec(job.spec)  # rows from before typed args load too
+    with _specs_lock:
+        _specs[job.id] = spec
+        while len(_specs) > _SPECS_KEPT:
+            _specs.popitem(last=False)
+    return spec
 
 
 def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> scheduler.JobRequest:
@@ -81,74 +107,23 @@ def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> s
         raise Invalid(str(exc), field="work" if spec.work else "spec") from None
 
 
-def option(snap: scheduler.Snapshot, result: scheduler.Plan, qos_class: str) -> dict[str, Any]:
-    """A quote option with its price broken down by cluster and by WAN link."""
-    est = result.estimate
-    hours = est.total_time_s / 3600
-    gpu = [
-        {
-            "cluster": a.cluster,
-            "gpus": a.gpus,
-            "gpu_hours": round(a.gpus * hours, 6),
-            "price_per_gpu_hour": snap.by_name[a.cluster].price(qos_class),
-            "amount": round(a.gpus * hours * snap.by_name[a.cluster].price(qos_class), 6),
-        }
-        for a in result.placement
-    ]
-    egress = []
-    ring = est.ring
-    if len(ring) > 1 and est.wan_bytes:
-        per_edge = est.wan_bytes / len(ring)
-        for a, b in zip(ring, [*ring[1:], ring[0]], strict=True):
-            link = snap.link(a, b)
-            price = link.egress_price_per_gb if link else 0.0
-            egress.append(
-                {
-                    "src": a,
-                    "dst": b,
-                    "gb": round(per_edge / 1e9, 9),
-                    "price_per_gb": price,
-                    "amount": round(per_edge / 1e9 * price, 6),
-                }
-            )
-    return {
-        "objective": result.objective,
-        "placement": [{"cluster": a.cluster, "gpus": a.gpus} for a in result.placement],
-        "compression": result.compression,
-        "sync": result.sync,
-        "estimate": {
-            "step_time_s": est.step_time_s,
-            "total_time_s": est.total_time_s,
-            "wan_bytes": est.wan_bytes,
-            "wan_gb": est.wan_bytes / 1e9,
-        },
-        "price": {
-            "total": round(est.cost, 6),
-            "gpu": gpu,
-            "egress": egress,
-            "currency": "USD",
-        },
-        "explanation": list(result.explanation),
-    }
-
-
 def quote_options(
     session: Session, spec: JobSpec, tenant_id: str, now: datetime | None = None
-) -> list[dict[str, Any]]:
+) -> list[JobPlan]:
     """Fastest, cheapest, and cheapest-within-deadline options over the live snapshot."""
     request = job_request(spec, tenant_id, now)
-    snap = build_snapshot(session, spec.qos.qos_class, now)
+    world = build_world(session, spec.qos.qos_class, now)
     objectives: list[scheduler.Objective] = ["time", "cost"]
     if request.qos.deadline_s is not None:
         objectives.append("cost-within-deadline")
-    options: list[dict[str, Any]] = []
+    options: list[JobPlan] = []
     failure: scheduler.Infeasible | None = None
     for objective in objectives:
-        result = scheduler.plan(snap, request, objective, preempt=False)
+        result = scheduler.plan(world.snapshot, request, objective, preempt=False)
         if isinstance(result, scheduler.Infeasible):
             failure = failure or result
             continue
-        options.append(option(snap, result, spec.qos.qos_class))
+        options.append(plan_of(result, world.snapshot, world.origins, spec.qos.qos_class))
     if not options:
         assert failure is not None
         raise Invalid(_infeasible_detail(failure), field=_constraint_field(failure.constraint))
@@ -176,15 +151,34 @@ def _infeasible_detail(failure: scheduler.Infeasible) -> str:
     return detail
 
 
+def admit(spec: JobSpec, tenant: Tenant, task_modules: Sequence[str]) -> None:
+    """What a tenant may ask for at all: its task under CPN_TASK_MODULES (or a builtin), else
+    422 naming `task`; a QoS class and priority within its grant, else 403 (tenancy)."""
+    try:
+        check_allowed(spec.task, task_modules)
+    except ValueError as exc:
+        raise Invalid(str(exc), field="task") from None
+    check_grant(tenant, spec.qos)
+
+
 def create_quote(
-    session: Session, spec: JobSpec, tenant_id: str, ttl: timedelta = QUOTE_TTL
+    session: Session,
+    spec: JobSpec,
+    tenant_id: str,
+    ttl: timedelta = QUOTE_TTL,
+    task_modules: Sequence[str] = (),
 ) -> Quote:
+    """Options for `spec`, stored for QUOTE_TTL; `task_modules`: CPN_TASK_MODULES."""
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        raise NotFound("the tenant of this key no longer exists; ask an admin", field="tenant")
+    admit(spec, tenant, task_modules)
     now = utcnow()
     options = quote_options(session, spec, tenant_id, now)
     quote = Quote(
         tenant_id=tenant_id,
         spec=spec.model_dump(mode="json"),
-        options={"options": options},
+        options=QuoteOptions(options=tuple(options)),
         created_at=now,
         expires_at=now + ttl,
     )
@@ -200,14 +194,25 @@ class Submitted:
 
 
 def submit(
-    session: Session, spec: JobSpec, tenant: Tenant, idempotency_key: str | None
+    session: Session,
+    spec: JobSpec,
+    tenant: Tenant,
+    idempotency_key: str | None,
+    task_modules: Sequence[str] = (),
+    max_queued: int = 0,
 ) -> Submitted:
-    """Create a PENDING job, or return the job an earlier submission with this key created."""
+    """Create a PENDING job, or return the job an earlier submission with this key created.
+
+    `task_modules`: CPN_TASK_MODULES (default: builtin tasks only); `max_queued`:
+    CPN_MAX_QUEUED_JOBS (0: no cap)."""
     digest = body_hash(spec)
     if idempotency_key:
         existing = _by_key(session, tenant.id, idempotency_key)
         if existing is not None:
             return Submitted(_same_body(existing, digest), created=False)
+    admit(spec, tenant, task_modules)
+    if max_queued:
+        _check_queue_cap(session, tenant, max_queued)
     now = utcnow()
     request = job_request(spec, tenant.id, now)
     held, reason = _hold_quote(session, spec, tenant, request, now)
@@ -242,6 +247,24 @@ def submit(
     return Submitted(job, created=True)
 
 
+def _check_queue_cap(session: Session, tenant: Tenant, cap: int) -> None:
+    """Refuse a submission past the tenant's cap of PENDING jobs (a retry of a job already
+    submitted is answered before this). On PostgreSQL the tenant row is locked first, so
+    concurrent submissions count each other and cannot overshoot the cap together."""
+    session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+    queued = session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.tenant_id == tenant.id, Job.state == JobState.PENDING)
+    )
+    if (queued or 0) >= cap:
+        raise TooMany(
+            f"{queued} jobs are queued, the most is {cap} (CPN_MAX_QUEUED_JOBS); wait for some "
+            "to start or cancel some",
+            field="tenant",
+        )
+
+
 def _by_key(session: Session, tenant_id: str, key: str) -> Job | None:
     return session.scalars(
         select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
@@ -259,7 +282,7 @@ def _same_body(job: Job, digest: str) -> Job:
 
 def _hold_quote(
     session: Session, spec: JobSpec, tenant: Tenant, request: scheduler.JobRequest, now: datetime
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> tuple[HeldPlan | None, str | None]:
     """The held price of the quote named in the spec, if its placement is still possible."""
     if spec.quote_id is None:
         return None, None
@@ -273,23 +296,22 @@ def _hold_quote(
             f"quote {quote.id} expired at {quote.expires_at.isoformat()}; ask for a new quote",
             field="quote_id",
         )
-    options = quote.options["options"]
-    chosen = next((o for o in options if spec.quote_option in (None, o["objective"])), None)
+    options = quote.options.options
+    chosen = next((o for o in options if spec.quote_option in (None, o.objective)), None)
     if chosen is None:
         raise Invalid(
             f"quote {quote.id} has no {spec.quote_option!r} option; it has "
-            + ", ".join(o["objective"] for o in options),
+            + ", ".join(str(o.objective) for o in options),
             field="quote_option",
         )
-    snap = build_snapshot(session, spec.qos.qos_class, now)
-    placement = [scheduler.Assignment(p["cluster"], p["gpus"]) for p in chosen["placement"]]
-    check = scheduler.evaluate(snap, request, placement)
+    world = build_world(session, spec.qos.qos_class, now)
+    check = scheduler.evaluate(world.snapshot, request, chosen.assignments(world.origins))
     if isinstance(check, scheduler.Infeasible):
         raise Conflict(
             f"the quoted placement is no longer possible ({check.reason}); ask for a new quote",
             field="quote_id",
         )
-    return {"quote_id": quote.id, **chosen}, None
+    return HeldPlan(**dict(chosen), quote_id=quote.id), None
 
 
 def _queue_reason(
@@ -332,13 +354,14 @@ def _queue_reason(
                     _infeasible_detail(result), field=_constraint_field(result.constraint)
                 )
         return f"waiting: {result.reason}"
-    if tenant.budget is not None:
-        spent = float(tenant_spend(session, tenant.id))
-        if spent + result.estimate.cost > tenant.budget:
-            return (
-                f"waiting: the cheapest plan costs {result.estimate.cost:.2f} and the tenant has "
-                f"{tenant.budget - spent:.2f} of its budget left"
-            )
+    if tenant.budget is not None:  # the reconcile loop holds it to this (controller.budget)
+        why = refusal(
+            as_money(tenant.budget),
+            commitment(session, tenant.id, utcnow()),
+            as_money(result.estimate.cost),
+        )
+        if why is not None:
+            return f"waiting: {why}"
     return None
 
 
@@ -372,10 +395,8 @@ def cancel(session: Session, job: Job, reason: str) -> Job:
         raise Conflict(
             f"job {job.id} already ended ({job.state}); nothing to cancel", field="state"
         )
-    lifecycle.transition(session, job, "CANCELLED", reason)
-    release(session, job)
-    meter_allocations(session, job)
-    price_usage(session, job.id)
+    lifecycle.transition(session, job, JobState.CANCELLED, reason)
+    lifecycle.end_run(session, job)
     return job
 
 

@@ -2,20 +2,95 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from agents.protocol import refuse_control_characters
+from grammar import COMPRESSION_HELP, SYNC_HELP, canonical_compression, canonical_sync
 
 QosClass = Literal["guaranteed", "standard", "spot"]
 ObjectiveName = Literal["time", "cost", "cost-within-deadline"]
 
 _TASK = re.compile(r"^(builtin:[a-z0-9][a-z0-9-]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
-_COMPRESSION = re.compile(
-    r"^(auto|none|fp16|bf16|int8|int8:minmax|sign|topk:(0?\.\d+|1(\.0+)?)|powersgd:\d+)$"
-)
-_SYNC = re.compile(r"^(auto|every-step|adaptive|local-sgd:[1-9]\d*|stale:\d+)$")
+CompressionValue = Annotated[
+    str,
+    Field(max_length=64, description=f"Gradient compression between clusters; {COMPRESSION_HELP}."),
+    AfterValidator(canonical_compression),
+]
+SyncValue = Annotated[
+    str,
+    Field(max_length=64, description=f"How clusters synchronise; {SYNC_HELP}."),
+    AfterValidator(canonical_sync),
+]
+
+
+def _plain(value: str, info: ValidationInfo) -> str:
+    """No control characters in new specs; stored ones load as they were written."""
+    return value if _stored(info) else refuse_control_characters(value)
+
+
+SpecText = Annotated[str, AfterValidator(_plain)]
+ClusterRef = Annotated[str, Field(max_length=63), AfterValidator(_plain)]
+"""A cluster or region name, as the admin API bounds them."""
+
+TASK_ARGS_MAX_DEPTH = 200
+"""Most nested objects/arrays in `args.task`: pydantic serialises about 255 levels, so a
+response that wraps the spec in a few more (a page, a job, its spec, args) still fits, and a
+stored job never breaks a job list."""
+TASK_ARGS_MAX_BYTES = 16 * 1024
+"""Largest `args.task` as compact JSON: task arguments are knobs, not data."""
+
+
+def _task_args_fit(value: Any, info: ValidationInfo) -> Any:
+    """Refuse `args.task` nested deeper than TASK_ARGS_MAX_DEPTH or larger than
+    TASK_ARGS_MAX_BYTES, before anything recurses into it (an explicit stack, no recursion)."""
+    if value is None or _stored(info):
+        return value
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, dict | list):
+            continue
+        if depth > TASK_ARGS_MAX_DEPTH:
+            raise PydanticCustomError(
+                "too_deep",
+                "nests objects and arrays more than {limit} levels deep; flatten the task's "
+                "arguments",
+                {"limit": TASK_ARGS_MAX_DEPTH},
+            )
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children)
+    try:
+        size = len(json.dumps(value, separators=(",", ":"), default=str).encode())
+    except (TypeError, ValueError):  # not JSON at all: JsonValue's validation says so
+        return value
+    if size > TASK_ARGS_MAX_BYTES:
+        raise PydanticCustomError(
+            "too_large",
+            "is {size} bytes as JSON, over the {limit} allowed; pass large inputs as a file or "
+            "URL the task reads",
+            {"size": size, "limit": TASK_ARGS_MAX_BYTES},
+        )
+    return value
 
 
 class _In(BaseModel):
@@ -28,7 +103,7 @@ class Work(_In):
     params: int = Field(ge=1, le=10**13, description="Model parameters.")
     flops_per_step: float | None = Field(default=None, gt=0, le=1e24)
     step_time_s_ref: float | None = Field(default=None, gt=0, le=86400)
-    ref_gpu: str | None = Field(default=None, max_length=64)
+    ref_gpu: SpecText | None = Field(default=None, max_length=64)
 
     @model_validator(mode="after")
     def _one_measure(self) -> Self:
@@ -49,7 +124,9 @@ class QoSSpec(_In):
     priority: int = Field(default=0, ge=-1000, le=1000)
     deadline: datetime | None = Field(default=None, description="Finish by this UTC time.")
     budget: float | None = Field(default=None, ge=0, le=1e12, description="Most it may cost.")
-    regions: list[str] | None = Field(default=None, max_length=64, description="Allowed regions.")
+    regions: list[ClusterRef] | None = Field(
+        default=None, max_length=64, description="Allowed regions."
+    )
     max_clusters: int | None = Field(default=None, ge=1, le=1000)
     preemptible: bool | None = Field(
         default=None, description="Default: true for spot, false otherwise."
@@ -75,29 +152,140 @@ class QoSSpec(_In):
         return self.preemptible if self.preemptible is not None else self.qos_class == "spot"
 
 
+STORED = {"stored": True}
+"""Validation context of specs read back from the database (see `stored_spec`)."""
+
+
+def _stored(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("stored"))
+
+
+class TrainArgs(_In):
+    """The runtime's knobs (what the launcher hands `training.TrainSpec`), typed and bounded;
+    each left out takes the runtime's or the task's default. Unknown keys are refused: a
+    `module:function` task's own arguments go under `task`, which cpn stores with the job
+    without reading them."""
+
+    batch_size: int | None = Field(
+        default=None,
+        strict=True,
+        ge=1,
+        le=2**24,
+        description="Global batch over all workers (at least one sample per GPU); default: "
+        "the task's.",
+    )
+    lr: float | None = Field(
+        default=None,
+        strict=True,
+        allow_inf_nan=False,
+        gt=0,
+        le=1e3,
+        description="Learning rate of the local optimiser.",
+    )
+    seed: int | None = Field(
+        default=None, strict=True, ge=0, le=2**32 - 1, description="Random seed."
+    )
+    eval_every: int | None = Field(
+        default=None,
+        strict=True,
+        ge=1,
+        le=10**9,
+        description="Steps between evaluations (and progress reports); default: about 20 a run.",
+    )
+    checkpoint_every: int | None = Field(
+        default=None,
+        strict=True,
+        ge=0,
+        le=10**9,
+        description="Steps between checkpoints; 0: only at the end; default: a tenth of the steps.",
+    )
+    outer_lr: float | None = Field(
+        default=None,
+        strict=True,
+        allow_inf_nan=False,
+        gt=0,
+        le=100,
+        description="DiLoCo outer learning rate (local-sgd sync).",
+    )
+    outer_momentum: float | None = Field(
+        default=None,
+        strict=True,
+        allow_inf_nan=False,
+        ge=0,
+        lt=1,
+        description="DiLoCo outer Nesterov momentum, in [0, 1).",
+    )
+    task: Annotated[dict[str, JsonValue] | None, BeforeValidator(_task_args_fit)] = Field(
+        default=None,
+        max_length=64,
+        description="Arguments of a module:function task, stored with the job as given; at "
+        f"most {TASK_ARGS_MAX_DEPTH} levels deep and {TASK_ARGS_MAX_BYTES} bytes as JSON.",
+    )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _old_rows(
+        cls, data: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> Any:
+        """Specs stored before args were typed keep loading: in the stored context, keys this
+        model does not know, or whose values it refuses, are left out (the runtime default
+        applies), instead of making the job unreadable."""
+        try:
+            return handler(data)
+        except ValidationError:
+            if not _stored(info) or not isinstance(data, dict):
+                raise
+        kept: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in cls.model_fields:
+                try:
+                    handler({key: value})
+                except ValidationError:
+                    continue
+                kept[key] = value
+        return handler(kept)
+
+    @model_serializer(mode="wrap")
+    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Only the knobs given: `{}` when none, as free-form args were stored."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def runtime(self) -> dict[str, Any]:
+        """The knobs given, as `training.TrainSpec` keyword arguments."""
+        return {
+            name: value
+            for name in ("batch_size", "lr", "seed", "eval_every", "outer_lr", "outer_momentum")
+            if (value := getattr(self, name)) is not None
+        }
+
+
 class JobSpec(_In):
     """A data-parallel training job across clusters."""
 
-    name: str = Field(min_length=1, max_length=128)
+    name: SpecText = Field(min_length=1, max_length=128)
     task: str = Field(
         max_length=256,
         description="builtin:NAME (e.g. builtin:mnist1d-mlp) or an importable module:function.",
     )
-    args: dict[str, Any] = Field(default_factory=dict, description="Passed to the task.")
+    args: TrainArgs = Field(
+        default_factory=TrainArgs,
+        description="Runtime knobs (batch_size, lr, seed, eval_every, checkpoint_every, "
+        "outer_lr, outer_momentum) and, for module:function tasks, `task`: the task's own.",
+    )
     gpus: int | None = Field(default=None, ge=1, le=100_000, description="Exact GPU count.")
     min_gpus: int | None = Field(default=None, ge=1, le=100_000)
     max_gpus: int | None = Field(default=None, ge=1, le=100_000)
     steps: int = Field(ge=1, le=10**9)
     qos: QoSSpec = Field(default_factory=QoSSpec)
-    compression: str = Field(
-        default="auto", description="auto, none, fp16, bf16, int8, topk:D, powersgd:R, sign."
-    )
-    sync: str = Field(default="auto", description="auto, every-step, local-sgd:H, stale:S.")
-    preference: list[str] = Field(
+    compression: CompressionValue = "auto"
+    sync: SyncValue = "auto"
+    preference: list[ClusterRef] = Field(
         default_factory=list, max_length=64, description="Clusters first."
     )
     work: Work | None = Field(default=None, description="Required for module:function tasks.")
-    quote_id: str | None = Field(default=None, max_length=36, description="Hold a quote's price.")
+    quote_id: SpecText | None = Field(
+        default=None, max_length=36, description="Hold a quote's price."
+    )
     quote_option: ObjectiveName | None = Field(
         default=None, description="Which option of the quote to take (default: its first)."
     )
@@ -107,22 +295,6 @@ class JobSpec(_In):
     def _task(cls, value: str) -> str:
         if not _TASK.match(value):
             raise ValueError("write builtin:NAME or module.path:function")
-        return value
-
-    @field_validator("compression")
-    @classmethod
-    def _compression(cls, value: str) -> str:
-        if not _COMPRESSION.match(value):
-            raise ValueError(
-                "use auto, none, fp16, bf16, int8, int8:minmax, sign, topk:0.01, powersgd:4"
-            )
-        return value
-
-    @field_validator("sync")
-    @classmethod
-    def _sync(cls, value: str) -> str:
-        if not _SYNC.match(value):
-            raise ValueError("use auto, every-step, adaptive, local-sgd:H or stale:S")
         return value
 
     @model_validator(mode="after")
@@ -143,6 +315,26 @@ class JobSpec(_In):
             )
         return self
 
+    @model_validator(mode="after")
+    def _args_fit(self, info: ValidationInfo) -> Self:
+        """Arguments that only the whole spec can check (skipped for stored specs, which the
+        runtime checks again)."""
+        if _stored(info):
+            return self
+        if self.args.task is not None and self.task.startswith("builtin:"):
+            raise ValueError(
+                "args.task: task arguments are for module:function tasks; built-in tasks take "
+                "only the runtime's knobs (batch_size, lr, seed, eval_every, checkpoint_every, "
+                "outer_lr, outer_momentum): drop args.task"
+            )
+        workers = self.gpu_range[1]
+        if self.args.batch_size is not None and self.args.batch_size < workers:
+            raise ValueError(
+                f"args.batch_size: {self.args.batch_size} is smaller than the up to {workers} "
+                f"workers (one per GPU); give at least {workers}, or leave it out"
+            )
+        return self
+
     @property
     def gpu_range(self) -> tuple[int, int]:
         if self.gpus is not None:
@@ -154,3 +346,8 @@ class JobSpec(_In):
         if self.qos.deadline is None:
             return None
         return (self.qos.deadline - (now or datetime.now(UTC))).total_seconds()
+
+
+def stored_spec(data: Any) -> JobSpec:
+    """A spec as stored on a job row: validated, with old free-form args still loading."""
+    return JobSpec.model_validate(data, context=STORED)

@@ -1,4 +1,9 @@
-"""API keys: minted with enough entropy that a plain SHA-256 is a safe stored form."""
+"""API keys: minted with enough entropy that a plain SHA-256 is a safe stored form.
+
+A key is live until revoked or past its expiry. Of a minted key cpn keeps a short prefix of
+its random part (8 characters of 43) to tell keys apart in lists; of a key handed in from
+outside (CPN_ADMIN_TOKEN, a benchmark's fixed tokens) it keeps nothing but the hash.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import secrets
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -14,18 +20,27 @@ from typing import Any
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
-from controller.models import ApiKey
+from controller.models import ApiKey, utcnow
 
 ROLES = ("admin", "tenant", "agent")
+PREFIX_CHARS = 8
+"""Characters of a minted key's random part kept in plain text (48 of its 256 bits)."""
+ENV_KEY_NAME = "CPN_ADMIN_TOKEN"
+"""The name of the admin key that CPN_ADMIN_TOKEN provides."""
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the key's id, role and scope (tenant id or cluster name)."""
+    """Who is calling: the key's id, role and scope (tenant id or cluster name), and until when
+    the key is good (None: until revoked)."""
 
     key_id: str
     role: str
     scope: str | None
+    expires_at: datetime | None = None
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
 
 def hash_key(token: str) -> str:
@@ -36,29 +51,108 @@ def mint(role: str) -> str:
     return f"cpn_{role}_{secrets.token_urlsafe(32)}"
 
 
+def prefix_of(role: str, token: str, minted: bool) -> str:
+    """What is stored in plain text of `token`: the start of a minted key's random part (so
+    `cpn_tenant_AbCdEfGh...` lists as `AbCdEfGh`), nothing of a key cpn did not mint."""
+    head = f"cpn_{role}_"
+    if not minted or not token.startswith(head):
+        return ""
+    return token[len(head) : len(head) + PREFIX_CHARS]
+
+
 def create_key(
-    session: Session, role: str, scope: str | None, name: str = "", token: str | None = None
+    session: Session,
+    role: str,
+    scope: str | None,
+    name: str = "",
+    token: str | None = None,
+    *,
+    expires_at: datetime | None = None,
+    from_env: bool = False,
 ) -> tuple[ApiKey, str]:
-    """Store a new key and return it with its plaintext, which is never stored or shown again."""
+    """Store a new key and return it with its plaintext, which is never stored or shown again.
+
+    `token`: a key made elsewhere (stored by hash only, no prefix); None mints one."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
+    minted = token is None
     token = token or mint(role)
-    key = ApiKey(name=name, key_hash=hash_key(token), prefix=token[:12], role=role, scope=scope)
+    key = ApiKey(
+        name=name,
+        key_hash=hash_key(token),
+        prefix=prefix_of(role, token, minted),
+        role=role,
+        scope=scope,
+        expires_at=expires_at,
+        from_env=from_env,
+    )
     session.add(key)
     session.flush()
     return key, token
 
 
 def authenticate(session: Session, token: str) -> Principal | None:
-    """The principal for a live key, or None if unknown or revoked."""
+    """The principal for a live key, or None if unknown, revoked or expired."""
     row = session.execute(
-        select(ApiKey.id, ApiKey.role, ApiKey.scope, ApiKey.revoked_at).where(
+        select(ApiKey.id, ApiKey.role, ApiKey.scope, ApiKey.revoked_at, ApiKey.expires_at).where(
             ApiKey.key_hash == hash_key(token)
         )
     ).first()
     if row is None or row.revoked_at is not None:
         return None
-    return Principal(key_id=row.id, role=row.role, scope=row.scope)
+    principal = Principal(row.id, row.role, row.scope, row.expires_at)
+    return None if principal.expired(utcnow()) else principal
+
+
+def revoke(keys: Sequence[ApiKey], now: datetime | None = None) -> list[ApiKey]:
+    """Revoke the live ones of `keys` (through the ORM, so every cache here forgets them at
+    commit); return those that were live."""
+    now = now or utcnow()
+    live = [k for k in keys if k.revoked_at is None]
+    for key in live:
+        key.revoked_at = now
+    return live
+
+
+def revoke_scope(session: Session, role: str, scope: str) -> list[ApiKey]:
+    """Revoke every live key of `role` bound to `scope` (a deleted tenant's, a deleted
+    cluster's: a cluster re-created under the same name must not accept them)."""
+    return revoke(
+        session.scalars(
+            select(ApiKey).where(
+                ApiKey.role == role, ApiKey.scope == scope, ApiKey.revoked_at.is_(None)
+            )
+        ).all()
+    )
+
+
+@dataclass(frozen=True)
+class EnvAdmin:
+    """What adopting CPN_ADMIN_TOKEN did: its key, whether it was new, the keys it replaced."""
+
+    key: ApiKey
+    created: bool
+    replaced: list[ApiKey]
+
+
+def adopt_env_admin(session: Session, token: str) -> EnvAdmin:
+    """Make `token` (CPN_ADMIN_TOKEN) an admin key and revoke the environment's earlier ones.
+
+    A key revoked through the API stays revoked even if the environment still names it; every
+    replica must be given the same token (each start revokes the environment keys it does not
+    know)."""
+    key = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(token)))
+    created = key is None
+    if key is None:
+        key, _ = create_key(session, "admin", None, ENV_KEY_NAME, token, from_env=True)
+    elif key.role == "admin" and not key.from_env:
+        key.from_env = True  # a minted admin key now handed in by the environment
+    earlier = session.scalars(
+        select(ApiKey).where(
+            ApiKey.from_env.is_(True), ApiKey.id != key.id, ApiKey.revoked_at.is_(None)
+        )
+    ).all()
+    return EnvAdmin(key, created, revoke(earlier))
 
 
 # ---- principal cache -----------------------------------------------------------------------
@@ -85,7 +179,15 @@ class PrincipalCache:
         _caches.add(self)
 
     def get(self, key_hash: str) -> Principal | None:
-        return self._entries.get(key_hash)
+        """The live principal of `key_hash`, if cached; an expired one is dropped."""
+        principal = self._entries.get(key_hash)
+        if principal is None or principal.expires_at is None:
+            return principal
+        if principal.expired(utcnow()):
+            with self._lock:
+                self._entries.pop(key_hash, None)
+            return None
+        return principal
 
     def generation(self) -> int:
         return self._generation

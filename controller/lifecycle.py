@@ -1,4 +1,6 @@
-"""The job state machine: every transition is checked here and recorded with its reason."""
+"""The job state machine at work: every state change goes through `transition`, which refuses
+what `controller.states.TRANSITIONS` does not allow and records the change with its reason;
+every run ends through `end_run`, which gives the GPUs back and bills them."""
 
 from __future__ import annotations
 
@@ -6,34 +8,43 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from controller.allocations import release
 from controller.errors import Conflict
-from controller.models import Job, JobEvent, utcnow
+from controller.metering import meter_allocations, price_usage, start_billing
+from controller.models import REASON_MAX, Job, JobEvent, bounded, utcnow
+from controller.states import (
+    ACTIVE,
+    QUEUED,
+    STATES,
+    TERMINAL,
+    TRANSITIONS,
+    JobState,
+    can_move,
+)
 
-STATES = ("PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "RESCHEDULING")
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
-
-ALLOWED: dict[str, frozenset[str]] = {
-    "PENDING": frozenset({"SCHEDULED", "CANCELLED", "FAILED"}),
-    "SCHEDULED": frozenset({"RUNNING", "PENDING", "RESCHEDULING", "CANCELLED", "FAILED"}),
-    # RUNNING -> PENDING is preemption: the job is checkpointed and queued again.
-    "RUNNING": frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "RESCHEDULING", "PENDING"}),
-    "RESCHEDULING": frozenset({"SCHEDULED", "PENDING", "FAILED", "CANCELLED"}),
-    "SUCCEEDED": frozenset(),
-    "FAILED": frozenset(),
-    "CANCELLED": frozenset(),
-}
-
-
-def can_move(from_state: str, to_state: str) -> bool:
-    return to_state in ALLOWED.get(from_state, frozenset())
+__all__ = [
+    "ACTIVE",
+    "QUEUED",
+    "STATES",
+    "TERMINAL",
+    "TRANSITIONS",
+    "JobState",
+    "can_move",
+    "created",
+    "end_run",
+    "transition",
+]
 
 
-def transition(session: Session, job: Job, to_state: str, reason: str, **data: Any) -> JobEvent:
+def transition(
+    session: Session, job: Job, to_state: JobState | str, reason: str, **data: Any
+) -> JobEvent:
     """Move `job` to `to_state`, or raise Conflict naming the states and what is allowed."""
-    if not can_move(job.state, to_state):
-        allowed = ", ".join(sorted(ALLOWED.get(job.state, ()))) or "nothing (it has ended)"
+    to = JobState(to_state)
+    if not can_move(job.state, to):
+        allowed = ", ".join(sorted(TRANSITIONS[JobState(job.state)])) or "nothing (it has ended)"
         raise Conflict(
-            f"job {job.id} is {job.state} and cannot become {to_state}; from {job.state} it may "
+            f"job {job.id} is {job.state} and cannot become {to}; from {job.state} it may "
             f"become {allowed}",
             field="state",
         )
@@ -41,17 +52,19 @@ def transition(session: Session, job: Job, to_state: str, reason: str, **data: A
         job_id=job.id,
         kind="state",
         from_state=job.state,
-        to_state=to_state,
+        to_state=to,
         message=reason,
         data=data,
     )
     now = utcnow()
-    if to_state == "RUNNING" and job.started_at is None:
-        job.started_at = now
-    if to_state in TERMINAL:
+    if to is JobState.RUNNING:
+        if job.started_at is None:
+            job.started_at = now
+        start_billing(session, job, now)  # billing runs while the job runs, not while it waits
+    if to in TERMINAL:
         job.finished_at = now
-    job.state = to_state
-    job.reason = reason[:512]
+    job.state = to
+    job.reason = bounded(reason, REASON_MAX)
     session.add(event)
     return event
 
@@ -59,7 +72,18 @@ def transition(session: Session, job: Job, to_state: str, reason: str, **data: A
 def created(session: Session, job: Job, reason: str) -> JobEvent:
     """The first event of every job: it entered PENDING."""
     event = JobEvent(
-        job_id=job.id, kind="state", from_state=None, to_state="PENDING", message=reason
+        job_id=job.id, kind="state", from_state=None, to_state=JobState.PENDING, message=reason
     )
     session.add(event)
     return event
+
+
+def end_run(session: Session, job: Job) -> None:
+    """End the job's run on the books: give its GPUs back, meter what it used, price it.
+
+    Every way a run ends calls this (success, failure, retry, cancel, preemption, a cluster
+    going DOWN); it is idempotent, so a cancelled job's run that stops later settles again
+    without charging twice (and prices the WAN bytes its last reports brought in)."""
+    release(session, job)
+    meter_allocations(session, job)
+    price_usage(session, job.id)

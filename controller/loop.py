@@ -22,6 +22,7 @@ import scheduler
 from controller.launcher import Launcher, LauncherConfig
 from controller.models import Job, JobEvent, Replica, StepObservation, utcnow
 from controller.reconcile import place_pending
+from controller.states import ACTIVE
 
 log = logging.getLogger("cpn.controller")
 
@@ -118,7 +119,7 @@ class Controller:
         self.launcher.tick()
         with self.factory() as session:
             mine = session.scalars(
-                select(Job.id).where(Job.owner == self.id, Job.state.in_(("SCHEDULED", "RUNNING")))
+                select(Job.id).where(Job.owner == self.id, Job.state.in_(ACTIVE))
             ).all()
         for job_id in mine:
             if job_id not in self.launcher.handles:
@@ -138,7 +139,7 @@ class Controller:
             live = {r.id for r in live_replicas(session, self.replica_ttl_s)}
             orphans = session.execute(
                 select(Job.id, Job.owner).where(
-                    Job.state.in_(("SCHEDULED", "RUNNING")),
+                    Job.state.in_(ACTIVE),
                     or_(Job.owner.is_(None), Job.owner.not_in(live)),
                 )
             ).all()

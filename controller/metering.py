@@ -9,12 +9,15 @@ reconcile with usage times prices to the last decimal, across any price change.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from controller.errors import NotFound
 from controller.models import Allocation, Cluster, Job, LedgerEntry, Usage, utcnow
 from controller.pricing import (
     egress_price_history,
@@ -52,14 +55,18 @@ def egress_charge(nbytes: Decimal, price_per_gb: Decimal) -> tuple[Decimal, Deci
 
 
 def meter_allocations(session: Session, job: Job, until: datetime | None = None) -> list[Usage]:
-    """Meter GPU-seconds of the job's allocations up to `until` (or their end), per price span."""
+    """Meter GPU-seconds of the job's allocations up to `until` (or their end), per price span,
+    from when the job ran on them (`billed_from`): GPUs held while a job waits to launch are
+    not billed."""
     until = until or utcnow()
     made: list[Usage] = []
     allocations = session.scalars(
         select(Allocation).where(Allocation.job_id == job.id).order_by(Allocation.id)
     ).all()
     for alloc in allocations:
-        start = alloc.metered_until or alloc.started_at
+        start = alloc.metered_until or alloc.billed_from
+        if start is None:
+            continue  # reserved for a run that never started: nothing to bill
         end = min(alloc.ended_at or until, until)
         if end <= start:
             continue
@@ -118,6 +125,37 @@ def meter_wan(
     return made
 
 
+@dataclass(frozen=True)
+class Charge:
+    """What one usage row costs at the price in effect for its period."""
+
+    kind: str  # gpu | egress
+    description: str
+    quantity: Decimal  # GPU-hours or GB
+    unit_price: Decimal
+    amount: Decimal
+
+
+def charge_of(session: Session, usage: Usage, ids: Mapping[str, str]) -> Charge:
+    """The charge of a usage row (`ids`: cluster name -> id); NotFound when a GPU has no price."""
+    if usage.kind == "gpu_seconds":
+        assert usage.gpu_model and usage.qos_class
+        what = f"{usage.gpu_model} on {usage.cluster} ({usage.qos_class})"
+        history = gpu_price_history(
+            session, ids.get(usage.cluster, ""), usage.gpu_model, usage.qos_class
+        )
+        unit = require(price_at(history, usage.period_start), what)
+        quantity, amount = gpu_charge(Decimal(usage.quantity), unit)
+        return Charge("gpu", what, quantity, unit, amount)
+    assert usage.dst_cluster
+    history = egress_price_history(
+        session, ids.get(usage.cluster, ""), ids.get(usage.dst_cluster, "")
+    )
+    unit = price_at(history, usage.period_start) or Decimal(0)
+    quantity, amount = egress_charge(Decimal(usage.quantity), unit)
+    return Charge("egress", f"WAN {usage.cluster} -> {usage.dst_cluster}", quantity, unit, amount)
+
+
 def price_usage(session: Session, job_id: str | None = None) -> list[LedgerEntry]:
     """Turn every unpriced usage row into one ledger entry at the price in effect for it."""
     stmt = select(Usage).where(Usage.priced.is_(False)).order_by(Usage.id)
@@ -127,36 +165,16 @@ def price_usage(session: Session, job_id: str | None = None) -> list[LedgerEntry
     ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())
     entries = []
     for usage in rows:
-        if usage.kind == "gpu_seconds":
-            assert usage.gpu_model and usage.qos_class
-            history = gpu_price_history(
-                session, ids.get(usage.cluster, ""), usage.gpu_model, usage.qos_class
-            )
-            unit = require(
-                price_at(history, usage.period_start),
-                f"{usage.gpu_model} on {usage.cluster} ({usage.qos_class})",
-            )
-            quantity, amount = gpu_charge(Decimal(usage.quantity), unit)
-            kind = "gpu"
-            what = f"{usage.gpu_model} on {usage.cluster} ({usage.qos_class})"
-        else:
-            assert usage.dst_cluster
-            history = egress_price_history(
-                session, ids.get(usage.cluster, ""), ids.get(usage.dst_cluster, "")
-            )
-            unit = price_at(history, usage.period_start) or Decimal(0)
-            quantity, amount = egress_charge(Decimal(usage.quantity), unit)
-            kind = "egress"
-            what = f"WAN {usage.cluster} -> {usage.dst_cluster}"
+        charge = charge_of(session, usage, ids)
         entry = LedgerEntry(
             tenant_id=usage.tenant_id,
             job_id=usage.job_id,
             usage_id=usage.id,
-            kind=kind,
-            description=what,
-            quantity=quantity,
-            unit_price=unit,
-            amount=amount,
+            kind=charge.kind,
+            description=charge.description,
+            quantity=charge.quantity,
+            unit_price=charge.unit_price,
+            amount=charge.amount,
             period_start=usage.period_start,
             period_end=usage.period_end,
         )
@@ -167,10 +185,68 @@ def price_usage(session: Session, job_id: str | None = None) -> list[LedgerEntry
     return entries
 
 
-def tenant_spend(session: Session, tenant_id: str) -> Decimal:
-    total = session.scalar(
-        select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(
-            LedgerEntry.tenant_id == tenant_id
+def exact_total(
+    session: Session, column: InstrumentedAttribute[Any], *where: ColumnElement[bool]
+) -> Decimal:
+    """The exact sum of a money column. PostgreSQL sums NUMERIC exactly; SQLite stores it as
+    a float and would sum floats, so there the rows are read (each exact to 6 places) and added
+    as decimals."""
+    if session.get_bind().dialect.name == "sqlite":
+        return sum(
+            (q6(Decimal(v)) for v in session.scalars(select(column).where(*where))), Decimal(0)
         )
-    )
-    return Decimal(total or 0)
+    return Decimal(session.scalar(select(func.coalesce(func.sum(column), 0)).where(*where)) or 0)
+
+
+def tenant_spend(session: Session, tenant_id: str) -> Decimal:
+    """What the tenant was charged in all: its ledger's exact total."""
+    return exact_total(session, LedgerEntry.amount, LedgerEntry.tenant_id == tenant_id)
+
+
+def start_billing(session: Session, job: Job, at: datetime) -> None:
+    """The job runs from `at`: its GPUs held for this run are billed from then on."""
+    for alloc in session.scalars(
+        select(Allocation).where(
+            Allocation.job_id == job.id,
+            Allocation.ended_at.is_(None),
+            Allocation.billed_from.is_(None),
+        )
+    ):
+        alloc.billed_from = at
+
+
+def unbilled(session: Session, job: Job, now: datetime) -> Decimal:
+    """What the job's run has cost so far and is not yet in the ledger: GPU time since its
+    allocations were last metered, and usage not priced yet (WAN bytes of its latest reports).
+    Read-only: the budget checks see spend as it accrues, the books are written by `end_run`."""
+    total = Decimal(0)
+    for alloc in session.scalars(
+        select(Allocation).where(
+            Allocation.job_id == job.id,
+            Allocation.ended_at.is_(None),
+            Allocation.billed_from.is_not(None),
+        )
+    ):
+        start = alloc.metered_until or alloc.billed_from
+        assert start is not None
+        if now <= start:
+            continue
+        history = gpu_price_history(session, alloc.cluster_id, alloc.gpu_model, alloc.qos_class)
+        try:
+            parts = spans(history, start, now)
+        except LookupError:  # unpriced GPUs cannot be placed; settling will say so
+            continue
+        for part in parts:
+            gpu_seconds = q6(Decimal(alloc.gpus) * _seconds(part.start, part.end))
+            total += gpu_charge(gpu_seconds, part.price)[1]
+    rows = session.scalars(
+        select(Usage).where(Usage.job_id == job.id, Usage.priced.is_(False))
+    ).all()
+    if rows:
+        ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())
+        for usage in rows:
+            try:
+                total += charge_of(session, usage, ids).amount
+            except NotFound:
+                continue
+    return total

@@ -10,9 +10,12 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
@@ -21,9 +24,13 @@ from sqlalchemy import (
     Numeric,
     String,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
+
+from controller.plan import HeldPlan, JobPlan, QuoteOptions
+from controller.states import JobState
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -43,6 +50,73 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class JobStateType(TypeDecorator[JobState]):
+    """A job state, stored as its name (a plain string column) and read back as `JobState`."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return None if value is None else JobState(value).value
+
+    def process_result_value(self, value: str | None, dialect: Any) -> JobState | None:
+        return None if value is None else JobState(value)
+
+
+class ModelJSON(TypeDecorator[Any]):
+    """A pydantic value stored as JSON and read back as that type, so a row is parsed once,
+    when loaded, instead of its keys being read back by hand wherever it is used."""
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        super().__init__()
+        self.model = model
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, self.model):
+            value = self.model.model_validate(value)
+        return value.model_dump(mode="json", exclude_computed_fields=True)
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else self.model.model_validate(value)
+
+
+ELLIPSIS = "\u2026"
+REASON_MAX = 512
+"""Length of a job's state reason (`Job.reason`)."""
+MESSAGE_MAX = 2048
+"""Length of a job event's message (`JobEvent.message`)."""
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + ELLIPSIS
+
+
+class BoundedString(TypeDecorator[str]):
+    """A VARCHAR(n) that stores an over-long value cut (with an ellipsis) instead of refusing it.
+
+    State reasons and event messages carry free text nobody bounds (errors, planner reasons,
+    tenants' names inside them); PostgreSQL would refuse one that is too long and abort the
+    whole transaction it came in (a placement pass, a settlement). Cut at bind time, so every
+    write path (ORM or Core) goes through `bounded`.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return None if value is None else bounded(value, self.length)
 
 
 def utcnow() -> datetime:
@@ -96,15 +170,28 @@ class ClusterTransition(Base):
     )
     from_state: Mapped[str] = mapped_column(String(16))
     to_state: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(String(256))
+    reason: Mapped[str] = mapped_column(BoundedString(256))
     at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class GpuInventory(Base):
-    """GPUs of one model in one cluster: what exists, what is offered, what is in use."""
+    """GPUs of one model in one cluster: what exists, what is offered, what is in use.
+
+    `in_use` is the controller's (the GPUs of open allocations); the rest is the agent's, with
+    one exception that keeps the books whole: `count` never drops below `in_use`, because GPUs
+    that jobs hold stay on the books until those jobs end, whatever the agent reports. A model
+    the agent stops reporting while in use is kept `missing` (nothing allocatable) until its
+    allocations end. The CHECKs make the database refuse any write that breaks this.
+    """
 
     __tablename__ = "gpu_inventory"
-    __table_args__ = (UniqueConstraint("cluster_id", "model", name="uq_gpu_cluster_model"),)
+    __table_args__ = (
+        UniqueConstraint("cluster_id", "model", name="uq_gpu_cluster_model"),
+        CheckConstraint("in_use >= 0", name="ck_gpu_in_use_nonnegative"),
+        CheckConstraint("allocatable >= 0", name="ck_gpu_allocatable_nonnegative"),
+        CheckConstraint("allocatable <= count", name="ck_gpu_allocatable_within_count"),
+        CheckConstraint("in_use <= count", name="ck_gpu_in_use_within_count"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
@@ -113,6 +200,7 @@ class GpuInventory(Base):
     count: Mapped[int] = mapped_column(Integer)
     allocatable: Mapped[int] = mapped_column(Integer)
     in_use: Mapped[int] = mapped_column(Integer, default=0)
+    missing: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     utilization: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -150,7 +238,17 @@ class Link(Base):
     dst: Mapped[Cluster] = relationship(foreign_keys=[dst_cluster_id], lazy="joined")
 
 
+DEFAULT_QOS_CLASSES = ("standard", "spot")
+"""QoS classes a new tenant may use: guaranteed (never preempted) is an admin's grant."""
+
+
 class Tenant(Base):
+    """A customer of the compute network.
+
+    Priority is granted, not chosen: its jobs may ask for at most `priority_ceiling` and only
+    the QoS classes in `qos_classes`, both set by an admin (see controller.tenancy).
+    """
+
     __tablename__ = "tenants"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
@@ -158,12 +256,24 @@ class Tenant(Base):
     gpu_quota: Mapped[int | None] = mapped_column(Integer)
     budget: Mapped[float | None] = mapped_column(Numeric(14, 4, asdecimal=False))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    priority_ceiling: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    qos_classes: Mapped[list[str]] = mapped_column(
+        JSON,
+        default=lambda: list(DEFAULT_QOS_CLASSES),
+        server_default='["standard", "spot"]',
+    )
+    deleted_at: Mapped[datetime | None]
+    """Soft delete: the tenant is gone from lists and cannot submit; its jobs, usage and
+    ledger stay (the money trail is never deleted)."""
 
 
 class ApiKey(Base):
     """A bearer key, stored as its SHA-256 only; shown once when created.
 
     `scope` binds the key: a tenant key to its tenant id, an agent key to its cluster name.
+    `prefix` is at most 8 characters of a generated key's random part (empty for a key given
+    through CPN_ADMIN_TOKEN, whose text cpn never stores); `from_env` marks that key, so a new
+    CPN_ADMIN_TOKEN revokes the one it replaced. A key past `expires_at` fails like a revoked one.
     """
 
     __tablename__ = "api_keys"
@@ -171,11 +281,13 @@ class ApiKey(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(128), default="")
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    prefix: Mapped[str] = mapped_column(String(16))
+    prefix: Mapped[str] = mapped_column(String(8))
     role: Mapped[str] = mapped_column(String(16))  # admin | tenant | agent
     scope: Mapped[str | None] = mapped_column(String(63))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]
+    from_env: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class AuditLog(Base):
@@ -246,7 +358,7 @@ class Quote(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+    options: Mapped[QuoteOptions] = mapped_column(ModelJSON(QuoteOptions))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]
 
@@ -265,8 +377,8 @@ class Job(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(128))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    state: Mapped[str] = mapped_column(String(16), default="PENDING")
-    reason: Mapped[str] = mapped_column(String(512), default="")
+    state: Mapped[JobState] = mapped_column(JobStateType(16), default=JobState.PENDING)
+    reason: Mapped[str] = mapped_column(BoundedString(REASON_MAX), default="")
     priority: Mapped[int] = mapped_column(Integer, default=0)
     qos_class: Mapped[str] = mapped_column(String(16), default="standard")
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -275,12 +387,12 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
     request_hash: Mapped[str] = mapped_column(String(64), default="")
     quote_id: Mapped[str | None] = mapped_column(String(36))
-    held_price: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    held_price: Mapped[HeldPlan | None] = mapped_column(ModelJSON(HeldPlan))
+    placement: Mapped[JobPlan | None] = mapped_column(ModelJSON(JobPlan))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     owner: Mapped[str | None] = mapped_column(String(64), index=True)
     preempted_by: Mapped[str | None] = mapped_column(String(36))
-    checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    checkpoint_step: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]
@@ -299,9 +411,9 @@ class JobEvent(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     at: Mapped[datetime] = mapped_column(default=utcnow)
     kind: Mapped[str] = mapped_column(String(16))  # state | progress | error | info
-    from_state: Mapped[str | None] = mapped_column(String(16))
-    to_state: Mapped[str | None] = mapped_column(String(16))
-    message: Mapped[str] = mapped_column(String(2048), default="")
+    from_state: Mapped[JobState | None] = mapped_column(JobStateType(16))
+    to_state: Mapped[JobState | None] = mapped_column(JobStateType(16))
+    message: Mapped[str] = mapped_column(BoundedString(MESSAGE_MAX), default="")
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
@@ -314,20 +426,23 @@ class JobMetric(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     at: Mapped[datetime] = mapped_column(default=utcnow)
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(BigInteger)
     loss: Mapped[float | None] = mapped_column(Float)
     accuracy: Mapped[float | None] = mapped_column(Float)
     step_time_s: Mapped[float | None] = mapped_column(Float)
     compute_time_s: Mapped[float | None] = mapped_column(Float)
     comm_time_s: Mapped[float | None] = mapped_column(Float)
-    wan_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    wan_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Allocation(Base):
     """GPUs of one cluster reserved for one job, from `started_at` until `ended_at`."""
 
     __tablename__ = "allocations"
-    __table_args__ = (Index("ix_alloc_open", "cluster_id", "ended_at"),)
+    __table_args__ = (
+        Index("ix_alloc_open", "cluster_id", "ended_at"),
+        CheckConstraint("gpus > 0", name="ck_allocation_gpus_positive"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
@@ -338,6 +453,9 @@ class Allocation(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[datetime | None]
     metered_until: Mapped[datetime | None]
+    billed_from: Mapped[datetime | None]
+    """When the job's run on these GPUs started (it became RUNNING): billing counts from
+    here, not from the reservation. None: it never ran, nothing is billed."""
 
 
 class Usage(Base):
@@ -347,8 +465,10 @@ class Usage(Base):
     __table_args__ = (Index("ix_usage_tenant", "tenant_id", "period_start"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    # No ON DELETE CASCADE on the money tables: deleting a tenant or a job never erases what it
+    # used or was charged (tenants are soft-deleted; a hard delete is refused by these keys).
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     kind: Mapped[str] = mapped_column(String(16))  # gpu_seconds | wan_bytes
     cluster: Mapped[str] = mapped_column(String(63))  # the GPU cluster, or the link's source
     dst_cluster: Mapped[str | None] = mapped_column(String(63))
@@ -361,15 +481,22 @@ class Usage(Base):
 
 
 class LedgerEntry(Base):
-    """An append-only charge: metered quantity times the price in effect for its period."""
+    """An append-only charge: metered quantity times the price in effect for its period.
+
+    Append-only in the database too: triggers on both backends refuse UPDATE and DELETE (and
+    TRUNCATE on PostgreSQL), see migration 0005; a usage row is charged at most once.
+    """
 
     __tablename__ = "ledger"
-    __table_args__ = (Index("ix_ledger_tenant", "tenant_id", "id"),)
+    __table_args__ = (
+        Index("ix_ledger_tenant", "tenant_id", "id"),
+        UniqueConstraint("usage_id", name="uq_ledger_usage"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    usage_id: Mapped[int] = mapped_column(ForeignKey("usage.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    usage_id: Mapped[int] = mapped_column(ForeignKey("usage.id"))
     kind: Mapped[str] = mapped_column(String(16))  # gpu | egress
     description: Mapped[str] = mapped_column(String(256))
     quantity: Mapped[Decimal] = mapped_column(Money)  # GPU-hours or GB

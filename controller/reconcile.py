@@ -4,46 +4,45 @@ Takes pending jobs in priority order with fair share between tenants, plans each
 snapshot, and reserves its GPUs in the same transaction as the state change. The job row is
 locked with SELECT ... FOR UPDATE SKIP LOCKED, so several replicas on PostgreSQL never place
 the same job twice; each GPU reservation is a conditional UPDATE, so they never hand out more
-GPUs than a cluster has.
+GPUs than a cluster has. The tenant's budget is checked in that same transaction, its row
+locked (`controller.budget`), so concurrent placements are counted once.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import scheduler
-from controller import lifecycle
+from controller import budget, lifecycle
 from controller.allocations import Slot, reserve
-from controller.errors import Conflict, CpnError
-from controller.jobs import job_request
-from controller.jobspec import JobSpec
-from controller.models import Job, utcnow
+from controller.errors import Conflict, CpnError, Invalid
+from controller.jobs import job_request, spec_of
+from controller.models import REASON_MAX, Job, Tenant, bounded, utcnow
+from controller.plan import JobPlan, plan_of
 from controller.snapshot import World, build_world
+from controller.states import ACTIVE, QUEUED, JobState
+from controller.tenancy import granted, granted_priority
 
 log = logging.getLogger("cpn.reconcile")
-
-QUEUED = ("PENDING", "RESCHEDULING")
-"""States waiting for a placement: new jobs, and jobs moving after a failure."""
 
 
 @dataclass(frozen=True)
 class Placed:
     job_id: str
-    placement: dict[str, Any]
+    placement: JobPlan
 
 
 def _queue(session: Session) -> tuple[list[scheduler.QueuedJob], dict[str, int], dict[str, int]]:
     rows = session.execute(
-        select(Job.id, Job.tenant_id, Job.gpus_min, Job.priority, Job.created_at).where(
-            Job.state.in_(QUEUED)
-        )
+        select(Job.id, Job.tenant_id, Job.gpus_min, granted_priority(), Job.created_at)
+        .join(Tenant, Tenant.id == Job.tenant_id)
+        .where(Job.state.in_(QUEUED))
     ).all()
     queue = [
         scheduler.QueuedJob(id=i, tenant=t, gpus=g, priority=p, submitted_at=c.timestamp())
@@ -61,12 +60,23 @@ def plan_for(
     job: Job,
     efficiency: Mapping[str, float] | None,
     now: datetime,
+    priority: int | None = None,
+    *,
+    max_cost: float | None = None,
 ) -> scheduler.PlanResult:
-    """The held quote's placement when still possible, else the planner's best."""
-    spec = JobSpec.model_validate(job.spec)
-    request = job_request(spec, job.tenant_id, now)
+    """The held quote's placement when still possible, else the planner's best; `priority`:
+    what the job counts as (its tenant's grant), when less than its spec asks; `max_cost`:
+    the cheapest plan within that (what is left of the tenant's budget) instead."""
+    request = job_request(spec_of(job), job.tenant_id, now)
+    if priority is not None:
+        request = replace(request, qos=replace(request.qos, priority=priority))
+    if max_cost is not None:
+        own = request.qos.max_cost
+        limit = max_cost if own is None else min(own, max_cost)
+        request = replace(request, qos=replace(request.qos, max_cost=limit))
+        return scheduler.plan(world.snapshot, request, "cost", efficiency=efficiency)
     if job.held_price:
-        held = [scheduler.Assignment(p["cluster"], p["gpus"]) for p in job.held_price["placement"]]
+        held = job.held_price.assignments(world.origins)
         result = scheduler.evaluate(world.snapshot, request, held, efficiency=efficiency)
         if isinstance(result, scheduler.Plan):
             return result
@@ -126,12 +136,21 @@ def _place_one(
         world = worlds.get(job.qos_class)
         if world is None:
             world = worlds[job.qos_class] = build_world(session, job.qos_class, now)
-        result = plan_for(world, job, efficiency, now)
+        tenant = session.get(Tenant, job.tenant_id)
+        priority = granted(job.priority, tenant.priority_ceiling) if tenant else job.priority
+        result = plan_for(world, job, efficiency, now, priority)
         if isinstance(result, scheduler.Infeasible):
-            reason = f"waiting: {result.reason}"
+            reason = bounded(f"waiting: {result.reason}", REASON_MAX)
             if job.reason != reason:
-                job.reason = reason[:512]
+                job.reason = reason
             return None
+        fitted = _fit_budget(session, world, job, result, efficiency, now, priority)
+        if isinstance(fitted, str):
+            reason = bounded(f"waiting: {fitted}", REASON_MAX)
+            if job.reason != reason:
+                job.reason = reason
+            return None
+        result = fitted
         if result.victims:
             _request_preemption(session, job, result.victims)
             return None
@@ -143,72 +162,80 @@ def _place_one(
             with session.begin_nested():
                 reserve(session, job, slots)
         except Conflict as exc:
-            job.reason = f"waiting: {exc.detail}"[:512]
+            job.reason = bounded(f"waiting: {exc.detail}", REASON_MAX)
             worlds.clear()  # someone else reserved: read the world again
             return None
         for qos_class, w in list(worlds.items()):
             worlds[qos_class] = w.after(
-                job.id, job.tenant_id, job.priority, job.preemptible, result.placement
+                job.id, job.tenant_id, priority, job.preemptible, result.placement
             )
-        placement = plan_record(result, slots)
+        placement = plan_of(result, world.snapshot, world.origins, job.qos_class)
         job.placement = placement
         job.owner = owner
         job.preempted_by = None
         lifecycle.transition(
             session,
             job,
-            "SCHEDULED",
+            JobState.SCHEDULED,
             "placed: " + ", ".join(f"{s.cluster}:{s.gpus}" for s in slots),
-            placement=placement,
+            placement=placement.model_dump(mode="json", exclude_computed_fields=True),
         )
         return Placed(job.id, placement)
 
 
-def plan_record(result: scheduler.Plan, slots: list[Slot]) -> dict[str, Any]:
-    est = result.estimate
-    return {
-        "clusters": [
-            {"cluster": s.cluster, "gpu_model": s.gpu_model, "gpus": s.gpus} for s in slots
-        ],
-        "compression": result.compression,
-        "sync": result.sync,
-        "estimate": {
-            "step_time_s": est.step_time_s,
-            "total_time_s": est.total_time_s,
-            "wan_bytes": est.wan_bytes,
-            "cost": est.cost,
-            "compute_s": est.compute_s,
-            "intra_s": est.intra_s,
-            "wan_s": est.wan_s,
-            "overhead_s": est.overhead_s,
-            "effective_steps": est.effective_steps,
-            "ring": list(est.ring),
-            "step_overhead_s": est.step_overhead_s,
-        },
-        "explanation": list(result.explanation),
-    }
+def _fit_budget(
+    session: Session,
+    world: World,
+    job: Job,
+    result: scheduler.Plan,
+    efficiency: Mapping[str, float] | None,
+    now: datetime,
+    priority: int | None,
+) -> scheduler.Plan | str:
+    """The plan when the tenant's budget covers it besides what is committed already, else
+    the cheapest plan that fits what is left, else why the job waits. Locks the tenant row
+    until this placement commits, so concurrent placements see each other."""
+    terms = budget.lock_terms(session, job.tenant_id)
+    if terms.deleted:
+        raise Invalid("its tenant was deleted", field="tenant")
+    if terms.budget is None:
+        return result
+    committed = budget.commitment(session, job.tenant_id, now)
+    why = budget.refusal(terms.budget, committed, budget.as_money(result.estimate.cost))
+    if why is None:
+        return result
+    room = budget.left(terms.budget, committed)
+    if room > 0:
+        cheaper = plan_for(world, job, efficiency, now, priority, max_cost=float(room))
+        if isinstance(cheaper, scheduler.Plan) and (
+            budget.refusal(terms.budget, committed, budget.as_money(cheaper.estimate.cost)) is None
+        ):
+            return cheaper
+    return why
 
 
 def _request_preemption(session: Session, job: Job, victims: tuple[str, ...]) -> None:
     """Ask the victims' launchers to checkpoint and stop; the job waits until their GPUs free up."""
     for victim_id in victims:
         victim = session.get(Job, victim_id)
-        if victim is None or victim.preempted_by or victim.state not in ("SCHEDULED", "RUNNING"):
+        if victim is None or victim.preempted_by or victim.state not in ACTIVE:
             continue
         victim.preempted_by = job.id
         log.info("job %s preempts %s", job.id, victim_id)
-    job.reason = f"waiting: preempting {', '.join(victims)}"[:512]
+    # The victims may be other tenants' jobs: their ids stay in the log.
+    job.reason = f"waiting: preempting {len(victims)} lower-priority job(s)"
 
 
 def _note(factory: sessionmaker[Session], job_id: str, reason: str) -> None:
     with factory() as session, session.begin():
         job = session.get(Job, job_id)
+        reason = bounded(reason, REASON_MAX)
         if job is not None and job.state in QUEUED and job.reason != reason:
-            job.reason = reason[:512]
+            job.reason = reason
 
 
 def _fail(factory: sessionmaker[Session], job_id: str, reason: str) -> None:
     with factory() as session, session.begin():
         job = session.get(Job, job_id)
         if job is not None and job.state in QUEUED:
-            lifecycle.transition(session, job, "FAILED", f"cannot be placed: {reason}")
+            lifecycle.transition(session, job, JobState.FAILED, f"cannot be placed: {reason}")

@@ -11,13 +11,15 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import String, bindparam, delete, func, insert, select, update
+from sqlalchemy import String, bindparam, case, delete, func, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat, LinkReport, PeerProbe
 from controller.errors import Conflict, Invalid, NotFound
+from controller.labels import check_labels
 from controller.leases import LeasePolicy
 from controller.models import (
     AuditLog,
@@ -63,6 +65,7 @@ def get_cluster(session: Session, name: str, *, for_update: bool = False) -> Clu
 
 
 def create_cluster(session: Session, name: str, region: str, labels: dict[str, str]) -> Cluster:
+    check_labels(labels)
     if session.scalar(select(Cluster.id).where(Cluster.name == name)) is not None:
         raise Conflict(f"a cluster named {name!r} exists; pick another name", field="name")
     cluster = Cluster(name=name, region=region, labels=labels)
@@ -140,18 +143,36 @@ _GPUS = select(
     GpuInventory.count,
     GpuInventory.allocatable,
     GpuInventory.utilization,
+    GpuInventory.in_use,
+    GpuInventory.missing,
 ).where(GpuInventory.cluster_id == bindparam("b_cluster_id"))
+# `count` never drops below `in_use`, judged on the row as it is when the UPDATE runs (a
+# reservation may commit between our read and this write): GPUs that jobs hold stay counted.
 _GPU_UPDATE = (
     update(GpuInventory)
     .where(GpuInventory.id == bindparam("b_id"))
     .values(
         memory_gib=bindparam("b_memory_gib"),
-        count=bindparam("b_count"),
+        count=case(
+            (GpuInventory.in_use > bindparam("b_count"), GpuInventory.in_use),
+            else_=bindparam("b_count"),
+        ),
         allocatable=bindparam("b_allocatable"),
         utilization=bindparam("b_utilization"),
+        missing=False,
     )
 )
-_GPU_DELETE = delete(GpuInventory).where(GpuInventory.id == bindparam("b_id"))
+# A model no longer reported: gone if nothing holds it, else kept as missing (nothing
+# allocatable, counted as what is held) until its allocations end. Both conditional on
+# `in_use` as it is when they run.
+_GPU_DELETE = delete(GpuInventory).where(
+    GpuInventory.id == bindparam("b_id"), GpuInventory.in_use == 0
+)
+_GPU_MISSING = (
+    update(GpuInventory)
+    .where(GpuInventory.id == bindparam("b_id"), GpuInventory.in_use > 0)
+    .values(missing=True, allocatable=0, count=GpuInventory.in_use, utilization=None)
+)
 
 
 def ingest_heartbeat(
@@ -238,7 +259,9 @@ def _check_gpus(reported: Sequence[GpuReport]) -> None:
 def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport]) -> None:
     """Write only what changed (usually nothing); `in_use` belongs to the controller and is kept.
 
-    Core statements on the session's connection: an unchanged inventory costs one small read.
+    A model that vanishes, shrinks or comes back never loses track of the GPUs jobs hold (see
+    `GpuInventory`). Core statements on the session's connection: an unchanged inventory
+    costs one small read.
     """
     conn = session.connection()
     existing = {r.model: r for r in conn.execute(_GPUS, {"b_cluster_id": cluster_id})}
@@ -256,12 +279,13 @@ def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport])
                     utilization=gpu.utilization,
                 )
             )
-        elif (row.memory_gib, row.count, row.allocatable, row.utilization) != (
-            gpu.memory_gib,
-            gpu.count,
-            allocatable,
-            gpu.utilization,
-        ):
+        elif (
+            row.memory_gib,
+            row.count,
+            row.allocatable,
+            row.utilization,
+            row.missing,
+        ) != (gpu.memory_gib, max(gpu.count, row.in_use), allocatable, gpu.utilization, False):
             conn.execute(
                 _GPU_UPDATE,
                 {
@@ -273,7 +297,18 @@ def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport])
                 },
             )
     for row in existing.values():  # models no longer reported
-        conn.execute(_GPU_DELETE, {"b_id": row.id})
+        if row.missing and row.count == row.in_use and row.in_use > 0:
+            continue  # already kept as missing, and as held as it was
+        _retire(conn, row.id, first_delete=row.in_use == 0)
+
+
+def _retire(conn: Connection, row_id: int, *, first_delete: bool) -> None:
+    """Delete the row if nothing holds its GPUs, else mark it missing; whichever the row's
+    `in_use` calls for when the statements run (the first tried is the likely one)."""
+    statements = (_GPU_DELETE, _GPU_MISSING) if first_delete else (_GPU_MISSING, _GPU_DELETE)
+    for statement in statements:
+        if conn.execute(statement, {"b_id": row_id}).rowcount == 1:
+            return
 
 
 def ingest_links(session: Session, report: LinkReport) -> int:

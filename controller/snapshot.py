@@ -11,9 +11,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 import scheduler
-from controller import pricing
+from controller import labels, pricing
 from controller.models import Allocation, Cluster, Job, JobMetric, Link, Tenant, utcnow
+from controller.plan import PlanEstimate
 from controller.resources import effective_links
+from controller.states import JobState
+from controller.tenancy import granted_priority
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -93,13 +96,14 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
     origins: dict[str, tuple[str, str]] = {}
     for c in clusters:
         offered = [g for g in c.gpus if g.allocatable > 0]
+        intra = labels.number(c.labels, "intra_bandwidth_gbps", c.name) or DEFAULT_INTRA_GBPS
         names[c.id] = []
         for g in offered:
             price = gpu_prices.get((c.id, g.model, qos_class))
             if price is None:
                 continue
             model = normalize_gpu_model(g.model)
-            tflops = c.labels.get("gpu_tflops")
+            tflops = labels.number(c.labels, "gpu_tflops", c.name)
             if model is None and tflops is None:
                 continue
             name = snapshot_name(c.name, g.model, len(offered))
@@ -112,13 +116,11 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     region=c.region,
                     gpu_model=model or g.model,
                     gpus_free=max(0, g.allocatable - g.in_use),
-                    intra_bandwidth_gbps=float(
-                        c.labels.get("intra_bandwidth_gbps", DEFAULT_INTRA_GBPS)
-                    ),
+                    intra_bandwidth_gbps=intra,
                     price_per_gpu_hour=float(price),
                     state=state,  # type: ignore[arg-type]
                     cordoned=c.cordoned,
-                    gpu_tflops=float(tflops) if tflops is not None else None,
+                    gpu_tflops=tflops,
                 )
             )
     links: list[scheduler.Link] = []
@@ -146,17 +148,16 @@ def step_overhead(session: Session) -> float:
     step minus observed compute minus what their estimate gave communication."""
     jobs = session.execute(
         select(Job.id, Job.placement)
-        .where(Job.state == "SUCCEEDED", Job.placement.is_not(None))
+        .where(Job.state == JobState.SUCCEEDED, Job.placement.is_not(None))
         .order_by(Job.finished_at.desc())
         .limit(OVERHEAD_JOBS)
     ).all()
-    estimates: dict[str, dict[str, float]] = {}
-    for job_id, placement in jobs:
-        if not isinstance(placement, dict):
+    estimates: dict[str, PlanEstimate] = {}
+    for job_id, plan in jobs:
+        if plan is None:
             continue
-        workers = sum(c.get("gpus", 0) for c in placement.get("clusters", []))
-        est = placement.get("estimate", {})
-        if workers > 1 and est.get("step_time_s") is not None and est.get("compute_s"):
+        est = plan.estimate
+        if plan.gpus > 1 and est.compute_s:
             estimates[job_id] = est
     if not estimates:
         return 0.0
@@ -176,7 +177,8 @@ def step_overhead(session: Session) -> float:
         if not step or step_s is None or compute_total is None:
             continue
         est = estimates[job_id]
-        modelled_comm = est["step_time_s"] - est["compute_s"] - est.get("step_overhead_s", 0.0)
+        assert est.compute_s is not None
+        modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
         residuals.append(step_s - compute_total / step - modelled_comm)
     return scheduler.fit_step_overhead(residuals)
 
@@ -184,26 +186,27 @@ def step_overhead(session: Session) -> float:
 def running_jobs(session: Session) -> list[scheduler.RunningJob]:
     """Jobs holding GPUs now, for quotas and preemption."""
     rows = session.execute(
-        select(Job, Allocation, Cluster.name)
+        select(Job, Allocation, Cluster.name, granted_priority())
         .join(Allocation, Allocation.job_id == Job.id)
         .join(Cluster, Cluster.id == Allocation.cluster_id)
+        .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Allocation.ended_at.is_(None))
     ).all()
-    by_job: dict[str, tuple[Job, list[scheduler.Assignment]]] = {}
+    by_job: dict[str, tuple[Job, int, list[scheduler.Assignment]]] = {}
     models: dict[str, set[str]] = defaultdict(set)
-    for _job, alloc, _name in rows:
+    for _job, alloc, _name, _priority in rows:
         models[alloc.cluster_id].add(alloc.gpu_model)
-    for job, alloc, name in rows:
-        entry = by_job.setdefault(job.id, (job, []))
+    for job, alloc, name, priority in rows:
+        entry = by_job.setdefault(job.id, (job, priority, []))
         cname = name if len(models[alloc.cluster_id]) == 1 else f"{name}/{alloc.gpu_model}"
-        entry[1].append(scheduler.Assignment(cname, alloc.gpus))
+        entry[2].append(scheduler.Assignment(cname, alloc.gpus))
     return [
         scheduler.RunningJob(
             id=job.id,
             placement=tuple(assign),
             tenant=job.tenant_id,
-            priority=job.priority,
+            priority=priority,  # granted: preemption takes only jobs granted less
             preemptible=job.preemptible,
         )
-        for job, assign in by_job.values()
+        for job, priority, assign in by_job.values()
     ]

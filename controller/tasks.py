@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -53,9 +54,10 @@ def measure_work(entry: str) -> TaskWork:
 
 
 def check_task(entry: str) -> None:
-    """ValueError naming the fix when the entrypoint cannot be used (never imports torch)."""
-    import importlib.util
+    """ValueError naming the fix when the entrypoint is malformed or an unknown builtin.
 
+    Never imports anything: a module named by a tenant is imported by workers only, so its
+    import-time code never runs inside the control plane (see `check_allowed`)."""
     kind, sep, name = entry.partition(":")
     if not sep or not kind or not name:
         raise ValueError(f"task {entry!r}: write builtin:NAME or module:function")
@@ -65,9 +67,49 @@ def check_task(entry: str) -> None:
                 f"task {entry!r}: unknown builtin; use one of {', '.join(sorted(BUILTIN_WORK))}"
             )
         return
-    try:
-        found = importlib.util.find_spec(kind)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ValueError(f"task {entry!r}: module {kind!r} is not importable on the control plane")
+    if not is_module_path(kind) or not name.isidentifier() or name.startswith("__"):
+        raise ValueError(
+            f"task {entry!r}: write module.path:function (Python names; no dunder function)"
+        )
+
+
+def is_module_path(name: str) -> bool:
+    """A dotted Python module name (`a.b.c`), from its text alone."""
+    return all(part.isidentifier() for part in name.split("."))
+
+
+def parse_task_modules(value: str) -> tuple[str, ...]:
+    """The module prefixes of CPN_TASK_MODULES (`mycorp.training, tests.e2e`), in order;
+    ValueError naming one that is not a dotted module name."""
+    prefixes: list[str] = []
+    for part in value.split(","):
+        prefix = part.strip()
+        if not prefix:
+            continue
+        if not is_module_path(prefix):
+            raise ValueError(
+                f"CPN_TASK_MODULES: {prefix!r} is not a module name; give dotted module "
+                "prefixes separated by commas, e.g. mycorp.training,tests.e2e"
+            )
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+    return tuple(prefixes)
+
+
+def check_allowed(entry: str, modules: Sequence[str]) -> None:
+    """ValueError unless `entry` is a builtin or its module is one of `modules` or inside one
+    (`a.b` allows `a.b` and `a.b.c`, not `a.bc`): user code runs only where an admin said."""
+    kind, _, _ = entry.partition(":")
+    if kind == "builtin":
+        return
+    if any(kind == prefix or kind.startswith(prefix + ".") for prefix in modules):
+        return
+    allowed = (
+        f"the allowed module prefixes are {', '.join(modules)}"
+        if modules
+        else "this control plane runs builtin: tasks only"
+    )
+    raise ValueError(
+        f"task {entry!r}: module {kind!r} is not allowed; {allowed} (an admin sets them with "
+        "CPN_TASK_MODULES); use a builtin: task or a module under an allowed prefix"
+    )

@@ -41,6 +41,26 @@ def run_migrations() -> None:
 
 
 def _run(connection: Any) -> None:
+    """SQLite runs with foreign keys off while migrating: a batch ALTER rebuilds a table (copy,
+    drop, rename), and dropping the old table with keys on would cascade-delete every row that
+    references it (events, usage, the ledger). The keys are checked once at the end instead."""
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        connection.commit()  # end the autobegun block so the migration commits its own
+    try:
+        _migrate(connection)
+        if sqlite:
+            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise RuntimeError(f"migration left rows with broken foreign keys: {broken[:5]}")
+    finally:
+        if sqlite:
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+            connection.commit()
+
+
+def _migrate(connection: Any) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

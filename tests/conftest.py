@@ -6,11 +6,17 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from sqlalchemy import create_engine, text
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from api.client import Client
 
 PG_URL = os.environ.get("CPN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ADMIN_TOKEN = "cpn_admin_test-token-0123456789abcdef"
@@ -65,8 +71,23 @@ def clear_tables(url: str) -> None:
 
     engine = make_engine(url)
     with engine.begin() as conn:
+        # The ledger's append-only triggers refuse DELETE: lift them for this transaction only.
+        if conn.dialect.name == "sqlite":
+            triggers = conn.execute(
+                text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")
+            ).all()
+            for name, _sql in triggers:
+                conn.execute(text(f'DROP TRIGGER "{name}"'))
+        else:
+            triggers = []
+            conn.execute(text("ALTER TABLE ledger DISABLE TRIGGER USER"))
         for table in reversed(Base.metadata.sorted_tables):
             conn.execute(table.delete())
+        if conn.dialect.name == "sqlite":
+            for _name, sql in triggers:
+                conn.execute(text(sql))
+        else:
+            conn.execute(text("ALTER TABLE ledger ENABLE TRIGGER USER"))
     engine.dispose()
 
 
@@ -79,17 +100,25 @@ def db_url(migrated_url: str) -> str:
 
 @dataclass
 class LiveServer:
+    """A running control plane: where it listens, its admin key, its database; `stop()` it."""
+
     url: str
     admin_token: str
     database_url: str
+    server: uvicorn.Server = field(repr=False)
+    thread: threading.Thread = field(repr=False)
 
-    def client(self, token: str | None = None):
+    def client(self, token: str | None = None) -> Client:
         from api.client import Client
 
         return Client(self.url, token or self.admin_token, timeout=30)
 
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
 
-def start_server(**settings_kwargs: object) -> tuple[LiveServer, object, threading.Thread]:
+
+def start_server(**settings_kwargs: object) -> LiveServer:
     """A real uvicorn server on a real socket in a thread (same process, real HTTP)."""
     import uvicorn
 
@@ -114,24 +143,17 @@ def start_server(**settings_kwargs: object) -> tuple[LiveServer, object, threadi
         threading.Event().wait(0.02)
     if not ready.is_set():
         raise RuntimeError("uvicorn did not start")
-    return (
-        LiveServer(f"http://127.0.0.1:{port}", ADMIN_TOKEN, settings.database_url),
-        server,
-        thread,
+    return LiveServer(
+        f"http://127.0.0.1:{port}", ADMIN_TOKEN, settings.database_url, server, thread
     )
-
-
-def stop_server(server: object, thread: threading.Thread) -> None:
-    server.should_exit = True  # type: ignore[attr-defined]
-    thread.join(timeout=15)
 
 
 @pytest.fixture
 def live_server(db_url: str) -> Iterator[LiveServer]:
     """The control plane on a real socket, over a fresh database of each backend."""
-    live, server, thread = start_server(database_url=db_url)
+    live = start_server(database_url=db_url)
     yield live
-    stop_server(server, thread)
+    live.stop()
 
 
 @pytest.fixture

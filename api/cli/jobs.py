@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from api.cli.errors import FAILED, fail
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -30,11 +32,6 @@ EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 3, "CANCELLED": 4}  # --wait; 1 is an AP
 STYLE = {"SUCCEEDED": "green", "RUNNING": "cyan", "FAILED": "red", "CANCELLED": "yellow"}
 
 
-def fail(cmd: str, message: str, code: int) -> typer.Exit:
-    print(f"cpn {cmd}: error: {message}", file=sys.stderr)
-    return typer.Exit(code)
-
-
 def load_spec(cmd: str, path: Path) -> JobSpec:
     """The job spec in a YAML or JSON file, or one line naming what is wrong (exit 2)."""
     import yaml
@@ -46,24 +43,24 @@ def load_spec(cmd: str, path: Path) -> JobSpec:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise fail(cmd, f"{path}: cannot read it ({reason}); check the path", 2) from None
+        raise fail(cmd, str(path), f"cannot read it ({reason}); check the path") from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
         where = " ".join(str(exc).split())
-        raise fail(cmd, f"{path}: not valid {kind}: {where}", 2) from None
+        raise fail(cmd, str(path), f"not valid {kind}: {where}") from None
     if not isinstance(data, dict):
         raise fail(
             cmd,
-            f"{path}: a job spec is a mapping of fields (name, task, gpus, steps, ...), "
+            str(path),
+            "a job spec is a mapping of fields (name, task, gpus, steps, ...), "
             f"not {type(data).__name__}",
-            2,
         )
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise fail(cmd, f"{path}: {validation_summary(exc.errors())}", 2) from None
+        raise fail(cmd, str(path), validation_summary(exc.errors())) from None
 
 
 def validation_summary(errors: list[Any]) -> str:
@@ -97,7 +94,7 @@ def connected(cmd: str, url: str | None, token: str | None) -> Iterator[Client]:
         with Client(url, token) as client:
             yield client
     except ApiError as exc:
-        raise fail(cmd, api_error_line(exc), 1) from None
+        raise fail(cmd, None, api_error_line(exc), FAILED) from None
 
 
 def emit(data: Any) -> None:
@@ -259,9 +256,9 @@ def submit(
     import uuid
 
     if idempotency_key is not None and not 0 < len(idempotency_key) <= 128:
-        raise typer.BadParameter("give 1 to 128 characters", param_hint="--idempotency-key")
+        raise fail("submit", "--idempotency-key", "give 1 to 128 characters")
     if option is not None and option not in ("time", "cost", "cost-within-deadline"):
-        raise typer.BadParameter("use time, cost or cost-within-deadline", param_hint="--option")
+        raise fail("submit", "--option", "use time, cost or cost-within-deadline")
     spec = load_spec("submit", file)
     if quote_id is not None or option is not None:
         spec = spec.model_copy(
@@ -331,7 +328,7 @@ def jobs(
 ) -> None:
     """List your jobs, newest first (admins: everyone's)."""
     if state is not None and state.upper() not in STATES:
-        raise typer.BadParameter(f"use one of {', '.join(STATES)}", param_hint="--state")
+        raise fail("jobs", "--state", f"use one of {', '.join(STATES)}")
     with connected("jobs", url, token) as client:
         rows = client.jobs(state.upper() if state else None, limit=limit)
     tenants = {j["tenant_id"] for j in rows}
@@ -391,7 +388,7 @@ def usage(
         try:
             tenant_id = tenant or client.tenant_id()
         except LookupError as exc:
-            raise fail("usage", f"--tenant: {exc} (cpn usage --tenant ID)", 2) from None
+            raise fail("usage", "--tenant", f"{exc} (cpn usage --tenant ID)") from None
         metered = client.usage(tenant_id)
         ledger = client.ledger(tenant_id)
     data = {"usage": metered, "ledger": {"total": ledger["total"], "entries": ledger["items"]}}

@@ -7,6 +7,8 @@ import sys
 
 import typer
 
+from api.cli.errors import FAILED, fail
+
 
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
@@ -20,19 +22,21 @@ def serve(
     import uvicorn
 
     from api.app import create_app
-    from api.config import Settings
+    from api.config import Settings, admin_token_problem
     from controller.db import is_sqlite, make_engine
     from controller.migrate import pending_reason
 
     settings = Settings()
+    refused = admin_token_problem(settings.admin_token)
+    if refused:
+        raise fail("serve", None, refused)
     if no_controller:
         settings.run_controller = False
     engine = make_engine(settings.database_url)
     reason = pending_reason(engine)
     engine.dispose()
     if reason:
-        print(f"cpn serve: error: {reason}", file=sys.stderr)
-        raise typer.Exit(1)
+        raise fail("serve", None, reason, FAILED)
     if settings.run_controller and is_sqlite(settings.database_url):
         from controller.db import make_sessionmaker
         from controller.loop import ReplicaConflict, check_single_replica
@@ -41,8 +45,7 @@ def serve(
         try:
             check_single_replica(make_sessionmaker(engine), settings.replica_ttl_s)
         except ReplicaConflict as exc:
-            print(f"cpn serve: error: {exc}", file=sys.stderr)
-            raise typer.Exit(1) from None
+            raise fail("serve", None, str(exc), FAILED) from None
         finally:
             engine.dispose()
     # cpn's own loggers (controller loop, launcher, lease monitor) at the same level as
@@ -52,7 +55,21 @@ def serve(
         level=level if level in logging.getLevelNamesMapping() else logging.DEBUG,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    shield_environment()
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
+def shield_environment() -> None:
+    """Make this process non-dumpable: other processes of the same user (the embedded Ray's
+    workers run tenant code) can then no longer read /proc/<pid>/environ, which holds the
+    control plane's secrets. Root and CAP_SYS_PTRACE still can: use a separate Ray
+    (CPN_RAY_ADDRESS) when tenants are not trusted."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_dumpable = 4
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 0, 0, 0, 0)
 
 
 def register(app: typer.Typer) -> None:

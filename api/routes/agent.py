@@ -8,7 +8,7 @@ import anyio
 from fastapi import APIRouter, Request
 
 from agents.protocol import Heartbeat, HeartbeatAck, LinkReport, PeerProbe
-from api.deps import AgentDep, SessionDep
+from api.deps import AgentDep
 from api.schemas import LinkReportAck
 from controller import resources
 from controller.errors import Forbidden
@@ -26,7 +26,7 @@ def _bound(principal_scope: str | None, cluster: str) -> None:
 
 
 def _ingest(state: Any, body: Heartbeat) -> tuple[resources.HeartbeatResult, list[PeerProbe]]:
-    with state.sessions() as session:
+    with state.agent_sessions() as session:
         result = resources.ingest_heartbeat(session, body, state.lease_policy)
         session.commit()
         if result.changed_state:
@@ -40,7 +40,8 @@ async def heartbeat(body: Heartbeat, request: Request, agent: AgentDep) -> Heart
     """Renew the cluster's lease and sync its GPUs; the answer lists peers to probe.
 
     The control plane's hot path: one short transaction on a worker thread drawn from a small
-    pool of its own (`heartbeat_workers`), not the shared one of 40. Many threads only fought
+    pool of its own (`heartbeat_workers`), not the shared one of 40, with a connection from the
+    agents' own pool (tenant requests and streams never hold those). Many threads only fought
     over the GIL with the event loop (and, on SQLite, over the one write lock, sleeping in its
     busy handler) and served fewer beats, later.
     """
@@ -62,10 +63,17 @@ async def heartbeat(body: Heartbeat, request: Request, agent: AgentDep) -> Heart
     )
 
 
+def _store_links(state: Any, body: LinkReport) -> int:
+    with state.agent_sessions() as session:
+        stored = resources.ingest_links(session, body)
+        session.commit()
+    return stored
+
+
 @router.post("/links", response_model=LinkReportAck)
-def links(body: LinkReport, session: SessionDep, agent: AgentDep) -> LinkReportAck:
-    """Store the reporting cluster's measured links."""
+async def links(body: LinkReport, request: Request, agent: AgentDep) -> LinkReportAck:
+    """Store the reporting cluster's measured links (the agents' threads and pool, as beats)."""
     _bound(agent.scope, body.cluster)
-    stored = resources.ingest_links(session, body)
-    session.commit()
+    state = request.app.state
+    stored = await anyio.to_thread.run_sync(_store_links, state, body, limiter=state.agent_threads)
     return LinkReportAck(stored=stored)

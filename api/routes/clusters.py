@@ -20,8 +20,9 @@ from api.schemas import (
     Page,
     TransitionOut,
 )
-from controller import resources
+from controller import keys, resources
 from controller.errors import Invalid, PreconditionFailed
+from controller.labels import check_labels
 from controller.models import Cluster, ClusterTransition, GpuInventory
 
 router = APIRouter(prefix="/v1", tags=["clusters"])
@@ -94,6 +95,8 @@ def patch_cluster(
             field="If-Match",
         )
     changes = body.model_dump(exclude_unset=True, exclude_none=True)
+    if "labels" in changes:
+        check_labels(changes["labels"])
     for key, value in changes.items():
         setattr(cluster, key, value)
     resources.audit(session, admin.key_id, "cluster.update", "cluster", name, **changes)
@@ -104,7 +107,8 @@ def patch_cluster(
 
 @router.delete("/clusters/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_cluster(name: str, session: SessionDep, admin: AdminDep) -> Response:
-    """Remove a cluster, its GPUs and its links; refused while its GPUs are in use."""
+    """Remove a cluster, its GPUs and its links, and revoke its agent keys; refused while its
+    GPUs are in use."""
     cluster = resources.get_cluster(session, name, for_update=True)
     busy = sum(g.in_use for g in cluster.gpus)
     if busy:
@@ -113,7 +117,16 @@ def delete_cluster(name: str, session: SessionDep, admin: AdminDep) -> Response:
             field="name",
         )
     session.delete(cluster)
-    resources.audit(session, admin.key_id, "cluster.delete", "cluster", name)
+    # Its agent keys die with it: a cluster re-created under this name must not accept them.
+    revoked = keys.revoke_scope(session, "agent", name)
+    resources.audit(
+        session,
+        admin.key_id,
+        "cluster.delete",
+        "cluster",
+        name,
+        revoked_keys=[k.id for k in revoked],
+    )
     session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+import logging
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
+from api.deps import get_principal
 from api.problems import problem
+from controller.keys import Principal
 from controller.lifecycle import STATES
 from controller.migrate import pending_reason
 from controller.models import Cluster, GpuInventory, Job
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger("cpn.api")
 
 
 @router.get("/healthz")
@@ -21,16 +27,44 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "Not ready; the detail says why."}})
+@router.get("/readyz", responses={503: {"description": "Not ready; the server's log says why."}})
 def readyz(request: Request) -> JSONResponse:
-    """Ready when the database answers and its migrations are current."""
+    """Ready when the database answers and its migrations are current.
+
+    Unauthenticated, so it says only ready or not: why not (a database error names hosts
+    and users) goes to the log."""
     reason = pending_reason(request.app.state.engine)
     if reason:
-        return problem(503, "Not ready", reason, slug="not-ready", instance="/readyz")
+        log.warning("not ready: %s", reason)
+        return problem(
+            503,
+            "Not ready",
+            "the control plane is not ready; its log says why",
+            slug="not-ready",
+            instance="/readyz",
+        )
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics", response_class=Response)
+_credentials = HTTPBearer(auto_error=False)
+
+
+async def authenticated(request: Request) -> Principal:
+    """The caller's key, for routes public unless a setting protects them (so their OpenAPI
+    entry claims no security scheme: the header is read here, not declared)."""
+    return await get_principal(request, await _credentials(request))
+
+
+async def metrics_reader(request: Request) -> None:
+    """With CPN_PROTECT_METRICS, only admin keys read /metrics; otherwise anyone."""
+    if not request.app.state.settings.protect_metrics:
+        return
+    principal = await authenticated(request)
+    if principal.role != "admin":
+        raise HTTPException(403, "/metrics needs an admin key (CPN_PROTECT_METRICS is on)")
+
+
+@router.get("/metrics", response_class=Response, dependencies=[Depends(metrics_reader)])
 def metrics(request: Request) -> Response:
     """Prometheus exposition: HTTP, heartbeats, clusters and jobs by state, GPUs by model."""
     state = request.app.state

@@ -2,39 +2,46 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
-from api.deps import SessionDep, SettingsDep, require
+from api.deps import (
+    ReaderDep,
+    SessionDep,
+    SettingsDep,
+    bearer_token,
+    current_principal,
+    require,
+)
 from api.pagination import PageDep, fetch_page
+from api.problems import PROBLEM_BASE, problem
 from api.schemas import JobEventOut, JobMetricOut, JobOut, Page, QuoteOut
+from api.streams import EventStream, StreamSlot, StreamSlots
 from controller import jobs as job_service
 from controller import lifecycle
 from controller.errors import Invalid, NotFound, PreconditionFailed
 from controller.jobspec import JobSpec
 from controller.keys import Principal
 from controller.models import Job, JobEvent, JobMetric, Quote, Tenant
+from controller.states import JobState
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 TenantDep = Annotated[Principal, Depends(require("tenant"))]
-ReaderDep = Annotated[Principal, Depends(require("tenant", "admin"))]
-StateQuery = Annotated[
-    str | None,
-    Query(pattern="^(PENDING|SCHEDULED|RUNNING|SUCCEEDED|FAILED|CANCELLED|RESCHEDULING)$"),
-]
+StateQuery = Annotated[JobState | None, Query(description="Only jobs in this state.")]
 
 
 def _tenant(session: SessionDep, principal: Principal) -> Tenant:
     tenant = session.get(Tenant, principal.scope or "")
-    if tenant is None:
+    if tenant is None or tenant.deleted_at is not None:  # deleted: it cannot submit or quote
         raise NotFound("the tenant of this key no longer exists; ask an admin", field="tenant")
     return tenant
 
@@ -57,13 +64,13 @@ def create_quote(
     """Options from the planner over the live network: fastest, cheapest, within the deadline."""
     tenant = _tenant(session, principal)
     ttl = timedelta(seconds=settings.quote_ttl_s)
-    quote = job_service.create_quote(session, spec, tenant.id, ttl)
+    quote = job_service.create_quote(session, spec, tenant.id, ttl, settings.task_prefixes())
     session.commit()
     return QuoteOut(
         id=quote.id,
         created_at=quote.created_at,
         expires_at=quote.expires_at,
-        options=quote.options["options"],
+        options=list(quote.options.options),
     )
 
 
@@ -76,7 +83,7 @@ def get_quote(quote_id: str, session: SessionDep, principal: TenantDep) -> Quote
         id=quote.id,
         created_at=quote.created_at,
         expires_at=quote.expires_at,
-        options=quote.options["options"],
+        options=list(quote.options.options),
     )
 
 
@@ -91,6 +98,7 @@ def submit_job(
     session: SessionDep,
     principal: TenantDep,
     response: Response,
+    settings: SettingsDep,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=128, description="Retries with the same key and body return one job."),
@@ -98,7 +106,14 @@ def submit_job(
 ) -> JobOut:
     """Submit a job; it starts PENDING, with the reason it waits when it cannot run yet."""
     tenant = _tenant(session, principal)
-    result = job_service.submit(session, spec, tenant, idempotency_key)
+    result = job_service.submit(
+        session,
+        spec,
+        tenant,
+        idempotency_key,
+        settings.task_prefixes(),
+        max_queued=settings.max_queued_jobs,
+    )
     session.commit()
     if not result.created:
         response.status_code = status.HTTP_200_OK
@@ -157,15 +172,28 @@ def cancel_job(
 
 
 _SSE_BATCH = 500
+POLL_S = 0.25
+"""How soon an open stream looks again after finding events (one short session a look)."""
+IDLE_POLL_S = 1.0
+"""How often it looks while the job is quiet: the wait doubles after each empty look up to
+this, so a crowd of idle streams costs a look a second each."""
+KEEPALIVE_S = 5.0
+"""A comment line after this long without a write keeps proxies from closing the stream."""
+KEY_CHECK_S = 1.0
+"""How often an open stream asks whether its key is still live (a dict lookup, a query at
+most once a second per process): a revoked or expired key's streams end within seconds."""
 
 
-def _events_after(request: Request, job_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
-    """Events after `after`, and whether they are the last: the job has ended and all are sent.
+def _events_after(
+    sessions: sessionmaker[Session], job_id: str, after: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """Events after `after`, and whether they are the last: the job has ended (or is gone) and
+    all are sent. One short session: a stream holds no connection between polls.
 
     The state is read before the events: the final transition commits its event together with
     the state, so a job seen ended here has every event visible to the read that follows.
     Reading them the other way round could end the stream before its last event."""
-    with request.app.state.sessions() as session:
+    with sessions() as session:
         state = session.scalar(select(Job.state).where(Job.id == job_id))
         rows = session.scalars(
             select(JobEvent)
@@ -174,57 +202,131 @@ def _events_after(request: Request, job_id: str, after: int) -> tuple[list[dict[
             .limit(_SSE_BATCH)
         ).all()
         out = [JobEventOut.model_validate(e).model_dump(mode="json") for e in rows]
-    return out, state in lifecycle.TERMINAL and len(rows) < _SSE_BATCH
+    done = state is None or (state in lifecycle.TERMINAL and len(rows) < _SSE_BATCH)
+    return out, done
 
 
 @router.get(
     "/jobs/{job_id}/events",
     response_model=Page[JobEventOut],
-    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON page or SSE."}},
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON page or SSE."},
+        429: {"description": "This key holds CPN_MAX_STREAMS_PER_KEY streams open already."},
+    },
 )
 def job_events(
     job_id: str,
     request: Request,
-    session: SessionDep,
     principal: ReaderDep,
     page: PageDep,
     stream: Annotated[bool, Query(description="Server-sent events until the job ends.")] = False,
     accept: Annotated[str | None, Header()] = None,
     last_event_id: Annotated[str | None, Header(max_length=20)] = None,
 ) -> Any:
-    """State changes and progress, as a page of JSON or as server-sent events."""
-    job_service.get_job(session, job_id, _scope(principal))
-    if stream or (accept or "").startswith("text/event-stream"):
-        try:
-            start = int(last_event_id) if last_event_id else 0
-        except ValueError:
-            raise Invalid(
-                "Last-Event-ID must be an event id (an integer)", field="Last-Event-ID"
-            ) from None
-        return StreamingResponse(_sse(request, job_id, start), media_type="text/event-stream")
-    stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
-    items, total = fetch_page(session, stmt, page)
-    return Page(
-        items=[JobEventOut.model_validate(e) for e in items],
-        total=total,
-        limit=page.limit,
-        offset=page.offset,
-    )
+    """State changes and progress, as a page of JSON or as server-sent events.
+
+    A stream ends with `event: end` once the job has ended and every event is sent; with
+    `event: resume` after CPN_STREAM_MAX_S (reconnect with `Last-Event-ID`: nothing is lost);
+    with `event: error` (a problem) when its key is revoked or expires."""
+    state = request.app.state
+    with state.sessions() as session:  # closed before any stream starts
+        job_service.get_job(session, job_id, _scope(principal))
+        if not (stream or (accept or "").startswith("text/event-stream")):
+            stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            items, total = fetch_page(session, stmt, page)
+            return Page(
+                items=[JobEventOut.model_validate(e) for e in items],
+                total=total,
+                limit=page.limit,
+                offset=page.offset,
+            )
+    try:
+        start = int(last_event_id) if last_event_id else 0
+    except ValueError:
+        raise Invalid(
+            "Last-Event-ID must be an event id (an integer)", field="Last-Event-ID"
+        ) from None
+    slots: StreamSlots = state.streams
+    slot = slots.acquire(principal.key_id, time.monotonic())
+    if slot is None:
+        state.metrics.rate_limited.labels("streams").inc()
+        return problem(
+            429,
+            "Too many requests",
+            f"this key already holds {slots.per_key} event streams open, the most allowed "
+            "(CPN_MAX_STREAMS_PER_KEY); close one, or read the events as pages (without "
+            "stream=true), and retry after Retry-After seconds",
+            slug="too-many-streams",
+            instance=request.url.path,
+            errors=[{"field": "stream", "message": "too many open streams for this key"}],
+            headers={"Retry-After": str(slots.retry_after(principal.key_id, time.monotonic()))},
+        )
+    token = bearer_token(request) or ""
+    events = _sse(request, job_id, start, token, state.settings.stream_max_s, slot)
+    return EventStream(events, slot)
 
 
-async def _sse(request: Request, job_id: str, after: int) -> AsyncIterator[str]:
-    """Poll the events table and forward new rows; end once the job has ended and all is sent."""
-    while not await request.is_disconnected():
-        batch, last = await run_in_threadpool(_events_after, request, job_id, after)
-        for event in batch:
-            after = event["id"]
-            yield f"id: {after}\nevent: {event['kind']}\ndata: {json.dumps(event)}\n\n"
-        if last:
-            yield "event: end\ndata: {}\n\n"
-            return
-        if not batch:
-            yield ": keep-alive\n\n"
-        await asyncio.sleep(0.25)
+def _sse_event(kind: str, data: dict[str, Any], event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n"
+
+
+async def _sse(
+    request: Request, job_id: str, after: int, token: str, max_s: float, slot: StreamSlot
+) -> AsyncIterator[str]:
+    """Poll the events table and forward new rows; end once the job has ended and all is sent,
+    when the stream's lifetime is up (`resume`), or when its key stops being live (`error`)."""
+    state = request.app.state
+    started = checked = time.monotonic()
+    wrote, wait = 0.0, POLL_S
+    try:
+        yield "retry: 1000\n\n"  # EventSource clients reconnect after a second
+        while True:
+            now = time.monotonic()
+            if now - checked >= KEY_CHECK_S:
+                checked = now
+                if await current_principal(request, token) is None:
+                    yield _sse_event("error", _key_gone(request.url.path))
+                    return
+            batch, last = await run_in_threadpool(_events_after, state.sessions, job_id, after)
+            for event in batch:
+                after = event["id"]
+                yield _sse_event(event["kind"], event, after)
+            if last:
+                yield "event: end\ndata: {}\n\n"
+                return
+            if time.monotonic() - started >= max_s:
+                yield _sse_event(
+                    "resume",
+                    {
+                        "last_event_id": after,
+                        "detail": "this stream reached its lifetime (CPN_STREAM_MAX_S); "
+                        "reconnect with Last-Event-ID to go on",
+                    },
+                )
+                return
+            now = time.monotonic()
+            if batch:
+                wrote, wait = now, POLL_S
+            else:
+                if now - wrote >= KEEPALIVE_S:  # the first empty look too: the stream is live
+                    wrote = now
+                    yield ": keep-alive\n\n"
+                wait = min(wait * 2, IDLE_POLL_S)
+            await anyio.sleep(wait)
+    finally:
+        slot.release()
+
+
+def _key_gone(path: str) -> dict[str, Any]:
+    """The problem an open stream ends with when its key was revoked or expired."""
+    return {
+        "type": PROBLEM_BASE + "unauthorized",
+        "title": "Unauthorized",
+        "status": 401,
+        "detail": "API key is unknown, revoked or expired: ask an admin for a valid key",
+        "instance": path,
+    }
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=Page[JobMetricOut])

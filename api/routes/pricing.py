@@ -7,8 +7,10 @@ from decimal import Decimal
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, status
+from pydantic import AfterValidator
 from sqlalchemy import select
 
+from agents.protocol import in_utc_range
 from api.deps import AdminDep, SessionDep, get_principal
 from api.schemas import EgressPriceIn, EgressPriceOut, GpuPriceIn, GpuPriceOut, PricingOut
 from controller import resources
@@ -19,6 +21,8 @@ from controller.models import Cluster, EgressPrice, GpuPrice, utcnow
 router = APIRouter(prefix="/v1/pricing", tags=["pricing"])
 AnyKey = Annotated[Principal, Depends(get_principal)]
 PAST_TOLERANCE = timedelta(seconds=60)
+AtTime = Annotated[datetime, AfterValidator(in_utc_range)]
+"""A time whose UTC instant cpn can compare with stored ones (years 1..9999)."""
 
 
 def _effective(value: datetime | None) -> datetime:
@@ -40,7 +44,7 @@ def _effective(value: datetime | None) -> datetime:
 def current(
     session: SessionDep,
     _: AnyKey,
-    at: Annotated[datetime | None, Query(description="Prices in effect at this time.")] = None,
+    at: Annotated[AtTime | None, Query(description="Prices in effect at this time.")] = None,
 ) -> PricingOut:
     """The prices that apply now (or at `at`), per cluster, GPU model and QoS class."""
     when = at if at is not None and at.tzinfo is not None else utcnow()

@@ -21,14 +21,15 @@ from api.schemas import (
 )
 from controller import keys, resources
 from controller.errors import Conflict, Invalid, NotFound
-from controller.models import ApiKey, AuditLog, Cluster, Tenant, utcnow
+from controller.models import ApiKey, AuditLog, Cluster, Job, Tenant, utcnow
+from controller.states import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["tenants and keys"])
 
 
 def _tenant(session: SessionDep, tenant_id: str) -> Tenant:
     tenant = session.get(Tenant, tenant_id)
-    if tenant is None:
+    if tenant is None or tenant.deleted_at is not None:
         raise NotFound(f"no tenant with id {tenant_id!r}; list them with GET /v1/tenants")
     return tenant
 
@@ -48,7 +49,9 @@ def create_tenant(body: TenantIn, session: SessionDep, admin: AdminDep) -> Tenan
 
 @router.get("/tenants", response_model=Page[TenantOut])
 def list_tenants(session: SessionDep, _: AdminDep, page: PageDep) -> Page[TenantOut]:
-    items, total = fetch_page(session, select(Tenant).order_by(Tenant.name), page)
+    items, total = fetch_page(
+        session, select(Tenant).where(Tenant.deleted_at.is_(None)).order_by(Tenant.name), page
+    )
     return Page(
         items=[TenantOut.model_validate(t) for t in items],
         total=total,
@@ -78,14 +81,32 @@ def patch_tenant(
 
 @router.delete("/tenants/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_tenant(tenant_id: str, session: SessionDep, admin: AdminDep) -> Response:
-    """Delete a tenant and revoke its keys."""
-    tenant = _tenant(session, tenant_id)
+    """Delete a tenant that has no live jobs: it leaves the lists and its keys are revoked, but
+    its jobs, usage and ledger stay, readable by admins (a soft delete: money is never erased).
+    With live jobs it is a 409: cancel them, or let them end, first."""
+    tenant = session.scalars(
+        select(Tenant).where(Tenant.id == tenant_id).with_for_update()  # against placements
+    ).first()
+    if tenant is None or tenant.deleted_at is not None:
+        raise NotFound(f"no tenant with id {tenant_id!r}; list them with GET /v1/tenants")
+    live = session.scalars(
+        select(Job.id)
+        .where(Job.tenant_id == tenant_id, Job.state.not_in(TERMINAL))
+        .order_by(Job.created_at)
+    ).all()
+    if live:
+        shown = ", ".join(live[:5]) + (f" and {len(live) - 5} more" if len(live) > 5 else "")
+        raise Conflict(
+            f"tenant {tenant_id} has {len(live)} live job(s) ({shown}); cancel them "
+            "(POST /v1/jobs/{id}/cancel) or wait for them to end, then delete the tenant",
+            field="tenant_id",
+        )
     now = utcnow()
     for key in session.scalars(
         select(ApiKey).where(ApiKey.role == "tenant", ApiKey.scope == tenant_id)
     ):
         key.revoked_at = key.revoked_at or now
-    session.delete(tenant)
+    tenant.deleted_at = now
     resources.audit(session, admin.key_id, "tenant.delete", "tenant", tenant_id)
     session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -96,13 +117,21 @@ def create_api_key(body: ApiKeyIn, session: SessionDep, admin: AdminDep) -> ApiK
     """Mint a key. Its token is in this response only; cpn keeps just a hash."""
     if body.role == "admin" and body.scope:
         raise Invalid("admin keys take no scope; leave `scope` out", field="scope")
-    if body.role == "tenant" and (not body.scope or session.get(Tenant, body.scope) is None):
+    scoped = session.get(Tenant, body.scope) if body.role == "tenant" and body.scope else None
+    if body.role == "tenant" and (scoped is None or scoped.deleted_at is not None):
         raise Invalid("a tenant key needs `scope` = an existing tenant id", field="scope")
     if body.role == "agent" and (
         not body.scope or not session.scalar(select(Cluster.id).where(Cluster.name == body.scope))
     ):
         raise Invalid("an agent key needs `scope` = the name of an existing cluster", field="scope")
-    key, token = keys.create_key(session, body.role, body.scope, body.name)
+    if body.expires_at is not None and body.expires_at <= utcnow():
+        raise Invalid(
+            "expires_at is not in the future; give a later time, or none for no expiry",
+            field="expires_at",
+        )
+    key, token = keys.create_key(
+        session, body.role, body.scope, body.name, expires_at=body.expires_at
+    )
     resources.audit(session, admin.key_id, "key.create", "api_key", key.id, role=body.role)
     session.commit()
     return ApiKeyCreated(**ApiKeyOut.model_validate(key).model_dump(), token=token)

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from sqlalchemy import func, select
 
-from api.deps import SessionDep, require
+from api.deps import ReaderDep, SessionDep
 from api.pagination import PageDep
 from api.schemas import LedgerEntryOut, LedgerOut, UsageOut, UsageRow
 from controller.errors import NotFound
 from controller.keys import Principal
+from controller.metering import tenant_spend
 from controller.models import LedgerEntry, Tenant, Usage
 
 router = APIRouter(prefix="/v1/tenants", tags=["usage and ledger"])
-ReaderDep = Annotated[Principal, Depends(require("tenant", "admin"))]
 
 
 def _visible(session: SessionDep, tenant_id: str, principal: Principal) -> Tenant:
@@ -57,13 +56,10 @@ def usage(tenant_id: str, session: SessionDep, principal: ReaderDep) -> UsageOut
 
 @router.get("/{tenant_id}/ledger", response_model=LedgerOut)
 def ledger(tenant_id: str, session: SessionDep, principal: ReaderDep, page: PageDep) -> LedgerOut:
-    """Append-only charges, oldest first, with their exact total."""
+    """Append-only charges, oldest first, with their exact total. A deleted tenant's ledger
+    stays readable to admins."""
     _visible(session, tenant_id, principal)
-    total = session.scalar(
-        select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(
-            LedgerEntry.tenant_id == tenant_id
-        )
-    )
+    total = tenant_spend(session, tenant_id)  # exact on SQLite too (no float SUM)
     count = session.scalar(select(func.count()).where(LedgerEntry.tenant_id == tenant_id)) or 0
     rows = session.scalars(
         select(LedgerEntry)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 import scheduler
 from controller.db import make_engine
 from controller.models import Job, JobMetric, Tenant, utcnow
+from controller.plan import JobPlan, PlanEstimate, Share
 from controller.snapshot import step_overhead
 from tests.scheduler.builders import cluster, job, link
 
@@ -34,7 +35,12 @@ def _finished(
         state="SUCCEEDED",
         gpus_min=gpus,
         gpus_max=gpus,
-        placement={"clusters": [{"cluster": "a", "gpus": gpus}], "estimate": est},
+        placement=JobPlan(
+            clusters=(Share(cluster="a", gpus=gpus),),
+            compression="none",
+            sync="every-step",
+            estimate=PlanEstimate(total_time_s=1.0, wan_bytes=0, **est),
+        ),
         finished_at=utcnow() - timedelta(minutes=n),
     )
     session.add(j)

@@ -20,7 +20,10 @@ def test_builtin_table_lists_every_runtime_task() -> None:
 
 def test_check_task_names_the_fix() -> None:
     check_task("builtin:mnist1d-mlp")
+    check_task("no_such_module_xyz:main")  # text only: whether it imports is the workers' to see
     with pytest.raises(ValueError, match="unknown builtin"):
         check_task("builtin:nope")
-    with pytest.raises(ValueError, match="not importable"):
-        check_task("no_such_module_xyz:main")
+    with pytest.raises(ValueError, match=r"module\.path:function"):
+        check_task("pkg..mod:main")
+    with pytest.raises(ValueError, match="dunder"):
+        check_task("pkg.mod:__import__")

@@ -32,7 +32,7 @@ CLUSTERS = {
 def plane(tmp_path: Path) -> Iterator[ControlPlane]:
     cp = start_control_plane(
         f"sqlite:///{tmp_path / 'cpn.db'}",
-        "cpn_admin_e2e-token-0123456789",
+        "cpn_admin_e2e-token-0123456789abcdef0123",
         settings={
             "CPN_HEARTBEAT_INTERVAL_S": str(INTERVAL),
             "CPN_LEASE_GRACE_S": str(GRACE),

@@ -31,8 +31,9 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One world (and one Ray) for the tests that leave it whole: each ends with no GPU held."""
-    w = build_world(tmp_path_factory.mktemp("shared"))
+    """One world (and one Ray) for the tests that leave it whole: each ends with no GPU held.
+    Its admin allows `module:function` tasks under tests.e2e (none are by default)."""
+    w = build_world(tmp_path_factory.mktemp("shared"), CPN_TASK_MODULES="tests.e2e")
     yield w
     w.stop()
 
@@ -169,6 +170,29 @@ def test_failing_entrypoint_ends_failed_with_the_error(shared: World) -> None:
     assert world.gpus_in_use() == 0
 
 
+def test_tenant_code_cannot_see_the_control_planes_secrets(shared: World) -> None:
+    """`cpn serve` runs with CPN_ADMIN_TOKEN and CPN_DATABASE_URL in its environment and starts
+    the embedded Ray; the tenant's code reports what it sees through its error."""
+    world = shared
+    assert world.plane.env["CPN_ADMIN_TOKEN"]
+    job = submit(
+        world,
+        task="tests.e2e.entry_tasks:look_around",
+        work={"params": 1000, "flops_per_step": 1e9},
+    )
+    done = world.wait_state(job["id"], {"FAILED", "SUCCEEDED"}, 240)
+    assert done["state"] == "FAILED"
+    errors = [
+        e["message"]
+        for e in world.tenant.paginate(f"/v1/jobs/{job['id']}/events")
+        if e["kind"] == "error"
+    ]
+    assert errors, done
+    assert "admin token absent; database url absent" in errors[-1]
+    assert "parent environment lacks the token" in errors[-1]
+    assert world.plane.admin_token not in errors[-1] and len(errors[-1]) <= 2048
+
+
 def test_preemption_checkpoints_victim_and_resumes_it(shared: World) -> None:
     world = shared
     low = submit(
@@ -187,6 +211,8 @@ def test_preemption_checkpoints_victim_and_resumes_it(shared: World) -> None:
         120,
         "low progress",
     )
+    # Priority is granted, not chosen: the admin grants 10 before the tenant may ask for it.
+    world.admin.request("PATCH", f"/v1/tenants/{world.tenant_id}", json={"priority_ceiling": 10})
     high = submit(
         world,
         name="high",
@@ -210,7 +236,8 @@ def test_preemption_checkpoints_victim_and_resumes_it(shared: World) -> None:
         "SUCCEEDED",
     ]
     messages = [e["message"] for e in world.admin.paginate(f"/v1/jobs/{low['id']}/events")]
-    assert any(f"preempted by job {high['id']}" in m for m in messages)
+    assert "preempted by a higher-priority job; checkpointed, resumes later" in messages
+    assert not any(high["id"] in m for m in messages)  # it might be another tenant's job
     assert any("resuming from checkpoint" in m for m in messages)
     assert world.gpus_in_use() == 0
 

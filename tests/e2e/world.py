@@ -82,7 +82,7 @@ def build_world(workdir: Path, database_url: str | None = None, **settings: str)
     env = {**FAST, "CPN_CHECKPOINT_ROOT": str(workdir / "checkpoints"), **settings}
     plane = start_control_plane(
         database_url or f"sqlite:///{workdir / 'cpn.db'}",
-        "cpn_admin_e2e-0123456789abcdef",
+        "cpn_admin_e2e-0123456789abcdef0123456789",
         settings=env,
     )
     admin = Client(plane.url, plane.admin_token, timeout=60)

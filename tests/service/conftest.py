@@ -7,14 +7,27 @@ from dataclasses import dataclass
 
 import pytest
 
+from agents.protocol import GpuInventory, Heartbeat
 from api.client import Client
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.conftest import LiveServer, start_server
 
-GPUS = {
-    "us-east": ("A100", 8, 2.50),
-    "eu-west": ("H100", 8, 4.00),
-    "ap-south": ("L4", 16, 0.80),
-}
+
+@dataclass(frozen=True)
+class Offer:
+    """What one cluster of the network offers: its GPUs and their standard price."""
+
+    cluster: str
+    gpu_model: str
+    gpus: int
+    price_per_gpu_hour: float
+
+
+OFFERS = (
+    Offer("us-east", "A100", 8, 2.50),
+    Offer("eu-west", "H100", 8, 4.00),
+    Offer("ap-south", "L4", 16, 0.80),
+)
+QOS_PRICE_FACTORS = (("guaranteed", 1.5), ("standard", 1.0), ("spot", 0.4))
 
 
 @dataclass
@@ -29,27 +42,30 @@ class Network:
 
 def build_network(live: LiveServer) -> Network:
     admin = live.client()
-    for name, (model, count, price) in GPUS.items():
-        admin.create_cluster(name, name)
-        token = admin.create_api_key("agent", name)["token"]
+    for offer in OFFERS:
+        admin.create_cluster(offer.cluster, offer.cluster)
+        token = admin.create_api_key("agent", offer.cluster)["token"]
+        beat = Heartbeat(
+            cluster=offer.cluster,
+            gpus=[
+                GpuInventory(
+                    model=offer.gpu_model,
+                    memory_gib=80,
+                    count=offer.gpus,
+                    allocatable=offer.gpus,
+                )
+            ],
+        )
         with live.client(token) as agent:
-            agent.post(
-                "/v1/agent/heartbeat",
-                {
-                    "cluster": name,
-                    "gpus": [
-                        {"model": model, "memory_gib": 80, "count": count, "allocatable": count}
-                    ],
-                },
-            )
-        for qos_class, factor in (("guaranteed", 1.5), ("standard", 1.0), ("spot", 0.4)):
+            agent.post("/v1/agent/heartbeat", beat.model_dump(mode="json", exclude_unset=True))
+        for qos_class, factor in QOS_PRICE_FACTORS:
             admin.post(
                 "/v1/pricing/gpu",
                 {
-                    "cluster": name,
-                    "gpu_model": model,
+                    "cluster": offer.cluster,
+                    "gpu_model": offer.gpu_model,
                     "qos_class": qos_class,
-                    "price_per_gpu_hour": price * factor,
+                    "price_per_gpu_hour": offer.price_per_gpu_hour * factor,
                 },
             )
     admin.declare_link("us-east", "eu-west", bandwidth_gbps=10, rtt_ms=70, egress_price_per_gb=0.02)
@@ -67,14 +83,12 @@ def build_network(live: LiveServer) -> Network:
 
 
 def _serve(db_url: str, quote_ttl_s: float) -> Iterator[Network]:
-    live, server, thread = start_server(
-        database_url=db_url, quote_ttl_s=quote_ttl_s, run_controller=False
-    )
+    live = start_server(database_url=db_url, quote_ttl_s=quote_ttl_s, run_controller=False)
     net = build_network(live)
     yield net
     for c in (net.admin, net.tenant, net.other):
         c.close()
-    stop_server(server, thread)
+    live.stop()
 
 
 @pytest.fixture

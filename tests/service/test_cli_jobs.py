@@ -27,7 +27,7 @@ from controller.allocations import Slot, reserve
 from controller.db import make_engine, make_sessionmaker
 from controller.lifecycle import transition
 from controller.models import Job, JobEvent, JobMetric
-from tests.conftest import start_server, stop_server
+from tests.conftest import start_server
 from tests.service.conftest import Network, build_network, spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,12 +40,12 @@ def priced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
 
     url = f"sqlite:///{tmp_path_factory.mktemp('cli-db') / 'cpn.db'}"
     upgrade(url)
-    live, server, thread = start_server(database_url=url, quote_ttl_s=600.0, run_controller=False)
+    live = start_server(database_url=url, quote_ttl_s=600.0, run_controller=False)
     network = build_network(live)
     yield network
     for c in (network.admin, network.tenant, network.other):
         c.close()
-    stop_server(server, thread)
+    live.stop()
 
 
 @pytest.fixture
@@ -187,8 +187,10 @@ def test_usage_matches_the_ledger(net: Network, tmp_path: Path) -> None:
         row = s.get(Job, job["id"])
         assert row is not None
         reserve(s, row, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
+        transition(s, row, "SCHEDULED", "placed")
+        transition(s, row, "RUNNING", "launched")  # billed from here on
     engine.dispose()
-    time.sleep(0.5)  # the job holds its GPUs for a measurable while before it is cancelled
+    time.sleep(0.5)  # the job runs on its GPUs for a measurable while before it is cancelled
     assert cpn(net, net.tenant, "cancel", job["id"]).returncode == 0  # meters and prices it
 
     mine = cpn(net, net.tenant, "usage", "--json")

@@ -17,19 +17,19 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from tests.conftest import LiveServer, clear_tables, start_server, stop_server
+from tests.conftest import LiveServer, clear_tables, start_server
 from tests.service.conftest import Network, build_network
 
 
 @pytest.fixture(scope="module")
 def fuzz_network(migrated_url: str) -> Iterator[Network]:
     clear_tables(migrated_url)
-    live, server, thread = start_server(database_url=migrated_url, run_controller=False)
+    live = start_server(database_url=migrated_url, run_controller=False)
     net = build_network(live)
     yield net
     for c in (net.admin, net.tenant, net.other):
         c.close()
-    stop_server(server, thread)
+    live.stop()
 
 
 def _token(client: object) -> str:

@@ -175,7 +175,7 @@ def test_bad_specs_name_every_field(network: Network) -> None:
         (
             spec(task="no_such_pkg_zz:main", work={"params": 10, "flops_per_step": 1e9}),
             "task",
-            "not importable",
+            "CPN_TASK_MODULES",  # module tasks only under allowed prefixes, never imported here
         ),
         (spec(gpus=10_000), "gpus", "ask for fewer"),
         (
@@ -246,3 +246,75 @@ def test_pricing_is_effective_dated(network: Network) -> None:
             },
         )
     assert tenant_write.value.status == 403
+
+
+def test_quotes_and_plans_stored_before_the_typed_plan_still_work(network: Network) -> None:
+    """A quote whose options were stored in the older shape is held by a submission, placed by
+    the reconcile loop (the real one, in-process), and read back over the API."""
+    import sqlalchemy as sa
+
+    from controller.reconcile import place_pending
+    from tests.controller.test_plan import OLD_JOB_PLAN, OLD_QUOTE_OPTION
+
+    plain = sa.MetaData()
+    quotes = sa.Table("quotes", plain, sa.Column("id", sa.String), sa.Column("options", sa.JSON))
+    jobs = sa.Table("jobs", plain, sa.Column("id", sa.String), sa.Column("placement", sa.JSON))
+    quote = network.tenant.post("/v1/quotes", spec())
+    engine = make_engine(network.server.database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                quotes.update()
+                .where(quotes.c.id == quote["id"])
+                .values(options={"options": [OLD_QUOTE_OPTION]})
+            )
+        shown = network.tenant.get(f"/v1/quotes/{quote['id']}")["options"]
+        assert [o["placement"] for o in shown] == [
+            [{"cluster": "ap-south", "gpus": 8, "gpu_model": None}]
+        ]
+        job = network.tenant.post("/v1/jobs", spec(quote_id=quote["id"], quote_option="cost"))
+        held = job["held_price"]
+        assert held["quote_id"] == quote["id"] and held["price"]["total"] == 1.777778
+        assert held["clusters"] == held["placement"] and held["estimate"]["cost"] is None
+        placed = place_pending(make_sessionmaker(engine), "test-replica")
+        assert [p.job_id for p in placed] == [job["id"]]
+        job = network.tenant.get(f"/v1/jobs/{job['id']}")
+        assert job["state"] == "SCHEDULED"
+        assert job["placement"]["clusters"] == [
+            {"cluster": "ap-south", "gpus": 8, "gpu_model": "L4"}
+        ]
+        assert job["placement"]["price"]["gpu"][0]["price_per_gpu_hour"] == 0.8
+        with engine.begin() as conn:
+            conn.execute(jobs.update().where(jobs.c.id == job["id"]).values(placement=OLD_JOB_PLAN))
+        old = network.tenant.get(f"/v1/jobs/{job['id']}")["placement"]
+        assert old["objective"] is None and old["price"] is None
+        assert old["clusters"] == OLD_JOB_PLAN["clusters"] and old["sync"] == "every-step"
+    finally:
+        engine.dispose()
+
+
+def test_queued_jobs_are_capped_per_tenant(db_url: str) -> None:
+    """Past CPN_MAX_QUEUED_JOBS pending jobs a tenant gets 429 with Retry-After; a retry of a
+    job it already submitted still answers that job, and cancelling one frees a place."""
+    from tests.conftest import start_server
+    from tests.service.conftest import build_network
+
+    live = start_server(database_url=db_url, run_controller=False, max_queued_jobs=2)
+    net = build_network(live)
+    try:
+        first = net.tenant.submit(spec(gpus=1), idempotency_key="first")
+        net.tenant.submit(spec(gpus=1))
+        with pytest.raises(ApiError) as refused:
+            net.tenant.submit(spec(gpus=1), retries=0)
+        assert refused.value.status == 429 and "CPN_MAX_QUEUED_JOBS" in refused.value.detail
+        raw = net.tenant._http.post("/v1/jobs", json=spec(gpus=1))
+        assert raw.status_code == 429 and int(raw.headers["Retry-After"]) >= 1
+        assert raw.headers["content-type"].startswith("application/problem+json")
+        assert net.tenant.submit(spec(gpus=1), idempotency_key="first")["id"] == first["id"]
+        net.other.submit(spec(gpus=1))  # another tenant's queue is its own
+        net.tenant.cancel(first["id"])
+        net.tenant.submit(spec(gpus=1))
+    finally:
+        for c in (net.admin, net.tenant, net.other):
+            c.close()
+        live.stop()

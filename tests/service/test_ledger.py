@@ -8,11 +8,13 @@ from decimal import Decimal
 
 from sqlalchemy import select
 
+from controller import lifecycle
 from controller.allocations import Slot, release, reserve
 from controller.db import make_engine, make_sessionmaker
 from controller.metering import egress_charge, gpu_charge, meter_allocations, meter_wan, price_usage
 from controller.models import Allocation, Cluster, Job, LedgerEntry, Usage
 from controller.pricing import egress_price_history, gpu_price_history, price_at
+from controller.states import JobState
 from tests.service.conftest import Network, spec
 
 
@@ -24,6 +26,8 @@ def test_ledger_reconciles_across_a_price_change(network: Network) -> None:
         job = s.get(Job, job_out["id"])
         assert job is not None
         reserve(s, job, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
+        lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
+        lifecycle.transition(s, job, JobState.RUNNING, "launched")  # billing starts here
     started = datetime.now(UTC)
     change_at = started + timedelta(seconds=1.0)
     network.admin.post(
@@ -96,15 +100,18 @@ def test_ledger_reconciles_across_a_price_change(network: Network) -> None:
         assert total == expected
         assert us_east_prices == {Decimal("2.5"), Decimal("7.25")}  # the job spanned the change
         gpu_seconds = sum(Decimal(u.quantity) for u in usage if u.kind == "gpu_seconds")
-        # Metered GPU-seconds equal what the allocations held: 4 GPUs for their whole lifetime.
-        held = sum(
-            ((a_end or a_start) - a_start).total_seconds() * n
-            for a_start, a_end, n in s.execute(
-                select(Allocation.started_at, Allocation.ended_at, Allocation.gpus).where(
-                    Allocation.job_id == job_out["id"]
-                )
-            ).all()
-        )
+        # Metered GPU-seconds equal what the allocations held while the job ran: 4 GPUs from
+        # the RUNNING transition (billed_from) to their end.
+        rows = s.execute(
+            select(Allocation.billed_from, Allocation.ended_at, Allocation.gpus).where(
+                Allocation.job_id == job_out["id"]
+            )
+        ).all()
+        assert all(start is not None for start, _, _ in rows)  # every allocation ran
+        held = 0.0
+        for start, end, n in rows:
+            assert start is not None
+            held += ((end or start) - start).total_seconds() * n
         assert abs(float(gpu_seconds) - held) < 1e-5
     engine.dispose()
 

@@ -1,0 +1,49 @@
+"""Priority is granted, not chosen: what a tenant's jobs may ask for, and what they count as.
+
+An admin sets each tenant's priority ceiling and the QoS classes it may use
+(`Tenant.priority_ceiling`, `Tenant.qos_classes`; defaults 0 and standard + spot, so the
+never-preempted guaranteed class is a grant too). A quote or a submission beyond them is a 403
+problem naming the field and the grant. Queue order and preemption count the *granted*
+priority: the job's own, capped by its tenant's ceiling now, so lowering a ceiling lowers that
+tenant's queued and running jobs with it, and a job never outranks what its tenant was granted.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import ColumnElement, case
+
+from controller.errors import Forbidden
+from controller.jobspec import QoSSpec
+from controller.models import Job, Tenant
+
+
+def check_grant(tenant: Tenant, qos: QoSSpec) -> None:
+    """Forbidden (403) naming `qos.qos_class` or `qos.priority` when `qos` asks for more than
+    the tenant was granted."""
+    allowed = list(tenant.qos_classes)
+    if qos.qos_class not in allowed:
+        raise Forbidden(
+            f"qos.qos_class {qos.qos_class!r} is not granted to this tenant, which may use "
+            f"{', '.join(allowed) or 'no class'}; choose one of those, or ask an admin to grant "
+            f"{qos.qos_class}",
+            field="qos.qos_class",
+        )
+    if qos.priority > tenant.priority_ceiling:
+        ceiling = tenant.priority_ceiling
+        raise Forbidden(
+            f"qos.priority {qos.priority} is above this tenant's priority ceiling {ceiling}; "
+            f"ask for at most {ceiling}, or ask an admin to raise the ceiling",
+            field="qos.priority",
+        )
+
+
+def granted(priority: int, ceiling: int) -> int:
+    """The priority a job counts as: what it asked for, never above its tenant's ceiling."""
+    return min(priority, ceiling)
+
+
+def granted_priority() -> ColumnElement[int]:
+    """`granted` in SQL, for queries that join `Job` with its `Tenant`."""
+    return case(
+        (Job.priority > Tenant.priority_ceiling, Tenant.priority_ceiling), else_=Job.priority
+    )
