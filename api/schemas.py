@@ -7,7 +7,7 @@ from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from agents.protocol import BoundedUTC, PlainText
+from agents.protocol import PROBE_URL_HELP, BoundedUTC, PlainText, ProbeUrl
 from controller.jobspec import QosClass
 from controller.plan import HeldPlan, JobPlan
 from controller.states import JobState
@@ -57,15 +57,26 @@ LabelValue = Annotated[PlainText, Field(max_length=256)]
 Labels = dict[LabelKey, LabelValue]
 
 
+PIN_HELP = (
+    "Pin the probe URL peers are told for this cluster, over the one its agent reports: "
+    + PROBE_URL_HELP
+    + "."
+)
+
+
 class ClusterIn(_In):
     name: str = Name
     region: PlainText = Field(min_length=1, max_length=63)
     labels: Labels = Field(default_factory=dict, max_length=64, description=LABELS_HELP)
+    pinned_probe_url: ProbeUrl | None = Field(default=None, description=PIN_HELP)
 
 
 class ClusterPatch(_In):
     region: PlainText | None = Field(default=None, min_length=1, max_length=63)
     labels: Labels | None = Field(default=None, max_length=64, description=LABELS_HELP)
+    pinned_probe_url: ProbeUrl | None = Field(
+        default=None, description=PIN_HELP + " Send null to unpin."
+    )
 
 
 class ClusterOut(BaseModel):
@@ -80,7 +91,10 @@ class ClusterOut(BaseModel):
     draining: bool
     lease_expires_at: datetime | None
     last_heartbeat_at: datetime | None
-    probe_url: str | None
+    probe_url: str | None = Field(description="The probe URL the cluster's agent reports.")
+    pinned_probe_url: str | None = Field(
+        description="The admin's pin; when set, peers are told it instead of probe_url."
+    )
     discovery: str | None
     version: int
     gpus: list[GpuOut]

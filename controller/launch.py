@@ -119,11 +119,12 @@ def launch(
             models[name] = model
         if not clusters:
             return None
+        # the job's own part first: what fails here is the job's, before Ray is touched
+        spec = spec_of(job)
+        train_spec = train_spec_of(session, config, job, spec, clusters)
         if not ray.ensure(clusters, busy):
             job.reason = "waiting for Ray capacity"
             return None
-        spec = spec_of(job)
-        train_spec = train_spec_of(session, config, job, spec, clusters)
         handle = RunHandle(
             job_id=job.id,
             clusters=clusters,
@@ -207,6 +208,8 @@ def train_spec_of(
         checkpoint=str(checkpoint),
         checkpoint_every=max(1, spec.steps // 10) if every is None else every,
         resume=resume,
+        run_id=job.id,  # a resume reads only this job's checkpoints
+        epoch=job.attempts,
         max_restarts=2,
         **spec.args.runtime(),  # typed and bounded by the spec (controller.jobspec.TrainArgs)
     )

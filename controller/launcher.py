@@ -9,6 +9,8 @@ database.
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,6 +22,8 @@ from controller.runs import RunHandle
 from controller.settle import settle
 
 __all__ = ["Launcher", "LauncherConfig", "RunHandle"]
+
+log = logging.getLogger("cpn.launcher")
 
 
 class Launcher:
@@ -35,11 +39,29 @@ class Launcher:
         """Start the run of a SCHEDULED (or adopted RUNNING) job owned by this replica."""
         if job_id in self.handles:
             return False
-        handle = launch(self.factory, self.config, self.ray, job_id, busy=bool(self.handles))
+        try:
+            handle = launch(self.factory, self.config, self.ray, job_id, busy=bool(self.handles))
+        except Exception as exc:  # this job's failure; the next job in the pass still launches
+            log.exception("job %s: launch failed", job_id)
+            self._settle_failed_launch(job_id, exc)
+            return False
         if handle is None:
             return False
         self.handles[job_id] = handle
         return True
+
+    def _settle_failed_launch(self, job_id: str, error: Exception) -> None:
+        """A launch that raised is a failed attempt of its job: the policy retries it
+        (RESCHEDULING, resuming from its checkpoint) or fails it, and its GPUs go back."""
+        failed = RunHandle(
+            job_id=job_id, clusters={}, gpu_models={}, flops_per_step=0.0, predicted_step_s=None
+        )
+        failed.error = error
+        failed.done.set()
+        try:
+            settle(self.factory, failed, self.config.replica_id, self.config.max_attempts)
+        except Exception:  # e.g. the database is down: the next pass tries the launch again
+            log.exception("job %s: settling the failed launch failed", job_id)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         for handle in self.handles.values():

@@ -146,6 +146,8 @@ class Cluster(Base):
     lease_expires_at: Mapped[datetime | None]
     last_heartbeat_at: Mapped[datetime | None]
     probe_url: Mapped[str | None] = mapped_column(String(512))
+    # An admin's pin: peers are told this URL instead of the one the agent reports.
+    pinned_probe_url: Mapped[str | None] = mapped_column(String(512))
     agent_version: Mapped[str | None] = mapped_column(String(64))
     discovery: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agents.protocol import GpuInventory as GpuReport
-from agents.protocol import Heartbeat, LinkReport, PeerProbe
+from agents.protocol import Heartbeat, LinkReport, PeerProbe, check_probe_url
 from controller.errors import Conflict, Invalid, NotFound
 from controller.labels import check_labels
 from controller.leases import LeasePolicy
@@ -31,6 +32,8 @@ from controller.models import (
     utcnow,
 )
 from controller.pricing import egress_price_history, price_at
+
+log = logging.getLogger(__name__)
 
 
 def audit(
@@ -64,11 +67,18 @@ def get_cluster(session: Session, name: str, *, for_update: bool = False) -> Clu
     return cluster
 
 
-def create_cluster(session: Session, name: str, region: str, labels: dict[str, str]) -> Cluster:
+def create_cluster(
+    session: Session,
+    name: str,
+    region: str,
+    labels: dict[str, str],
+    *,
+    pinned_probe_url: str | None = None,
+) -> Cluster:
     check_labels(labels)
     if session.scalar(select(Cluster.id).where(Cluster.name == name)) is not None:
         raise Conflict(f"a cluster named {name!r} exists; pick another name", field="name")
-    cluster = Cluster(name=name, region=region, labels=labels)
+    cluster = Cluster(name=name, region=region, labels=labels, pinned_probe_url=pinned_probe_url)
     session.add(cluster)
     try:
         session.flush()
@@ -81,7 +91,12 @@ def create_cluster(session: Session, name: str, region: str, labels: dict[str, s
 
 
 class PeerTable:
-    """Probe URLs of live clusters, cached briefly: every heartbeat needs it, few change it."""
+    """Probe URLs of live clusters, cached briefly: every heartbeat needs it, few change it.
+
+    A cluster's URL is its admin's pin when set, else what its agent reports. A stored URL
+    that fails `check_probe_url` (written before that check existed, or by hand) is left out,
+    and logged once, so agents are never sent a URL that could steer their probes elsewhere.
+    """
 
     def __init__(self, ttl_s: float = 1.0) -> None:
         self._ttl = ttl_s
@@ -89,6 +104,7 @@ class PeerTable:
         self._at = 0.0
         self._peers: list[PeerProbe] = []
         self._version = ""
+        self._logged: set[tuple[str, str]] = set()
 
     def invalidate(self) -> None:
         with self._lock:
@@ -98,16 +114,31 @@ class PeerTable:
         with self._lock:
             if time.monotonic() - self._at < self._ttl:
                 return self._peers, self._version
+        url = func.coalesce(Cluster.pinned_probe_url, Cluster.probe_url)
         rows = session.execute(
-            select(Cluster.name, Cluster.probe_url)
-            .where(Cluster.probe_url.is_not(None), Cluster.state.in_(("READY", "SUSPECT")))
+            select(Cluster.name, url)
+            .where(url.is_not(None), Cluster.state.in_(("READY", "SUSPECT")))
             .order_by(Cluster.name)
         ).all()
-        peers = [PeerProbe(cluster=n, probe_url=u) for n, u in rows]
+        peers = [PeerProbe(cluster=n, probe_url=u) for n, u in rows if self._usable(n, u)]
         version = hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
         with self._lock:
             self._peers, self._version, self._at = peers, version, time.monotonic()
         return peers, version
+
+    def _usable(self, cluster: str, url: str) -> bool:
+        try:
+            check_probe_url(url)
+        except ValueError as exc:
+            with self._lock:
+                first = (cluster, url) not in self._logged
+                self._logged.add((cluster, url))
+            if first:
+                log.warning(
+                    "not listing cluster %s to peers: its probe URL %r %s", cluster, url, exc
+                )
+            return False
+        return True
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ def run(
     """
     import ray
 
-    from training.checkpoint import open_store
+    from training.checkpoint import check_identity, open_store
     from training.worker import Worker
 
     _validate(spec)
@@ -139,7 +139,16 @@ def run(
                 f"checkpoint: {spec.checkpoint!r} already holds checkpoints; "
                 "pass resume (--resume) or use an empty directory"
             )
+        spec = replace(spec, run_id=store.claim(spec.run_id))
         resume_step = found[-1] if (found and spec.resume) else None
+
+    def check_resume(step: int | None) -> None:
+        """Read the checkpoint to resume from here, as data, before any worker does: another
+        run's file, an old format or a pickled object is refused (ValueError) at once."""
+        if store is not None and step is not None:
+            check_identity(store.load(step), spec.run_id or "", spec.epoch, store.where(step))
+
+    check_resume(resume_step)
     resumed_from = resume_step
     started, local = _ensure_ray(spec)
     ifname = spec.gloo_ifname or os.environ.get("CPN_GLOO_IFNAME") or ("lo" if local else None)
@@ -243,6 +252,7 @@ def run(
                     base_wan = base_wan + last.wan
                 found = store.steps() if store is not None else []
                 resume_step = found[-1] if found else None
+                check_resume(resume_step)
             finally:
                 if not kept:
                     for a in actors:

@@ -79,6 +79,12 @@ class TrainSpec:
     checkpoint: str | None = None
     checkpoint_every: int = 0  # 0: only at the end (when `checkpoint` is set)
     resume: bool = False
+    run_id: str | None = None
+    """Whose checkpoints these are (the controller: the job's id); a resume refuses another
+    run's. None: the checkpoint directory's own id (`run-id` file, made on first use)."""
+    epoch: int = 0
+    """This attempt of the run, written into its checkpoints; a resume refuses a checkpoint of
+    a later attempt."""
     eval_every: int = 0  # 0: about 20 evaluations per run
     ray_address: str | None = None
     ray_num_cpus: int | None = None  # local Ray only

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from grammar import Sync
-from training.checkpoint import open_store
+from training.checkpoint import FORMAT, check_identity, open_store
 from training.collective import Collective, flatten, split
 from training.data import batch_indices, shard, shard_sizes
 from training.results import SegmentResult
@@ -31,7 +31,7 @@ from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy
 from training.tasks import Task, accuracy, as_tensors, load_task
 from training.wan import LinkTable
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = FORMAT
 
 
 def free_port() -> int:
@@ -144,7 +144,8 @@ class Worker:
         self.ckpt_due = False
         self.last_ckpt = -1
         if resume_step is not None and spec.checkpoint:
-            self._restore(open_store(spec.checkpoint).load(resume_step))
+            store = open_store(spec.checkpoint)
+            self._restore(store.load(resume_step), store.where(resume_step))
         else:
             self.strategy.load_state_dict(None, None)
         return self.step
@@ -260,6 +261,8 @@ class Worker:
             return
         state = {
             "version": CHECKPOINT_VERSION,
+            "run_id": self.spec.run_id,
+            "epoch": self.spec.epoch,
             "step": self.step,
             "task": self.spec.task,
             "seed": self.spec.seed,
@@ -275,9 +278,9 @@ class Worker:
         }
         open_store(self.spec.checkpoint or "").save(self.step, state)
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        if state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"checkpoint version {state.get('version')} is not supported")
+    def _restore(self, state: dict[str, Any], where: str) -> None:
+        # the driver checked it already (`training.runner`); a file swapped since is refused
+        check_identity(state, self.spec.run_id or "", self.spec.epoch, where)
         if state["task"] != self.spec.task:
             raise ValueError(f"checkpoint is for task {state['task']!r}, not {self.spec.task!r}")
         self.step = int(state["step"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
@@ -43,9 +43,12 @@ def create_cluster(
     body: ClusterIn, session: SessionDep, admin: AdminDep, response: Response
 ) -> ClusterOut:
     """Register a datacenter cluster; it stays PENDING until its agent's first heartbeat."""
-    cluster = resources.create_cluster(session, body.name, body.region, body.labels)
+    cluster = resources.create_cluster(
+        session, body.name, body.region, body.labels, pinned_probe_url=body.pinned_probe_url
+    )
+    pin = {"pinned_probe_url": body.pinned_probe_url} if body.pinned_probe_url else {}
     resources.audit(
-        session, admin.key_id, "cluster.create", "cluster", body.name, region=body.region
+        session, admin.key_id, "cluster.create", "cluster", body.name, region=body.region, **pin
     )
     session.commit()
     session.refresh(cluster)
@@ -82,12 +85,14 @@ def patch_cluster(
     body: ClusterPatch,
     session: SessionDep,
     admin: AdminDep,
+    request: Request,
     response: Response,
     if_match: Annotated[
         str | None, Header(description="ETag from a GET: refuse if changed.")
     ] = None,
 ) -> ClusterOut:
-    """Change region or labels; with If-Match, only if nobody changed it since you read it."""
+    """Change region, labels or the pinned probe URL (null unpins); with If-Match, only if
+    nobody changed it since you read it."""
     cluster = resources.get_cluster(session, name, for_update=True)
     if if_match is not None and if_match.strip('W/"') != str(cluster.version):
         raise PreconditionFailed(
@@ -99,8 +104,14 @@ def patch_cluster(
         check_labels(changes["labels"])
     for key, value in changes.items():
         setattr(cluster, key, value)
+    pinned = "pinned_probe_url" in body.model_fields_set  # null is meaningful here: it unpins
+    if pinned:
+        cluster.pinned_probe_url = body.pinned_probe_url
+        changes["pinned_probe_url"] = body.pinned_probe_url
     resources.audit(session, admin.key_id, "cluster.update", "cluster", name, **changes)
     session.commit()
+    if pinned:  # agents' next acks must list the new URL, not the cached one
+        request.app.state.peers.invalidate()
     session.refresh(cluster)
     return _out(cluster, response)
 

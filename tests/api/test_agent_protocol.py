@@ -195,3 +195,116 @@ def test_probe_urls_are_plain_base_urls_or_a_422_naming_the_field(
         assert admin.get("/v1/clusters/a")["probe_url"] == good
     ack = b.post("/v1/agent/heartbeat", {"cluster": "b", "gpus": []})
     assert ack["peers"] == [{"cluster": "a", "probe_url": good}]
+
+
+def test_admin_pins_a_clusters_probe_url(live_server: LiveServer) -> None:
+    """Peers are told the pin over the reported URL; null unpins; both are audited."""
+    a, b = _agent(live_server, "a"), _agent(live_server, "b")
+    a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [], "probe_url": "http://x:1"})
+
+    def peers_of_b() -> list[Any]:
+        ack = b.post("/v1/agent/heartbeat", {"cluster": "b", "gpus": [], "probe_url": "http://y:2"})
+        return ack["peers"]
+
+    assert peers_of_b() == [{"cluster": "a", "probe_url": "http://x:1"}]
+    with live_server.client() as admin:
+        pinned = admin.request(
+            "PATCH", "/v1/clusters/a", json={"pinned_probe_url": "https://10.0.0.7:9100/cpn"}
+        )
+        assert pinned["pinned_probe_url"] == "https://10.0.0.7:9100/cpn"
+        assert pinned["probe_url"] == "http://x:1"
+    assert peers_of_b() == [{"cluster": "a", "probe_url": "https://10.0.0.7:9100/cpn"}]
+    # The agent reporting another URL changes what is stored, not what peers are told.
+    a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [], "probe_url": "http://z:3"})
+    assert peers_of_b() == [{"cluster": "a", "probe_url": "https://10.0.0.7:9100/cpn"}]
+    with live_server.client() as admin:
+        got = admin.get("/v1/clusters/a")
+        assert got["probe_url"] == "http://z:3"
+        assert got["pinned_probe_url"] == "https://10.0.0.7:9100/cpn"
+        # A PATCH that leaves probe_url out keeps the pin.
+        admin.request("PATCH", "/v1/clusters/a", json={"region": "r2"})
+        assert admin.get("/v1/clusters/a")["pinned_probe_url"] == "https://10.0.0.7:9100/cpn"
+        unpinned = admin.request("PATCH", "/v1/clusters/a", json={"pinned_probe_url": None})
+        assert unpinned["pinned_probe_url"] is None
+        pins = [
+            e["detail"]["pinned_probe_url"]
+            for e in admin.get("/v1/audit")["items"]
+            if e["action"] == "cluster.update" and "pinned_probe_url" in e["detail"]
+        ]
+        assert sorted(pins, key=str) == sorted(["https://10.0.0.7:9100/cpn", None], key=str)
+    assert peers_of_b() == [{"cluster": "a", "probe_url": "http://z:3"}]
+
+
+def test_a_cluster_can_be_created_pinned(live_server: LiveServer) -> None:
+    with live_server.client() as admin:
+        made = admin.post(
+            "/v1/clusters",
+            {"name": "p", "region": "r1", "pinned_probe_url": "http://10.1.2.3:9100"},
+        )
+        assert made["pinned_probe_url"] == "http://10.1.2.3:9100" and made["probe_url"] is None
+        assert made["version"] == 1
+        token = admin.create_api_key("agent", "p")["token"]
+    b = _agent(live_server, "b")
+    with live_server.client(token) as p:  # an agent serving no probe endpoint of its own
+        p.post("/v1/agent/heartbeat", {"cluster": "p", "gpus": []})
+    ack = b.post("/v1/agent/heartbeat", {"cluster": "b", "gpus": []})
+    assert ack["peers"] == [{"cluster": "p", "probe_url": "http://10.1.2.3:9100"}]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://x:1/?a=b", "ftp://x", "http://user:pw@x", "", "http://x/" + "a" * 600, 7],
+)
+def test_a_bad_pin_is_refused_naming_its_field(live_server: LiveServer, url: object) -> None:
+    with live_server.client() as admin:
+        admin.create_cluster("a", "r1")
+        for method, path, body in (
+            ("PATCH", "/v1/clusters/a", {"pinned_probe_url": url}),
+            ("POST", "/v1/clusters", {"name": "c", "region": "r1", "pinned_probe_url": url}),
+        ):
+            with pytest.raises(ApiError) as bad:
+                admin.request(method, path, json=body)
+            assert bad.value.status == 422
+            assert [e["field"] for e in bad.value.errors] == ["pinned_probe_url"]
+        assert admin.get("/v1/clusters/a")["pinned_probe_url"] is None
+
+
+def test_only_admins_pin(live_server: LiveServer) -> None:
+    a = _agent(live_server, "a")
+    with live_server.client() as admin:
+        tenant = admin.post("/v1/tenants", {"name": "acme", "gpu_quota": 4})
+        tkey = admin.create_api_key("tenant", tenant["id"], "acme key")["token"]
+    for client in (live_server.client(tkey), a):
+        with client, pytest.raises(ApiError) as refused:
+            client.request("PATCH", "/v1/clusters/a", json={"pinned_probe_url": "http://evil:1"})
+        assert refused.value.status in (403, 404)
+    with live_server.client() as admin:
+        assert admin.get("/v1/clusters/a")["pinned_probe_url"] is None
+
+
+def test_a_stored_url_that_fails_the_check_is_not_listed(
+    live_server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A URL stored before the check existed reaches no agent, and is logged once."""
+    from sqlalchemy import update
+
+    from controller.db import make_engine
+    from controller.models import Cluster
+
+    a, b = _agent(live_server, "a"), _agent(live_server, "b")
+    a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [], "probe_url": "http://x:1"})
+    engine = make_engine(live_server.database_url)
+    with engine.begin() as conn:
+        conn.execute(
+            update(Cluster).where(Cluster.name == "a").values(probe_url="http://x:1/?steer=1")
+        )
+    engine.dispose()
+    caplog.set_level("WARNING", logger="controller.resources")
+    with live_server.client() as admin:  # any pin change drops the cached peer list
+        admin.request("PATCH", "/v1/clusters/a", json={"pinned_probe_url": None})
+    for _ in range(2):
+        assert b.post("/v1/agent/heartbeat", {"cluster": "b", "gpus": []})["peers"] == []
+        with live_server.client() as admin:
+            admin.request("PATCH", "/v1/clusters/a", json={"pinned_probe_url": None})
+    logged = [r for r in caplog.records if "not listing cluster a" in r.getMessage()]
+    assert len(logged) == 1

@@ -614,3 +614,23 @@ def test_notes_warn_when_the_ray_client_port_admits_no_one() -> None:
     values["networkPolicy"] = {"ray": {"clientFrom": [{"ipBlock": {"cidr": "198.51.100.0/24"}}]}}
     assert "networkPolicy.ray.clientFrom" not in render(values).notes
     assert "networkPolicy.ray.clientFrom" not in render(chartkit.RAY_VALUES).notes
+
+
+def test_checkpoints_go_to_a_writable_volume_at_an_absolute_path() -> None:
+    """The root filesystem is read-only: CPN_CHECKPOINT_ROOT must name a mounted volume."""
+    for values, source in (
+        ({}, {"emptyDir": {"sizeLimit": "10Gi"}}),
+        (
+            {"controlPlane": {"checkpoints": {"persistentVolumeClaim": "shared-ckpt"}}},
+            {"persistentVolumeClaim": {"claimName": "shared-ckpt"}},
+        ),
+    ):
+        deployment = render(values).one("Deployment")
+        pod = chartkit.pod_spec(deployment)
+        container = pod["containers"][0]
+        root = chartkit.env_of(container)["CPN_CHECKPOINT_ROOT"]["value"]
+        assert root == "/var/lib/cpn/checkpoints"
+        assert {"name": "checkpoints", "mountPath": root} in container["volumeMounts"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "checkpoints")
+        assert {k: v for k, v in volume.items() if k != "name"} == source
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
