@@ -270,24 +270,18 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
-    async def _db_down(request: Request, exc: Exception) -> JSONResponse:
-        log.error("database error on %s: %s", request.url.path, exc)
-        return problem(
-            503,
-            "Service unavailable",
-            "the database is unreachable or busy; retry shortly",
-            slug="unavailable",
-            instance=request.url.path,
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
-
     @app.exception_handler(PoolTimeout)
-    async def _pool_exhausted(request: Request, exc: PoolTimeout) -> JSONResponse:
-        log.warning("no database connection free for %s: %s", request.url.path, exc)
+    async def _db_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, PoolTimeout):
+            log.warning("no database connection free for %s: %s", request.url.path, exc)
+            detail = "every database connection of this replica is busy; retry shortly"
+        else:
+            log.error("database error on %s: %s", request.url.path, exc)
+            detail = "the database is unreachable or busy; retry shortly"
         return problem(
             503,
             "Service unavailable",
-            "every database connection of this replica is busy; retry shortly",
+            detail,
             slug="unavailable",
             instance=request.url.path,
             headers={"Retry-After": str(RETRY_AFTER_S)},
