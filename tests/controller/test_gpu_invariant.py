@@ -54,7 +54,7 @@ from controller.resources import create_cluster, declare_link, ingest_heartbeat
 from controller.runs import RunHandle
 from controller.states import ACTIVE, QUEUED, JobState
 from tests.conftest import clear_tables
-from training import TrainReport, WanBytes
+from tests.controller.world import report
 
 CLUSTERS = ("east", "west")
 MODELS = ("A100", "H100")
@@ -301,7 +301,7 @@ class GpuBooks(RuleBasedStateMachine):
             return
         handle = launcher.handles[data.draw(st.sampled_from(sorted(launcher.handles)))]
         if ok:
-            handle.report = _report_of(handle)
+            handle.report = report(100, handle.clusters)
         else:
             handle.error = RuntimeError("worker lost")
         handle.done.set()
@@ -371,31 +371,6 @@ class GpuBooks(RuleBasedStateMachine):
         assert holders <= set(ACTIVE), f"jobs in {holders} still hold GPUs"
         self.free_before = {k: r.allocatable - r.in_use for k, r in rows.items()}
         self.last_allocation = newest
-
-
-def _report_of(handle: RunHandle) -> TrainReport:
-    return TrainReport(
-        task=TASK,
-        clusters=dict(handle.clusters),
-        compression="none",
-        sync="every-step",
-        steps=100,
-        final_loss=0.1,
-        final_accuracy=0.9,
-        wall_s=1.0,
-        compute_s=0.5,
-        comm_s=0.1,
-        wan_s=0.0,
-        wan_bytes=WanBytes(),
-        wan_bytes_total=0,
-        compression_ratio=1.0,
-        wan_emulated=True,
-        links=[],
-        restarts=0,
-        resumed_from_step=None,
-        stopped=False,
-        history=[],
-    )
 
 
 def test_gpu_books_balance_after_every_step(migrated_url: str) -> None:
