@@ -75,7 +75,11 @@ class Settings(BaseSettings):
     replica_ttl_s: float = Field(
         default=15.0, gt=0, le=3600, description="A replica unseen this long loses its jobs."
     )
-    checkpoint_root: str = Field(default="var/checkpoints", description="Per-job checkpoints.")
+    checkpoint_root: str = Field(
+        default="var/checkpoints",
+        description="Per-job checkpoints: a directory every worker reaches (a shared mount) or "
+        "an object-store URI such as s3://bucket/prefix (S3 settings from AWS_* variables).",
+    )
     max_attempts: int = Field(default=3, ge=1, le=100, description="Runs before a job FAILS.")
     ray_num_cpus: int | None = Field(default=None, ge=1, description="CPUs of a local Ray.")
     key_rate_limit: float = Field(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
@@ -76,13 +77,15 @@ def reserve(session: Session, job: Job, slots: Sequence[Slot]) -> list[Allocatio
     return made
 
 
-def release(session: Session, job: Job) -> int:
+def release(session: Session, job: Job, until: datetime | None = None) -> int:
     """End the job's open allocations and give their GPUs back; returns GPUs released.
 
     Idempotent per allocation: one closed by a concurrent release is skipped, never released
     twice. A missing inventory row (its model no longer reported) goes once nothing holds it.
+    `until`: when the run's workers stopped, recorded as the allocations' end (what billing
+    reads) when it is earlier than now.
     """
-    now = utcnow()
+    now = min(until, utcnow()) if until is not None else utcnow()
     released = 0
     open_allocs = session.scalars(
         select(Allocation).where(Allocation.job_id == job.id, Allocation.ended_at.is_(None))

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -45,6 +45,15 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", **kwargs: Any) ->
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
+
+        @event.listens_for(engine, "savepoint")
+        def _begin_before_savepoint(conn: Connection, _name: str) -> None:
+            # pysqlite sends BEGIN only before the first write: a SAVEPOINT issued before
+            # one would open the transaction itself, and its RELEASE would COMMIT it, so a
+            # placement rolled back (or killed) after its reservation kept the GPUs reserved.
+            dbapi_conn = conn.connection.dbapi_connection
+            if dbapi_conn is not None and not dbapi_conn.in_transaction:
+                dbapi_conn.execute("BEGIN")
 
         return engine
     if "poolclass" not in kwargs:

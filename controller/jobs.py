@@ -101,6 +101,9 @@ def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> s
             sync=spec.sync,
             tenant=tenant_id,
             preference=tuple(spec.preference),
+            data_clusters=(
+                tuple(spec.data.clusters or ()) if spec.data.residency == "local" else None
+            ),
             **work,
         )
     except ValueError as exc:

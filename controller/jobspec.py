@@ -152,6 +152,31 @@ class QoSSpec(_In):
         return self.preemptible if self.preemptible is not None else self.qos_class == "spot"
 
 
+class DataSpec(_In):
+    """Where the job's training data lives. `local`: every sample stays in its cluster (only
+    model updates cross the WAN); the job runs only on `clusters`, the ones holding data."""
+
+    residency: Literal["shared", "local"] = Field(
+        default="shared",
+        description="shared: any cluster may read any sample; local: each cluster reads only "
+        "its own samples.",
+    )
+    clusters: list[ClusterRef] | None = Field(
+        default=None,
+        max_length=64,
+        description="Clusters that hold the data; a local-data job is placed only on them.",
+    )
+
+    @model_validator(mode="after")
+    def _where(self) -> Self:
+        if self.residency == "local" and not self.clusters:
+            raise ValueError(
+                "data.clusters: a local-data job must name the clusters that hold its data, "
+                'e.g. {"residency": "local", "clusters": ["a", "b"]}'
+            )
+        return self
+
+
 STORED = {"stored": True}
 """Validation context of specs read back from the database (see `stored_spec`)."""
 
@@ -281,6 +306,10 @@ class JobSpec(_In):
     sync: SyncValue = "auto"
     preference: list[ClusterRef] = Field(
         default_factory=list, max_length=64, description="Clusters first."
+    )
+    data: DataSpec = Field(
+        default_factory=DataSpec,
+        description="Data residency: shared (default) or local to the clusters named.",
     )
     work: Work | None = Field(default=None, description="Required for module:function tasks.")
     quote_id: SpecText | None = Field(

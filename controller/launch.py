@@ -18,12 +18,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from controller import lifecycle, scrub
 from controller.jobs import spec_of
 from controller.jobspec import JobSpec
-from controller.models import Allocation, Cluster, Job, JobEvent, Link
+from controller.models import Allocation, Cluster, Job, Link, utcnow
 from controller.resources import effective_links
 from controller.runs import RunHandle
-from controller.states import ACTIVE, JobState
+from controller.states import ACTIVE
 from controller.tasks import builtin_work
 from training import LinkSpec, TrainSpec
+from training.location import child, is_object_store
 
 log = logging.getLogger("cpn.launcher")
 
@@ -31,7 +32,8 @@ log = logging.getLogger("cpn.launcher")
 @dataclass
 class LauncherConfig:
     replica_id: str
-    checkpoint_root: Path
+    checkpoint_root: str | Path
+    """A directory every worker reaches (a shared mount) or an object-store URI (s3://...)."""
     ray_address: str | None = None
     max_attempts: int = 3
     emulate_wan: bool = True
@@ -61,7 +63,8 @@ class RayConnection:
                 return False  # an operator's Ray, or busy: wait for capacity
             ray.shutdown()  # local Ray sized before this cluster existed: size it again
         # Tenant code runs in the workers: they get none of the control plane's secrets.
-        runtime_env = {"env_vars": scrub.worker_env_vars()}
+        object_store = is_object_store(self.config.checkpoint_root)  # workers write there
+        runtime_env = {"env_vars": scrub.worker_env_vars(object_store=object_store)}
         if self.config.ray_address:
             ray.init(address=self.config.ray_address, log_to_driver=False, runtime_env=runtime_env)
             return True
@@ -72,7 +75,7 @@ class RayConnection:
         resources = {cluster_resource(n): float(max(g, 1)) for n, g in inventory.items()}
         for k, v in want.items():
             resources[k] = max(resources.get(k, 0.0), v)
-        with scrub.scrubbed_environ():  # the local Ray's processes (and workers) inherit it
+        with scrub.scrubbed_environ(object_store):  # the local Ray's processes inherit it
             ray.init(
                 num_cpus=self.config.ray_num_cpus or os.cpu_count() or 1,
                 resources=resources,
@@ -125,12 +128,14 @@ def launch(
         if not ray.ensure(clusters, busy):
             job.reason = "waiting for Ray capacity"
             return None
+        train_spec.epoch = job.fence + 1  # what lifecycle.begin_run makes it below
         handle = RunHandle(
             job_id=job.id,
             clusters=clusters,
             gpu_models=models,
             flops_per_step=_work(spec),
             predicted_step_s=job.placement.estimate.compute_s if job.placement else None,
+            fence=train_spec.epoch,
         )
         message = (
             f"launched {sum(clusters.values())} workers on "
@@ -140,10 +145,7 @@ def launch(
             + (", resuming from checkpoint" if train_spec.resume else "")
             + ")"
         )
-        if job.state is JobState.SCHEDULED:
-            lifecycle.transition(session, job, JobState.RUNNING, message, clusters=clusters)
-        else:
-            session.add(JobEvent(job_id=job.id, kind="info", message=message))
+        lifecycle.begin_run(session, job, message, clusters)
     thread = threading.Thread(
         target=_run, args=(handle, train_spec), name=f"cpn-job-{job_id[:8]}", daemon=True
     )
@@ -174,9 +176,10 @@ def train_spec_of(
     sync = spec.sync
     if sync == "auto":
         sync = plan.sync if plan else "every-step"
-    checkpoint = config.checkpoint_root / job.id
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    resume = bool(open_store(str(checkpoint)).steps())
+    checkpoint = child(config.checkpoint_root, job.id)
+    store = open_store(checkpoint)
+    store.prepare()
+    resume = bool(store.steps())
     links: list[LinkSpec] = []
     if config.emulate_wan and not config.ray_address and len(clusters) > 1:
         ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())
@@ -205,12 +208,13 @@ def train_spec_of(
         sync=sync,
         steps=spec.steps,
         links=links,
-        checkpoint=str(checkpoint),
+        checkpoint=checkpoint,
         checkpoint_every=max(1, spec.steps // 10) if every is None else every,
         resume=resume,
         run_id=job.id,  # a resume reads only this job's checkpoints
-        epoch=job.attempts,
+        epoch=job.fence,  # the run's fencing epoch; `launch` sets the one it takes
         max_restarts=2,
+        data=spec.data.residency,
         **spec.args.runtime(),  # typed and bounded by the spec (controller.jobspec.TrainArgs)
     )
 
@@ -225,4 +229,5 @@ def _run(handle: RunHandle, train_spec: TrainSpec) -> None:
     except BaseException as exc:  # reported to the loop, which settles it
         handle.error = exc
     finally:
+        handle.ended_at = utcnow()
         handle.done.set()

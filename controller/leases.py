@@ -1,7 +1,9 @@
 """Cluster health from agent leases, as Kubernetes node leases do it.
 
 A cluster is READY while heartbeats arrive, SUSPECT once a beat is missed, DOWN when its lease
-(last heartbeat + grace) expires, and READY again at its next heartbeat.
+(last heartbeat + grace) expires, and READY again at its next heartbeat. Heartbeats are stamped
+and leases judged by the database's clock (`controller.clock`), so replicas whose clocks
+disagree agree on every lease.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from controller.models import Cluster, ClusterTransition, utcnow
+from controller.clock import clock_of
+from controller.models import Cluster, ClusterTransition
 
 log = logging.getLogger("cpn.leases")
 
@@ -49,11 +52,11 @@ def check_leases(
     """Move clusters whose heartbeats stopped to SUSPECT/DOWN; return (name, from, to).
 
     Each move is a conditional UPDATE on the state read, so with several controller replicas
-    exactly one of them records a given transition.
+    exactly one of them records a given transition. `now`: the database's clock unless given.
     """
-    now = now or utcnow()
     moved: list[tuple[str, str, str]] = []
     with factory() as session:
+        now = now or clock_of(session).now(session)
         rows = session.execute(
             select(Cluster.id, Cluster.name, Cluster.state, Cluster.last_heartbeat_at).where(
                 Cluster.state.in_(("READY", "SUSPECT"))

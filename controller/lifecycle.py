@@ -4,6 +4,7 @@ every run ends through `end_run`, which gives the GPUs back and bills them."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -78,12 +79,26 @@ def created(session: Session, job: Job, reason: str) -> JobEvent:
     return event
 
 
-def end_run(session: Session, job: Job) -> None:
+def begin_run(session: Session, job: Job, message: str, clusters: dict[str, int]) -> int:
+    """A new run of the job starts: returns its fencing epoch (committed with the launch, so
+    an older run still alive somewhere has its progress, settlement and checkpoints refused
+    from then on). A placed job becomes RUNNING; an adopted one resumes billing."""
+    job.fence += 1
+    if job.state is JobState.SCHEDULED:
+        transition(session, job, JobState.RUNNING, message, clusters=clusters)
+    else:
+        start_billing(session, job, utcnow())
+        session.add(JobEvent(job_id=job.id, kind="info", message=message))
+    return job.fence
+
+
+def end_run(session: Session, job: Job, until: datetime | None = None) -> None:
     """End the job's run on the books: give its GPUs back, meter what it used, price it.
 
     Every way a run ends calls this (success, failure, retry, cancel, preemption, a cluster
     going DOWN); it is idempotent, so a cancelled job's run that stops later settles again
-    without charging twice (and prices the WAN bytes its last reports brought in)."""
-    release(session, job)
-    meter_allocations(session, job)
+    without charging twice (and prices the WAN bytes its last reports brought in). `until`:
+    when the run's workers stopped (billing ends there, not when the books are written)."""
+    release(session, job, until)
+    meter_allocations(session, job, until)
     price_usage(session, job.id)

@@ -2,7 +2,11 @@
 
 Replicas register in the database and heartbeat there; a job is run only by the replica that
 owns it, and a job whose owner stopped heartbeating is adopted by a live replica (restarted
-from its last checkpoint). On SQLite only one replica may run the loop.
+from its last checkpoint). Heartbeats and liveness are judged by the database's clock
+(`controller.clock`), so a replica whose own clock is off neither looks dead nor declares the
+others dead. Adopting a job bumps its fencing epoch (`Job.fence`): the old run, should it
+still be alive, writes no more progress and settles nothing. On SQLite only one replica may
+run the loop.
 """
 
 from __future__ import annotations
@@ -12,16 +16,19 @@ import os
 import socket
 import threading
 import uuid
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 import scheduler
+from controller.clock import DbClock, clock_of
 from controller.launcher import Launcher, LauncherConfig
-from controller.models import Job, JobEvent, Replica, StepObservation, utcnow
-from controller.reconcile import place_pending
+from controller.metering import pause_billing
+from controller.models import Job, JobEvent, Replica, StepObservation
+from controller.reconcile import Placed, place_pending
 from controller.states import ACTIVE
 
 log = logging.getLogger("cpn.controller")
@@ -31,8 +38,9 @@ class ReplicaConflict(RuntimeError):
     """Another replica runs the loop on a database that supports only one."""
 
 
-def live_replicas(session: Session, ttl_s: float) -> list[Replica]:
-    cutoff = utcnow() - timedelta(seconds=ttl_s)
+def live_replicas(session: Session, ttl_s: float, now: datetime | None = None) -> list[Replica]:
+    """Replicas seen within `ttl_s` of `now` (default: the database's clock)."""
+    cutoff = (now or clock_of(session).now(session)) - timedelta(seconds=ttl_s)
     return list(session.scalars(select(Replica).where(Replica.seen_at >= cutoff)))
 
 
@@ -59,14 +67,17 @@ class Controller:
         sqlite: bool,
         interval_s: float = 1.0,
         replica_ttl_s: float = 15.0,
-        checkpoint_root: Path = Path("var/checkpoints"),
+        checkpoint_root: str | Path = Path("var/checkpoints"),
         ray_address: str | None = None,
         max_attempts: int = 3,
         ray_num_cpus: int | None = None,
         launch: bool = True,
+        clock: DbClock | None = None,
     ) -> None:
         self.launch = launch
         self.factory = factory
+        self.clock = clock or clock_of(factory)
+        """The database's clock: this replica's `seen_at` and its judgement of the others'."""
         self.sqlite = sqlite
         self.interval_s = interval_s
         self.replica_ttl_s = replica_ttl_s
@@ -86,6 +97,8 @@ class Controller:
         self._efficiency: dict[str, float] = {}
         self._observed_upto: int | None = None  # newest StepObservation fitted
         self._ticks = 0
+        self.on_placed: Callable[[Placed], None] | None = None
+        """Told of each job this replica places (the API's metrics time placements)."""
 
     def start(self) -> None:
         if self.sqlite:
@@ -113,7 +126,10 @@ class Controller:
         self._heartbeat()
         self._adopt_orphans()
         self._recalibrate()
-        place_pending(self.factory, self.id, self._efficiency or None)
+        placed = place_pending(self.factory, self.id, self._efficiency or None)
+        if self.on_placed is not None:
+            for one in placed:
+                self.on_placed(one)
         if not self.launch:
             return
         self.launcher.tick()
@@ -127,30 +143,60 @@ class Controller:
 
     def _heartbeat(self) -> None:
         with self.factory() as session, session.begin():
+            now = self.clock.now(session)
             row = session.get(Replica, self.id)
             if row is None:
-                session.add(Replica(id=self.id, host=socket.gethostname(), pid=os.getpid()))
+                session.add(
+                    Replica(
+                        id=self.id,
+                        host=socket.gethostname(),
+                        pid=os.getpid(),
+                        started_at=now,
+                        seen_at=now,
+                    )
+                )
             else:
-                row.seen_at = utcnow()
+                row.seen_at = now
 
     def _adopt_orphans(self) -> None:
-        """Take over jobs whose owner is gone: their runs died with it; restart from checkpoint."""
+        """Take over jobs whose owner is gone: their runs died with it; restart from checkpoint.
+
+        Each adoption bumps the job's fencing epoch, in the same conditional UPDATE that takes
+        it: should the old run be alive after all (its replica only paused), its progress and
+        settlement are refused from then on, and its checkpoints by the store."""
         with self.factory() as session, session.begin():
-            live = {r.id for r in live_replicas(session, self.replica_ttl_s)}
+            now = self.clock.now(session)
+            live = {r.id for r in live_replicas(session, self.replica_ttl_s, now)}
             orphans = session.execute(
                 select(Job.id, Job.owner).where(
                     Job.state.in_(ACTIVE),
                     or_(Job.owner.is_(None), Job.owner.not_in(live)),
                 )
             ).all()
+            seen = dict(
+                session.execute(
+                    select(Replica.id, Replica.seen_at).where(
+                        Replica.id.in_([o for _, o in orphans if o])
+                    )
+                ).all()
+            )
             for job_id, old in orphans:
                 taken = session.execute(
                     update(Job)
-                    .where(Job.id == job_id, (Job.owner == old) if old else Job.owner.is_(None))
-                    .values(owner=self.id, version=Job.version + 1)
+                    .where(
+                        Job.id == job_id,
+                        Job.state.in_(ACTIVE),
+                        (Job.owner == old) if old else Job.owner.is_(None),
+                    )
+                    .values(owner=self.id, fence=Job.fence + 1, version=Job.version + 1)
                     .execution_options(synchronize_session=False)
                 )
                 if taken.rowcount == 1:  # type: ignore[attr-defined]
+                    # Its run died with its replica: bill up to the replica's last heartbeat
+                    # (or now, if it left cleanly), nothing until the relaunch.
+                    job = session.get(Job, job_id)
+                    assert job is not None
+                    pause_billing(session, job, min(seen.get(old, now) if old else now, now))
                     session.add(
                         JobEvent(
                             job_id=job_id,

@@ -67,7 +67,7 @@ def meter_allocations(session: Session, job: Job, until: datetime | None = None)
         start = alloc.metered_until or alloc.billed_from
         if start is None:
             continue  # reserved for a run that never started: nothing to bill
-        end = min(alloc.ended_at or until, until)
+        end = min(alloc.ended_at or until, until, alloc.paused_at or until)
         if end <= start:
             continue
         cluster = session.get(Cluster, alloc.cluster_id)
@@ -204,15 +204,34 @@ def tenant_spend(session: Session, tenant_id: str) -> Decimal:
 
 
 def start_billing(session: Session, job: Job, at: datetime) -> None:
-    """The job runs from `at`: its GPUs held for this run are billed from then on."""
+    """The job runs from `at`: its GPUs held for this run are billed from then on (a paused
+    allocation resumes, the pause counted in `paused_s`)."""
+    for alloc in session.scalars(
+        select(Allocation).where(Allocation.job_id == job.id, Allocation.ended_at.is_(None))
+    ):
+        if alloc.billed_from is None:
+            alloc.billed_from = at
+        elif alloc.paused_at is not None:
+            resumed = max(at, alloc.paused_at)
+            alloc.paused_s = q6(Decimal(alloc.paused_s) + _seconds(alloc.paused_at, resumed))
+            alloc.metered_until = resumed
+            alloc.paused_at = None
+
+
+def pause_billing(session: Session, job: Job, at: datetime) -> None:
+    """No run of the job is alive since `at` (its replica died): meter its GPUs up to then
+    and bill nothing more until `start_billing` resumes it at the relaunch. The tenant does
+    not pay for the control plane's failure."""
+    meter_allocations(session, job, until=at)
     for alloc in session.scalars(
         select(Allocation).where(
             Allocation.job_id == job.id,
             Allocation.ended_at.is_(None),
-            Allocation.billed_from.is_(None),
+            Allocation.billed_from.is_not(None),
+            Allocation.paused_at.is_(None),
         )
     ):
-        alloc.billed_from = at
+        alloc.paused_at = max(at, alloc.metered_until or alloc.billed_from or at)
 
 
 def unbilled(session: Session, job: Job, now: datetime) -> Decimal:
@@ -225,6 +244,7 @@ def unbilled(session: Session, job: Job, now: datetime) -> Decimal:
             Allocation.job_id == job.id,
             Allocation.ended_at.is_(None),
             Allocation.billed_from.is_not(None),
+            Allocation.paused_at.is_(None),
         )
     ):
         start = alloc.metered_until or alloc.billed_from

@@ -395,6 +395,10 @@ class Job(Base):
     owner: Mapped[str | None] = mapped_column(String(64), index=True)
     preempted_by: Mapped[str | None] = mapped_column(String(36))
     checkpoint_step: Mapped[int | None] = mapped_column(BigInteger)
+    fence: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """The fencing epoch of the job's current run: bumped by every launch and adoption; a
+    run's progress, settlement and checkpoints carry the one it started with and are refused
+    once it moved on."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]
@@ -458,6 +462,12 @@ class Allocation(Base):
     billed_from: Mapped[datetime | None]
     """When the job's run on these GPUs started (it became RUNNING): billing counts from
     here, not from the reservation. None: it never ran, nothing is billed."""
+    paused_at: Mapped[datetime | None]
+    """Billing stopped here (metered up to it): the replica running the job died and no run
+    is alive until another replica relaunches it. None: not paused."""
+    paused_s: Mapped[Decimal] = mapped_column(Money, default=Decimal(0), server_default="0")
+    """Seconds between `billed_from` and `metered_until` that were not billed (pauses):
+    GPU usage = gpus x (metered_until - billed_from - paused_s)."""
 
 
 class Usage(Base):

@@ -31,6 +31,9 @@ class StopReason(StrEnum):
     """A cluster the run used went DOWN: place again on what is left."""
     ADOPTED = "adopted"
     """Another replica owns the job now; it runs and settles there."""
+    SUPERSEDED = "superseded"
+    """A newer run holds the job's fencing epoch (it was adopted or launched again): this run
+    writes nothing more and settles nothing; the newer one does."""
     SHUTDOWN = "shutdown"
     """This controller is stopping; the job stays RUNNING for a live replica to adopt."""
     BUDGET = "budget"
@@ -75,12 +78,16 @@ def stop_of(
     *,
     job_state: JobState,
     owned: bool,
+    current: bool = True,
 ) -> StopReason:
     """How a run ended, from what was asked of it, what it raised, and the job's row now.
 
-    Precedence: a job another replica owns is theirs; a cancelled job stays cancelled; an
-    error counts before the stop that was asked for; otherwise the request, or COMPLETED.
+    Precedence: a run whose fencing epoch is not the job's (`current` False) was superseded;
+    a job another replica owns is theirs; a cancelled job stays cancelled; an error counts
+    before the stop that was asked for; otherwise the request, or COMPLETED.
     """
+    if not current:
+        return StopReason.SUPERSEDED
     if not owned:
         return StopReason.ADOPTED
     if job_state is JobState.CANCELLED:
@@ -101,7 +108,7 @@ def decide(stop: StopReason, attempts: int, max_attempts: int) -> Decision:
         return Decision.FAIL if attempts >= max_attempts else Decision.RETRY
     if stop is StopReason.PREEMPTED or stop is StopReason.CLUSTER_DOWN:
         return Decision.RESCHEDULE
-    return Decision.LEAVE  # ADOPTED, SHUTDOWN
+    return Decision.LEAVE  # ADOPTED, SUPERSEDED, SHUTDOWN
 
 
 def next_state(stop: StopReason, decision: Decision) -> JobState | None:

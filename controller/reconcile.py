@@ -11,6 +11,7 @@ locked (`controller.budget`), so concurrent placements are counted once.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -19,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import scheduler
-from controller import budget, lifecycle
+from controller import budget, failpoints, lifecycle
 from controller.allocations import Slot, reserve
 from controller.errors import Conflict, CpnError, Invalid
 from controller.jobs import job_request, spec_of
@@ -36,9 +37,17 @@ log = logging.getLogger("cpn.reconcile")
 class Placed:
     job_id: str
     placement: JobPlan
+    waited_s: float = 0.0
+    """From submission to GPUs reserved: what the tenant waited for a placement."""
+    decided_s: float = 0.0
+    """This placement's own work: planning, budget check and reservation."""
 
 
-def _queue(session: Session) -> tuple[list[scheduler.QueuedJob], dict[str, int], dict[str, int]]:
+def _queue(
+    session: Session,
+) -> tuple[list[scheduler.QueuedJob], dict[str, int], dict[str, int], World | None]:
+    """The pending jobs, GPUs per tenant and quotas, and the standard class's world they were
+    read from (the pass places its first jobs on it rather than read the world again)."""
     rows = session.execute(
         select(Job.id, Job.tenant_id, Job.gpus_min, granted_priority(), Job.created_at)
         .join(Tenant, Tenant.id == Job.tenant_id)
@@ -49,10 +58,10 @@ def _queue(session: Session) -> tuple[list[scheduler.QueuedJob], dict[str, int],
         for i, t, g, p, c in rows
     ]
     if not queue:
-        return [], {}, {}
+        return [], {}, {}, None
     world = build_world(session, "standard")
     usage = scheduler.tenant_usage(world.snapshot.running)
-    return queue, dict(usage), dict(world.snapshot.quotas)
+    return queue, dict(usage), dict(world.snapshot.quotas), world
 
 
 def plan_for(
@@ -80,10 +89,13 @@ def plan_for(
         result = scheduler.evaluate(world.snapshot, request, held, efficiency=efficiency)
         if isinstance(result, scheduler.Plan):
             return result
-    objective: scheduler.Objective = (
-        "cost-within-deadline" if request.qos.deadline_s is not None else "time"
-    )
-    return scheduler.plan(world.snapshot, request, objective, efficiency=efficiency)
+    return scheduler.plan(world.snapshot, request, objective_for(request), efficiency=efficiency)
+
+
+def objective_for(request: scheduler.JobRequest) -> scheduler.Objective:
+    """What the loop optimises a job for: cheapest within its deadline when it has one, else
+    fastest (a pure decision: `bench.sim` replays it)."""
+    return "cost-within-deadline" if request.qos.deadline_s is not None else "time"
 
 
 def place_pending(
@@ -97,14 +109,23 @@ def place_pending(
     The world is read once per QoS class and pass, and kept current in memory as this pass
     reserves GPUs; what other replicas reserve meanwhile is caught by the conditional update
     in `reserve`, which turns into a waiting reason, never an over-commitment.
+
+    A pass tries `limit` jobs, and more while it has spent less time placing than reading the
+    queue and the world: with thousands of clusters and pending jobs that read is most of a
+    64-job pass, so the pass grows until the read is at most half of it.
     """
+    started = time.perf_counter()
     with factory() as session:
-        queue, usage, quotas = _queue(session)
+        queue, usage, quotas, standard = _queue(session)
     order = scheduler.order_queue(queue, usage=usage, quotas=quotas)
+    read_s = time.perf_counter() - started
     held = {q.id: reason for q, reason in order.held}
     placed: list[Placed] = []
-    worlds: dict[str, World] = {}
-    for queued in order.order[:limit]:
+    worlds: dict[str, World] = {"standard": standard} if standard is not None else {}
+    placing = time.perf_counter()
+    for tried, queued in enumerate(order.order):
+        if tried >= limit and time.perf_counter() - placing >= read_s:
+            break
         try:
             result = _place_one(factory, queued.id, owner, efficiency, worlds)
         except CpnError as exc:  # a spec that stopped being valid (e.g. deadline passed)
@@ -112,6 +133,7 @@ def place_pending(
             continue
         if result is not None:
             placed.append(result)
+            failpoints.failpoint("place.after_commit")  # committed, not launched
     for job_id, reason in held.items():
         _note(factory, job_id, f"waiting: {reason}")
     return placed
@@ -125,6 +147,7 @@ def _place_one(
     worlds: dict[str, World],
 ) -> Placed | None:
     now = utcnow()
+    started = time.perf_counter()
     with factory() as session, session.begin():
         job = session.scalars(
             select(Job)
@@ -180,7 +203,9 @@ def _place_one(
             "placed: " + ", ".join(f"{s.cluster}:{s.gpus}" for s in slots),
             placement=placement.model_dump(mode="json", exclude_computed_fields=True),
         )
-        return Placed(job.id, placement)
+        failpoints.failpoint("place.before_commit")  # GPUs reserved, not committed
+        waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
+        return Placed(job.id, placement, waited, time.perf_counter() - started)
 
 
 def _fit_budget(

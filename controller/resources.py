@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat, LinkReport, PeerProbe, check_probe_url
+from controller.clock import db_now
 from controller.errors import Conflict, Invalid, NotFound
 from controller.labels import check_labels
 from controller.leases import LeasePolicy
@@ -210,7 +211,7 @@ def ingest_heartbeat(
     session: Session, hb: Heartbeat, policy: LeasePolicy, now: datetime | None = None
 ) -> HeartbeatResult:
     """Renew the cluster's lease, bring it back to READY, and sync its GPU inventory."""
-    now = now or utcnow()
+    now = now or db_now(session)  # the database's clock, as every replica judges leases by
     expires = policy.expiry(now)
     _check_gpus(hb.gpus)
     # Fast path, nearly every beat: READY with the same probe URL, so one conditional UPDATE

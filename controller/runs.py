@@ -26,6 +26,10 @@ class RunHandle:
     gpu_models: dict[str, str]
     flops_per_step: float
     predicted_step_s: float | None
+    fence: int | None = None
+    """The job's fencing epoch this run was launched with (`Job.fence`): once the job's moves
+    on (adopted, launched again), this run's progress and settlement are refused. None: no
+    run was launched (a launch that failed is settled as its job's attempt, unfenced)."""
     stop: Stop | None = None
     pending: list[Progress] = field(default_factory=list)
     wan_seen: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -33,6 +37,8 @@ class RunHandle:
     last_compute: tuple[int, dict[str, float]] | None = None
     report: TrainReport | None = None
     error: BaseException | None = None
+    ended_at: datetime | None = None
+    """When the run's workers stopped: billing ends there, however late it is settled."""
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

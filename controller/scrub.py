@@ -25,6 +25,10 @@ WORKER_CPN_VARS = frozenset({"CPN_CACHE_DIR", "CPN_GLOO_IFNAME"})
 WITHHELD_VARS = frozenset({"PGPASSWORD", "DATABASE_URL"})
 """Other variables of the control plane that workers never need."""
 
+OBJECT_STORE_PREFIX = "AWS_"
+"""The S3 client's settings and credentials (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...): workers
+get them only when checkpoints go to an object store (`object_store=True`), where they write."""
+
 RAY_TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 """Ray's own token: workers need it under token authentication (what a local Ray uses unless
 told otherwise), so it is withheld only where authentication is off (`RAY_AUTH_MODE=disabled`)."""
@@ -43,34 +47,39 @@ _remembered: set[str] = set()
 _environ_lock = threading.Lock()
 
 
-def withheld(environ: Mapping[str, str]) -> list[str]:
-    """Names in `environ` that workers must not see."""
+def withheld(environ: Mapping[str, str], object_store: bool = False) -> list[str]:
+    """Names in `environ` that workers must not see (the S3 settings too, unless
+    `object_store`: checkpoints go to an object store the workers write)."""
     names = [
         name
         for name in environ
-        if (name.startswith("CPN_") and name not in WORKER_CPN_VARS) or name in WITHHELD_VARS
+        if (name.startswith("CPN_") and name not in WORKER_CPN_VARS)
+        or name in WITHHELD_VARS
+        or (name.startswith(OBJECT_STORE_PREFIX) and not object_store)
     ]
     if environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         names += [name for name in RAY_TOKEN_VARS if name in environ]
     return sorted(names)
 
 
-def worker_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def worker_env_vars(
+    environ: Mapping[str, str] | None = None, object_store: bool = False
+) -> dict[str, str]:
     """A Ray `runtime_env` `env_vars` that blanks every withheld variable in workers.
 
     Workers inherit the environment of the raylet that starts them, not the driver's; this
     covers a Ray whose nodes were started with the secrets in their environment."""
     env = os.environ if environ is None else environ
-    return {name: "" for name in withheld(env)}
+    return {name: "" for name in withheld(env, object_store)}
 
 
 @contextmanager
-def scrubbed_environ() -> Iterator[None]:
+def scrubbed_environ(object_store: bool = False) -> Iterator[None]:
     """This process's environment without the withheld variables, for as long as it starts
     child processes that must not inherit them (a local Ray's GCS and raylet, whose workers
     run tenant code); restored afterwards. Values are remembered for `mask` first."""
     with _environ_lock:
-        saved = {name: os.environ[name] for name in withheld(os.environ)}
+        saved = {name: os.environ[name] for name in withheld(os.environ, object_store)}
         remember(*(v for n, v in saved.items() if _SECRET_NAME.search(n)))
         for name in saved:
             del os.environ[name]

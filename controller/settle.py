@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from controller import lifecycle, scrub
+from controller import failpoints, lifecycle, scrub
 from controller.models import Job, JobEvent
 from controller.policy import FAILURES, Decision, StopReason, decide, next_state, stop_of
 from controller.runs import RunHandle
@@ -49,7 +49,19 @@ def settle(
         if job is None:
             return None
         requested = handle.stop.reason if handle.stop else None
-        stop = stop_of(requested, handle.error, job_state=job.state, owned=job.owner == replica_id)
+        # A superseded run settles nothing: the job's GPUs and bill are its newer run's now. An
+        # adoption committed after this read bumped the job's version: every settlement that
+        # writes the job then fails (StaleDataError) and the next pass reads the new fence.
+        current = handle.fence is None or job.fence == handle.fence
+        stop = stop_of(
+            requested,
+            handle.error,
+            job_state=job.state,
+            owned=job.owner == replica_id,
+            current=current,
+        )
+        if stop is StopReason.SUPERSEDED:
+            log.warning("job %s: run of fence %s superseded by %s", job.id, handle.fence, job.fence)
         error = ""
         if stop in FAILURES:
             assert handle.error is not None
@@ -65,12 +77,13 @@ def settle(
             session.add(JobEvent(job_id=job.id, kind="info", message="workers stopped"))
         if stop is StopReason.PREEMPTED:
             job.preempted_by = None
-        lifecycle.end_run(session, job)
+        lifecycle.end_run(session, job, handle.ended_at)
         to = next_state(stop, decision)
         if to is not None:
             detail = handle.stop.detail if handle.stop else ""
             reason, data = _why(stop, decision, job, detail, error, handle.report)
             lifecycle.transition(session, job, to, reason, **data)
+        failpoints.failpoint("settle.after_usage")  # books written, not committed
         return decision
 
 

@@ -73,6 +73,10 @@ class World:
             ),
         )
         snapshot = replace(self.snapshot, clusters=clusters, running=running)
+        # Same links: carry over their both-ways table rather than rebuild it (O(links)) at
+        # every placement of a reconcile pass.
+        if "directed_links" in self.snapshot.__dict__:
+            snapshot.__dict__["directed_links"] = self.snapshot.directed_links
         return World(snapshot, self.origins)
 
 
@@ -185,28 +189,39 @@ def step_overhead(session: Session) -> float:
 
 def running_jobs(session: Session) -> list[scheduler.RunningJob]:
     """Jobs holding GPUs now, for quotas and preemption."""
+    # Columns, not Job rows: loading each running job's JSON spec and placement made this
+    # most of a reconcile pass's fixed cost with thousands of jobs running.
     rows = session.execute(
-        select(Job, Allocation, Cluster.name, granted_priority())
+        select(
+            Job.id,
+            Job.tenant_id,
+            Job.preemptible,
+            Allocation.cluster_id,
+            Allocation.gpu_model,
+            Allocation.gpus,
+            Cluster.name,
+            granted_priority(),
+        )
         .join(Allocation, Allocation.job_id == Job.id)
         .join(Cluster, Cluster.id == Allocation.cluster_id)
         .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Allocation.ended_at.is_(None))
     ).all()
-    by_job: dict[str, tuple[Job, int, list[scheduler.Assignment]]] = {}
+    by_job: dict[str, tuple[str, bool, int, list[scheduler.Assignment]]] = {}
     models: dict[str, set[str]] = defaultdict(set)
-    for _job, alloc, _name, _priority in rows:
-        models[alloc.cluster_id].add(alloc.gpu_model)
-    for job, alloc, name, priority in rows:
-        entry = by_job.setdefault(job.id, (job, priority, []))
-        cname = name if len(models[alloc.cluster_id]) == 1 else f"{name}/{alloc.gpu_model}"
-        entry[2].append(scheduler.Assignment(cname, alloc.gpus))
+    for row in rows:
+        models[row.cluster_id].add(row.gpu_model)
+    for job_id, tenant_id, preemptible, cluster_id, gpu_model, gpus, name, priority in rows:
+        entry = by_job.setdefault(job_id, (tenant_id, bool(preemptible), priority, []))
+        cname = name if len(models[cluster_id]) == 1 else f"{name}/{gpu_model}"
+        entry[3].append(scheduler.Assignment(cname, gpus))
     return [
         scheduler.RunningJob(
-            id=job.id,
+            id=job_id,
             placement=tuple(assign),
-            tenant=job.tenant_id,
+            tenant=tenant_id,
             priority=priority,  # granted: preemption takes only jobs granted less
-            preemptible=job.preemptible,
+            preemptible=preemptible,
         )
-        for job, priority, assign in by_job.values()
+        for job_id, (tenant_id, preemptible, priority, assign) in by_job.items()
     ]

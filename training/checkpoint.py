@@ -1,18 +1,27 @@
-"""Checkpoint stores: a small interface so other stores (object storage) can come later.
+"""Checkpoint stores: a directory (local or a shared mount) or an object store via fsspec.
 
 A checkpoint is one torch-serialised dict (model, optimizer, compressor states per cluster,
 sync state, data position) written atomically as `step-NNNNNNNN.pt`; `latest()` finds the
-newest complete one.
+newest complete one. `open_store(uri)` picks the store: a path or `file://` is a
+`DirectoryStore`, `s3://bucket/prefix` (or any other installed fsspec protocol) an
+`ObjectStore`. Both keep the same names under their root, so the rules below are written once.
 
 Checkpoints are data, never code: they are read with `torch.load(weights_only=True)`, and
 `plain` makes what is saved loadable that way (tensors, dicts, lists, tuples, numbers,
 strings). Each carries the identity of the run that wrote it (`run_id`, `epoch`);
 `check_identity` refuses another run's file. A directory records its run in a `run-id` file
 (`claim`), so `cpn train --resume` knows its own id without being told.
+
+Fencing: a store records in a `fence` file the highest run epoch that has started on it
+(`fence`, called by the driver at start); `save` refuses a state of a lower epoch (`StaleRun`),
+so a run whose job was adopted and relaunched elsewhere cannot overwrite its successor's
+checkpoints. The check reads the fence before each write: on stores without conditional
+writes a write already under way when the successor starts can still land (one at most).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -22,13 +31,19 @@ import uuid
 from abc import ABC, abstractmethod
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import torch
 
+from training.location import scheme
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 ID_FILE = "run-id"
+FENCE_FILE = "fence"
 _RUN_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 FORMAT = 2
 """The checkpoint format: 2 is weights-only-loadable and carries `run_id` and `epoch`."""
@@ -36,6 +51,10 @@ FORMAT = 2
 
 class CheckpointRefused(ValueError):
     """A checkpoint this run must not (or cannot safely) read; the message says the fix."""
+
+
+class StaleRun(CheckpointRefused):
+    """A later attempt of this run has started on the store: this one must stop writing."""
 
 
 def plain(value: Any, where: str = "state") -> Any:
@@ -87,28 +106,127 @@ def check_identity(state: dict[str, Any], run_id: str, epoch: int, where: str) -
         )
 
 
+def fence_verdict(recorded: int | None, epoch: int) -> bool:
+    """Whether a run of `epoch` may go on where `recorded` is the highest epoch started."""
+    return recorded is None or recorded <= epoch
+
+
+def _state_epoch(state: dict[str, Any]) -> int:
+    return int(state.get("epoch", 0) or 0)
+
+
 class CheckpointStore(ABC):
-    """Where checkpoints go. Implementations must make `save` atomic."""
+    """Where checkpoints go: the rules (naming, keeping, fencing, claiming, reading as data)
+    over four primitives a store implements on named blobs under its root; `_write` must be
+    atomic (a reader sees the old blob or the whole new one)."""
+
+    keep: int
+    kind = "location"
+    """What the root is called in messages ("directory", "location")."""
 
     @abstractmethod
-    def save(self, step: int, state: dict[str, Any]) -> None: ...
+    def _read(self, name: str) -> bytes | None:
+        """The blob `name`, None when there is none."""
 
     @abstractmethod
+    def _write(self, name: str, data: bytes) -> None:
+        """Write `name` atomically, creating the root when needed."""
+
+    @abstractmethod
+    def _names(self) -> list[str]:
+        """Names of the blobs under the root ([] when it does not exist yet)."""
+
+    @abstractmethod
+    def _remove(self, name: str) -> None: ...
+
+    @abstractmethod
+    def _where(self, name: str) -> str:
+        """The blob `name`, named for error messages."""
+
+    @property
+    @abstractmethod
+    def root(self) -> str:
+        """The root, named for error messages."""
+
+    def prepare(self) -> None:  # noqa: B027 (a no-op unless the store needs one)
+        """Make the root usable before a run starts (a directory is created); a no-op where
+        roots need no creating (object stores)."""
+
+    def where(self, step: int) -> str:
+        """The checkpoint of `step`, named for error messages."""
+        return self._where(f"step-{step:08d}.pt")
+
     def steps(self) -> list[int]:
         """Steps with a complete checkpoint, ascending."""
+        return sorted(int(m.group(1)) for n in self._names() if (m := _NAME.match(n)))
 
-    @abstractmethod
+    def fenced_epoch(self) -> int | None:
+        """The highest run epoch that has started on this store (None: none recorded)."""
+        data = self._read(FENCE_FILE)
+        return int(data.decode().strip()) if data is not None else None
+
+    def check_fence(self, epoch: int) -> int | None:
+        """The recorded fence; StaleRun when a run of a later epoch than `epoch` has started
+        on this store."""
+        recorded = self.fenced_epoch()
+        if not fence_verdict(recorded, epoch):
+            raise StaleRun(
+                f"checkpoint {self.kind} {self.root}: attempt {recorded} of this run has started"
+                f" here, this is attempt {epoch}; this run is stale and stops"
+            )
+        return recorded
+
+    def fence(self, epoch: int) -> None:
+        """Record that a run of `epoch` starts here (monotonic); StaleRun when a later one
+        already has."""
+        if self.check_fence(epoch) != epoch:
+            self._write(FENCE_FILE, f"{epoch}\n".encode())
+
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        """Write the checkpoint of `step` atomically, then drop all but the newest `keep`;
+        StaleRun (nothing written) when the fence is past the state's epoch."""
+        self.check_fence(_state_epoch(state))
+        buf = io.BytesIO()
+        torch.save(plain(state), buf)
+        self._write(f"step-{step:08d}.pt", buf.getvalue())
+        for old in self.steps()[: -self.keep]:
+            self._remove(f"step-{old:08d}.pt")
+
     def load(self, step: int) -> dict[str, Any]:
         """The checkpoint of `step`, read as data only; CheckpointRefused when it is not."""
+        where = self.where(step)
+        data = self._read(f"step-{step:08d}.pt")
+        if data is None:
+            raise CheckpointRefused(f"checkpoint {where}: gone (removed while this run read it)")
+        try:
+            state = torch.load(io.BytesIO(data), weights_only=True)
+        except pickle.UnpicklingError as exc:  # objects that are not plain data: never run
+            raise CheckpointRefused(
+                f"checkpoint {where}: holds objects other than tensors and plain values (an "
+                "older cpn's format, or not a checkpoint); it is not read. Restart without "
+                f"--resume (use an empty checkpoint {self.kind})"
+            ) from exc
+        if not isinstance(state, dict):
+            raise CheckpointRefused(f"checkpoint {where}: not a cpn checkpoint")
+        return state
 
-    @abstractmethod
     def claim(self, run_id: str | None) -> str:
         """The run this store belongs to: recorded on first use (`run_id`, or a fresh id),
         CheckpointRefused when it belongs to another run."""
-
-    @abstractmethod
-    def where(self, step: int) -> str:
-        """The checkpoint of `step`, named for error messages."""
+        if run_id is not None and not _RUN_ID.match(run_id):
+            raise ValueError(f"run_id {run_id!r}: use 1-128 letters, digits, '.', '_', ':', '-'")
+        data = self._read(ID_FILE)
+        if data is not None:
+            owner = data.decode().strip()
+            if run_id is not None and owner != run_id:
+                raise CheckpointRefused(
+                    f"checkpoint {self.kind} {self.root}: belongs to run {owner!r}, not "
+                    f"{run_id!r}; use another {self.kind}"
+                )
+            return owner
+        owner = run_id or uuid.uuid4().hex
+        self._write(ID_FILE, (owner + "\n").encode())
+        return owner
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
         found = self.steps()
@@ -116,76 +234,137 @@ class CheckpointStore(ABC):
 
 
 class DirectoryStore(CheckpointStore):
-    """Checkpoints as files in a local (or mounted shared) directory; keeps the newest `keep`."""
+    """Checkpoints as files in a local (or mounted shared) directory; keeps the newest `keep`.
+    Writes go to a temporary file, fsynced, then renamed over the name."""
+
+    kind = "directory"
 
     def __init__(self, path: str | Path, keep: int = 3) -> None:
         self.path = Path(path)
         self.keep = keep
 
-    def save(self, step: int, state: dict[str, Any]) -> None:
+    @property
+    def root(self) -> str:
+        return str(self.path)
+
+    def prepare(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save(plain(state), buf)
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            return (self.path / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _write(self, name: str, data: bytes) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path / f"step-{step:08d}.pt")
-        for old in self.steps()[: -self.keep]:
-            (self.path / f"step-{old:08d}.pt").unlink(missing_ok=True)
+        os.replace(tmp, self.path / name)
 
-    def steps(self) -> list[int]:
-        if not self.path.is_dir():
-            return []
-        return sorted(int(m.group(1)) for p in self.path.iterdir() if (m := _NAME.match(p.name)))
+    def _names(self) -> list[str]:
+        return [p.name for p in self.path.iterdir()] if self.path.is_dir() else []
 
-    def where(self, step: int) -> str:
-        return str(self.path / f"step-{step:08d}.pt")
+    def _remove(self, name: str) -> None:
+        (self.path / name).unlink(missing_ok=True)
 
-    def load(self, step: int) -> dict[str, Any]:
-        path = self.where(step)
+    def _where(self, name: str) -> str:
+        return str(self.path / name)
+
+
+ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+"""Object stores where writing one object is atomic (a reader never sees part of it)."""
+
+
+class ObjectStore(CheckpointStore):
+    """Checkpoints as objects under `uri` (`s3://bucket/prefix`, any fsspec protocol), for a
+    store every datacenter's workers reach. One object written is atomic on object stores;
+    elsewhere a temporary name is written and moved. S3 reads its endpoint and credentials
+    from the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    AWS_REGION, or botocore's other sources); the bucket must exist."""
+
+    def __init__(self, uri: str, keep: int = 3) -> None:
+        self.uri = uri.rstrip("/")
+        self.fs, path = _filesystem(self.uri)
+        self.base = path.rstrip("/")
+        self.keep = keep
+        protocols = self.fs.protocol
+        names = {protocols} if isinstance(protocols, str) else set(protocols)
+        self.atomic = bool(names & ATOMIC_PUT)
+
+    @property
+    def root(self) -> str:
+        return self.uri
+
+    def _key(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    def _read(self, name: str) -> bytes | None:
         try:
-            state = torch.load(path, weights_only=True)
-        except pickle.UnpicklingError as exc:  # objects that are not plain data: never run
-            raise CheckpointRefused(
-                f"checkpoint {path}: holds objects other than tensors and plain values (an "
-                "older cpn's format, or not a checkpoint); it is not read. Restart without "
-                "--resume (use an empty checkpoint directory)"
-            ) from exc
-        if not isinstance(state, dict):
-            raise CheckpointRefused(f"checkpoint {path}: not a cpn checkpoint")
-        return state
+            data: bytes = self.fs.cat_file(self._key(name))
+        except FileNotFoundError:
+            return None
+        return data
 
-    def claim(self, run_id: str | None) -> str:
-        if run_id is not None and not _RUN_ID.match(run_id):
-            raise ValueError(f"run_id {run_id!r}: use 1-128 letters, digits, '.', '_', ':', '-'")
-        id_file = self.path / ID_FILE
-        if id_file.is_file():
-            owner = id_file.read_text().strip()
-            if run_id is not None and owner != run_id:
-                raise CheckpointRefused(
-                    f"checkpoint directory {self.path}: belongs to run {owner!r}, not {run_id!r};"
-                    " use another directory"
-                )
-            return owner
-        owner = run_id or uuid.uuid4().hex
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
-            f.write(owner + "\n")
-        os.replace(tmp, id_file)
-        return owner
+    def _write(self, name: str, data: bytes) -> None:
+        if self.atomic:
+            self.fs.pipe_file(self._key(name), data)
+            return
+        self.fs.makedirs(self.base, exist_ok=True)
+        tmp = self._key(f".tmp-{uuid.uuid4().hex}")
+        self.fs.pipe_file(tmp, data)
+        self.fs.mv(tmp, self._key(name))
+
+    def _names(self) -> list[str]:
+        self.fs.invalidate_cache(self.base)  # another process may have written since
+        try:
+            found = self.fs.ls(self.base, detail=False)
+        except FileNotFoundError:
+            return []
+        return [str(p).rstrip("/").rsplit("/", 1)[-1] for p in found]
+
+    def _remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._key(name))
+
+    def _where(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+
+def _filesystem(uri: str) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem of `uri` and the path in it; ValueError naming the URI when the
+    protocol is unknown or its package is not installed."""
+    try:
+        from fsspec.core import url_to_fs
+    except ImportError as exc:
+        raise ValueError(
+            f"checkpoint {uri!r}: object stores need fsspec (pip install 'cpn[s3]')"
+        ) from exc
+    try:
+        fs, path = url_to_fs(uri)
+    except ImportError as exc:
+        raise ValueError(
+            f"checkpoint {uri!r}: the package for {scheme(uri)}:// is not installed ({exc}); "
+            "for s3:// pip install 'cpn[s3]'"
+        ) from exc
+    except ValueError as exc:
+        raise ValueError(
+            f"checkpoint {uri!r}: scheme {scheme(uri)!r} is not supported ({exc}); use a "
+            "directory path, a file:// URI or an object store such as s3://bucket/prefix"
+        ) from exc
+    return fs, str(path)
 
 
 def open_store(uri: str) -> CheckpointStore:
-    """A store for a plain path or a `file://` URI; ValueError names other schemes."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
+    """A `DirectoryStore` for a plain path or a `file://` URI, an `ObjectStore` for any other
+    fsspec URI (s3://bucket/prefix); ValueError names a scheme that cannot be opened."""
+    found = scheme(uri)
+    if found == "file":
+        parsed = urlparse(uri)
         return DirectoryStore(unquote(parsed.netloc + parsed.path))
-    if parsed.scheme in ("",) or (len(parsed.scheme) == 1 and os.name == "nt"):
+    if not found:
         return DirectoryStore(uri)
-    raise ValueError(
-        f"checkpoint {uri!r}: scheme {parsed.scheme!r} is not supported; "
-        "use a directory path or a file:// URI"
-    )
+    return ObjectStore(uri)

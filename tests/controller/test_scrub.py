@@ -23,11 +23,13 @@ ENV = {
 
 def test_workers_keep_what_they_use_and_lose_every_other_cpn_variable() -> None:
     assert scrub.withheld(ENV) == [
+        "AWS_SECRET_ACCESS_KEY",  # S3 settings: only for checkpoints in an object store
         "CPN_ADMIN_TOKEN",
         "CPN_DATABASE_URL",
         "CPN_RAY_NUM_CPUS",
         "PGPASSWORD",
     ]
+    assert "AWS_SECRET_ACCESS_KEY" not in scrub.withheld(ENV, object_store=True)
     # Ray's token is withheld only where Ray's authentication is off (workers need it).
     assert "RAY_AUTH_TOKEN" in scrub.withheld({**ENV, "RAY_AUTH_MODE": "disabled"})
     assert scrub.worker_env_vars(ENV) == {name: "" for name in scrub.withheld(ENV)}

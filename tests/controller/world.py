@@ -206,13 +206,14 @@ class Net:
                     .where(Allocation.job_id == job_id, Allocation.ended_at.is_(None))
                 ).all()
             )
-            lifecycle.transition(s, job, JobState.RUNNING, "launched", clusters=clusters)
+            fence = lifecycle.begin_run(s, job, "launched", clusters)
         handle = RunHandle(
             job_id=job_id,
             clusters=clusters,
             gpu_models=models,
             flops_per_step=1e9,
             predicted_step_s=None,
+            fence=fence,
         )
         self.launcher.handles[job_id] = handle
         return handle

@@ -317,3 +317,51 @@ matchExpressions:
     operator: In
     values: [ray-head, ray-worker]
 {{- end }}
+
+{{/* Checkpoints in an object store (controlPlane.checkpoints.uri): its settings as the AWS_*
+variables the S3 client reads, for every process that writes checkpoints (the control plane and
+the Ray workers). Renders nothing with checkpoints on a volume. */}}
+{{- define "cpn.checkpointStoreEnv" -}}
+{{- $ck := .Values.controlPlane.checkpoints }}
+{{- if $ck.uri }}
+{{- with $ck.endpoint }}
+- name: AWS_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $ck.region }}
+- name: AWS_REGION
+  value: {{ . | quote }}
+{{- end }}
+{{- with $ck.credentialsSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: AWS_ACCESS_KEY_ID
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: AWS_SECRET_ACCESS_KEY
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Ray workers write checkpoints where the control plane reads them: with a claim (and no
+object store) they mount it at the control plane's path. Each renders nothing otherwise. */}}
+{{- define "cpn.checkpointMount" -}}
+{{- $ck := .Values.controlPlane.checkpoints }}
+{{- if and $ck.persistentVolumeClaim (not $ck.uri) }}
+- name: checkpoints
+  mountPath: {{ $ck.mountPath | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "cpn.checkpointVolume" -}}
+{{- $ck := .Values.controlPlane.checkpoints }}
+{{- if and $ck.persistentVolumeClaim (not $ck.uri) }}
+- name: checkpoints
+  persistentVolumeClaim:
+    claimName: {{ $ck.persistentVolumeClaim | quote }}
+{{- end }}
+{{- end }}
