@@ -26,6 +26,18 @@ class SyncKind(StrEnum):
     """Streaming DiLoCo: local SGD whose parameters are split into `fragments` slices, each
     synced once every `period` steps at staggered steps; a fragment's outer step is applied
     `delay` inner steps after its pseudo-gradient was sent, so the exchange overlaps compute."""
+    PARTIAL = "partial"
+    """Heterogeneity-aware partial sync: rounds of `period` steps of the slowest cluster; in
+    a round each cluster takes as many local steps as its speed allows (at most a bounded
+    multiple of the slowest's), then an outer step on the pseudo-gradients weighted by the
+    samples each cluster processed."""
+    ASYNC_PS = "async-ps"
+    """Asynchronous parameter server: clusters push compressed updates and pull fresh
+    parameters without waiting for each other; an update more than `staleness` versions
+    stale is down-weighted."""
+    GOSSIP = "gossip"
+    """No global exchange: every `period` steps each cluster averages with its neighbours in
+    a sparse graph built from the links; one consensus average at the end."""
 
 
 _FORMS = (
@@ -36,6 +48,9 @@ _FORMS = (
     "adaptive",
     "streaming:<H >= 1>[:f<fragments in [1, H], default min(4, H)>]"
     "[:d<delay in [0, H), default H/fragments - 1>]",
+    "partial:<H >= 1>",
+    "async-ps:<S >= 0>",
+    "gossip:<P >= 1>",
 )
 SYNC_HELP = "valid forms: " + ", ".join(_FORMS)
 """What a message about a bad sync value ends with."""
@@ -47,14 +62,18 @@ DOCUMENTED_SYNCS: tuple[str, ...] = (
     "stale:1",
     "adaptive",
     "streaming:8:f2:d3",
+    "partial:4",
+    "async-ps:2",
+    "gossip:2",
 )
 """One value of every form the docs name; tests place and run each of them."""
 
 
 @dataclass(frozen=True)
 class Sync:
-    """A parsed sync value; `period` is local SGD's (and streaming's) H, `staleness` bounded
-    staleness' S, `fragments` and `delay` streaming's slices and outer-step delay."""
+    """A parsed sync value; `period` is local SGD's (and streaming's, partial's) H and
+    gossip's P, `staleness` bounded staleness' (and the parameter server's) S, `fragments`
+    and `delay` streaming's slices and outer-step delay."""
 
     kind: SyncKind
     period: int = 1
@@ -69,6 +88,10 @@ class Sync:
             return f"streaming:{self.period}:f{self.fragments}:d{self.delay}"
         if self.kind is SyncKind.STALE:
             return f"stale:{self.staleness}"
+        if self.kind in (SyncKind.PARTIAL, SyncKind.GOSSIP):
+            return f"{self.kind.value}:{self.period}"
+        if self.kind is SyncKind.ASYNC_PS:
+            return f"async-ps:{self.staleness}"
         return self.kind.value
 
     @property
@@ -118,6 +141,18 @@ def parse_sync(text: str | Sync) -> Sync:
         return Sync(SyncKind(kind))
     if kind == "streaming":
         return _streaming(text, options)
+    if kind in ("partial", "gossip", "async-ps"):
+        what = "S (versions of staleness)" if kind == "async-ps" else "H (steps per round)"
+        if kind == "gossip":
+            what = "P (steps between neighbour averages)"
+        if len(options) != 1 or not (options[0].isascii() and options[0].isdigit()):
+            raise _invalid(text, f"{kind} needs a whole number {what}, e.g. {kind}:4")
+        n = int(options[0])
+        if kind == "async-ps":
+            return Sync(SyncKind.ASYNC_PS, staleness=n)
+        if n < 1:
+            raise _invalid(text, f"{what.split()[0]} must be >= 1")
+        return Sync(SyncKind(kind), period=n)
     if kind in ("local-sgd", "stale"):
         if len(options) != 1 or not options[0].isdigit():
             what = "H (inner steps)" if kind == "local-sgd" else "S (steps of staleness)"

@@ -147,7 +147,9 @@ def sync_model(spec: str | Sync) -> SyncModel:
     compression (the one the planner picks) stands for it. `streaming:H:fF:dD` sends the same
     bytes per H steps as `local-sgd:H` (each fragment once), so it is modelled as local SGD
     of period H: its overlap of the exchange with compute is not credited (a conservative
-    step time), and its delay costs a little more quality.
+    step time), and its delay costs a little more quality. `partial:H` and `gossip:P` are
+    modelled as local SGD of period H (P), `async-ps:S` as one exchange in flight; the gain of
+    letting fast clusters run ahead is not credited (compute is already split by throughput).
     """
     s = parse_sync(spec)
     name = str(s)
@@ -169,4 +171,19 @@ def sync_model(spec: str | Sync) -> SyncModel:
             period=s.period,
             steps_factor=1.0 + 0.02 * math.log2(s.period) + lag,
         )
+    if s.kind is SyncKind.PARTIAL:
+        # local SGD's bytes per H steps; weighting unequal progress costs a little quality
+        return SyncModel(
+            name, "local-sgd", period=s.period, steps_factor=1.02 + 0.02 * math.log2(s.period)
+        )
+    if s.kind is SyncKind.GOSSIP:
+        # a ring of degree 2 sends about what a ring all-reduce does, once per P steps;
+        # neighbour averages mix slower than a global one
+        return SyncModel(
+            name, "local-sgd", period=s.period, steps_factor=1.05 + 0.02 * math.log2(s.period)
+        )
+    if s.kind is SyncKind.ASYNC_PS:
+        # no cluster waits: the exchange hides behind compute like a step in flight, and
+        # updates arrive a few versions late
+        return SyncModel(name, "stale", staleness=1, steps_factor=1.05 + 0.02 * min(s.staleness, 8))
     return SyncModel(name, "every-step")

@@ -223,6 +223,9 @@ class JobRequest:
     preference: tuple[str, ...] = ()
     layer_shapes: tuple[tuple[int, int], ...] = ()
     id: str = ""
+    data_clusters: tuple[str, ...] | None = None
+    """Data residency (`data: local`): only these clusters hold the job's data, so only they
+    may run it. None: the data may be read anywhere."""
 
     def __post_init__(self) -> None:
         if self.params < 1:

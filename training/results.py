@@ -117,3 +117,11 @@ class SegmentResult:
     """The compression level in use (adaptive sync changes it during the run)."""
     wan: ExchangeCounters = field(default_factory=ExchangeCounters)
     """This run's exchange totals so far; zero on ranks that are not cluster leaders."""
+    local_steps: int = 0
+    """Local optimizer steps this rank took so far (more than `step` where a fast cluster
+    runs several per step of the slowest: partial, async-ps)."""
+    sync_stats: dict[str, float] = field(default_factory=dict)
+    """What the sync mode reports about itself (`SyncStrategy.stats`)."""
+    labels_read: tuple[int, ...] = ()
+    """Under local data: the distinct labels of the samples this rank read (what proves a
+    label-split cluster read only its own samples)."""

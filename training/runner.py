@@ -140,6 +140,7 @@ def run(
                 "pass resume (--resume) or use an empty directory"
             )
         spec = replace(spec, run_id=store.claim(spec.run_id))
+        store.fence(spec.epoch)  # a stale attempt of this run may no longer write here
         resume_step = found[-1] if (found and spec.resume) else None
 
     def check_resume(step: int | None) -> None:
@@ -159,6 +160,7 @@ def run(
     base_compute, base_comm = 0.0, 0.0
     base_wan = ExchangeCounters()  # earlier attempts' totals (a restart zeroes the workers')
     last: SegmentResult | None = None
+    last_all: list[SegmentResult] = []
     history: list[dict[str, float]] = []
     restarts = 0
     stopped = False
@@ -201,6 +203,7 @@ def run(
                         [a.run.remote(until, rank == 0) for rank, a in enumerate(actors)]
                     )
                     last = results[0]
+                    last_all = results
                     step = last.step
                     wall = time.perf_counter() - t0
                     wan = base_wan + last.wan
@@ -241,6 +244,8 @@ def run(
                     kept = True
                 break
             except (ray.exceptions.RayError, TimeoutError) as exc:
+                if store is not None:  # a later attempt took over: stop, don't restart
+                    store.check_fence(spec.epoch)
                 if restarts >= spec.max_restarts:
                     raise RuntimeError(
                         f"training failed after {restarts} restart(s): {exc}"
@@ -268,6 +273,11 @@ def run(
     if spec.link_mbps is not None:
         links.append({"a": "*", "b": "*", "mbps": spec.link_mbps, "rtt_ms": spec.rtt_ms})
     final_acc = last.accuracy if last is not None else None
+    steps_by_cluster: dict[str, int] = {}
+    labels_by_cluster: dict[str, list[int]] = {}
+    for c, r in zip(ranks_cluster, last_all, strict=False):  # none: no segment ran
+        steps_by_cluster[c] = max(steps_by_cluster.get(c, 0), r.local_steps)
+        labels_by_cluster[c] = sorted(set(labels_by_cluster.get(c, [])) | set(r.labels_read))
     return TrainReport(
         task=spec.task,
         clusters=dict(spec.clusters),
@@ -290,4 +300,8 @@ def run(
         resumed_from_step=resumed_from,
         stopped=stopped,
         history=history,
+        steps_by_cluster=steps_by_cluster,
+        data=spec.data,
+        sync_stats=dict(last.sync_stats) if last is not None else {},
+        labels_by_cluster=labels_by_cluster if spec.data == "local" else {},
     )

@@ -46,6 +46,28 @@ def _concrete_compression(text: str) -> Compression:
     return compression
 
 
+DATA_MODES = ("shared", "local")
+"""Where a run's samples come from: the whole set on every cluster, or each cluster's own."""
+
+
+def parse_slowdown(text: str) -> dict[str, float]:
+    """Parse `a:4,b:2` into {cluster: factor}; ValueError says the fix."""
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, raw = part.strip().rpartition(":")
+        try:
+            factor = float(raw) if sep and name else math.nan
+        except ValueError:
+            factor = math.nan
+        if not (math.isfinite(factor) and factor >= 1.0) or name in out:
+            raise ValueError(
+                f"slowdown entry {part.strip()!r}: write CLUSTER:FACTOR with a factor >= 1 "
+                "and each cluster once, e.g. c:4"
+            )
+        out[name] = factor
+    return out
+
+
 @dataclass
 class LinkSpec:
     """One WAN link between two clusters (symmetric, full duplex)."""
@@ -62,7 +84,7 @@ class TrainSpec:
 
     `links` is the emulated link table; empty means no shaping (real links, or one machine
     with no emulation). `link_mbps`/`rtt_ms` give every cluster pair without an explicit
-    entry the same link. `checkpoint` is a directory path or file:// URI.
+    entry the same link. `checkpoint` is a directory path or a URI (file://, s3://bucket/prefix).
     """
 
     task: str = "builtin:mnist1d-mlp"
@@ -110,6 +132,15 @@ class TrainSpec:
     its own momentum correction (m0): the optimizer keeps the momentum."""
     link_schedule: list[tuple[int, float, float]] = field(default_factory=list)
     """(from_step, mbps, rtt_ms): from that step on every link is reshaped (tests, benchmarks)."""
+    slowdown: dict[str, float] = field(default_factory=dict)
+    """{cluster: factor >= 1}: that cluster's compute takes `factor` times as long (the worker
+    waits out the difference), so heterogeneous clusters can be emulated on one machine."""
+    speed_bound: int = 4
+    """partial / async-ps: a cluster takes at most this many local steps per step of the
+    slowest cluster."""
+    data: str = "shared"
+    """"shared": every cluster draws from the whole training set; "local": each cluster reads
+    only its own part (`Task.cluster_data`), so no sample leaves its cluster."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the fix."""
@@ -145,6 +176,15 @@ class TrainSpec:
                 raise ValueError(f"links: {link.a}-{link.b} needs mbps > 0 and rtt_ms >= 0")
         if self.max_restarts < 0:
             raise ValueError("max_restarts: must be >= 0")
+        for name, factor in self.slowdown.items():
+            if name not in self.clusters:
+                raise ValueError(f"slowdown: cluster {name!r} is not one of the job's clusters")
+            if not (math.isfinite(factor) and factor >= 1.0):
+                raise ValueError(f"slowdown: {name}:{factor} needs a factor >= 1, e.g. {name}:4")
+        if self.speed_bound < 1:
+            raise ValueError("speed_bound: must be >= 1, e.g. 4")
+        if self.data not in DATA_MODES:
+            raise ValueError(f"data: {self.data!r} is not one of {', '.join(DATA_MODES)}")
         if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
             raise ValueError(f"outer_lr: {self.outer_lr} must be a number > 0, e.g. 0.7")
         if not (math.isfinite(self.outer_momentum) and 0.0 <= self.outer_momentum < 1.0):
@@ -242,6 +282,16 @@ class TrainReport:
     wan_setup_bytes: int = 0
     """Of `wan_bytes_total`, what the start-up sent: the digests that check every worker built
     the same model, and the model itself only where some did not."""
+    steps_by_cluster: dict[str, int] = field(default_factory=dict)
+    """Local optimizer steps each cluster took (this attempt); equal to `steps` unless the
+    sync mode lets fast clusters run ahead (partial, async-ps)."""
+    data: str = "shared"
+    """"local": every sample stayed in its cluster; only model updates crossed the WAN."""
+    sync_stats: dict[str, float] = field(default_factory=dict)
+    """What the sync mode reports about itself, e.g. gossip's `degree` and
+    `messages_per_round`, the parameter server's `stale_updates` (rank 0's view)."""
+    labels_by_cluster: dict[str, list[int]] = field(default_factory=dict)
+    """Under local data: the distinct labels each cluster's ranks read (this attempt)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `cpn train --json` prints): `wan_bytes` as `{"src->dst": bytes}`."""

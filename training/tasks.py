@@ -13,7 +13,7 @@ import functools
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,9 @@ class Task:
     optimizer: OptimizerSpec
     batch_size: int = 128
     target_accuracy: float | None = None  # what benchmarks race to
+    cluster_data: Callable[[str, list[str]], Sequence[int]] | None = None
+    """Data residency (`data: local`): the training-set indices cluster `name` of `clusters`
+    holds; None: the built-in non-IID split by label (`training.residency`)."""
 
 
 def as_tensors(data: Data) -> tuple[torch.Tensor, torch.Tensor]:

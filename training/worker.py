@@ -25,6 +25,7 @@ from grammar import Sync
 from training.checkpoint import FORMAT, check_identity, open_store
 from training.collective import Collective, flatten, split
 from training.data import batch_indices, shard, shard_sizes
+from training.residency import cluster_slice
 from training.results import SegmentResult
 from training.spec import TrainSpec
 from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy
@@ -100,6 +101,10 @@ class Worker:
         task: Task = load_task(spec.task)
         self.task = task
         self.x, self.y = as_tensors(task.train)
+        if spec.data == "local":  # only this cluster's samples, never another's
+            self.x, self.y = cluster_slice(task, self.x, self.y, self.cluster, self.clusters)
+        self.labels_read: set[int] = set()
+        self.slowdown = float(spec.slowdown.get(self.cluster, 1.0))
         self.xe, self.ye = as_tensors(task.eval)
         self.batch = min(spec.batch_size or task.batch_size, len(self.x))
         torch.manual_seed(spec.seed)
@@ -131,12 +136,19 @@ class Worker:
             params=self.params,
             apply=self._apply,
             cluster_share=sum(sizes[r] for r in self.cluster_ranks) / self.batch,
+            device_s=lambda: self.device_s,
+            cluster_shares={
+                c: sum(sizes[r] for r, x in enumerate(self.ranks_cluster) if x == c) / self.batch
+                for c in self.clusters
+            },
         )
         self.strategy: SyncStrategy = make_sync_strategy(self.sync, ctx)
         comp = self.comm.compressor(self.strategy.compression)
         no_momentum = comp.momentum_correction and self.strategy.exchanges_gradients
         self.opt = task.optimizer.build(self.params, lr=spec.lr, no_momentum=no_momentum)
         self.step = 0
+        self.local_step = 0
+        self.device_s = 0.0
         self.compute_s = 0.0
         self.comm_s = 0.0
         self.loss_sum = 0.0
@@ -157,9 +169,13 @@ class Worker:
 
     def _local_backward(self, scope: Scope) -> None:
         """Forward/backward on this rank's shard, weighted by its share of the `scope` batch."""
-        idx = batch_indices(len(self.x), self.batch, self.spec.seed, self.step)
+        t0 = time.perf_counter()
+        cpu0 = time.thread_time()
+        idx = batch_indices(len(self.x), self.batch, self.spec.seed, self.local_step)
         mine = shard(idx, self.rank, self.world)
         x, y = self.x[mine].to(self.device), self.y[mine].to(self.device)
+        if self.spec.data == "local" and y.dim() == 1:
+            self.labels_read.update(int(v) for v in y.unique())
         self.model.train()
         self.opt.zero_grad(set_to_none=False)
         loss = self.task.loss(self.model(x), y)
@@ -171,6 +187,9 @@ class Worker:
         (loss * (len(mine) / denom)).backward()
         self.loss_sum += float(loss.detach())
         self.loss_n += 1
+        self.device_s = (time.thread_time() - cpu0) * self.slowdown
+        if self.slowdown > 1.0:  # an emulated slower cluster: wait out the extra compute
+            time.sleep((self.slowdown - 1.0) * (time.perf_counter() - t0))
 
     def _apply(self, flat: torch.Tensor) -> None:
         """A local optimizer step with the flat gradient `flat`."""
@@ -182,18 +201,23 @@ class Worker:
         self.opt.step()
 
     def _train_step(self) -> None:
+        """One step: `local_steps` local steps (several on a fast cluster in modes that let
+        it run ahead), then the strategy's `after_step`."""
         strategy = self.strategy
-        t0 = time.perf_counter()
-        self._local_backward(strategy.scope)
-        t1 = time.perf_counter()
-        update = strategy.after_backward(self._grad_flat(), self.step, t1 - t0)
-        t2 = time.perf_counter()
-        self._apply(update)
+        for _ in range(strategy.local_steps(self.step)):
+            t0 = time.perf_counter()
+            self._local_backward(strategy.scope)
+            t1 = time.perf_counter()
+            update = strategy.after_backward(self._grad_flat(), self.step, t1 - t0)
+            t2 = time.perf_counter()
+            self._apply(update)
+            t3 = time.perf_counter()
+            self.compute_s += (t1 - t0) + (t3 - t2)
+            self.comm_s += t2 - t1
+            self.local_step += 1
         t3 = time.perf_counter()
         strategy.after_step(self.step)
-        t4 = time.perf_counter()
-        self.compute_s += (t1 - t0) + (t3 - t2)
-        self.comm_s += (t2 - t1) + (t4 - t3)
+        self.comm_s += time.perf_counter() - t3
         self.step += 1
 
     # ------------------------------------------------------------------ driver calls
@@ -229,6 +253,9 @@ class Worker:
             comm_s=self.comm_s,
             compression=self.strategy.compression,
             wan=self.comm.counters,
+            local_steps=self.local_step,
+            sync_stats=self.strategy.stats(),
+            labels_read=tuple(sorted(self.labels_read)),
         )
 
     def evaluate(self) -> float:
@@ -252,6 +279,7 @@ class Worker:
             mine = {
                 "optimizer": self.opt.state_dict(),
                 "rng": torch.get_rng_state(),
+                "local_step": self.local_step,
                 **sync_part,
                 "compressors": {k: c.state_dict() for k, c in self.comm.compressors.items()},
             }
@@ -284,6 +312,7 @@ class Worker:
         if state["task"] != self.spec.task:
             raise ValueError(f"checkpoint is for task {state['task']!r}, not {self.spec.task!r}")
         self.step = int(state["step"])
+        self.local_step = self.step
         self.model.load_state_dict(state["model"])
         clusters: dict[str, Any] = state["clusters"]
         # elastic: a new cluster takes the first cluster's optimizer state and fresh compressors
@@ -300,6 +329,7 @@ class Worker:
         else:  # written by another sync mode: its sync state means nothing here
             self.strategy.load_state_dict(None, None)
         if clusters.get(self.cluster) is not None:
+            self.local_step = int(clusters[self.cluster].get("local_step", self.step))
             torch.set_rng_state(clusters[self.cluster]["rng"])
             for level, cstate in clusters[self.cluster]["compressors"].items():
                 self.comm.compressor(level).load_state_dict(cstate)

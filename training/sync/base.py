@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -55,6 +55,13 @@ class SyncContext:
     """Take a local optimizer step with this flat gradient (the Worker's optimizer)."""
     cluster_share: float
     """This cluster's share of the global batch."""
+    cluster_shares: dict[str, float] = field(default_factory=dict)
+    """Every cluster's share of the global batch (modes that weight clusters by samples)."""
+    device_s: Callable[[], float] = lambda: 0.0
+    """The last local step's forward/backward in device time: CPU seconds of this rank's
+    thread times its cluster's emulated slowdown. Unlike wall time it does not grow when
+    other processes share the machine's cores, so modes that compare cluster speeds (partial,
+    async-ps) read this."""
 
 
 class SyncStrategy(ABC):
@@ -87,6 +94,16 @@ class SyncStrategy(ABC):
         """This rank's flat gradient of `step` (weighted per `scope`; backward took
         `compute_s`): exchange what the mode exchanges and return the flat gradient the local
         optimizer applies now. May reduce `grad` in place."""
+
+    def local_steps(self, step: int) -> int:
+        """How many local steps (backward, `after_backward`, optimizer step) this rank takes
+        in `step` before `after_step`; more than 1 lets a fast cluster run ahead of the
+        slowest (partial, async-ps). Must agree across the ranks of a cluster."""
+        return 1
+
+    def stats(self) -> dict[str, float]:
+        """What the mode reports about itself in the run's `sync_stats`."""
+        return {}
 
     def after_step(self, step: int) -> None:  # noqa: B027 - optional hook
         """After the local optimizer step of `step` (local SGD's outer step goes here)."""

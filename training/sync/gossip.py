@@ -1,0 +1,179 @@
+"""Gossip (`gossip:P`): no global exchange until the end.
+
+Every P steps each cluster leader averages with its neighbours on a ring ordered by link
+bandwidth (`bandwidth_ring`: each cluster next to the one it has the fastest link to), so a
+round sends `degree` messages per cluster (2 on a ring of 3 or more, 1 with two clusters),
+whatever the number of clusters. What a leader sends is the change of its parameters since
+its previous message, compressed with error feedback like any exchange; every leader keeps
+a replica of each neighbour's parameters (and of its own as the neighbours see it) built
+from those messages, and mixes `x += sum_j (x_j - x_me) / (degree + 1)` over the replicas
+(CHOCO-style: with no compression this is the plain neighbourhood mean). After the last
+step one uncompressed all-reduce averages every cluster's parameters, weighted by
+batch share, so one model comes out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from grammar import Sync
+from training.collective import flatten, split
+from training.compression import Compressor, make_compressor
+from training.exchange import decode, encode, param_pieces
+from training.results import ExchangeCounters, WanBytes
+from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.hetero import bandwidth_ring, ring_neighbours
+
+
+class GossipSync(SyncStrategy):
+    """`gossip:P`: see the module docstring."""
+
+    exchanges_gradients = False
+
+    def __init__(self, sync: Sync, ctx: SyncContext) -> None:
+        super().__init__(sync, ctx)
+        self.period = sync.period
+        self.ring = bandwidth_ring(self.comm.clusters, self.comm.links)
+        self.neighbours = ring_neighbours(self.ring, self.comm.cluster)
+        start = flatten([p.detach() for p in ctx.params]).to("cpu", torch.float32)
+        self.sent_point = start.clone()  # the parameters my last message brought them to
+        self.replicas = {c: start.clone() for c in [self.comm.cluster, *self.neighbours]}
+        self.compressor: Compressor = make_compressor(self.compression)
+        self.decompressors: dict[str, Compressor] = {}
+        self.rounds = 0
+        self.messages = 0
+        self.sent: dict[tuple[str, str], int] = {}
+
+    @property
+    def scope(self) -> Scope:
+        return Scope.CLUSTER
+
+    def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
+        self.comm.reduce(grad)
+        return grad
+
+    def after_step(self, step: int) -> None:
+        if (step + 1) % self.period == 0 and step + 1 < self.spec.steps and self.neighbours:
+            self._gossip(step)
+
+    def _params(self) -> torch.Tensor:
+        return flatten([p.detach() for p in self.ctx.params])
+
+    def _set(self, flat: torch.Tensor) -> None:
+        shapes = [p.shape for p in self.ctx.params]
+        with torch.no_grad():
+            for p, v in zip(self.ctx.params, split(flat, shapes), strict=True):
+                p.copy_(v)
+
+    def _gossip(self, step: int) -> None:
+        cur = self._params()
+        if self.comm.is_leader:
+            cur = self._mix(step, cur.to("cpu", torch.float32)).to(cur.device, cur.dtype)
+        self.comm.broadcast(cur)
+        self._set(cur)
+
+    def _mix(self, step: int, x: torch.Tensor) -> torch.Tensor:
+        """Leader: one round with the neighbours; the mixed parameters."""
+        exchanger = self.comm.exchanger
+        assert exchanger is not None
+        start = time.perf_counter()
+        me = self.comm.cluster
+        pieces = param_pieces(self.comm.names, self.comm.shapes, 0, x.numel())
+        delta = x - self.sent_point
+        tensors = [delta[p.lo : p.hi].view(p.shape) for p in pieces]
+        payload = encode(self.compression, self.compressor, [p.key for p in pieces], tensors, {})
+        self.compressor.step()
+        got = self._swap(payload)
+        self.decompressors.setdefault(self.compression, make_compressor(self.compression))
+        for c, data in [(me, payload), *got.items()]:
+            message = decode(c, data, self.decompressors)
+            self.replicas[c] += torch.cat([t.reshape(-1).float() for t in message.tensors])
+        degree = len(self.neighbours)
+        mixed = x + sum(
+            (self.replicas[c] - self.replicas[me] for c in self.neighbours),
+            torch.zeros_like(x),
+        ) / (degree + 1)
+        self.sent_point = x.clone()  # the next message carries the mixing step too
+        sent = {(me, c): len(payload) for c in self.neighbours}
+        need = 0.0
+        links = self.comm.links_now(step)
+        if links is not None:
+            found = [links.get(me, c) for c in self.neighbours]
+            need = max((x.transfer_s(len(payload)) for x in found if x is not None), default=0.0)
+        elapsed = time.perf_counter() - start
+        if need > elapsed:
+            time.sleep(need - elapsed)
+        self.rounds += 1
+        self.messages += degree
+        for edge, n in sent.items():
+            self.sent[edge] = self.sent.get(edge, 0) + n
+        exchanger.counters = exchanger.counters + ExchangeCounters(
+            wan_bytes=WanBytes(sent),
+            raw_bytes=degree * x.numel() * 4,
+            sent_bytes=sum(sent.values()),
+            rounds=1,
+            wall_s=time.perf_counter() - start,
+            link_s=need,
+        )
+        return mixed
+
+    def _swap(self, payload: bytes) -> dict[str, bytes]:
+        """Send `payload` to every neighbour, receive each neighbour's (point to point)."""
+        exchanger = self.comm.exchanger
+        assert exchanger is not None
+        group = exchanger.group
+        index = {c: i for i, c in enumerate(self.comm.clusters)}
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        sizes = {c: torch.zeros(1, dtype=torch.int64) for c in self.neighbours}
+        works = [dist.isend(size, group=group, group_dst=index[c]) for c in self.neighbours]
+        works += [dist.irecv(sizes[c], group=group, group_src=index[c]) for c in self.neighbours]
+        for w in works:
+            if w is not None:
+                w.wait()
+        out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        bufs = {c: torch.empty(int(sizes[c]), dtype=torch.uint8) for c in self.neighbours}
+        works = [dist.isend(out, group=group, group_dst=index[c]) for c in self.neighbours]
+        works += [dist.irecv(bufs[c], group=group, group_src=index[c]) for c in self.neighbours]
+        for w in works:
+            if w is not None:
+                w.wait()
+        return {c: bytes(b.numpy().tobytes()) for c, b in bufs.items()}
+
+    def finish(self) -> None:
+        """Consensus: every cluster's parameters averaged (weighted by batch share)."""
+        if len(self.comm.clusters) < 2:
+            return
+        cur = self._params()
+        if self.comm.is_leader:
+            exchanger = self.comm.exchanger
+            assert exchanger is not None
+            gathered: list[Any] = [None] * len(self.comm.clusters)
+            dist.all_gather_object(gathered, dict(self.sent), group=exchanger.group)
+            others: dict[tuple[str, str], int] = {}
+            for c, theirs in zip(self.comm.clusters, gathered, strict=True):
+                if c != self.comm.cluster:
+                    for edge, n in theirs.items():
+                        others[edge] = others.get(edge, 0) + n
+            exchanger.counters = exchanger.counters + ExchangeCounters(
+                wan_bytes=WanBytes(others), sent_bytes=sum(others.values())
+            )
+            self.sent.clear()
+            share = self.ctx.cluster_share
+            # uncompressed: the parameters themselves (not a residual-fed change) cross once
+            cur = self.comm.wan_sum(cur * share, self.spec.steps, "none")
+        self.comm.broadcast(cur)
+        self._set(cur)
+
+    def at_sync_point(self, step: int) -> bool:
+        return step == self.spec.steps
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "degree": float(len(self.neighbours)),
+            "rounds": float(self.rounds),
+            "messages_per_round": self.messages / self.rounds if self.rounds else 0.0,
+        }

@@ -1,0 +1,102 @@
+"""Heterogeneity-aware partial sync (`partial:H`): local SGD whose fast clusters run ahead.
+
+A round is H steps of the slowest cluster. In it each cluster takes as many local steps per
+step as its speed allows (`steps_per_tick`: its step time against the slowest's, at most
+`spec.speed_bound` times), so no cluster idles while the slowest computes. At the end of the
+round the pseudo-gradients are averaged weighted by the samples each cluster processed, and
+the outer step is local SGD's. The speeds travel with the outer exchange (each leader's mean
+step time of the round), so every leader computes the same step counts and weights.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from grammar import Sync
+from training.collective import flatten, split
+from training.sync.base import SyncContext
+from training.sync.hetero import steps_per_tick
+from training.sync.local_sgd import LocalSGDSync
+
+
+class PartialSync(LocalSGDSync):
+    """`partial:H`; `self.steps` holds each cluster's local steps per step this round."""
+
+    WINDOW = 64
+    """Local step times the speed estimate is the median of."""
+
+    def __init__(self, sync: Sync, ctx: SyncContext) -> None:
+        super().__init__(sync, ctx)
+        self.steps: dict[str, int] = {c: 1 for c in self.comm.clusters}
+        self.times: list[float] = []  # the last WINDOW local step times
+        self.rounds = 0
+
+    def local_steps(self, step: int) -> int:
+        return self.steps[self.comm.cluster]
+
+    def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
+        self.times.append(self.ctx.device_s())
+        del self.times[: -self.WINDOW]
+        return super().after_backward(grad, step, compute_s)
+
+    def _weights(self) -> dict[str, float]:
+        """Each cluster's weight in the outer average: its share of the samples processed
+        this round (batch share x local steps per step)."""
+        shares = self.ctx.cluster_shares or {self.comm.cluster: 1.0}
+        raw = {c: shares.get(c, 0.0) * self.steps[c] for c in self.comm.clusters}
+        total = sum(raw.values()) or 1.0
+        return {c: v / total for c, v in raw.items()}
+
+    def _outer_step(self, step: int) -> None:
+        params = self.ctx.params
+        cur = flatten([p.detach() for p in params])
+        delta = flatten(self.anchor) - cur
+        # the median device time of one local step over the last WINDOW steps (CPU time times
+        # the emulated slowdown, `SyncContext.device_s`; a median over more than one round, so
+        # neither a stalled step nor a short round makes a cluster look slow)
+        self.comm.compute_ema = statistics.median(self.times) if self.times else 0.0
+        mine = self.steps[self.comm.cluster]
+        if len(self.comm.clusters) > 1:
+            if self.comm.is_leader:
+                weight = self._weights()[self.comm.cluster]
+                done = self.comm.wan_exchange(delta * weight, step, self.compression)
+                delta = done.total
+                times = [float(i.get("compute", 0.0)) for i in done.infos]
+                slowest = max(times)
+                bound = self.spec.speed_bound
+                self.steps = {
+                    c: steps_per_tick(t, slowest, bound)
+                    for c, t in zip(self.comm.clusters, times, strict=True)
+                }
+                mine = self.steps[self.comm.cluster]
+            both = torch.cat([delta, torch.tensor([float(mine)], dtype=delta.dtype)])
+            self.comm.broadcast(both)
+            delta, mine = both[:-1], int(both[-1].item())
+            self.steps[self.comm.cluster] = mine
+        self.rounds += 1
+        for a, g in zip(self.anchor, split(delta, [a.shape for a in self.anchor]), strict=True):
+            a.grad = g.clone()
+        self.outer.step()
+        with torch.no_grad():
+            for p, a in zip(params, self.anchor, strict=True):
+                p.copy_(a)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "rounds": float(self.rounds),
+            "max_steps_per_step": float(max(self.steps.values())),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "steps": dict(self.steps)}
+
+    def load_state_dict(
+        self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
+    ) -> None:
+        super().load_state_dict(state, cluster_state)
+        saved = (state or {}).get("steps") or {}
+        self.steps = {c: int(saved.get(c, 1)) for c in self.comm.clusters}
