@@ -17,10 +17,16 @@ from grammar import (
     parse_compression,
     parse_sync,
 )
+from grammar.parallel import Parallelism, parse_parallelism, parse_stages
 
 _V = TypeVar("_V", Compression, Sync)
 
-_FLAGS = {"outer_lr": "--outer-lr", "outer_momentum": "--outer-momentum"}
+_FLAGS = {
+    "outer_lr": "--outer-lr",
+    "outer_momentum": "--outer-momentum",
+    "slowdown": "--slowdown",
+    "data": "--data",
+}
 """Spec fields whose errors name the flag that sets them."""
 
 
@@ -57,6 +63,11 @@ def _report_table(report: Any) -> Any:
     rows += [(f"  {src}->{dst}", f"{n:,} B") for (src, dst), n in sorted(report.wan_bytes.items())]
     if report.resumed_from_step is not None:
         rows.append(("resumed from step", str(report.resumed_from_step)))
+    if report.steps_by_cluster and len(set(report.steps_by_cluster.values())) > 1:
+        by = ", ".join(f"{c}:{n}" for c, n in report.steps_by_cluster.items())
+        rows.append(("local steps by cluster", by))
+    if report.data == "local":
+        rows.append(("data", "local (only model updates crossed the WAN)"))
     for k, v in rows:
         table.add_row(k, v)
     return table
@@ -122,7 +133,7 @@ def train(
         True, "--nesterov/--no-nesterov", help="Nesterov's outer momentum (with a momentum > 0)."
     ),
     checkpoint_dir: str | None = typer.Option(
-        None, "--checkpoint-dir", help="Directory or file:// URI for checkpoints."
+        None, "--checkpoint-dir", help="Directory, file:// or s3:// URI for checkpoints."
     ),
     checkpoint_every: int = typer.Option(
         0, "--checkpoint-every", min=0, help="Checkpoint every N steps (0: only at the end)."
@@ -146,9 +157,38 @@ def train(
         False, "--json", help="Print the final report as one JSON object."
     ),
     plot: Path | None = typer.Option(None, "--plot", help="Save accuracy against wall time (PNG)."),
+    parallel: str = typer.Option(
+        "data",
+        "--parallel",
+        help="data (whole model per worker), pipeline (one stage per worker, activations "
+        "cross clusters, --compression applies to them) or hybrid (pipeline across clusters, "
+        "data parallel inside each stage's cluster).",
+    ),
+    stages: str | None = typer.Option(
+        None,
+        "--stages",
+        help="Pipeline stages: N (balanced by compute) or @C1,C2,... (pieces where stages "
+        "start); default one per worker (pipeline) or per cluster (hybrid).",
+    ),
+    micro_batches: int = typer.Option(
+        4, "--micro-batches", min=1, help="Micro-batches per step (pipeline, hybrid)."
+    ),
+    schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: gpipe or 1f1b."),
+    data_mode: str = typer.Option(
+        "shared",
+        "--data",
+        help="shared (every cluster draws from all samples) or local (each cluster reads only "
+        "its own; the built-in tasks split non-IID by label).",
+    ),
+    slowdown: str | None = typer.Option(
+        None,
+        "--slowdown",
+        help="CLUSTER:FACTOR,... make that cluster's compute FACTOR times slower (emulated "
+        "heterogeneous clusters), e.g. c:4.",
+    ),
 ) -> None:
     """Train one data-parallel job over clusters of Ray workers, compressed across the WAN."""
-    from training.spec import TrainSpec, parse_clusters
+    from training.spec import TrainSpec, parse_clusters, parse_slowdown
     from training.tasks import check_entry
     from training.wan import load_links_file
 
@@ -172,6 +212,10 @@ def train(
         raise fail("train", "--rtt-ms", "needs --link-mbps: give both, or neither")
     if plot is not None and plot.suffix.lower() != ".png":
         raise fail("train", "--plot", "write a .png path")
+    try:
+        slow = parse_slowdown(slowdown) if slowdown else {}
+    except ValueError as exc:
+        raise fail("train", "--slowdown", str(exc)) from None
     link_list = []
     if links is not None:
         try:
@@ -200,12 +244,25 @@ def train(
         outer_lr=outer_lr,
         outer_momentum=outer_momentum,
         outer_nesterov=nesterov,
+        slowdown=slow,
+        data=data_mode,
     )
     try:
         spec.validate()
     except ValueError as exc:
         field, _, msg = str(exc).partition(": ")
         raise fail("train", _FLAGS.get(field, field), msg or str(exc)) from None
+    try:
+        mode = parse_parallelism(parallel)
+    except ValueError as exc:
+        raise fail("train", "--parallel", str(exc)) from None
+    if mode is Parallelism.AUTO:
+        raise fail("train", "--parallel", "auto needs the planner: give data, pipeline or hybrid")
+    if mode is not Parallelism.DATA:
+        _train_pipeline(spec, mode, stages, micro_batches, schedule, as_json)
+        return
+    if stages is not None:
+        raise fail("train", "--stages", "needs --parallel pipeline or hybrid")
 
     import training
 
@@ -250,6 +307,97 @@ def train(
         from rich.console import Console
 
         Console().print(_report_table(report))
+
+
+def _train_pipeline(
+    spec: Any, mode: Parallelism, stages: str | None, micro: int, schedule: str, as_json: bool
+) -> None:
+    """`--parallel pipeline|hybrid`: stage actors on the clusters, activations over the WAN."""
+    from training.pipeline import PipelineSpec, Schedule, place, run_pipeline
+
+    unsupported = [
+        ("--checkpoint-dir", spec.checkpoint is not None),
+        ("--resume", spec.resume),
+        ("--sync", spec.sync != "every-step"),
+        ("--gpus-per-worker", spec.gpus_per_worker > 0),
+        ("--slowdown", bool(getattr(spec, "slowdown", None))),
+        ("--data", getattr(spec, "data", "shared") != "shared"),
+    ]
+    for flag, given in unsupported:
+        if given:
+            raise fail("train", flag, f"not supported yet with --parallel {mode}; leave it out")
+
+    try:
+        split = parse_stages(stages) if stages is not None else None
+    except ValueError as exc:
+        raise fail("train", "--stages", str(exc)) from None
+    try:
+        order = Schedule(schedule.strip().lower())
+    except ValueError:
+        raise fail("train", "--schedule", f"{schedule!r}: use gpipe or 1f1b") from None
+    try:
+        placement = place(spec.clusters, split.count if split else None, mode is Parallelism.HYBRID)
+        pspec = PipelineSpec(
+            spec,
+            placement,
+            micro_batches=micro,
+            schedule=order,
+            cuts=split.cuts if split else None,
+            activations=spec.compression,
+        )
+        pspec.validate()
+    except ValueError as exc:
+        field, _, msg = str(exc).partition(": ")
+        flag = {"stages": "--stages", "compression": "--compression"}.get(field, field)
+        raise fail("train", flag, msg or str(exc)) from None
+    try:
+        report = run_pipeline(pspec)
+    except ValueError as exc:
+        field, _, msg = str(exc).partition(": ")
+        raise fail("train", {"stages": "--stages"}.get(field, field), msg or str(exc)) from None
+    except RuntimeError as exc:
+        raise fail("train", "run", str(exc), FAILED) from None
+    if as_json:
+        print(json.dumps(report.to_dict()))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"cpn train --parallel {report.parallel}: {report.task}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rows = [
+        ("stages", " -> ".join(report.stage_clusters)),
+        ("replicas per stage", str(report.replicas)),
+        ("cut points", ",".join(map(str, report.cuts)) or "-"),
+        ("schedule", f"{report.schedule}, {report.micro_batches} micro-batches"),
+        ("activations", report.activations),
+        ("steps", str(report.steps)),
+        ("final loss", f"{report.final_loss:.4f}"),
+        ("final accuracy", f"{report.final_accuracy * 100:.2f} %"),
+        ("wall time", f"{report.wall_s:.2f} s"),
+        ("bubble (schedule)", f"{report.bubble_fraction * 100:.1f} %"),
+        ("idle (measured)", f"{report.measured_bubble * 100:.1f} %"),
+        ("activation bytes (WAN)", f"{report.activation_bytes.total:,}"),
+        ("compression ratio", f"{report.compression_ratio:.1f}x"),
+        ("WAN", "emulated" if report.wan_emulated else "not shaped"),
+    ]
+    rows += [
+        (f"  stage {i} ({c})", f"compute {s:.2f} s, waited {w:.2f} s, {n:,} params")
+        for i, (c, s, w, n) in enumerate(
+            zip(
+                report.stage_clusters,
+                report.stage_compute_s,
+                report.stage_wait_s,
+                report.stage_params,
+                strict=True,
+            )
+        )
+    ]
+    rows += [(f"  {a}->{b}", f"{n:,} B") for (a, b), n in sorted(report.activation_bytes.items())]
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,381 @@
+"""Memory model of a training job, and the pipeline plan of one that fits no single GPU.
+
+Pure functions. A model is a `ModelProfile`: its layers in order, each with parameters,
+forward FLOPs per sample and the activation bytes it keeps for backward and sends on. A GPU
+holds its parameters, their gradients, the optimizer's state and the activations of the
+micro-batches in flight (1F1B: stage s of S holds at most S - s of them).
+
+`plan_parallelism` keeps a job that fits one GPU data parallel. Otherwise it builds a
+pipeline: the fewest stages that fit (fewer hops, a smaller bubble), one GPU each, laid over
+clusters in the order (every order of up to `MAX_ORDERED_CLUSTERS` clusters is tried) whose
+links carry the cuts' activations fastest, the layers split so the slowest stage or link is
+as fast as it can be (a dynamic programme over contiguous splits under each GPU's memory),
+and the micro-batch count that minimises the step, (M + S - 1) times that bottleneck.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from grammar.parallel import Parallelism
+from scheduler.gpus import DEFAULT_EFFICIENCY
+from scheduler.types import Cluster, Link
+
+GPU_MEMORY_GB: dict[str, float] = {
+    "B200": 192.0,
+    "H200": 141.0,
+    "H100": 80.0,
+    "H100-PCIE": 80.0,
+    "H800": 80.0,
+    "H20": 96.0,
+    "GH200": 96.0,
+    "A100": 80.0,
+    "A800": 80.0,
+    "A10G": 24.0,
+    "A10": 24.0,
+    "L40S": 48.0,
+    "L40": 48.0,
+    "L4": 24.0,
+    "V100": 32.0,
+    "T4": 16.0,
+    "MI300X": 192.0,
+    "MI250X": 128.0,
+    "RTX4090": 24.0,
+    "CPU": 64.0,
+}
+"""Datasheet memory per GPU (the largest variant where a model comes in several)."""
+
+USABLE = 0.9
+"""Share of a GPU's memory training can use (the runtime's context and fragmentation take
+the rest)."""
+
+OPTIMIZER_STATE_BYTES: dict[str, int] = {"sgd": 0, "sgd-momentum": 4, "adam": 8, "adamw": 8}
+"""Optimizer state per parameter (fp32): momentum buffer; Adam's two moments."""
+
+MICRO_BATCH_OVERHEAD_S = 0.005
+"""Fixed cost of one micro-batch on one stage (kernel launches, small-batch inefficiency,
+the runtime's bookkeeping): what makes many tiny micro-batches slower than a few, against
+the bubble that makes few slow. Calibration replaces it with an observed value."""
+
+MAX_ORDERED_CLUSTERS = 5
+"""Up to this many clusters every order is tried; beyond, the order of most memory first."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer (a piece a stage boundary may follow), per sample."""
+
+    name: str
+    params: int
+    flops: float
+    """Forward FLOPs per sample (backward costs twice that)."""
+    activation_bytes: float
+    """Bytes of its output per sample: what crosses a stage boundary after it."""
+    stored_bytes: float
+    """Bytes it keeps for backward per sample (its inputs and intermediates)."""
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    layers: tuple[Layer, ...]
+    optimizer: str = "adam"
+    param_bytes: int = 4
+    """Bytes per parameter and per gradient (fp32: 4)."""
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError("model: give at least one layer")
+        if self.optimizer not in OPTIMIZER_STATE_BYTES:
+            raise ValueError(
+                f"optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZER_STATE_BYTES)}"
+            )
+
+    @property
+    def params(self) -> int:
+        return sum(x.params for x in self.layers)
+
+    @classmethod
+    def transformer(
+        cls,
+        *,
+        blocks: int,
+        dim: int,
+        seq: int,
+        vocab: int,
+        optimizer: str = "adam",
+        param_bytes: int = 4,
+    ) -> ModelProfile:
+        """A decoder-only transformer: embedding, `blocks` blocks, head. A block has 12 dim^2
+        weights and runs 2 FLOPs a weight a token plus attention's 4 seq dim a token; it keeps
+        34 seq dim + 5 heads seq^2 half-precision values for backward (Korthikanti et al.,
+        no recomputation), scaled to `param_bytes`."""
+        heads = max(1, dim // 64)
+        act = float(seq * dim * param_bytes)
+        weights = 12 * dim * dim + 13 * dim
+        kept = (34.0 * seq * dim + 5.0 * heads * seq * seq) * param_bytes / 2
+        layers = [Layer("embed", vocab * dim + seq * dim, 0.0, act, float(seq * 8))]
+        layers += [
+            Layer(f"block{i}", weights, 2.0 * weights * seq + 4.0 * seq * seq * dim, act, kept)
+            for i in range(blocks)
+        ]
+        layers.append(
+            Layer("head", dim * vocab, 2.0 * dim * vocab * seq, seq * vocab * 4.0, act * 2)
+        )
+        return cls(tuple(layers), optimizer, param_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes on one GPU."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+def memory(
+    profile: ModelProfile, lo: int, hi: int, micro_batch: int, in_flight: int
+) -> MemoryEstimate:
+    """What layers [lo, hi) need on one GPU with `in_flight` micro-batches of `micro_batch`."""
+    layers = profile.layers[lo:hi]
+    n = sum(x.params for x in layers)
+    acts = sum(x.stored_bytes for x in layers) * micro_batch * in_flight
+    if lo > 0:  # the received input, kept for its gradient
+        acts += profile.layers[lo - 1].activation_bytes * micro_batch * in_flight
+    return MemoryEstimate(
+        params=float(n * profile.param_bytes),
+        grads=float(n * profile.param_bytes),
+        optimizer=float(n * OPTIMIZER_STATE_BYTES[profile.optimizer]),
+        activations=float(acts),
+    )
+
+
+def gpu_memory_bytes(cluster: Cluster, overrides: Mapping[str, float] | None = None) -> float:
+    """Usable bytes of one of `cluster`'s GPUs; `overrides` maps cluster names to GB."""
+    gb = (overrides or {}).get(cluster.name)
+    if gb is None:
+        gb = GPU_MEMORY_GB.get(cluster.gpu_model.strip().upper())
+    if gb is None:
+        raise ValueError(
+            f"cluster {cluster.name!r}: memory of gpu_model {cluster.gpu_model!r} is unknown; "
+            "give its GB in the memory overrides"
+        )
+    return gb * 1e9 * USABLE
+
+
+def _flops_per_s(cluster: Cluster) -> float:
+    return cluster.peak_tflops * 1e12 * (cluster.efficiency or DEFAULT_EFFICIENCY)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    cluster: str
+    layers: tuple[int, int]
+    """[first, end) of the profile's layers."""
+    memory: MemoryEstimate
+    gpu_bytes: float
+    compute_s: float
+    """Forward and backward of one micro-batch."""
+    send_s: float
+    """Its output's (and back, the gradient's) transfer per micro-batch; 0 for the last."""
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    parallelism: Parallelism
+    reason: str
+    stages: tuple[StagePlan, ...] = ()
+    micro_batches: int = 1
+    bubble: float = 0.0
+    step_s: float = 0.0
+    fits: tuple[str, ...] = field(default=())
+    """Data parallel: the clusters whose GPUs hold the whole model."""
+
+
+def _link_s(
+    a: Cluster, b: Cluster, links: Mapping[tuple[str, str], Link], nbytes: float
+) -> float | None:
+    """Seconds to move `nbytes` a -> b and its gradient back (full duplex: the slower way)."""
+    if a.name == b.name:
+        return nbytes * 8 / (a.intra_bandwidth_gbps * 1e9)
+    there, back = links.get((a.name, b.name)), links.get((b.name, a.name))
+    if there is None or back is None:
+        return None
+    return max(x.rtt_ms / 2e3 + nbytes * 8 / (x.bandwidth_gbps * 1e9) for x in (there, back))
+
+
+@dataclass(frozen=True)
+class _Split:
+    bottleneck: float
+    wan_s: float
+    stages: tuple[StagePlan, ...]
+
+
+def _split(
+    profile: ModelProfile,
+    slots: Sequence[Cluster],
+    links: Mapping[tuple[str, str], Link],
+    mems: Mapping[str, float],
+    micro: int,
+    micro_batch: int,
+    overhead_s: float,
+) -> _Split | None:
+    """The contiguous split of the layers over `slots` (one stage each, in order) with the
+    least bottleneck (slowest stage or link per micro-batch) that fits every GPU; None if
+    none fits."""
+    layers, s_count = profile.layers, len(slots)
+    n = len(layers)
+    flops = [0.0]
+    for x in layers:
+        flops.append(flops[-1] + x.flops)
+    inf = (math.inf, math.inf)
+    # best[k][i]: (bottleneck, wan seconds) of layers [0, i) on slots [0, k); back: split point
+    best = [[inf] * (n + 1) for _ in range(s_count + 1)]
+    back = [[0] * (n + 1) for _ in range(s_count + 1)]
+    best[0][0] = (0.0, 0.0)
+    for k in range(1, s_count + 1):
+        slot = slots[k - 1]
+        speed = _flops_per_s(slot)
+        in_flight = min(micro, s_count - (k - 1))
+        for i in range(k, n - (s_count - k) + 1):
+            for j in range(k - 1, i):
+                prev = best[k - 1][j]
+                if prev == inf:
+                    continue
+                if memory(profile, j, i, micro_batch, in_flight).total > mems[slot.name]:
+                    continue
+                compute = 3.0 * (flops[i] - flops[j]) * micro_batch / speed + overhead_s
+                link, wan = 0.0, 0.0
+                if k > 1:
+                    got = _link_s(
+                        slots[k - 2], slot, links, layers[j - 1].activation_bytes * micro_batch
+                    )
+                    if got is None:
+                        continue
+                    link = got
+                    wan = got if slots[k - 2].name != slot.name else 0.0
+                cand = (max(prev[0], compute, link), prev[1] + wan)
+                if cand < best[k][i]:
+                    best[k][i], back[k][i] = cand, j
+    if best[s_count][n] == inf:
+        return None
+    bounds = [n]
+    for k in range(s_count, 0, -1):
+        bounds.append(back[k][bounds[-1]])
+    bounds.reverse()
+    stages = []
+    for k in range(s_count):
+        lo, hi, slot = bounds[k], bounds[k + 1], slots[k]
+        send = 0.0
+        if k + 1 < s_count:
+            send = (
+                _link_s(slot, slots[k + 1], links, layers[hi - 1].activation_bytes * micro_batch)
+                or 0.0
+            )
+        stages.append(
+            StagePlan(
+                cluster=slot.name,
+                layers=(lo, hi),
+                memory=memory(profile, lo, hi, micro_batch, min(micro, s_count - k)),
+                gpu_bytes=mems[slot.name],
+                compute_s=3.0 * (flops[hi] - flops[lo]) * micro_batch / _flops_per_s(slot)
+                + overhead_s,
+                send_s=send,
+            )
+        )
+    bottleneck, wan = best[s_count][n]
+    return _Split(bottleneck, wan, tuple(stages))
+
+
+def micro_batch_candidates(batch: int, stages: int, limit: int = 64) -> list[int]:
+    """Micro-batch counts worth trying: powers of two and multiples of the stage count."""
+    found = {1 << i for i in range(7)} | {stages * k for k in (1, 2, 4, 8)}
+    return sorted(m for m in found if 1 <= m <= min(batch, limit))
+
+
+def step_seconds(bottleneck: float, stages: int, micro: int) -> float:
+    """A step of a pipeline whose slowest stage or link takes `bottleneck` a micro-batch."""
+    return (micro + stages - 1) * bottleneck
+
+
+def plan_parallelism(
+    profile: ModelProfile,
+    clusters: Sequence[Cluster],
+    links: Sequence[Link],
+    batch: int,
+    memory_gb: Mapping[str, float] | None = None,
+    micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S,
+) -> ParallelPlan:
+    """Data parallel when the whole model trains on one GPU of some cluster, else the fastest
+    pipeline with the fewest stages; ValueError (saying why) when nothing fits. `memory_gb`
+    overrides GPU memory per cluster name; `micro_overhead_s` is the fixed cost of a
+    micro-batch on a stage."""
+    if batch < 1:
+        raise ValueError("batch: give at least 1")
+    usable = [c for c in clusters if c.schedulable and c.gpus_free > 0]
+    if not usable:
+        raise ValueError("clusters: none is schedulable with a free GPU")
+    mems = {c.name: gpu_memory_bytes(c, memory_gb) for c in usable}
+    n = len(profile.layers)
+    whole = memory(profile, 0, n, 1, 1)  # one sample at a time: gradient accumulation
+    fits = tuple(c.name for c in usable if whole.total <= mems[c.name])
+    biggest = max(usable, key=lambda c: mems[c.name])
+    if fits:
+        return ParallelPlan(
+            Parallelism.DATA,
+            f"the whole model needs {whole.total / 1e9:.1f} GB a GPU (one sample a step), "
+            f"which fits {', '.join(fits)}: data parallel moves no activations",
+            fits=fits,
+        )
+    directed = {(x.a, x.b): x for x in links}
+    for x in links:
+        directed.setdefault((x.b, x.a), Link(x.b, x.a, x.bandwidth_gbps, x.rtt_ms))
+    if len(usable) <= MAX_ORDERED_CLUSTERS:
+        orders = list(itertools.permutations(usable))
+    else:
+        orders = [tuple(sorted(usable, key=lambda c: (-mems[c.name], c.name)))]
+    total_gpus = sum(c.gpus_free for c in usable)
+    for s_count in range(2, min(n, total_gpus) + 1):
+        best: tuple[tuple[float, float], ParallelPlan] | None = None
+        for order in orders:
+            slots = [c for c in order for _ in range(c.gpus_free)][:s_count]
+            if len(slots) < s_count:
+                continue
+            for micro in micro_batch_candidates(batch, s_count):
+                mb = math.ceil(batch / micro)
+                got = _split(profile, slots, directed, mems, micro, mb, micro_overhead_s)
+                if got is None:
+                    continue
+                step = step_seconds(got.bottleneck, s_count, micro)
+                key = (step, got.wan_s * micro)
+                if best is None or key < best[0]:
+                    used = list(dict.fromkeys(s.cluster for s in got.stages))
+                    best = (
+                        key,
+                        ParallelPlan(
+                            Parallelism.PIPELINE,
+                            f"the whole model needs {whole.total / 1e9:.1f} GB a GPU, more "
+                            f"than the largest ({biggest.name}: "
+                            f"{mems[biggest.name] / 1e9:.1f} GB usable); {s_count} stages "
+                            f"over {' -> '.join(used)} fit, {micro} micro-batches of {mb} "
+                            f"balance the bubble against per-micro-batch cost",
+                            stages=got.stages,
+                            micro_batches=micro,
+                            bubble=(s_count - 1) / (micro + s_count - 1),
+                            step_s=step,
+                        ),
+                    )
+        if best is not None:
+            return best[1]
+    raise ValueError(
+        f"model: {whole.total / 1e9:.1f} GB fits no pipeline over the free GPUs "
+        f"({total_gpus} of them); a single layer may exceed a GPU, or add clusters or GPUs"
+    )

@@ -1,0 +1,167 @@
+"""The driver of a pipeline (or hybrid) run: one stage actor per stage replica, pinned to its
+stage's cluster like data-parallel workers, stepped in segments, summed into a report.
+
+No restarts: a lost stage fails the run (re-placing a stage is the control plane's, not yet
+built)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from training.pipeline.schedule import bubble_fraction
+from training.pipeline.spec import PipelineReport, PipelineSpec, StageResult
+from training.placement import cluster_resource
+from training.results import WanBytes
+from training.runner import _check_capacity, _ensure_ray, _kill, _wait_all
+
+
+class StagePool:
+    """Idle stage actors per cluster, kept between runs: starting one (a process importing
+    torch) costs seconds, and any run can use any actor pinned to the right cluster."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[Any]] = {}
+
+    def take(self, cluster: str) -> Any | None:
+        found = self._idle.get(cluster)
+        return found.pop() if found else None
+
+    def give(self, cluster: str, actor: Any) -> None:
+        self._idle.setdefault(cluster, []).append(actor)
+
+    def close(self) -> None:
+        for actors in self._idle.values():
+            for a in actors:
+                _kill(a)
+        self._idle.clear()
+
+
+def summarize(
+    spec: PipelineSpec, results: list[StageResult], cuts: tuple[int, ...]
+) -> tuple[list[float], list[float], list[int], WanBytes, int, float]:
+    """Per stage (slowest replica) compute, wait and params; link bytes, raw bytes, and the
+    measured idle share (1 - compute / step time, averaged over stage replicas)."""
+    stages = spec.placement.stages
+    compute = [0.0] * stages
+    wait = [0.0] * stages
+    params = [0] * stages
+    wan = WanBytes()
+    raw = 0
+    idle = []
+    for r in results:
+        compute[r.stage] = max(compute[r.stage], r.compute_s)
+        wait[r.stage] = max(wait[r.stage], r.wait_s)
+        params[r.stage] = r.params
+        wan = wan + r.wan
+        raw += r.raw_bytes
+        if r.steps_s > 0:
+            idle.append(max(0.0, 1.0 - r.compute_s / r.steps_s))
+    measured = sum(idle) / len(idle) if idle else 0.0
+    return compute, wait, params, wan, raw, measured
+
+
+def run_pipeline(
+    spec: PipelineSpec,
+    on_segment: Callable[[int, float | None], None] | None = None,
+    keep: list[Any] | None = None,
+    pool: StagePool | None = None,
+) -> PipelineReport:
+    """Train `spec` to the end; the report. ValueError for a bad spec. With `keep` (a list),
+    the actors are left alive and appended to it in rank order (tests read their
+    parameters); with a `pool`, actors come from it when it has them and go back to it after
+    the run (closed, unless kept too); else they are killed."""
+    import ray
+
+    from training.pipeline.stage import StageWorker
+    from training.tasks import check_entry
+
+    t = spec.train
+    check_entry(t.task)
+    spec.validate()
+    started, local = _ensure_ray(t)
+    ifname = t.gloo_ifname or os.environ.get("CPN_GLOO_IFNAME") or ("lo" if local else None)
+    run_id = uuid.uuid4().hex[:8]
+    p = spec.placement
+    remote: Any = ray.remote(StageWorker)
+    actors: list[Any] = []
+    kept = False
+    try:
+        _check_capacity(t)
+        reused = []
+        for rank in range(p.world):
+            actor = pool.take(p.cluster_of(rank)) if pool is not None else None
+            if actor is not None:
+                reused.append(actor.reinit.remote(spec, rank, ifname))
+            else:
+                actor = remote.options(
+                    name=f"cpn-{run_id}-s{p.stage_of(rank)}r{p.replica_of(rank)}",
+                    num_cpus=0,
+                    num_gpus=0,
+                    resources={cluster_resource(p.cluster_of(rank)): 1.0},
+                    max_restarts=0,
+                ).remote(spec, rank, ifname)
+            actors.append(actor)
+        _wait_all(reused)
+        master, port = ray.get(actors[0].address.remote(), timeout=300)
+        cuts: tuple[int, ...] = _wait_all([a.setup.remote(master, port) for a in actors])[0]
+        seg = t.eval_every or max(1, t.steps // 10)
+        t0 = time.perf_counter()
+        step = 0
+        history: list[dict[str, float | None]] = []
+        results: list[StageResult] = []
+        loss: float | None = None
+        while step < t.steps:
+            step = min(step + seg, t.steps)
+            results = _wait_all([a.run.remote(step) for a in actors])
+            loss = next((r.loss for r in results if r.loss is not None), None)
+            history.append({"wall_s": time.perf_counter() - t0, "step": step, "loss": loss})
+            if on_segment is not None:
+                on_segment(step, loss)
+        evals = _wait_all([a.evaluate.remote() for a in actors])
+        results = _wait_all([a.result.remote() for a in actors])  # the eval pass's bytes too
+        wall = time.perf_counter() - t0
+        final = next((e for e in evals if e is not None), None)
+        compute, wait, params, wan, raw, measured = summarize(spec, results, cuts)
+        if keep is not None:
+            keep.extend(actors)
+        else:
+            ray.get([a.close.remote() for a in actors], timeout=60)
+        if pool is not None:
+            for rank, a in enumerate(actors):
+                pool.give(p.cluster_of(rank), a)
+        kept = keep is not None or pool is not None
+    except ray.exceptions.RayError as exc:
+        raise RuntimeError(f"pipeline training failed: {exc}") from exc
+    finally:
+        if not kept:
+            for a in actors:
+                _kill(a)
+        if started and not kept:
+            ray.shutdown()
+    return PipelineReport(
+        task=t.task,
+        parallel="hybrid" if p.replicas > 1 else "pipeline",
+        stage_clusters=list(p.stage_clusters),
+        replicas=p.replicas,
+        cuts=list(cuts),
+        micro_batches=spec.micro_batches,
+        schedule=str(spec.schedule),
+        activations=spec.activations,
+        steps=step,
+        final_loss=float(loss) if loss is not None else float("nan"),
+        final_accuracy=final[1] if final is not None else float("nan"),
+        wall_s=wall,
+        stage_compute_s=compute,
+        stage_wait_s=wait,
+        stage_params=params,
+        activation_bytes=wan,
+        compression_ratio=raw / wan.total if wan.total else 1.0,
+        bubble_fraction=bubble_fraction(p.stages, spec.micro_batches),
+        measured_bubble=measured,
+        wan_emulated=t.emulated,
+        history=history,
+    )

@@ -1,0 +1,107 @@
+"""Pure decisions of a pipeline run: where stages start (`balance`), which cluster holds each
+stage and how many data-parallel replicas each stage has (`place`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def balance(costs: Sequence[float], stages: int) -> tuple[int, ...]:
+    """Cut points (piece indices where stages 1.. start) that minimise the costliest stage.
+
+    Contiguous stages of at least one piece each; ties go to the earliest cut. ValueError when
+    there are fewer pieces than stages."""
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"stages: the model splits into {n} piece(s); ask for 1 to {n} stages")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[k][i]: the least max-stage cost of pieces [0, i) in k stages; cut[k][i]: last start
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], prefix[i] - prefix[j])
+                if v < best[k][i]:
+                    best[k][i], cut[k][i] = v, j
+    out: list[int] = []
+    i = n
+    for k in range(stages, 1, -1):
+        i = cut[k][i]
+        out.append(i)
+    return tuple(reversed(out))
+
+
+def check_cuts(cuts: Sequence[int], pieces: int) -> None:
+    """ValueError when fixed cut points do not fit a model of `pieces` pieces."""
+    if cuts and cuts[-1] >= pieces:
+        raise ValueError(
+            f"stages: cut point {cuts[-1]} is past the model's {pieces} piece(s); "
+            f"use cut points in 1..{pieces - 1}"
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Cluster of each stage, in pipeline order, and the data-parallel width of every stage."""
+
+    stage_clusters: tuple[str, ...]
+    replicas: int = 1
+
+    @property
+    def stages(self) -> int:
+        return len(self.stage_clusters)
+
+    @property
+    def world(self) -> int:
+        return self.stages * self.replicas
+
+    def stage_of(self, rank: int) -> int:
+        return rank // self.replicas
+
+    def replica_of(self, rank: int) -> int:
+        return rank % self.replicas
+
+    def rank(self, stage: int, replica: int) -> int:
+        return stage * self.replicas + replica
+
+    def cluster_of(self, rank: int) -> str:
+        return self.stage_clusters[self.stage_of(rank)]
+
+
+def place(clusters: dict[str, int], stages: int | None, hybrid: bool) -> Placement:
+    """Stages on clusters in the order the clusters are given, consecutive stages together.
+
+    Pipeline: one worker a stage, so the workers must number the stages. Hybrid: every stage
+    has the same number R of replicas, all in its cluster, so each cluster's workers are a
+    multiple of R and the stages number the workers over R. ValueError says the fix."""
+    total = sum(clusters.values())
+    if not hybrid:
+        count = total if stages is None else stages
+        if count != total:
+            raise ValueError(
+                f"stages: pipeline runs one worker per stage, and --clusters gives {total} "
+                f"worker(s) for {count} stage(s); make them equal (or use --parallel hybrid)"
+            )
+        return Placement(tuple(c for c, n in clusters.items() for _ in range(n)))
+    if stages is None:
+        widths = set(clusters.values())
+        if len(widths) != 1:
+            raise ValueError(
+                "stages: hybrid without --stages puts one stage on each cluster, so every "
+                "cluster needs the same number of workers; give --stages or equal counts"
+            )
+        return Placement(tuple(clusters), widths.pop())
+    if total % stages or any(n % (total // stages) for n in clusters.values()):
+        raise ValueError(
+            f"stages: hybrid gives every stage the same number of replicas inside one cluster; "
+            f"{stages} stage(s) over workers {dict(clusters)} cannot; choose --stages so that "
+            "every cluster's worker count is a multiple of (all workers / stages)"
+        )
+    r = total // stages
+    return Placement(tuple(c for c, n in clusters.items() for _ in range(n // r)), r)

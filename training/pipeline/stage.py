@@ -1,0 +1,257 @@
+"""One stage replica of a pipeline: a Ray actor pinned to its stage's cluster.
+
+Rank `stage * R + replica`. Each step shards the global batch over the R replicas (as
+data-parallel workers do), cuts the shard into micro-batches and runs the schedule's ops:
+a forward receives its input from the previous stage (stage 0 reads the data), a backward
+receives the output's gradient from the next stage (the last stage starts from the loss,
+weighted by the micro-batch's share of the global batch). Sends are non-blocking, receives
+blocking. Messages between clusters are compressed (`codec`), counted per directed link, and
+with a link table held back until the emulated link would have delivered them. After the
+ops, a stage with replicas all-reduces its gradients inside its cluster, then steps its own
+optimizer over its own parameters: the same update the whole model's optimizer would make.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from grammar import parse_compression
+from training.collective import flatten, split
+from training.data import batch_indices, shard
+from training.pipeline.codec import HEADER_LEN, Codec, Header, codec_for, decode, encode
+from training.pipeline.schedule import stage_ops
+from training.pipeline.spec import PipelineSpec, StageResult
+from training.pipeline.split import balance, check_cuts
+from training.results import WanBytes
+from training.stages import group, piece_costs, pieces
+from training.tasks import accuracy, as_tensors, load_task
+from training.wan import LinkTable
+from training.worker import free_port
+
+
+class StageWorker:
+    """The loop of one stage replica. Wrapped with `ray.remote` by the driver."""
+
+    def __init__(self, spec: PipelineSpec, rank: int, gloo_ifname: str | None) -> None:
+        self.spec = spec
+        self.rank = rank
+        p = spec.placement
+        self.stage = p.stage_of(rank)
+        self.replica = p.replica_of(rank)
+        self.cluster = p.cluster_of(rank)
+        self.first = self.stage == 0
+        self.last = self.stage == p.stages - 1
+        # neighbours' ranks (-1: none, and never used as such)
+        self.prev = -1 if self.first else p.rank(self.stage - 1, self.replica)
+        self.next = -1 if self.last else p.rank(self.stage + 1, self.replica)
+        if gloo_ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
+        torch.set_num_threads(1)
+
+    def reinit(self, spec: PipelineSpec, rank: int, gloo_ifname: str | None) -> None:
+        """Serve another run (a `StagePool` keeps this process, and its imported torch, warm)."""
+        self.close()
+        self.__init__(spec, rank, gloo_ifname)  # type: ignore[misc]
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master: str, port: int) -> tuple[int, ...]:
+        """Join the group, build this stage from the seeded model; return the cut points."""
+        spec, p = self.spec, self.spec.placement
+        t = spec.train
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{master}:{port}",
+            rank=self.rank,
+            world_size=p.world,
+            timeout=timedelta(seconds=120),
+        )
+        self.dp: Any = None
+        for s in range(p.stages if p.replicas > 1 else 0):  # every rank, every group, in order
+            g = dist.new_group([p.rank(s, r) for r in range(p.replicas)], backend="gloo")
+            if s == self.stage:
+                self.dp = g
+        task = load_task(t.task)
+        self.task = task
+        self.x, self.y = as_tensors(task.train)
+        self.xe, self.ye = as_tensors(task.eval)
+        self.batch = min(t.batch_size or task.batch_size, len(self.x))
+        torch.manual_seed(t.seed)
+        parts = pieces(task.model())
+        if spec.cuts is not None:
+            check_cuts(spec.cuts, len(parts))
+            cuts = tuple(spec.cuts)
+        else:
+            cuts = balance(piece_costs(parts), p.stages)
+        self.cuts = cuts
+        self.module: nn.Module = group(parts, cuts)[self.stage]
+        self.params = [q for q in self.module.parameters() if q.requires_grad]
+        self.opt = task.optimizer.build(self.params, lr=t.lr)
+        self.codec = codec_for(parse_compression(spec.activations))
+        self.links = LinkTable.build(t.links, t.link_mbps, t.rtt_ms)
+        self.busy_until: dict[int, float] = {}  # per incoming link: when it is free again
+        self.step = 0
+        self.compute_s = self.wait_s = self.steps_s = 0.0
+        self.wan = WanBytes()
+        self.raw_bytes = 0
+        self.loss: float | None = None
+        self.pending: list[Any] = []
+        return cuts
+
+    # ------------------------------------------------------------------ messages
+
+    def _send(self, x: torch.Tensor, dst: int) -> None:
+        there = self.spec.placement.cluster_of(dst)
+        codec = self.codec if there != self.cluster else Codec.NONE  # compress only the WAN
+        msg = encode(x, codec, time.time())
+        self.pending += [
+            (dist.isend(msg.header, dst), msg.header),
+            (dist.isend(msg.payload, dst), msg.payload),
+        ]
+        if there != self.cluster:
+            self.wan = self.wan + WanBytes({(self.cluster, there): msg.wire_bytes})
+            self.raw_bytes += HEADER_LEN * 8 + x.numel() * x.element_size()
+
+    def _recv(self, src: int) -> torch.Tensor:
+        start = time.perf_counter()
+        header = torch.empty(HEADER_LEN, dtype=torch.float64)
+        dist.recv(header, src)
+        head = Header.read(header)
+        payload = head.payload_buffer()
+        dist.recv(payload, src)
+        there = self.spec.placement.cluster_of(src)
+        link = self.links.get(there, self.cluster) if self.links and there != self.cluster else None
+        # the emulated WAN: serialise on the link, then one-way latency (each pair of ranks
+        # has its link: hybrid replicas between the same two clusters do not share one)
+        if link is not None:
+            nbytes = HEADER_LEN * 8 + payload.numel() * payload.element_size()
+            begin = max(head.sent_at, self.busy_until.get(src, 0.0))
+            self.busy_until[src] = begin + nbytes * 8.0 / link.bandwidth_bps
+            wait = self.busy_until[src] + link.rtt_s / 2.0 - time.time()
+            if wait > 0:
+                time.sleep(wait)
+        self.wait_s += time.perf_counter() - start
+        return decode(head, payload)
+
+    def _flush(self) -> None:
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+
+    # ------------------------------------------------------------------ training
+
+    def _micro(self, step: int) -> list[torch.Tensor]:
+        idx = batch_indices(len(self.x), self.batch, self.spec.train.seed, step)
+        mine = shard(idx, self.replica, self.spec.placement.replicas)
+        m = max(1, min(self.spec.micro_batches, len(mine)))
+        return [c for c in torch.tensor_split(mine, m) if len(c)]
+
+    def _train_step(self, step: int) -> None:
+        p = self.spec.placement
+        micro = self._micro(step)
+        held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        losses: dict[int, torch.Tensor] = {}
+        total = torch.zeros(())
+        for op in stage_ops(self.spec.schedule, self.stage, p.stages, len(micro)):
+            m = op.micro
+            if op.forward:
+                inp = self.x[micro[m]] if self.first else self._recv(self.prev).requires_grad_()
+                t0 = time.perf_counter()
+                out = self.module(inp)
+                if self.last:
+                    share = len(micro[m]) / self.batch
+                    losses[m] = self.task.loss(out, self.y[micro[m]]) * share
+                    total += losses[m].detach()
+                self.compute_s += time.perf_counter() - t0
+                held[m] = (inp, out)
+                if not self.last:
+                    self._send(out, self.next)
+            else:
+                inp, out = held.pop(m)
+                grad = None if self.last else self._recv(self.next)
+                t0 = time.perf_counter()
+                if self.last:
+                    losses.pop(m).backward()
+                else:
+                    out.backward(grad)
+                self.compute_s += time.perf_counter() - t0
+                if not self.first:
+                    assert inp.grad is not None
+                    self._send(inp.grad, self.prev)
+        self._flush()
+        if p.replicas > 1:  # data parallel inside the stage's cluster: exact sum of shards
+            grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
+            flat = flatten(grads)
+            dist.all_reduce(flat, group=self.dp)
+            for q, g in zip(self.params, split(flat, [q.shape for q in self.params]), strict=True):
+                q.grad = g.clone()
+            if self.last:
+                dist.all_reduce(total, group=self.dp)
+        t0 = time.perf_counter()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.compute_s += time.perf_counter() - t0
+        if self.last:
+            self.loss = float(total)
+
+    def run(self, until: int) -> StageResult:
+        """Train to step `until`; this replica's totals so far."""
+        while self.step < until:
+            t0 = time.perf_counter()
+            self._train_step(self.step)
+            self.steps_s += time.perf_counter() - t0
+            self.step += 1
+        return self.result()
+
+    def result(self) -> StageResult:
+        return StageResult(
+            rank=self.rank,
+            stage=self.stage,
+            cluster=self.cluster,
+            step=self.step,
+            loss=self.loss if self.last and self.replica == 0 else None,
+            compute_s=self.compute_s,
+            wait_s=self.wait_s,
+            steps_s=self.steps_s,
+            wan=self.wan,
+            raw_bytes=self.raw_bytes,
+            params=sum(q.numel() for q in self.params),
+        )
+
+    @torch.no_grad()
+    def evaluate(self, limit: int = 2048) -> tuple[float, float] | None:
+        """Replica 0's pipeline runs the first `limit` eval samples forward; the last stage
+        returns (mean loss, accuracy), the others None."""
+        if self.replica != 0:
+            return None
+        n = min(limit, len(self.xe))
+        chunks = torch.arange(n).split(self.batch)
+        loss = correct = 0.0
+        for idx in chunks:
+            inp = self.xe[idx] if self.first else self._recv(self.prev)
+            out = self.module(inp)
+            if self.last:
+                loss += float(self.task.loss(out, self.ye[idx])) * len(idx)
+                correct += accuracy(out, self.ye[idx]) * len(idx)
+            else:
+                self._send(out, self.next)
+        self._flush()
+        return (loss / n, correct / n) if self.last else None
+
+    def parameters(self) -> list[torch.Tensor]:
+        """This stage's parameters, in the model's order (tests compare them)."""
+        return [q.detach().clone() for q in self.params]
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
