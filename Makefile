@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install tools demo test lint unit bench clean
+.PHONY: install tools browser demo test lint unit bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ $(CHECKOV_STAMP): tests/helm/checkov-requirements.txt
 
 tools: $(CHECKOV_STAMP)
 
+# The web console's browser tests (tests/ui) drive Debian's chromium through Playwright; no
+# browser is ever downloaded (`playwright install` is never run).
+browser:
+	@command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
 demo: install
 	$(VENV)/bin/cpn demo
 
@@ -39,7 +44,7 @@ lint: install
 unit: install tools
 	$(PY) -m pytest -m "not slow"
 
-test: lint tools
+test: lint tools browser
 	$(PY) -m pytest
 
 # The quick benchmarks: tables on stdout in about a minute, nothing written. The others (they

@@ -22,6 +22,7 @@ from api.deps import FailureAudit
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import agent, clusters, health, jobs, links, pricing, tenants, usage
 from api.streams import StreamSlots
+from api.ui import routes as console
 from controller import keys, resources, scrub
 from controller.db import is_sqlite, make_engine, make_sessionmaker
 from controller.leases import LeaseMonitor, LeasePolicy
@@ -29,6 +30,7 @@ from controller.loop import Controller
 from controller.migrate import pending_reason
 from controller.models import ApiKey, utcnow
 from controller.resources import PeerTable
+from training.location import absolute
 
 log = logging.getLogger("cpn.api")
 
@@ -138,7 +140,7 @@ def make_controller(settings: Settings, sessions: sessionmaker[Session]) -> Cont
         sqlite=is_sqlite(settings.database_url),
         interval_s=settings.reconcile_interval_s,
         replica_ttl_s=settings.replica_ttl_s,
-        checkpoint_root=Path(settings.checkpoint_root).resolve(),
+        checkpoint_root=absolute(settings.checkpoint_root),
         ray_address=settings.ray_address,
         max_attempts=settings.max_attempts,
         ray_num_cpus=settings.ray_num_cpus,
@@ -199,6 +201,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             monitor = LeaseMonitor(agent_sessions, policy, settings.monitor_period(), on_moved)
             monitor.start()
             controller = make_controller(settings, sessions)
+            controller.on_placed = lambda p: metrics.observe_placement(p.waited_s, p.decided_s)
             controller.start()
         try:
             yield
@@ -239,6 +242,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Quotes per tenant need the tenant, so that limit runs after authentication.
         deps = [Depends(ratelimit.limit_tenant_routes)] if module is jobs else None
         app.include_router(module.router, dependencies=deps)
+    console.install(app)  # the web console at /ui
     app.add_middleware(problems.BodySizeLimit, limit=settings.max_body_bytes)
     ratelimit.install(app, ratelimit.RateLimits.from_settings(settings), metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -7,6 +7,7 @@ a thread (that pool also serves the lease monitor)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any
@@ -17,6 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.config import Settings
+from api.ui.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
 from controller.keys import Principal, PrincipalCache, authenticate_cached, hash_key
 from controller.models import AuditLog
 
@@ -63,12 +65,16 @@ async def get_principal(
     waits for a worker thread (which deadlocked the pool under many concurrent requests).
     """
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
-        raise HTTPException(
-            401,
-            "missing bearer API key: send `Authorization: Bearer <key>`",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    principal = await current_principal(request, creds.credentials)
+        token = console_token(request)
+        if token is None:
+            raise HTTPException(
+                401,
+                "missing bearer API key: send `Authorization: Bearer <key>`",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+    else:
+        token = creds.credentials
+    principal = await current_principal(request, token)
     if principal is None:
         await audit_failure(request)
         raise HTTPException(
@@ -80,9 +86,50 @@ async def get_principal(
 
 
 def bearer_token(request: Request) -> str | None:
-    """The request's bearer key, read as `HTTPBearer` reads it (None: none given)."""
+    """The request's bearer key, read as `HTTPBearer` reads it, else the key of its console
+    session (None: neither)."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token if scheme.lower() == "bearer" and token else None
+    if scheme.lower() == "bearer" and token:
+        return token
+    session = console_session(request)
+    return session.token if session else None
+
+
+def console_session(request: Request) -> ConsoleSession | None:
+    """The live console sign-in named by the request's session cookie, if any."""
+    store: ConsoleSessions | None = getattr(request.app.state, "console_sessions", None)
+    if store is None:
+        return None
+    return store.get(request.cookies.get(SESSION_COOKIE), time.monotonic())
+
+
+def console_token(request: Request) -> str | None:
+    """The API key of the request's console session (None: no session). A request that
+    changes something must carry the session's CSRF token, or it is refused (403)."""
+    session = console_session(request)
+    if session is None:
+        return None
+    if not csrf_ok(session, request.method, request.headers.get(CSRF_HEADER)):
+        raise HTTPException(
+            403,
+            f"a console request that changes something needs the {CSRF_HEADER} header of its "
+            "page; reload the page and retry",
+        )
+    # The rate-limit middleware tells keys apart by their bearer header; a console request has
+    # none, so its key's bucket is taken here (the same bucket its bearer calls take from).
+    limits = getattr(request.app.state, "rate_limits", None)
+    address = request.client.host if request.client else "unknown"
+    refusal = limits and limits.admit(
+        address=address,
+        key_hash=hash_key(session.token),
+        known_key=True,
+        agent=False,
+        now=time.monotonic(),
+    )
+    if refusal:
+        request.app.state.metrics.rate_limited.labels(refusal.limit.value).inc()
+        raise HTTPException(429, refusal.detail, headers={"Retry-After": refusal.retry_after()})
+    return session.token
 
 
 async def current_principal(request: Request, token: str) -> Principal | None:

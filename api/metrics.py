@@ -1,11 +1,17 @@
 """Prometheus metrics: request rate and latency by route, heartbeats, cluster states, failed
-authentications and rate-limit refusals."""
+authentications and rate-limit refusals, placement latency, link bandwidth and WAN bytes.
+
+`helm/cpn/dashboards/cpn.json` (the Grafana dashboard) queries these; its test checks that
+every metric it names is exported here."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -60,6 +66,57 @@ class Metrics:
             ["limit"],
             registry=self.registry,
         )
+        placement_buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+        self.placement = Histogram(
+            "cpn_placement_seconds",
+            "Seconds one job's placement took to decide (plan, budget, reservation).",
+            buckets=placement_buckets,
+            registry=self.registry,
+        )
+        self.placement_wait = Histogram(
+            "cpn_placement_wait_seconds",
+            "Seconds from a job's submission until its GPUs were reserved.",
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400),
+            registry=self.registry,
+        )
+        self.link_bandwidth = Gauge(
+            "cpn_link_bandwidth_gbps",
+            "Effective bandwidth of each WAN link (measured over declared), Gbit/s.",
+            ["src", "dst", "source"],
+            registry=self.registry,
+        )
+        self.link_rtt = Gauge(
+            "cpn_link_rtt_ms",
+            "Effective round-trip time of each WAN link, milliseconds.",
+            ["src", "dst", "source"],
+            registry=self.registry,
+        )
+        self.wan_bytes = StoredCounter(
+            "cpn_wan_bytes", "WAN bytes metered per link since the start.", ("src", "dst")
+        )
+        self.registry.register(self.wan_bytes)
+
+    def observe_placement(self, waited_s: float, decided_s: float) -> None:
+        self.placement.observe(decided_s)
+        self.placement_wait.observe(waited_s)
+
+
+class StoredCounter(Collector):
+    """A counter whose totals live in the database (read at scrape, so every replica reports
+    the same, ever-growing value) rather than in this process."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def set_all(self, values: Mapping[tuple[str, ...], float]) -> None:
+        self.values = dict(values)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for labels, value in sorted(self.values.items()):
+            family.add_metric(list(labels), value)
+        yield family
 
 
 class MetricsMiddleware:

@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from api.cli import admin, agent, db, demo, jobs, plan, serve, testbed, train
+from api.cli import admin, agent, apply, db, demo, jobs, plan, serve, testbed, train
 from api.cli.errors import usage_error
 
 app = typer.Typer(
@@ -35,7 +35,7 @@ def version() -> None:
     print(dist_version("cpn"))
 
 
-for module in (serve, db, agent, admin, jobs, plan, train, demo, testbed):
+for module in (serve, db, agent, admin, apply, jobs, plan, train, demo, testbed):
     module.register(app)
 
 

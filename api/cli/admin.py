@@ -1,4 +1,5 @@
-"""`cpn clusters`, `cpn links`, `cpn gpus`: admin tables, read over REST like any client."""
+"""`cpn clusters`, `cpn links`, `cpn gpus`: admin tables, read over REST like any client;
+`cpn admin keys create|list|revoke`: API keys."""
 
 from __future__ import annotations
 
@@ -116,8 +117,116 @@ def gpus(url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool =
     _show("gpus", url, token, as_json, lambda c: c.gpus(), gpus_table)
 
 
+ROLES = ("admin", "tenant", "agent")
+
+
+def keys_table(keys: list[dict[str, Any]]) -> Table:
+    table = Table(title="API keys")
+    for col in ("id", "name", "prefix", "role", "scope", "created", "expires", "revoked"):
+        # Ids are copied into `revoke`: wrapped whole, never cut short.
+        table.add_column(col, overflow="fold" if col in ("id", "scope") else "ellipsis")
+    for k in keys:
+        revoked = k["revoked_at"]
+        table.add_row(
+            k["id"],
+            k["name"] or "-",
+            k["prefix"],
+            k["role"],
+            k["scope"] or "-",
+            k["created_at"][:19],
+            (k.get("expires_at") or "-")[:19],
+            f"[red]{revoked[:19]}[/]" if revoked else "-",
+        )
+    return table
+
+
+def _tenant_scope(client: Any, scope: str) -> str:
+    """A tenant key's scope is the tenant id; a tenant's name is taken too."""
+    for t in client.paginate("/v1/tenants"):
+        if scope in (t["id"], t["name"]):
+            return str(t["id"])
+    return scope  # the API says what is wrong with it
+
+
+def keys_create(
+    role: str = typer.Option(..., "--role", help="admin | tenant | agent."),
+    scope: str | None = typer.Option(
+        None, "--scope", help="Tenant id or name (tenant keys), cluster name (agent keys)."
+    ),
+    name: str = typer.Option("", "--name", help="A label to recognise the key by."),
+    expires_at: str | None = typer.Option(
+        None, "--expires-at", help="ISO 8601 time with an offset; none: until revoked."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the token."),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Mint an API key. Its token is shown this once: cpn keeps only a hash."""
+    from api.cli.jobs import connected
+
+    if role not in ROLES:
+        raise fail("admin keys create", "--role", f"{role!r}: use admin, tenant or agent")
+    with connected("admin keys create", url, token) as client:
+        if role == "tenant" and scope:
+            scope = _tenant_scope(client, scope)
+        key = client.create_api_key(role, scope, name, expires_at)
+    if quiet:
+        print(key["token"])
+    elif as_json:
+        print(json.dumps(key, indent=2))
+    else:
+        console = Console()
+        console.print(keys_table([key]))
+        console.print(f"token: {key['token']}", highlight=False, soft_wrap=True)
+        console.print("[yellow]shown once: store it now; cpn keeps only its hash[/]")
+
+
+def keys_list(
+    role: str | None = typer.Option(None, "--role", help="Only keys of this role."),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """List API keys (never their secrets), revoked ones with their revocation time."""
+    if role is not None and role not in ROLES:
+        raise fail("admin keys list", "--role", f"{role!r}: use admin, tenant or agent")
+    _show(
+        "admin keys list",
+        url,
+        token,
+        as_json,
+        lambda c: list(c.paginate("/v1/api-keys", role=role)),
+        keys_table,
+    )
+
+
+def keys_revoke(
+    key_id: str = typer.Argument(..., help="The key's id (see `cpn admin keys list`)."),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Revoke a key at once; it stays listed with its revocation time."""
+    from api.cli.jobs import connected
+
+    with connected("admin keys revoke", url, token) as client:
+        key = client.request("DELETE", f"/v1/api-keys/{key_id}")
+    if as_json:
+        print(json.dumps(key, indent=2))
+    else:
+        Console().print(f"revoked {key['id']} ({key['role']}, prefix {key['prefix']})")
+
+
 def register(app: typer.Typer) -> None:
-    """Attach the admin tables."""
+    """Attach the admin tables and `cpn admin keys`."""
     app.command("clusters")(clusters)
     app.command("links")(links)
     app.command("gpus")(gpus)
+    keys = typer.Typer(help="Mint, list and revoke API keys.", no_args_is_help=True)
+    keys.command("create")(keys_create)
+    keys.command("list")(keys_list)
+    keys.command("revoke")(keys_revoke)
+    admin = typer.Typer(help="Administration: API keys.", no_args_is_help=True)
+    admin.add_typer(keys, name="keys")
+    app.add_typer(admin, name="admin")

@@ -15,7 +15,8 @@ from api.problems import problem
 from controller.keys import Principal
 from controller.lifecycle import STATES
 from controller.migrate import pending_reason
-from controller.models import Cluster, GpuInventory, Job
+from controller.models import Cluster, GpuInventory, Job, Link, Usage
+from controller.resources import effective_links
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("cpn.api")
@@ -66,7 +67,8 @@ async def metrics_reader(request: Request) -> None:
 
 @router.get("/metrics", response_class=Response, dependencies=[Depends(metrics_reader)])
 def metrics(request: Request) -> Response:
-    """Prometheus exposition: HTTP, heartbeats, clusters and jobs by state, GPUs by model."""
+    """Prometheus exposition: HTTP, heartbeats, clusters and jobs by state, GPUs by model,
+    placement latency, link bandwidth and RTT, WAN bytes metered per link."""
     state = request.app.state
     m = state.metrics
     with state.sessions() as session:
@@ -82,6 +84,15 @@ def metrics(request: Request) -> Response:
             ).group_by(GpuInventory.model)
         ).all()
         jobs = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+        links = [
+            (k.src.name, k.dst.name, k.source, k.bandwidth_gbps, k.rtt_ms)
+            for k in effective_links(session.scalars(select(Link)).unique().all())
+        ]
+        wan = session.execute(
+            select(Usage.cluster, Usage.dst_cluster, func.sum(Usage.quantity))
+            .where(Usage.kind == "wan_bytes")
+            .group_by(Usage.cluster, Usage.dst_cluster)
+        ).all()
     for s in ("PENDING", "READY", "SUSPECT", "DOWN"):
         m.cluster_states.labels(s).set(counts.get(s, 0))
     for s in STATES:
@@ -90,4 +101,10 @@ def metrics(request: Request) -> Response:
         m.gpus.labels(model, "count").set(count or 0)
         m.gpus.labels(model, "allocatable").set(alloc or 0)
         m.gpus.labels(model, "in_use").set(in_use or 0)
+    m.link_bandwidth.clear()  # links come and go: drop the ones that went
+    m.link_rtt.clear()
+    for src, dst, source, gbps, rtt in links:
+        m.link_bandwidth.labels(src, dst, source).set(gbps)
+        m.link_rtt.labels(src, dst, source).set(rtt)
+    m.wan_bytes.set_all({(src, dst or ""): float(total or 0) for src, dst, total in wan})
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,257 @@
+"""The web console in a real browser (Debian's Chromium) against a live `cpn serve`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, expect
+
+from api.processes import wait_until
+from tests.service.conftest import spec
+from tests.ui.conftest import Console, Tab, open_tab, sign_in
+
+pytestmark = pytest.mark.slow
+
+ADMIN_PAGES = ("network", "jobs", "usage", "pricing", "admin/clusters", "admin/tenants",
+               "admin/keys", "admin/audit")  # fmt: skip
+TENANT_PAGES = ("network", "jobs", "quote", "usage", "pricing")
+
+
+def shot(tab: Tab, console: Console, name: str) -> Path:
+    path = console.shots / f"{name}.png"
+    tab.page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_every_admin_page_loads_without_console_errors(tab: Tab, console: Console) -> None:
+    sign_in(tab, console.admin_key)
+    page = tab.page
+    for path in ADMIN_PAGES:
+        page.goto(f"/ui/{path}")
+        expect(page.locator("nav a[aria-current=page]")).to_have_count(1)
+        if path in ("network", "admin/clusters", "admin/tenants", "admin/keys", "admin/audit"):
+            expect(page.locator("main tbody tr").first).to_be_visible()
+        if path == "network":
+            expect(page.locator("#graph g.node")).to_have_count(3)
+            expect(page.locator("#graph line.link")).to_have_count(3)
+            expect(page.locator("#clusters tbody")).to_contain_text("A100 8/8")
+        if path == "pricing":
+            expect(page.locator("#gpu-prices tbody tr")).to_have_count(9)
+        shot(tab, console, path.replace("/", "-"))
+    assert tab.errors == []
+
+
+def test_admin_actions_cordon_mint_and_bad_input(tab: Tab, console: Console) -> None:
+    sign_in(tab, console.admin_key)
+    page = tab.page
+    page.goto("/ui/network")  # the map follows the network without a reload
+    expect(page.locator("#graph g.node.cordoned")).to_have_count(0)
+    console.net.admin.post("/v1/clusters/eu-west/cordon")
+    expect(page.locator("#graph g.node.cordoned")).to_have_attribute("data-cluster", "eu-west")
+    expect(page.locator("#clusters tbody")).to_contain_text("cordoned")
+    console.net.admin.post("/v1/clusters/eu-west/uncordon")
+    page.goto("/ui/admin/clusters")
+    page.get_by_role("button", name="Cordon ap-south").click()
+    expect(page.get_by_role("button", name="Uncordon ap-south")).to_be_visible()
+    assert console.net.admin.get("/v1/clusters/ap-south")["cordoned"] is True
+    page.get_by_role("button", name="Uncordon ap-south").click()
+    expect(page.get_by_role("button", name="Cordon ap-south")).to_be_visible()
+
+    page.goto("/ui/admin/keys")
+    page.get_by_label("Role").select_option("tenant")
+    page.get_by_label("Scope (tenant id or cluster name)").fill("no-such-tenant")
+    page.get_by_role("button", name="Mint").click()  # the problem's detail, by its field
+    expect(page.locator("#scope-error")).to_contain_text("existing tenant id")
+    page.get_by_label("Scope (tenant id or cluster name)").fill(console.net.other_tenant_id)
+    page.get_by_label("Name", exact=True).fill("minted-in-ui")
+    page.get_by_role("button", name="Mint").click()
+    expect(page.locator("#minted-token")).to_have_text(re.compile(r"^cpn_"))
+    token = page.locator("#minted-token").inner_text()
+    with console.net.server.client(token) as minted:
+        assert minted.get("/v1/jobs")["total"] >= 0
+    page.get_by_role("button", name="Revoke minted-in-ui").click()
+    expect(page.locator("#keys tbody")).not_to_contain_text("Revoke minted-in-ui")
+
+    page.goto("/ui/admin/tenants")
+    page.get_by_label("Tenant", exact=True).select_option(label="globex")
+    page.get_by_label("Budget (empty: none)").fill("-5")
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator("#budget-error")).not_to_be_empty()
+    page.get_by_label("Budget (empty: none)").fill("250")
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator("#saved")).to_have_text("saved")
+    assert console.net.admin.get(f"/v1/tenants/{console.net.other_tenant_id}")["budget"] == 250
+    # Filled in above: a 422 is logged by the browser as a failed resource load, and only that.
+    assert all("422" in e for e in tab.errors), tab.errors
+
+
+def test_tenant_pages_quote_and_submit(tab: Tab, console: Console) -> None:
+    sign_in(tab, console.tenant_key)
+    page = tab.page
+    for path in TENANT_PAGES:
+        page.goto(f"/ui/{path}")
+        expect(page.locator("nav a[aria-current=page]")).to_have_count(1)
+        shot(tab, console, f"tenant-{path}")
+    assert tab.errors == []
+    for path in ("admin/clusters", "admin/keys"):  # a tenant gets the API's 404, not a 403
+        response = page.goto(f"/ui/{path}")
+        assert response is not None and response.status == 404
+    page.goto("/ui/quote")
+    page.get_by_label("Steps").fill("0")
+    page.get_by_role("button", name="Get a quote").click()
+    expect(page.locator("#steps-error")).to_contain_text("greater than or equal to 1")
+    page.get_by_label("Steps").fill("500")
+    page.get_by_role("button", name="Get a quote").click()
+    expect(page.locator("#options article")).to_have_count(2)
+    shot(tab, console, "tenant-quote-options")
+    page.locator("#options article").last.get_by_role("button").click()
+    page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f-]+$"))
+    expect(page.locator("#job-state")).to_have_text("PENDING")
+    job_id = page.url.rsplit("/", 1)[1]
+    assert console.net.tenant.get(f"/v1/jobs/{job_id}")["quote_id"] is not None
+    console.net.tenant.post(f"/v1/jobs/{job_id}/cancel")
+
+
+def test_sign_in_out_and_csrf(tab: Tab, console: Console) -> None:
+    page = tab.page
+    page.goto("/ui/jobs")
+    page.wait_for_url("**/ui/login?next=/ui/jobs")
+    page.get_by_label("API key").fill("cpn_wrong-key")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#key-error")).to_contain_text("unknown, revoked or expired")
+    sign_in(tab, console.tenant_key)
+    cookie = next(c for c in tab.context.cookies() if c["name"] == "cpn_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    assert console.tenant_key not in cookie["value"]
+    assert "cpn_session" not in page.evaluate("document.cookie")
+    assert console.tenant_key not in page.content()
+    # The cookie reads; it changes nothing without the page's CSRF token.
+    job = console.net.tenant.post("/v1/jobs", spec(name="csrf", gpus=1))
+    status = page.evaluate(
+        "id => fetch(`/v1/jobs/${id}/cancel`, {method: 'POST'}).then(r => r.status)", job["id"]
+    )
+    assert status == 403
+    assert console.net.tenant.get(f"/v1/jobs/{job['id']}")["state"] == "PENDING"
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url("**/ui/login")
+    after = page.request.get("/v1/jobs", headers={"Cookie": f"cpn_session={cookie['value']}"})
+    assert after.status == 401  # the old cookie signs nobody in
+    page.goto("/ui/jobs")
+    page.wait_for_url("**/ui/login?next=/ui/jobs")
+    console.net.tenant.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_a_tenant_does_not_see_another_tenants_job(tab: Tab, console: Console) -> None:
+    theirs = console.net.other.post("/v1/jobs", spec(name="globex-secret", gpus=1))
+    mine = console.net.tenant.post("/v1/jobs", spec(name="acme-own", gpus=1))
+    sign_in(tab, console.tenant_key)
+    page = tab.page
+    expect(page.locator("#jobs tbody")).to_contain_text("acme-own")
+    expect(page.locator("#jobs tbody")).not_to_contain_text("globex-secret")
+    response = page.goto(f"/ui/jobs/{theirs['id']}")
+    assert response is not None and response.status == 404
+    expect(page.get_by_role("heading", level=1)).to_have_text("Not found")
+    expect(page.locator("main")).not_to_contain_text("globex-secret")
+    for job, client in ((theirs, console.net.other), (mine, console.net.tenant)):
+        client.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_cancel_from_the_ui(tab: Tab, console: Console) -> None:
+    job = console.net.tenant.post("/v1/jobs", spec(name="to-cancel", gpus=1))
+    sign_in(tab, console.tenant_key)
+    page = tab.page
+    page.goto("/ui/jobs?state=PENDING")
+    page.get_by_role("link", name=re.compile("to-cancel")).click()
+    expect(page.locator("#job-state")).to_have_text("PENDING")
+    expect(page.locator("#job-reason")).to_contain_text("Why it waits")
+    page.get_by_role("button", name="Cancel job").click()
+    expect(page.locator("#job-state")).to_have_text("CANCELLED")
+    expect(page.locator("#timeline")).to_contain_text("CANCELLED")
+    assert console.net.tenant.get(f"/v1/jobs/{job['id']}")["state"] == "CANCELLED"
+    assert tab.errors == []
+
+
+@pytest.fixture
+def narrow_tab(browser: Browser, console: Console) -> Iterator[Tab]:
+    yield from open_tab(browser, console, width=390)
+
+
+def test_a_training_jobs_charts_update_live(
+    narrow_tab: Tab, console: Console, tmp_path: Path
+) -> None:
+    """Progress goes through the control plane's own path (a run handle's reports, flushed
+    by `controller.progress.flush` as the loop does), without Ray: the browser must redraw
+    its charts from the live event stream as each report is stored."""
+    from controller.progress import flush
+    from tests.controller.world import Net
+    from training import Progress, WanBytes
+
+    job = console.net.tenant.post("/v1/jobs", spec(name="live-mlp", gpus=2, steps=300))
+    world = Net(console.database_url, tmp_path / "ckpt")
+    try:
+        assert world.place() == [job["id"]]
+        handle = world.start(job["id"])
+        tab = narrow_tab
+        sign_in(tab, console.tenant_key)
+        page = tab.page
+        page.goto(f"/ui/jobs/{job['id']}")
+        expect(page.locator("#job-state")).to_have_text("RUNNING")
+        expect(page.locator("#placement")).to_contain_text("Clusters")
+        for n in range(1, 4):
+            step = 100 * n
+            handle.on_progress(
+                Progress(
+                    step=step,
+                    total_steps=300,
+                    loss=2.0 / n,
+                    accuracy=0.3 * n,
+                    wall_s=0.5 * n,
+                    compute_s=0.3 * n,
+                    comm_s=0.1 * n,
+                    wan_bytes=WanBytes({("us-east", "eu-west"): 5_000_000 * n}),
+                    wan_bytes_total=5_000_000 * n,
+                    compression_ratio=8.0,
+                    compression="topk",
+                )
+            )
+            flush(world.sessions, handle)
+            expect(page.locator("#chart-loss polyline.loss")).to_have_attribute(
+                "data-points", str(n)
+            )
+            expect(page.locator("#chart-wan polyline.wan")).to_have_attribute("data-points", str(n))
+            expect(page.locator("#loss-last")).to_contain_text(f"step {step}/300")
+        expect(page.locator("#wan-last")).to_contain_text("15.0 MB")
+        shot(tab, console, "job-live-narrow")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        shot(tab, console, "job-live")
+        assert tab.errors == []
+        console.net.tenant.post(f"/v1/jobs/{job['id']}/cancel")
+        wait_until(
+            lambda: console.net.tenant.get(f"/v1/jobs/{job['id']}")["state"] == "CANCELLED",
+            10,
+            "the live job to be cancelled",
+        )
+    finally:
+        world.close()
+
+
+def test_keyboard_sign_in_and_a_revoked_key_ends_the_session(tab: Tab, console: Console) -> None:
+    """Signed in with the keyboard alone (the key field has focus, Enter submits); revoking
+    the key ends its console session at once: its pages go back to the sign-in page."""
+    made = console.net.admin.create_api_key("tenant", console.net.tenant_id, "short-lived")
+    page = tab.page
+    page.goto("/ui/login")
+    expect(page.get_by_label("API key")).to_be_focused()
+    page.keyboard.type(made["token"])
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/ui/jobs")
+    page.keyboard.press("Tab")  # the skip link comes first, then the navigation
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    console.net.admin.request("DELETE", f"/v1/api-keys/{made['id']}")
+    page.goto("/ui/usage")
+    page.wait_for_url("**/ui/login?next=/ui/usage")
+    assert page.request.get("/v1/jobs").status == 401
+    assert tab.errors == []
