@@ -3,6 +3,7 @@ candidates for preemption. Pure functions over snapshots; the optimizer applies 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ def exclusions(snapshot: Snapshot, job: JobRequest) -> dict[str, str]:
             out[c.name] = "cordoned"
         elif allowed is not None and c.region not in allowed:
             out[c.name] = f"region {c.region} not in allowed regions"
+        elif job.data_clusters is not None and c.name not in job.data_clusters:
+            out[c.name] = "does not hold the job's data (data: local)"
         elif c.gpus_free < 1:
             out[c.name] = "no free GPUs"
     return out
@@ -122,28 +125,43 @@ def order_queue(
     Each pick goes to the tenant whose GPUs in use (plus what it was given earlier in this
     ordering) divided by its share (default 1) is lowest, ties by submission time then id.
     A job that would take its tenant over its GPU quota is held, not ordered.
+
+    O(n log n): a tenant's jobs all share its key's first term, so its next pick is always the
+    head of its own (submitted_at, id) order; a heap over tenants' heads replaces the scan of
+    every pending job per pick, which made a 10,000-job queue cost 10^8 key evaluations.
     """
     used = dict(usage or {})
     share = dict(shares or {})
     limit = dict(quotas or {})
     order: list[QueuedJob] = []
     held: list[tuple[QueuedJob, str]] = []
-    for prio in sorted({j.priority for j in queue}, reverse=True):
-        pending = sorted(
-            (j for j in queue if j.priority == prio), key=lambda j: (j.submitted_at, j.id)
-        )
-        while pending:
 
-            def key(j: QueuedJob) -> tuple[float, float, str]:
-                s = share.get(j.tenant, 1.0)
-                return (used.get(j.tenant, 0) / s if s > 0 else float("inf"), j.submitted_at, j.id)
+    def load(tenant: str) -> float:
+        s = share.get(tenant, 1.0)
+        return used.get(tenant, 0) / s if s > 0 else float("inf")
 
-            nxt = min(pending, key=key)
-            pending.remove(nxt)
-            q = limit.get(nxt.tenant)
-            if q is not None and used.get(nxt.tenant, 0) + nxt.gpus > q:
-                held.append((nxt, f"tenant {nxt.tenant!r} quota {q} GPUs would be exceeded"))
-                continue
-            used[nxt.tenant] = used.get(nxt.tenant, 0) + nxt.gpus
-            order.append(nxt)
+    by_prio: dict[int, dict[str, list[QueuedJob]]] = {}
+    for j in queue:
+        by_prio.setdefault(j.priority, {}).setdefault(j.tenant, []).append(j)
+    for prio in sorted(by_prio, reverse=True):
+        lanes = {
+            t: sorted(js, key=lambda j: (j.submitted_at, j.id)) for t, js in by_prio[prio].items()
+        }
+        heads = {t: 0 for t in lanes}
+        heap = [(load(t), js[0].submitted_at, js[0].id, t) for t, js in lanes.items()]
+        heapq.heapify(heap)
+        while heap:
+            _, _, _, tenant = heapq.heappop(heap)
+            lane = lanes[tenant]
+            nxt = lane[heads[tenant]]
+            heads[tenant] += 1
+            q = limit.get(tenant)
+            if q is not None and used.get(tenant, 0) + nxt.gpus > q:
+                held.append((nxt, f"tenant {tenant!r} quota {q} GPUs would be exceeded"))
+            else:
+                used[tenant] = used.get(tenant, 0) + nxt.gpus
+                order.append(nxt)
+            if heads[tenant] < len(lane):
+                head = lane[heads[tenant]]
+                heapq.heappush(heap, (load(tenant), head.submitted_at, head.id, tenant))
     return QueueOrder(tuple(order), tuple(held))

@@ -1,0 +1,238 @@
+"""The simulated clock and the policies it compares.
+
+Event-driven: at each arrival or completion the policy gets one scheduling instant over the
+pending jobs and the world as it is. The world is `controller.snapshot.World`: placements
+are applied with `World.after` and completions with `scheduler.rules.release`, the code the
+reconcile loop and the preemption planner use. A job's run time, cost and WAN bytes on the
+placement it got come from the scheduler's cost model (`scheduler.estimate`) on the real
+links, for every policy alike.
+
+`cpn` is the reconcile loop's decision path: `scheduler.order_queue` (fair share), then per job
+in that order `scheduler.plan` with the loop's objective (`controller.reconcile.objective_for`),
+at most `place_pending`'s limit per pass (the loop lets a pass run past it only while its
+database read outweighs its placing, which costs nothing here), passes repeated at one instant
+while a pass fills its limit. Two shortcuts keep it fast without changing a decision: a job
+needing more GPUs than are free, or at least as many as one that just failed for capacity in
+this pass, is not planned (the planner would answer "capacity"). One difference from the
+loop: a job whose deadline can no longer be met is planned for time and counted as a miss (the
+loop fails it at its deadline), so that every policy runs every job.
+"""
+
+from __future__ import annotations
+
+import heapq
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import scheduler
+from bench.sim.network import Network
+from bench.sim.trace import REF_GPU, TraceJob
+from controller.reconcile import objective_for, place_pending
+from controller.snapshot import World
+from scheduler.rules import release
+
+PASS_LIMIT: int = inspect.signature(place_pending).parameters["limit"].default
+
+
+@dataclass(frozen=True)
+class Decision:
+    job: TraceJob
+    placement: scheduler.Placement
+    estimate: scheduler.Estimate
+
+
+def request_of(job: TraceJob, now: float, with_deadline: bool = True) -> scheduler.JobRequest:
+    """What the controller's `job_request` builds for this job at `now` (deadline relative)."""
+    left = None if job.deadline_s is None else job.deadline_s - now
+    return scheduler.JobRequest(
+        id=job.id,
+        params=job.params,
+        steps=job.steps,
+        min_gpus=job.gpus,
+        max_gpus=job.gpus,
+        step_time_s_ref=job.step_time_s_ref,
+        ref_gpu=REF_GPU,
+        tenant=job.tenant,
+        qos=scheduler.QoS(deadline_s=left if with_deadline and left and left > 0 else None),
+    )
+
+
+def _free_total(snapshot: scheduler.Snapshot) -> int:
+    return sum(c.gpus_free for c in snapshot.clusters if c.schedulable)
+
+
+class Policy:
+    name = "policy"
+
+    def schedule(self, now: float, pending: Sequence[TraceJob], world: World) -> list[Decision]:
+        raise NotImplementedError
+
+
+class Cpn(Policy):
+    """cpn's reconcile decisions; `blind`: plan on a copy of the network whose WAN is free."""
+
+    def __init__(self, network: Network, blind: bool = False) -> None:
+        self.name = "cpn-no-bw" if blind else "cpn"
+        self.blind_links = network.bandwidth_blind().links if blind else None
+
+    def schedule(self, now: float, pending: Sequence[TraceJob], world: World) -> list[Decision]:
+        by_id = {j.id: j for j in pending}
+        queue = [
+            scheduler.QueuedJob(id=j.id, tenant=j.tenant, gpus=j.gpus, submitted_at=j.arrival_s)
+            for j in pending
+        ]
+        out: list[Decision] = []
+        while True:
+            usage = scheduler.tenant_usage(world.snapshot.running)
+            order = scheduler.order_queue(queue, usage=usage)
+            placed_now = self._pass(now, [by_id[q.id] for q in order.order], world)
+            for d in placed_now:
+                world = world.after(d.job.id, d.job.tenant, 0, False, d.placement)
+            out += placed_now
+            if len(placed_now) < PASS_LIMIT:
+                return out
+            gone = {d.job.id for d in placed_now}
+            queue = [q for q in queue if q.id not in gone]
+
+    def _pass(self, now: float, order: list[TraceJob], world: World) -> list[Decision]:
+        out: list[Decision] = []
+        free = _free_total(world.snapshot)
+        too_big = math.inf
+        for job in order:
+            if len(out) >= PASS_LIMIT:
+                break
+            if job.gpus > free or job.gpus >= too_big:
+                continue
+            view = world.snapshot
+            if self.blind_links is not None:
+                view = replace(view, links=self.blind_links)
+            request = request_of(job, now)
+            result = scheduler.plan(view, request, objective_for(request))
+            if isinstance(result, scheduler.Infeasible) and result.constraint == "deadline":
+                request = request_of(job, now, with_deadline=False)
+                result = scheduler.plan(view, request, objective_for(request))
+            if isinstance(result, scheduler.Infeasible) or result.victims:
+                if isinstance(result, scheduler.Infeasible) and result.constraint == "capacity":
+                    too_big = min(too_big, job.gpus)
+                continue
+            est = result.estimate
+            if self.blind_links is not None:  # what it really costs on the real links
+                est = scheduler.estimate(
+                    world.snapshot, request, result.placement, result.compression, result.sync
+                )
+            out.append(Decision(job, result.placement, est))
+            world = world.after(job.id, job.tenant, 0, False, result.placement)
+            free -= job.gpus
+        return out
+
+
+class SingleCluster(Policy):
+    """Whole jobs on one cluster, first come first served, skipping jobs that do not fit now
+    (Kueue's BestEffortFIFO); `pick` chooses among the clusters with room."""
+
+    def __init__(
+        self, name: str, pick: Callable[[list[scheduler.Cluster]], scheduler.Cluster]
+    ) -> None:
+        self.name = name
+        self.pick = pick
+
+    def schedule(self, now: float, pending: Sequence[TraceJob], world: World) -> list[Decision]:
+        free = {c.name: c.gpus_free for c in world.snapshot.clusters if c.schedulable}
+        by_name = world.snapshot.by_name
+        out: list[Decision] = []
+        most = max(free.values(), default=0)
+        for job in pending:
+            if job.gpus > most:
+                continue
+            fits = [by_name[n] for n, f in free.items() if f >= job.gpus]
+            c = self.pick(fits)
+            placement = (scheduler.Assignment(c.name, job.gpus),)
+            alone = scheduler.Snapshot(clusters=(c,))
+            est = scheduler.estimate(alone, request_of(job, now), placement)
+            out.append(Decision(job, placement, est))
+            free[c.name] -= job.gpus
+            most = max(free.values())
+        return out
+
+
+def kueue() -> Policy:
+    """Kueue / MultiKueue: the first cluster (in their configured order) that fits."""
+    return SingleCluster("kueue-first-fit", lambda cs: cs[0])
+
+
+def skypilot() -> Policy:
+    """SkyPilot: the cheapest region (GPU-hour list price) with room for the whole job."""
+    return SingleCluster(
+        "skypilot-cheapest", lambda cs: min(cs, key=lambda c: (c.price_per_gpu_hour, c.name))
+    )
+
+
+def gavel_like() -> Policy:
+    """Heterogeneity-aware, not splitting (Gavel-like): the fastest GPUs with room."""
+    return SingleCluster(
+        "gavel-fastest",
+        lambda cs: min(cs, key=lambda c: (-c.peak_tflops, c.price_per_gpu_hour, c.name)),
+    )
+
+
+@dataclass
+class Run:
+    job: TraceJob
+    start_s: float
+    finish_s: float
+    cost: float
+    wan_bytes: int
+    clusters: int
+
+
+@dataclass
+class Outcome:
+    policy: str
+    runs: list[Run]
+    unfinished: int
+    fleet_gpus: int
+    busy: list[tuple[float, int]] = field(default_factory=list)  # (time, GPUs busy) steps
+    cpu_s: float = 0.0  # process CPU time: robust on a shared machine
+
+
+def simulate(policy: Policy, network: Network, trace: Sequence[TraceJob]) -> Outcome:
+    import time
+
+    t0 = time.process_time()
+    world = World(network.snapshot, {})
+    finishing: list[tuple[float, str]] = []
+    running: dict[str, scheduler.RunningJob] = {}
+    pending: list[TraceJob] = []
+    runs: list[Run] = []
+    busy, busy_now = [(0.0, 0)], 0
+    i, n = 0, len(trace)
+    while i < n or finishing:
+        now = min(
+            trace[i].arrival_s if i < n else math.inf, finishing[0][0] if finishing else math.inf
+        )
+        done = []
+        while finishing and finishing[0][0] <= now:
+            done.append(running.pop(heapq.heappop(finishing)[1]))
+        if done:
+            world = World(release(world.snapshot, done), world.origins)
+            busy_now -= sum(r.gpus for r in done)
+        while i < n and trace[i].arrival_s <= now:
+            pending.append(trace[i])
+            i += 1
+        decisions = policy.schedule(now, pending, world) if pending else []
+        for d in decisions:
+            world = world.after(d.job.id, d.job.tenant, 0, False, d.placement)
+            running[d.job.id] = world.snapshot.running[-1]
+            end = now + d.estimate.total_time_s
+            heapq.heappush(finishing, (end, d.job.id))
+            runs.append(
+                Run(d.job, now, end, d.estimate.cost, d.estimate.wan_bytes, len(d.placement))
+            )
+            busy_now += d.job.gpus
+        if decisions:
+            gone = {d.job.id for d in decisions}
+            pending = [j for j in pending if j.id not in gone]
+        busy.append((now, busy_now))
+    return Outcome(policy.name, runs, len(pending), network.gpus, busy, time.process_time() - t0)

@@ -1,0 +1,59 @@
+"""Smoke tests of the trace-driven simulator (`python -m bench.sim`)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.sim.__main__ import POLICIES, main
+from bench.sim.network import build_network
+from bench.sim.trace import synthetic
+from scheduler.rules import QueuedJob, order_queue
+
+KEYS = (
+    "mean_jct_s",
+    "p95_jct_s",
+    "queue_s",
+    "utilisation",
+    "cost",
+    "wan_bytes",
+    "deadline_misses",
+    "fairness",
+)
+
+
+def test_quick_json_has_every_metric_for_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--quick", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["policies"]) == set(POLICIES)
+    for name, metrics in out["policies"].items():
+        for key in KEYS:
+            assert key in metrics, (name, key)
+            assert math.isfinite(metrics[key]), (name, key, metrics[key])
+        assert metrics["finished"] == 40, name
+
+
+def test_trace_and_network_are_seeded() -> None:
+    net = build_network(30, seed=3)
+    assert net == build_network(30, seed=3)
+    a, b = synthetic(200, net.capacity, seed=3), synthetic(200, net.capacity, seed=3)
+    assert a == b
+    assert [j.arrival_s for j in a] == sorted(j.arrival_s for j in a)
+    assert sum(1 for j in a if j.gpus == 1) > len(a) / 2  # most jobs take one GPU
+
+
+def test_order_queue_is_fair_share_and_scales() -> None:
+    """The heap ordering alternates tenants by GPUs given, and orders 20,000 jobs (which the
+    quadratic scan could not in a test's time)."""
+    queue = [QueuedJob(id=f"a{i}", tenant="a", gpus=2, submitted_at=float(i)) for i in range(3)] + [
+        QueuedJob(id=f"b{i}", tenant="b", gpus=1, submitted_at=float(10 + i)) for i in range(4)
+    ]
+    order = order_queue(queue, quotas={"a": 4})
+    assert [j.id for j in order.order] == ["a0", "b0", "b1", "a1", "b2", "b3"]
+    assert [j.id for j, _ in order.held] == ["a2"]
+    big = [
+        QueuedJob(id=f"j{i}", tenant=f"t{i % 50}", gpus=1, submitted_at=i) for i in range(20_000)
+    ]
+    assert len(order_queue(big).order) == 20_000
