@@ -21,6 +21,9 @@ BUILTIN_WORK: dict[str, TaskWork] = {
     "builtin:mnist1d-cnn": TaskWork(params=9610, flops_per_step=76513280.0, batch_size=128),
     "builtin:digits-cnn": TaskWork(params=6090, flops_per_step=31162368.0, batch_size=64),
     "builtin:char-transformer": TaskWork(params=114400, flops_per_step=1283457024.0, batch_size=64),
+    # the WAN-bound regime (training.tasks_wan): millions of parameters, little compute a step
+    "builtin:gpt-stdlib": TaskWork(params=5559392, flops_per_step=7304380416.0, batch_size=6),
+    "builtin:wide-mlp": TaskWork(params=4300810, flops_per_step=1639448576.0, batch_size=64),
 }
 
 

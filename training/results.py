@@ -103,6 +103,17 @@ class ExchangeCounters:
 
 
 @dataclass(frozen=True)
+class AutoChoice:
+    """One decision of `--sync auto` / `--compression auto` (`training.auto`): from `step` on
+    the run used `sync` and `compression`, for the reason `why`."""
+
+    step: int
+    sync: str
+    compression: str
+    why: str
+
+
+@dataclass(frozen=True)
 class SegmentResult:
     """What one worker reports after a segment of steps (`Worker.run`)."""
 
@@ -125,3 +136,5 @@ class SegmentResult:
     labels_read: tuple[int, ...] = ()
     """Under local data: the distinct labels of the samples this rank read (what proves a
     label-split cluster read only its own samples)."""
+    auto_decisions: tuple[AutoChoice, ...] = ()
+    """Under sync or compression auto: what the runtime's policy decided, in order."""

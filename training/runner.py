@@ -304,4 +304,5 @@ def run(
         data=spec.data,
         sync_stats=dict(last.sync_stats) if last is not None else {},
         labels_by_cluster=labels_by_cluster if spec.data == "local" else {},
+        auto_decisions=list(last.auto_decisions) if last is not None else [],
     )

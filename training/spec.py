@@ -13,7 +13,7 @@ from typing import Any
 
 from grammar import Compression, Sync, SyncKind, parse_compression, parse_sync
 from training.placement import cluster_resource
-from training.results import WanBytes
+from training.results import AutoChoice, WanBytes
 
 
 def parse_clusters(text: str) -> dict[str, int]:
@@ -45,6 +45,10 @@ def _concrete_compression(text: str) -> Compression:
         )
     return compression
 
+
+AUTO_SYNCS = (SyncKind.AUTO, SyncKind.EVERY_STEP, SyncKind.LOCAL_SGD)
+"""Sync kinds the runtime's auto policy (`training.auto`) runs: auto itself, and the ones
+under which it picks `compression: auto`."""
 
 DATA_MODES = ("shared", "local")
 """Where a run's samples come from: the whole set on every cluster, or each cluster's own."""
@@ -193,14 +197,15 @@ class TrainSpec:
             )
 
     def _check_grammar(self) -> None:
-        """Sync and compression through the shared grammar; a run needs concrete values."""
+        """Sync and compression through the shared grammar; `auto` is the runtime policy's."""
         sync = self.sync_mode()
-        if sync.is_auto:
-            raise ValueError(
-                f"sync {self.sync!r}: auto is the planner's to replace; a run needs a concrete "
-                "value such as every-step, local-sgd:8, stale:1, streaming:32 or adaptive"
-            )
         compression = parse_compression(self.compression)
+        if compression.is_auto and sync.kind not in (*AUTO_SYNCS, SyncKind.ADAPTIVE):
+            raise ValueError(
+                f"compression 'auto' with sync {self.sync!r}: the runtime picks compression "
+                "under sync auto, every-step or local-sgd:H; use one of them, or a concrete "
+                "compression such as int8"
+            )
         if sync.kind is SyncKind.ADAPTIVE:  # the levels are what runs, not `compression`
             if not self.adaptive_levels:
                 raise ValueError("adaptive_levels: name at least one compression level")
@@ -209,8 +214,6 @@ class TrainSpec:
                     _concrete_compression(level)
                 except ValueError as exc:
                     raise ValueError(f"adaptive_levels[{i}]: {exc}") from None
-        elif compression.is_auto:
-            _concrete_compression(self.compression)
 
     def sync_mode(self) -> Sync:
         """`sync` parsed (ValueError quotes it and lists the valid forms)."""
@@ -292,6 +295,9 @@ class TrainReport:
     `messages_per_round`, the parameter server's `stale_updates` (rank 0's view)."""
     labels_by_cluster: dict[str, list[int]] = field(default_factory=dict)
     """Under local data: the distinct labels each cluster's ranks read (this attempt)."""
+    auto_decisions: list[AutoChoice] = field(default_factory=list)
+    """Under sync or compression auto: each decision of the runtime's policy (step, sync,
+    compression, why), rank 0's (every rank decides the same)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `cpn train --json` prints): `wan_bytes` as `{"src->dst": bytes}`."""

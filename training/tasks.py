@@ -288,11 +288,25 @@ def char_transformer(ctx: int = 32) -> Task:
     )
 
 
+def _gpt_stdlib() -> Task:
+    from training.tasks_wan import gpt_stdlib  # the WAN-bound tasks build on this module
+
+    return gpt_stdlib()
+
+
+def _wide_mlp() -> Task:
+    from training.tasks_wan import wide_mlp
+
+    return wide_mlp()
+
+
 BUILTIN: dict[str, Callable[[], Task]] = {
     "mnist1d-mlp": mnist1d_mlp,
     "mnist1d-cnn": mnist1d_cnn,
     "digits-cnn": digits_cnn,
     "char-transformer": char_transformer,
+    "gpt-stdlib": _gpt_stdlib,
+    "wide-mlp": _wide_mlp,
 }
 
 

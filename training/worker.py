@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from grammar import Sync
+from training.auto import runs_auto
 from training.checkpoint import FORMAT, check_identity, open_store
 from training.collective import Collective, flatten, split
 from training.data import batch_indices, shard, shard_sizes
@@ -142,7 +143,8 @@ class Worker:
                 for c in self.clusters
             },
         )
-        self.strategy: SyncStrategy = make_sync_strategy(self.sync, ctx)
+        auto = runs_auto(spec.sync, spec.compression)  # the runtime's policy picks the rest
+        self.strategy: SyncStrategy = make_sync_strategy(auto or self.sync, ctx)
         comp = self.comm.compressor(self.strategy.compression)
         no_momentum = comp.momentum_correction and self.strategy.exchanges_gradients
         self.opt = task.optimizer.build(self.params, lr=spec.lr, no_momentum=no_momentum)
@@ -256,6 +258,7 @@ class Worker:
             local_steps=self.local_step,
             sync_stats=self.strategy.stats(),
             labels_read=tuple(sorted(self.labels_read)),
+            auto_decisions=self.strategy.decisions(),
         )
 
     def evaluate(self) -> float:

@@ -18,6 +18,7 @@ from training.data import batch_indices, shard
 from training.spec import TrainSpec
 from training.sync import (
     AdaptiveSync,
+    AutoSync,
     EveryStepSync,
     LocalSGDSync,
     Scope,
@@ -61,6 +62,7 @@ def _context(spec: TrainSpec) -> SyncContext:
         ("stale:2", StaleSync, Scope.GLOBAL, True),  # one cluster: nothing to be stale about
         ("adaptive", AdaptiveSync, Scope.GLOBAL, True),
         ("streaming:8:f2:d3", StreamingSync, Scope.CLUSTER, False),
+        ("auto", AutoSync, Scope.CLUSTER, False),  # its warm-up: local SGD
     ],
 )
 def test_registry_builds_each_mode(
@@ -74,9 +76,7 @@ def test_registry_builds_each_mode(
     strategy.close()
 
 
-def test_registry_refuses_auto_and_double_registration() -> None:
-    with pytest.raises(ValueError, match="sync 'auto': no strategy runs it"):
-        make_sync_strategy(Sync(SyncKind.AUTO), _context(TrainSpec()))
+def test_registry_refuses_double_registration() -> None:
     with pytest.raises(ValueError, match="already has a strategy"):
         register_sync_strategy(SyncKind.EVERY_STEP, EveryStepSync)
 

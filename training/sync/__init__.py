@@ -9,6 +9,7 @@ new mode registers its class with `register_sync_strategy` and plugs into `Worke
 from grammar import SyncKind
 from training.sync.adaptive import AdaptiveSync
 from training.sync.async_ps import AsyncPSSync
+from training.sync.auto import AutoSync
 from training.sync.base import (
     Scope,
     SyncContext,
@@ -32,10 +33,12 @@ register_sync_strategy(SyncKind.STREAMING, StreamingSync)
 register_sync_strategy(SyncKind.PARTIAL, PartialSync)
 register_sync_strategy(SyncKind.ASYNC_PS, AsyncPSSync)
 register_sync_strategy(SyncKind.GOSSIP, GossipSync)
+register_sync_strategy(SyncKind.AUTO, AutoSync)
 
 __all__ = [
     "AdaptiveSync",
     "AsyncPSSync",
+    "AutoSync",
     "EveryStepSync",
     "GossipSync",
     "LocalSGDSync",

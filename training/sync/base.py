@@ -28,6 +28,7 @@ from torch import nn
 
 from grammar import Sync, SyncKind
 from training.collective import Collective
+from training.results import AutoChoice
 from training.spec import TrainSpec
 
 
@@ -104,6 +105,10 @@ class SyncStrategy(ABC):
     def stats(self) -> dict[str, float]:
         """What the mode reports about itself in the run's `sync_stats`."""
         return {}
+
+    def decisions(self) -> tuple[AutoChoice, ...]:
+        """What the mode decided at run time (auto), reported as the run's `auto_decisions`."""
+        return ()
 
     def after_step(self, step: int) -> None:  # noqa: B027 - optional hook
         """After the local optimizer step of `step` (local SGD's outer step goes here)."""

@@ -1,0 +1,142 @@
+"""`--sync auto --compression auto`: the pure policy (`training.auto`) and one emulated run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from api.cli import app
+from grammar import Sync, SyncKind
+from training.auto import (
+    LADDER,
+    AutoPolicy,
+    decide,
+    exchange_time,
+    lossiness,
+    runs_auto,
+    wan_bound_ratio,
+)
+from training.wan import Link
+
+MBIT = 1e6
+computes = st.floats(min_value=1e-3, max_value=2.0)
+params_ = st.integers(min_value=1_000, max_value=50_000_000)
+clusters_ = st.integers(min_value=2, max_value=8)
+mbps_ = st.floats(min_value=1.0, max_value=10_000.0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(computes, params_, clusters_, mbps_, st.floats(min_value=1.0, max_value=100.0))
+def test_more_bandwidth_never_picks_a_lossier_compressor_or_longer_period(
+    compute: float, params: int, clusters: int, mbps: float, more: float
+) -> None:
+    slow = decide(compute, Link(mbps * MBIT, 0.01), params, clusters)
+    fast = decide(compute, Link(mbps * more * MBIT, 0.01), params, clusters)
+    assert lossiness(fast.compression) <= lossiness(slow.compression)
+    if lossiness(fast.compression) == lossiness(slow.compression):
+        assert fast.sync.period <= slow.sync.period
+
+
+@settings(max_examples=80, deadline=None)
+@given(computes, params_, clusters_, mbps_)
+def test_the_exchange_hides_under_compute_whenever_anything_can(
+    compute: float, params: int, clusters: int, mbps: float
+) -> None:
+    link = Link(mbps * MBIT, 0.01)
+    d = decide(compute, link, params, clusters)
+    lightest = exchange_time(LADDER[-1], params, clusters, link)
+    if lightest <= 64 * compute:  # something hides: the decision does
+        assert d.hides
+        assert d.exchange_s <= d.sync.period * compute
+    else:  # nothing does: the lightest exchange at the longest period
+        assert (d.compression, d.sync.period) == (LADDER[-1], 64)
+    if d.sync.kind is SyncKind.EVERY_STEP:
+        assert d.exchange_s <= 0.1 * compute
+
+
+def test_the_ladder_fp32_every_step_then_periods_then_compressors() -> None:
+    p, n = 4_000_000, 3  # 16 MB of fp32 a step, a ring of 3 clusters
+    assert decide(0.05, None, p, n).sync.kind is SyncKind.EVERY_STEP
+    assert decide(0.05, Link(1e12, 0.0), p, n).compression == "none"
+    fp32_100 = exchange_time("none", p, n, Link(100 * MBIT, 0.0))  # ~1.7 s
+    d = decide(0.05, Link(100 * MBIT, 0.0), p, n)  # 34 steps of compute: H=64 hides fp32
+    assert (str(d.sync), d.compression) == ("local-sgd:64", "none") and fp32_100 > 32 * 0.05
+    d = decide(0.05, Link(20 * MBIT, 0.0), p, n)  # 5x less: fp32 no longer hides, int8 does
+    assert d.compression == "int8" and d.hides
+    d = decide(0.05, Link(2 * MBIT, 0.0), p, n)  # even int2 takes 5.7 s: top-k
+    assert d.compression.startswith("topk") and d.hides
+    assert "local-sgd" in d.why and d.why
+
+
+def test_fixed_values_are_kept() -> None:
+    link = Link(10 * MBIT, 0.0)
+    d = decide(0.05, link, 4_000_000, 3, fixed_compression="int4")
+    assert d.compression == "int4" and d.sync.kind is SyncKind.LOCAL_SGD
+    d = decide(0.05, link, 4_000_000, 3, fixed_sync=Sync(SyncKind.LOCAL_SGD, period=8))
+    assert d.sync.period == 8 and lossiness(d.compression) > 0
+    d = decide(0.05, link, 4_000_000, 3, fixed_sync=Sync(SyncKind.EVERY_STEP))
+    assert d.sync.kind is SyncKind.EVERY_STEP and d.compression == LADDER[-1]
+    assert runs_auto("auto", "none") == Sync(SyncKind.AUTO)
+    assert runs_auto("local-sgd:8", "auto") == Sync(SyncKind.AUTO)
+    assert runs_auto("adaptive", "auto") is None and runs_auto("every-step", "int8") is None
+
+
+def test_policy_redecides_only_after_a_lasting_change() -> None:
+    policy = AutoPolicy(params=4_000_000, clusters=3, factor=2.0, patience=2)
+    first = policy.observe(4, 0.05, Link(100 * MBIT, 0.0))
+    assert first is not None and first.compression == "none"
+    for step, mbps in ((8, 70.0), (12, 140.0), (16, 9.0), (20, 100.0)):  # noise, one blip
+        assert policy.observe(step, 0.05, Link(mbps * MBIT, 0.0)) is None
+    assert policy.observe(24, 0.05, Link(20 * MBIT, 0.0)) is None  # 1st round out of band
+    new = policy.observe(28, 0.05, Link(20 * MBIT, 0.0))  # 2nd: re-decided
+    assert new is not None and new.compression == "int8"
+    assert [s for s, _ in policy.history] == [4, 28]
+
+
+def test_regime_is_fp32_exchange_over_compute() -> None:
+    # 4 M parameters = 128 Mbit of fp32; 1.28 s at 100 Mbit/s over 0.1 s of compute
+    assert wan_bound_ratio(4_000_000, 0.1, 100.0) == pytest.approx(12.8)
+
+
+def _train(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["train", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_compression_auto_needs_a_sync_it_can_pick_under() -> None:
+    code, _, err = _train("--sync", "stale:1", "--compression", "auto")
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--compression" in lines[0], err
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_cpn_train_auto_on_the_emulated_wan_reports_its_decision() -> None:
+    code, out, err = _train(
+        "--clusters",
+        "a:1,b:1",
+        "--sync",
+        "auto",
+        "--compression",
+        "auto",
+        "--steps",
+        "12",
+        "--link-mbps",
+        "2",
+        "--rtt-ms",
+        "1",
+        "--json",
+    )
+    assert code == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["sync"] == "auto" and report["compression"] == "auto"
+    first = report["auto_decisions"][0]
+    assert first["step"] == 4 and first["why"]
+    # 23 K parameters = 0.74 Mbit of fp32 at 2 Mbit/s: far more than a step's compute
+    assert first["sync"].startswith("local-sgd:") and first["compression"] != "none"
+    assert report["final_accuracy"] == report["final_accuracy"]  # a number, not NaN
+    assert report["wan_bytes_total"] > 0

@@ -1,0 +1,235 @@
+"""`--sync auto --compression auto` in the runtime: the planner's policy, fed by measurements.
+
+Pure decision code, no I/O. `decide` picks sync mode, period and compressor so that the WAN
+exchange hides under compute at the smallest quality cost: every-step fp32 when its exchange
+already costs little beside compute; else local SGD (DiLoCo) with the shortest period H whose
+exchange fits in H steps of compute, fp32 first; then int8, int4, int2 and chunked top-k as
+the bytes demand. `AutoPolicy` re-decides when the measured bandwidth or compute changes by
+more than a factor for a few rounds in a row (hysteresis), so noise does not flap the mode.
+Every rank calls it with the same all-reduced numbers, so every cluster decides the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from grammar import Sync, SyncKind, parse_compression, parse_sync
+from training.adaptive import estimate_bytes
+from training.wan import Link
+
+LADDER: tuple[str, ...] = ("none", "int8", "int4", "int2", "topk:0.02:m0:c4096:int2")
+"""Compressors, least to most lossy. Top-k without its own momentum (m0): the pseudo-gradient
+already is an update; its error feedback keeps what was not sent."""
+
+PERIODS: tuple[int, ...] = (8, 16, 32, 64)
+"""Local SGD periods tried, shortest (least quality cost) first. None below 8: DiLoCo's outer
+Nesterov step (lr 0.7, momentum 0.9) amplifies a pseudo-gradient of a few inner steps until
+it diverges (local-sgd:2 stays at chance on mnist1d-mlp where local-sgd:8 learns)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What runs from now on, and why (reported in the run's `auto_decisions`)."""
+
+    sync: Sync
+    compression: str
+    why: str
+    exchange_s: float
+    """Predicted seconds of one exchange at this compression on the slowest link."""
+    compute_s: float
+    bandwidth_bps: float | None
+
+    @property
+    def hides(self) -> bool:
+        """The exchange fits in the compute of one period (every-step: in its overhead)."""
+        return self.exchange_s <= self.sync.period * self.compute_s
+
+
+def ring_crossings(clusters: int) -> float:
+    """Copies of one message the busiest link carries in a ring all-reduce of `clusters`."""
+    return 2.0 * (clusters - 1) / clusters if clusters > 1 else 0.0
+
+
+def exchange_time(
+    level: str,
+    params: int,
+    clusters: int,
+    link: Link,
+    crossings: Callable[[str], float] | None = None,
+) -> float:
+    """Seconds one exchange of `params` values at `level` takes over `link`: the bytes on the
+    busiest link at its bandwidth, plus 2(n-1) one-way latencies of a ring."""
+    if clusters < 2:
+        return 0.0
+    copies = crossings(level) if crossings is not None else ring_crossings(clusters)
+    nbytes = estimate_bytes(level, [(params,)]) * copies
+    return 2 * (clusters - 1) * link.rtt_s / 2.0 + nbytes * 8.0 / link.bandwidth_bps
+
+
+def link_from_exchange(edge_bytes: float, seconds: float, rtt_s: float = 0.0) -> Link | None:
+    """The bandwidth an exchange implied: bytes on its busiest link over its wall time (an
+    underestimate: latency and waiting count as transfer). None when nothing was measured."""
+    if edge_bytes <= 0 or seconds <= 0 or not math.isfinite(seconds):
+        return None
+    return Link(edge_bytes * 8.0 / seconds, rtt_s)
+
+
+def decide(
+    compute_s: float,
+    link: Link | None,
+    params: int,
+    clusters: int,
+    *,
+    overhead: float = 0.1,
+    max_period: int = 64,
+    ladder: Sequence[str] = LADDER,
+    fixed_sync: Sync | None = None,
+    fixed_compression: str | None = None,
+    crossings: Callable[[str], float] | None = None,
+) -> Decision:
+    """Sync and compression so that the exchange hides under compute at the least quality
+    cost. `link` is the slowest link (from the link table, or `link_from_exchange`); None or
+    one cluster: nothing crosses a WAN, so every-step fp32. Every-step is kept while its
+    synchronous exchange costs at most `overhead` of a step's compute. `fixed_sync` /
+    `fixed_compression` pin what the user gave concretely; the rest is picked."""
+    compute_s = max(compute_s, 1e-6)
+    levels = [fixed_compression] if fixed_compression is not None else list(ladder)
+    fixed_kind = fixed_sync.kind if fixed_sync is not None else None
+
+    def made(sync: Sync, level: str, why: str) -> Decision:
+        t = exchange_time(level, params, clusters, link, crossings) if link else 0.0
+        bps = link.bandwidth_bps if link else None
+        return Decision(sync, level, why, t, compute_s, bps)
+
+    if link is None or clusters < 2:
+        sync = fixed_sync or Sync(SyncKind.EVERY_STEP)
+        return made(sync, levels[0], "no WAN measured between clusters: nothing to hide")
+    if fixed_kind in (None, SyncKind.EVERY_STEP):
+        # a compressor every step costs more quality than fp32 every H steps: unless the
+        # user fixed every-step, every-step runs only at the least lossy level
+        for level in levels if fixed_kind is SyncKind.EVERY_STEP else levels[:1]:
+            t = exchange_time(level, params, clusters, link, crossings)
+            if t <= overhead * compute_s:
+                return made(
+                    Sync(SyncKind.EVERY_STEP),
+                    level,
+                    f"every-step {level}: exchange {t:.3g}s <= {overhead:g} x compute "
+                    f"{compute_s:.3g}s",
+                )
+            if fixed_kind is SyncKind.EVERY_STEP and level == levels[-1]:
+                return made(fixed_sync or Sync(SyncKind.EVERY_STEP), level, "sync fixed: lightest")
+    if fixed_sync is not None and fixed_kind is not SyncKind.LOCAL_SGD:
+        return made(fixed_sync, levels[0], f"sync fixed to {fixed_sync}: compression as given")
+    periods = (
+        [fixed_sync.period]
+        if fixed_sync is not None
+        else [h for h in PERIODS if h <= max_period] or [max_period]
+    )
+    for level in levels:
+        t = exchange_time(level, params, clusters, link, crossings)
+        for h in periods:
+            if t <= h * compute_s:
+                return made(
+                    Sync(SyncKind.LOCAL_SGD, period=h),
+                    level,
+                    f"local-sgd:{h} {level}: exchange {t:.3g}s <= {h} x compute {compute_s:.3g}s",
+                )
+    h = periods[-1]
+    return made(
+        Sync(SyncKind.LOCAL_SGD, period=h),
+        levels[-1],
+        f"nothing hides at {link.bandwidth_bps / 1e6:.3g} Mbit/s: the lightest exchange, H={h}",
+    )
+
+
+def lossiness(level: str) -> int:
+    """Rank of `level` in `LADDER` (higher: lossier); a level outside it ranks last."""
+    return LADDER.index(level) if level in LADDER else len(LADDER)
+
+
+@dataclass
+class AutoPolicy:
+    """`decide` with hysteresis: re-decide only when bandwidth or compute moved more than
+    `factor` away from what the current decision was made on, `patience` rounds in a row."""
+
+    params: int
+    clusters: int
+    fixed_sync: Sync | None = None
+    fixed_compression: str | None = None
+    factor: float = 2.0
+    patience: int = 2
+    max_period: int = 64
+    crossings: Callable[[str], float] | None = None
+    """Copies of a message of each level the busiest link carries (None: a ring's)."""
+    current: Decision | None = None
+    strikes: int = 0
+    history: list[tuple[int, Decision]] = field(default_factory=list)
+
+    def _decide(self, compute_s: float, link: Link | None) -> Decision:
+        return decide(
+            compute_s,
+            link,
+            self.params,
+            self.clusters,
+            max_period=self.max_period,
+            fixed_sync=self.fixed_sync,
+            fixed_compression=self.fixed_compression,
+            crossings=self.crossings,
+        )
+
+    def _moved(self, compute_s: float, link: Link | None) -> bool:
+        cur = self.current
+        assert cur is not None
+        bps = link.bandwidth_bps if link else None
+        if (bps is None) != (cur.bandwidth_bps is None):
+            return True
+        ratios = [compute_s / max(cur.compute_s, 1e-9)]
+        if bps is not None and cur.bandwidth_bps:
+            ratios.append(bps / cur.bandwidth_bps)
+        return any(r > self.factor or r < 1.0 / self.factor for r in ratios)
+
+    def observe(self, step: int, compute_s: float, link: Link | None) -> Decision | None:
+        """The new decision when one is due (the first, or after `patience` rounds out of
+        band), else None: keep running what runs."""
+        if self.current is None:
+            self.current = self._decide(compute_s, link)
+            self.history.append((step, self.current))
+            return self.current
+        if not self._moved(compute_s, link):
+            self.strikes = 0
+            return None
+        self.strikes += 1
+        if self.strikes < self.patience:
+            return None
+        self.strikes = 0
+        new = self._decide(compute_s, link)
+        if new.sync == self.current.sync and new.compression == self.current.compression:
+            self.current = new  # re-anchored on the new measurements, same mode
+            return None
+        self.current = new
+        self.history.append((step, new))
+        return new
+
+
+def parse_fixed(sync: str, compression: str) -> tuple[Sync | None, str | None]:
+    """What of `sync` / `compression` the user fixed (None: auto, the policy's to pick)."""
+    s = parse_sync(sync)
+    c = parse_compression(compression)
+    return (None if s.is_auto else s), (None if c.is_auto else str(c))
+
+
+def wan_bound_ratio(params: int, compute_s: float, mbps: float) -> float:
+    """The regime of synchronous fp32 data parallelism: seconds to put one step's fp32
+    gradient on a link of `mbps` over seconds of compute per step (>1: WAN-bound)."""
+    return 4.0 * params * 8.0 / (mbps * 1e6) / max(compute_s, 1e-9)
+
+
+def runs_auto(sync: str, compression: str) -> Sync | None:
+    """`Sync(auto)` when the run's policy picks something (sync or compression is auto, not
+    under adaptive, which picks its own levels), else None: the given sync runs as is."""
+    s = parse_sync(sync)
+    if s.is_auto or (parse_compression(compression).is_auto and s.kind is not SyncKind.ADAPTIVE):
+        return Sync(SyncKind.AUTO)
+    return None

@@ -1,0 +1,191 @@
+"""Auto: the runtime picks sync mode, period and compressor (`training.auto`) and re-decides.
+
+The first `WARMUP` steps run local SGD with one exchange at their end: every rank times its
+forward/backward, the leaders time that exchange, and one all-reduce (max) over all ranks
+gives every rank the same slowest compute time and exchange time, so every rank decides the
+same. The link table, where there is one, gives the bandwidth instead of the measured
+exchange. Afterwards the same measurements are taken at every sync point of what runs (each
+local SGD round; every `OBSERVE_EVERY` steps under every-step) and `AutoPolicy` switches mode
+when they moved by more than its factor for a few rounds. Switches happen only where every
+cluster holds the same parameters (right after an exchange), so nothing is lost but the
+outer momentum when leaving local SGD.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from grammar import Sync, SyncKind
+from training.auto import AutoPolicy, Decision, link_from_exchange, parse_fixed
+from training.results import AutoChoice
+from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.every_step import EveryStepSync
+from training.sync.local_sgd import LocalSGDSync
+from training.wan import Link
+
+WARMUP = 4
+"""Steps measured before the first decision (the first one, warming caches, is not counted)."""
+OBSERVE_EVERY = 8
+"""Under every-step: steps between two measurements."""
+
+
+class AutoSync(SyncStrategy):
+    """Runs the strategy the policy picked (`self.inner`), measuring as it goes."""
+
+    exchanges_gradients = False  # the ladder's compressors carry no momentum correction
+
+    def __init__(self, sync: Sync, ctx: SyncContext) -> None:
+        self.inner: SyncStrategy | None = None
+        super().__init__(sync, ctx)
+        fixed_sync, fixed_compression = parse_fixed(ctx.spec.sync, ctx.spec.compression)
+        params = sum(p.numel() for p in ctx.params)
+        self.policy = AutoPolicy(
+            params,
+            len(ctx.comm.clusters),
+            fixed_sync=fixed_sync,
+            fixed_compression=fixed_compression,
+            crossings=self._crossings,
+        )
+        self.warmup = max(1, min(WARMUP, ctx.spec.steps))
+        self.inner = LocalSGDSync(Sync(SyncKind.LOCAL_SGD, period=self.warmup), ctx)
+        self.inner.compression = fixed_compression or "int8"
+        self.computes: list[float] = []
+        self.mark = self._leader_mark()
+        self.choices: list[AutoChoice] = []
+
+    # -------------------------------------------------------------- delegation
+
+    @property
+    def compression(self) -> str:
+        return self.inner.compression if self.inner is not None else "none"
+
+    @compression.setter
+    def compression(self, value: str) -> None:
+        if self.inner is not None:
+            self.inner.compression = value
+
+    @property
+    def scope(self) -> Scope:
+        assert self.inner is not None
+        return self.inner.scope
+
+    def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
+        assert self.inner is not None
+        self.computes.append(compute_s)
+        return self.inner.after_backward(grad, step, compute_s)
+
+    def after_step(self, step: int) -> None:
+        assert self.inner is not None
+        self.inner.after_step(step)
+        if step + 1 < self.spec.steps and self._observe_now(step):
+            self._observe(step)
+
+    def finish(self) -> None:
+        assert self.inner is not None
+        self.inner.finish()
+
+    def at_sync_point(self, step: int) -> bool:
+        assert self.inner is not None
+        return self.inner.at_sync_point(step)
+
+    def stats(self) -> dict[str, float]:
+        cur = self.policy.current
+        if cur is None:
+            return {}
+        return {"auto_period": float(cur.sync.period), "auto_decisions": float(len(self.choices))}
+
+    def decisions(self) -> tuple[AutoChoice, ...]:
+        return tuple(self.choices)
+
+    def cluster_state(self) -> dict[str, Any]:
+        assert self.inner is not None
+        return self.inner.cluster_state()
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.inner is not None
+        return self.inner.state_dict()
+
+    def load_state_dict(
+        self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
+    ) -> None:
+        """A resumed run measures and decides afresh (its warm-up starts at the resume step)."""
+        assert self.inner is not None
+        self.inner.load_state_dict(None, None)
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+    # -------------------------------------------------------------- measuring and deciding
+
+    def _crossings(self, level: str) -> float:
+        """Copies of one message at `level` on the busiest link: 2(n-1)/n through the ring,
+        n-1 in an all-gather (as `AdaptiveSync`)."""
+        n = len(self.comm.clusters)
+        return 2.0 * (n - 1) / n if self.comm.uses_ring(level) else float(n - 1)
+
+    def _observe_now(self, step: int) -> bool:
+        cur = self.policy.current
+        if cur is None:
+            return step + 1 == self.warmup
+        if cur.sync.kind is SyncKind.LOCAL_SGD:
+            return (step + 1) % cur.sync.period == 0
+        return (step + 1) % OBSERVE_EVERY == 0
+
+    def _leader_mark(self) -> tuple[int, float]:
+        """(bytes on this leader's busiest link, seconds of its exchanges) so far."""
+        c = self.comm.counters
+        return (max(c.wan_bytes.values(), default=0), c.wall_s)
+
+    def _measure(self) -> tuple[float, float, float]:
+        """(slowest compute per step, the window's exchange seconds, most bytes on a link):
+        the same numbers on every rank, from one all-reduce (max) over all ranks. The exchange
+        time is the least any leader measured: the last leader to arrive waited for no one,
+        so its time is the links' (and the codec's), not the others' compute skew."""
+        times = self.computes[1:] or self.computes
+        compute = sum(times) / max(len(times), 1)
+        self.computes = []
+        edge0, wall0 = self.mark
+        self.mark = self._leader_mark()
+        leader = self.comm.is_leader
+        edge = float(self.mark[0] - edge0) if leader else 0.0
+        neg_wall = -float(self.mark[1] - wall0) if leader else -math.inf
+        t = torch.tensor([compute, neg_wall, edge], dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t[0]), -float(t[1]), float(t[2])
+
+    def _link(self, step: int, exchange_s: float, edge_bytes: float) -> Link | None:
+        table = self.comm.links_now(step + 1)
+        if table is not None:
+            return table.slowest(self.comm.clusters)
+        return link_from_exchange(edge_bytes, exchange_s)
+
+    def _observe(self, step: int) -> None:
+        compute, exchange_s, edge_bytes = self._measure()
+        link = self._link(step, exchange_s, edge_bytes)
+        new = self.policy.observe(step + 1, compute, link)
+        if new is not None:
+            self._switch(new, step + 1)
+
+    def _switch(self, decision: Decision, step: int) -> None:
+        """Run `decision` from `step` on; called right after an exchange, when every
+        cluster holds the same parameters."""
+        assert self.inner is not None
+        sync = decision.sync
+        if sync.kind is SyncKind.LOCAL_SGD and isinstance(self.inner, LocalSGDSync):
+            self.inner.period = sync.period  # keeps the anchor and the outer momentum
+        else:
+            self.inner.close()
+            if sync.kind is SyncKind.LOCAL_SGD:
+                self.inner = LocalSGDSync(sync, self.ctx)
+            else:
+                self.inner = EveryStepSync(Sync(SyncKind.EVERY_STEP), self.ctx)
+            self.inner.load_state_dict(None, None)
+        self.inner.compression = decision.compression
+        self.choices.append(AutoChoice(step, str(sync), decision.compression, decision.why))
