@@ -3,7 +3,13 @@
 Pure code (no I/O, database, Ray or web): data in, data out, deterministic.
 """
 
-from scheduler.calibrate import POOLED, Observation, calibrate, fit_step_overhead
+from scheduler.calibrate import (
+    POOLED,
+    Observation,
+    calibrate,
+    fit_step_overhead,
+    fit_steps_factor,
+)
 from scheduler.compression import (
     AUTO_COMPRESSIONS,
     AUTO_SYNCS,
@@ -74,6 +80,7 @@ __all__ = [
     "evaluate",
     "exclusions",
     "fit_step_overhead",
+    "fit_steps_factor",
     "order_queue",
     "peak_tflops",
     "plan",

@@ -64,3 +64,12 @@ def fit_step_overhead(residuals: Iterable[float]) -> float:
     slowed by a neighbour does not set it; never negative."""
     values = [r for r in residuals if math.isfinite(r)]
     return max(0.0, min(statistics.median(values), 3599.0)) if values else 0.0
+
+
+def fit_steps_factor(ratios: Iterable[float]) -> float:
+    """A sync mode's statistical efficiency from observed runs: each ratio is the samples the
+    mode took to reach a target over the samples every-step took to reach it (same task, same
+    clusters; `bench.modes` measures both). The median, never below 1: a mode that happened to
+    win one run is not assumed to need fewer samples in general. 1 without observations."""
+    values = [r for r in ratios if math.isfinite(r) and r > 0]
+    return max(1.0, statistics.median(values)) if values else 1.0

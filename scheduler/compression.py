@@ -50,6 +50,33 @@ AUTO_COMPRESSIONS: tuple[str, ...] = (
     "sign",
 )
 AUTO_SYNCS: tuple[str, ...] = ("every-step", "stale:1", "local-sgd:8", "local-sgd:32")
+# Tried as well only on cluster sets whose speeds differ enough that a fast cluster fits a
+# second step into one of the slowest (with equal speeds they only add their quality penalty,
+# so leaving them out there changes no choice and costs no search time) ...
+# `partial:H` is left out of auto until its runtime stops diverging when fast clusters run
+# far ahead (bench/results/modes.md: partial:16 at 1:1:4 climbs to 56 % then falls to 18 %);
+# it stays available when a job names it.
+AUTO_HETERO_SYNCS: tuple[str, ...] = ("async-ps:4",)
+# ... and on sets of three or more clusters whose links are uneven (UNEVEN_LINK_RATIO).
+AUTO_SPARSE_SYNCS: tuple[str, ...] = ("gossip:8", "gossip:32")
+
+SPEED_BOUND = 4
+"""How many steps a fast cluster may take per step of the slowest under `partial`/`async-ps`:
+the runtime's default `TrainSpec.speed_bound` (`training/sync/hetero.py`, `steps_per_tick`)."""
+UNEVEN_LINK_RATIO = 4.0
+"""Links among a cluster set are uneven when the fastest pair's bandwidth (or the shortest RTT
+against the longest) is at least this many times the slowest's: then gossip is a candidate."""
+
+# Statistical efficiency of the modes that let clusters drift (extra steps to the same loss),
+# on top of local SGD's 0.02 log2(H). Priors, calibratable like the efficiency factors: run the
+# mode and every-step to the same target and pass the ratio of their sample counts through
+# `scheduler.calibrate.fit_steps_factor`. Unequal progress weighted by samples (partial),
+# updates a version or more late (async-ps, Dutta et al. 2018 and HALoS report a few percent),
+# neighbour averages that mix slower than a global mean (gossip, Koloskova et al. 2020).
+PARTIAL_PENALTY = 0.02
+ASYNC_PS_PENALTY = 0.05
+ASYNC_PS_PER_STALENESS = 0.02
+GOSSIP_PENALTY = 0.05
 
 # PowerSGD without layer shapes: assume the parameters sit in square d x d matrices with
 # d = sqrt(params / POWERSGD_ASSUMED_MATRICES), i.e. a network of at least this many weight
@@ -77,6 +104,11 @@ class SyncModel:
     period: int = 1
     staleness: int = 0
     steps_factor: float = 1.0
+    runs_ahead: bool = False
+    """Fast clusters take up to SPEED_BOUND steps per step of the slowest (partial, async-ps)
+    instead of waiting for it."""
+    neighbours: bool = False
+    """Each cluster exchanges with its ring neighbours only (gossip), not all-reduces."""
 
 
 def _powersgd_ratio(rank: int, params: int, layer_shapes: tuple[tuple[int, int], ...]) -> float:
@@ -149,7 +181,9 @@ def sync_model(spec: str | Sync) -> SyncModel:
     of period H: its overlap of the exchange with compute is not credited (a conservative
     step time), and its delay costs a little more quality. `partial:H` and `gossip:P` are
     modelled as local SGD of period H (P), `async-ps:S` as one exchange in flight; the gain of
-    letting fast clusters run ahead is not credited (compute is already split by throughput).
+    letting fast clusters run ahead is credited by the cost model (`runs_ahead`: the runtime
+    splits the batch equally per worker, so in every other mode the slowest cluster sets the
+    pace), and gossip's neighbour exchange has its own WAN terms (`neighbours`).
     """
     s = parse_sync(spec)
     name = str(s)
@@ -174,16 +208,31 @@ def sync_model(spec: str | Sync) -> SyncModel:
     if s.kind is SyncKind.PARTIAL:
         # local SGD's bytes per H steps; weighting unequal progress costs a little quality
         return SyncModel(
-            name, "local-sgd", period=s.period, steps_factor=1.02 + 0.02 * math.log2(s.period)
+            name,
+            "local-sgd",
+            period=s.period,
+            steps_factor=1.0 + PARTIAL_PENALTY + 0.02 * math.log2(s.period),
+            runs_ahead=True,
         )
     if s.kind is SyncKind.GOSSIP:
-        # a ring of degree 2 sends about what a ring all-reduce does, once per P steps;
-        # neighbour averages mix slower than a global one
+        # each cluster sends its model to its ring neighbours once per P steps; neighbour
+        # averages mix slower than a global one
         return SyncModel(
-            name, "local-sgd", period=s.period, steps_factor=1.05 + 0.02 * math.log2(s.period)
+            name,
+            "local-sgd",
+            period=s.period,
+            steps_factor=1.0 + GOSSIP_PENALTY + 0.02 * math.log2(s.period),
+            neighbours=True,
         )
     if s.kind is SyncKind.ASYNC_PS:
-        # no cluster waits: the exchange hides behind compute like a step in flight, and
-        # updates arrive a few versions late
-        return SyncModel(name, "stale", staleness=1, steps_factor=1.05 + 0.02 * min(s.staleness, 8))
+        # no cluster waits: the push/pull of each step hides behind compute like a step in
+        # flight (the PS host's links carry what a ring all-reduce's would), and updates
+        # arrive a few versions late
+        return SyncModel(
+            name,
+            "stale",
+            staleness=1,
+            steps_factor=1.0 + ASYNC_PS_PENALTY + ASYNC_PS_PER_STALENESS * min(s.staleness, 8),
+            runs_ahead=True,
+        )
     return SyncModel(name, "every-step")

@@ -2,8 +2,14 @@
 
 One step of hierarchical data parallelism on clusters S with g_c GPUs each:
 
-- compute: the global batch is split in proportion to GPU throughput, so every GPU finishes
-  its share at the same time: T_c = W / sum_c g_c r_c, with r_c = peak TFLOPS x efficiency.
+- compute: the runtime splits the global batch equally per worker, so the slowest cluster's
+  GPUs set the pace of a step: T_c = W / (G r_min), G = sum_c g_c, r_c = peak TFLOPS x
+  efficiency, r_min the slowest member's. Under `partial:H` and `async-ps:S` (`runs_ahead`)
+  the fast clusters do not wait: in one step of the slowest, cluster c takes
+  k_c = min(SPEED_BOUND, floor(r_c / r_min)) steps (the runtime's `steps_per_tick`), so the
+  same samples take G / sum_c g_c k_c times the steps: the step time below is divided by that
+  speedup, and so are the exchanges. (Called without the GPU count, `estimate_parts` and
+  `score` fall back to a split by throughput, W / sum_c g_c r_c.)
 - intra-cluster: exact ring all-reduce, T_i = max_c [2(p-1)a + 2(p-1)/p n/B_c] (clusters reduce
   in parallel), a = ALPHA_INTRA_S, n = 4 bytes x params.
 - WAN: the cluster leaders exchange the compressed payload n' in a ring. All-reducible payloads
@@ -21,6 +27,9 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   local-sgd:H: (1-f)T_c + max(f T_c, T_i) + (O + T_w)/H;
   stale:s (s >= 1): max(local step, O + T_w,bandwidth, (O + T_w)/(s+1)) — up to s exchanges in
   flight hide latency but not bandwidth; stale:0 is every-step.
+- gossip:P (`neighbours`): every P steps each cluster sends the payload n' to its neighbours
+  on the bandwidth-ordered ring, all at once: max over ring edges of a_e + n'/B_e, bytes
+  D x degree x n'; otherwise local SGD of period P.
 - total time: steps x steps_factor(compressor) x steps_factor(sync) x step time.
 - money: sum_c g_c x price_c(QoS class) x total hours + WAN GB per directed ring edge x that
   link's egress price.
@@ -33,7 +42,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from scheduler.calibrate import POOLED
-from scheduler.compression import CompressorModel, SyncModel, compressor_model, sync_model
+from scheduler.compression import (
+    SPEED_BOUND,
+    UNEVEN_LINK_RATIO,
+    CompressorModel,
+    SyncModel,
+    compressor_model,
+    sync_model,
+)
 from scheduler.gpus import DEFAULT_EFFICIENCY, peak_tflops
 from scheduler.types import Assignment, Cluster, Estimate, JobRequest, Placement, Snapshot
 
@@ -117,8 +133,13 @@ class CostModel:
         snapshot: Snapshot,
         job: JobRequest,
         efficiency: Mapping[str, float] | None = None,
+        steps_factors: Mapping[str, float] | None = None,
     ) -> None:
+        """`steps_factors` overrides a sync mode's statistical efficiency with one fitted from
+        observed runs (`scheduler.calibrate.fit_steps_factor`), by exact value ("partial:8")
+        or by kind ("partial")."""
         self.snapshot = snapshot
+        self.steps_factors = dict(steps_factors or {})
         self.job = job
         self.work = job_work_flops(job, efficiency)
         self.nbytes = float(job.params * BYTES_PER_PARAM)
@@ -133,6 +154,8 @@ class CostModel:
         self._ring_cache: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
         self._comp_cache: dict[str, CompressorModel] = {}
         self._sync_cache: dict[str, SyncModel] = {}
+        self._gossip_cache: dict[tuple[tuple[str, ...], str], WanTerms] = {}
+        self._pace_cache: dict[tuple[str, ...], tuple[float, dict[str, int]]] = {}
 
     # --- parts -----------------------------------------------------------------------------
 
@@ -147,8 +170,44 @@ class CostModel:
         m = self._sync_cache.get(spec)
         if m is None:
             m = sync_model(spec)
+            fitted = self.steps_factors.get(m.spec, self.steps_factors.get(m.spec.split(":")[0]))
+            if fitted is not None:
+                m = replace(m, steps_factor=max(1.0, fitted))
             self._sync_cache[spec] = m
         return m
+
+    def pace(self, names: tuple[str, ...]) -> tuple[float, dict[str, int]]:
+        """The slowest member's per-GPU rate and each member's steps per step of it under the
+        modes that run ahead (`steps_per_tick` of the runtime, bounded by SPEED_BOUND)."""
+        hit = self._pace_cache.get(names)
+        if hit is None:
+            slow = min(self.rate[n] for n in names)
+            ticks = {n: max(1, min(SPEED_BOUND, int(self.rate[n] / slow + 1e-9))) for n in names}
+            hit = (slow, ticks)
+            self._pace_cache[names] = hit
+        return hit
+
+    def speeds_differ(self, names: tuple[str, ...]) -> bool:
+        """Some member fits a second step into one of the slowest's: running ahead can pay."""
+        return len(names) > 1 and max(self.pace(names)[1].values()) > 1
+
+    def ahead_rate(self, names: tuple[str, ...], gpus: Iterable[int]) -> float:
+        """Throughput when fast clusters run ahead: sum_c g_c k_c r_min (`pace`)."""
+        slow, ticks = self.pace(names)
+        return slow * sum(g * ticks[n] for n, g in zip(names, gpus, strict=True))
+
+    def uneven(self, names: tuple[str, ...]) -> bool:
+        """The links among `names` differ by UNEVEN_LINK_RATIO or more in bandwidth or RTT."""
+        if len(names) < 3:
+            return False
+        links = [self.snapshot.link(a, b) for a, b in itertools.combinations(names, 2)]
+        if any(lk is None for lk in links):
+            return False
+        bws = [lk.bandwidth_gbps for lk in links if lk is not None]
+        rtts = [max(lk.rtt_ms, 0.1) for lk in links if lk is not None]
+        return max(bws) >= UNEVEN_LINK_RATIO * min(bws) or max(rtts) >= UNEVEN_LINK_RATIO * min(
+            rtts
+        )
 
     def intra(self, cluster: str, gpus: int) -> float:
         return ring_allreduce_time(gpus, self.nbytes, ALPHA_INTRA_S, self._intra_bw[cluster])
@@ -193,6 +252,40 @@ class CostModel:
         self._wan_cache[key] = terms
         return terms
 
+    def gossip_wan(self, names: tuple[str, ...], compression: str) -> WanTerms:
+        """One gossip round: every cluster sends the whole payload to its neighbours on the
+        dense-best ring at once; the round lasts as long as the slowest ring edge."""
+        if len(names) < 2:
+            return NO_WAN
+        key = (names, compression)
+        hit = self._gossip_cache.get(key)
+        if hit is not None:
+            return hit
+        cm = self.compressor(compression)
+        payload = self.nbytes * cm.ratio
+        ring = self._rings(names)[0]
+        edges = list(zip(ring, ring[1:] + ring[:1], strict=True))
+        if len(names) == 2:
+            edges = edges[:1]
+        directed = [*edges, *((b, a) for a, b in edges)]
+        cost = self._edge_costs(names, payload)
+        worst = max(directed, key=lambda e: (cost[e][0], e))
+        link = self.snapshot.link(*worst)
+        assert link is not None
+        terms = WanTerms(
+            latency_s=link.rtt_ms / 2000.0,
+            bandwidth_s=payload / (link.bandwidth_gbps * 1e9 / 8),
+            overhead_s=max(
+                cm.overhead_flops_per_param * self.job.params / self.rate[n] for n in names
+            ),
+            bytes=len(directed) * payload,
+            egress_cost=sum(payload / 1e9 * cost[e][1] for e in directed),
+            ring=ring,
+            bottleneck=worst,
+        )
+        self._gossip_cache[key] = terms
+        return terms
+
     def _rings(self, names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
         """Candidate ring orders for a cluster set: the best for the dense payload (bandwidth
         bound) and the best for a vanishing one (latency bound). Each compressor then uses
@@ -231,7 +324,17 @@ class CostModel:
         rate = sum(a.gpus * self.rate[a.cluster] for a in placement)
         intra = max(self.intra(a.cluster, a.gpus) for a in placement)
         price = sum(a.gpus * self.price[a.cluster] for a in placement)
-        est = self.estimate_parts(names, rate, intra, price, compression, sync)
+        gpus = {a.cluster: a.gpus for a in placement}
+        est = self.estimate_parts(
+            names,
+            rate,
+            intra,
+            price,
+            compression,
+            sync,
+            gpus=sum(gpus.values()),
+            ahead=self.ahead_rate(names, (gpus[n] for n in names)),
+        )
         shares = tuple(
             (a.cluster, a.gpus * self.rate[a.cluster] / rate)
             for a in sorted(placement, key=lambda a: a.cluster)
@@ -246,38 +349,31 @@ class CostModel:
         price_per_hour: float,
         compression: str,
         sync: str,
+        gpus: int | None = None,
+        ahead: float | None = None,
     ) -> Estimate:
-        """The estimate from aggregate parts (lets the optimizer skip re-summing)."""
-        compute = self.work / rate
-        if len(names) < 2:
-            wan, steps_factor, sm = NO_WAN, 1.0, self.sync("every-step")
-        else:
-            wan = self.wan(names, compression)
-            sm = self.sync(sync)
-            steps_factor = self.compressor(compression).steps_factor * sm.steps_factor
-        # the fleet's observed overhead: one worker alone waits on nobody
-        extra = self.snapshot.step_overhead_s if len(names) > 1 or intra_s > 0 else 0.0
-        step = step_time(compute, intra_s, wan, sm) + extra
-        eff_steps = self.job.steps * steps_factor
-        total = eff_steps * step
-        exchanges = eff_steps / sm.period if sm.kind == "local-sgd" else eff_steps
+        """The estimate from aggregate parts (lets the optimizer skip re-summing): `rate` is
+        the throughput sum_c g_c r_c, `gpus` the GPU count G and `ahead` the throughput with
+        fast clusters running ahead (`ahead_rate`); see the module docstring."""
+        p = self._parts(names, rate, intra_s, compression, sync, gpus, ahead)
+        total = p.eff_steps * p.step
         gpu_cost = price_per_hour * total / 3600.0
-        egress = exchanges * wan.egress_cost
+        egress = p.exchanges * p.wan.egress_cost
         return Estimate(
-            step_time_s=step,
+            step_time_s=p.step,
             total_time_s=total,
-            wan_bytes=round(exchanges * wan.bytes),
+            wan_bytes=round(p.exchanges * p.wan.bytes),
             cost=gpu_cost + egress,
-            compute_s=compute,
+            compute_s=p.compute,
             intra_s=intra_s,
-            wan_s=wan.latency_s + wan.bandwidth_s,
-            overhead_s=wan.overhead_s,
-            effective_steps=eff_steps,
+            wan_s=p.wan.latency_s + p.wan.bandwidth_s,
+            overhead_s=p.wan.overhead_s,
+            effective_steps=p.eff_steps,
             gpu_cost=gpu_cost,
             egress_cost=egress,
-            ring=wan.ring,
-            bottleneck=wan.bottleneck,
-            step_overhead_s=extra,
+            ring=p.wan.ring,
+            bottleneck=p.wan.bottleneck,
+            step_overhead_s=p.extra,
         )
 
     def score(
@@ -288,19 +384,56 @@ class CostModel:
         price_per_hour: float,
         compression: str,
         sync: str,
+        gpus: int | None = None,
+        ahead: float | None = None,
     ) -> tuple[float, float]:
         """(total time, cost) exactly as `estimate_parts` computes them, without the record."""
-        compute = self.work / rate
+        p = self._parts(names, rate, intra_s, compression, sync, gpus, ahead)
+        total = p.eff_steps * p.step
+        return total, price_per_hour * total / 3600.0 + p.exchanges * p.wan.egress_cost
+
+    def _parts(
+        self,
+        names: tuple[str, ...],
+        rate: float,
+        intra_s: float,
+        compression: str,
+        sync: str,
+        gpus: int | None,
+        ahead: float | None,
+    ) -> _Parts:
+        steps = float(self.job.steps)
         if len(names) < 2:
-            step = step_time(compute, intra_s, NO_WAN, _EVERY_STEP)
-            total = self.job.steps * step
-            return total, price_per_hour * total / 3600.0
-        wan = self.wan(names, compression)
+            compute = self.work / rate
+            # the fleet's observed overhead: one worker alone waits on nobody
+            extra = self.snapshot.step_overhead_s if intra_s > 0 else 0.0
+            step = step_time(compute, intra_s, NO_WAN, _EVERY_STEP) + extra
+            return _Parts(compute, step, steps, steps, NO_WAN, extra)
         sm = self.sync(sync)
-        eff_steps = self.job.steps * self.compressor(compression).steps_factor * sm.steps_factor
-        total = eff_steps * step_time(compute, intra_s, wan, sm)
-        exchanges = eff_steps / sm.period if sm.kind == "local-sgd" else eff_steps
-        return total, price_per_hour * total / 3600.0 + exchanges * wan.egress_cost
+        # equal split per worker: the slowest member's GPUs set the pace of a step
+        even = gpus * self.pace(names)[0] if gpus is not None else rate
+        speedup = (ahead if ahead is not None else even) / even if sm.runs_ahead else 1.0
+        compute = self.work / even
+        wan = self.gossip_wan(names, compression) if sm.neighbours else self.wan(names, compression)
+        extra = self.snapshot.step_overhead_s
+        step = (step_time(compute, intra_s, wan, sm) + extra) / speedup
+        eff_steps = steps * self.compressor(compression).steps_factor * sm.steps_factor
+        exchanges = eff_steps / speedup
+        if sm.kind == "local-sgd":
+            exchanges /= sm.period
+        return _Parts(compute, step, eff_steps, exchanges, wan, extra)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """One choice's step time (with the fast clusters' speedup), steps and exchanges."""
+
+    compute: float
+    step: float
+    eff_steps: float
+    exchanges: float
+    wan: WanTerms
+    extra: float
 
 
 _EVERY_STEP = sync_model("every-step")

@@ -28,7 +28,13 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from scheduler.compression import AUTO_COMPRESSIONS, AUTO_SYNCS
+from scheduler.compression import (
+    AUTO_COMPRESSIONS,
+    AUTO_HETERO_SYNCS,
+    AUTO_SPARSE_SYNCS,
+    AUTO_SYNCS,
+    SPEED_BOUND,
+)
 from scheduler.cost import CostModel
 from scheduler.rules import (
     exclusions,
@@ -68,6 +74,7 @@ class _Alloc:
     rate: float
     intra: float
     price: float
+    ahead: float = 0.0  # throughput with fast clusters running ahead (`CostModel.ahead_rate`)
 
 
 @dataclass(frozen=True)
@@ -110,12 +117,27 @@ class _Search:
         multi_c = AUTO_COMPRESSIONS if job.compression == "auto" else (job.compression,)
         multi_s = AUTO_SYNCS if job.sync == "auto" else (job.sync,)
         self.multi = [(c, s) for c in multi_c for s in multi_s]
+        auto = job.sync == "auto"
+        self.hetero = [(c, s) for c in multi_c for s in AUTO_HETERO_SYNCS] if auto else []
+        self.sparse = [(c, s) for c in multi_c for s in AUTO_SPARSE_SYNCS] if auto else []
         self.single = [
             (
                 "none" if job.compression == "auto" else job.compression,
                 "every-step" if job.sync == "auto" else job.sync,
             )
         ]
+
+    def combos(self, names: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(compression, sync) candidates for S: `sync: auto` adds the modes that let fast
+        clusters run ahead where speeds differ, and gossip where links are uneven."""
+        if len(names) == 1:
+            return self.single
+        out = self.multi
+        if self.hetero and self.model.speeds_differ(names):
+            out = out + self.hetero
+        if self.sparse and self.model.uneven(names):
+            out = out + self.sparse
+        return out
 
     # --- ranking ---------------------------------------------------------------------------
 
@@ -205,13 +227,16 @@ class _Search:
 
     def _dp_allocs(self, names: tuple[str, ...], caps: list[int]) -> list[_Alloc]:
         m = self.model
-        # state: gpus so far -> list of (rate, price, tau, gpus tuple), pairwise non-dominated
+        # state: gpus so far -> list of (ahead rate, price, tau, gpus tuple), pairwise
+        # non-dominated; with the GPU count fixed by the key, the step time falls with the
+        # ahead rate (runs-ahead modes) or depends on the count alone (the others)
         states: dict[int, list[tuple[float, float, float, tuple[int, ...]]]] = {
             0: [(0.0, 0.0, 0.0, ())]
         }
+        slow, ticks = m.pace(names) if len(names) > 1 else (0.0, {})
         for n, cap in zip(names, caps, strict=True):
             nxt: dict[int, list[tuple[float, float, float, tuple[int, ...]]]] = {}
-            r, pr = m.rate[n], m.price[n]
+            r, pr = (slow * ticks[n] if ticks else m.rate[n]), m.price[n]
             for used, pts in states.items():
                 for g in range(1, cap + 1):
                     tot = used + g
@@ -222,8 +247,8 @@ class _Search:
                     for rate, price, tau, gs in pts:
                         bucket.append((rate + g * r, price + g * pr, max(tau, t), (*gs, g)))
             states = {tot: _pareto(pts) for tot, pts in nxt.items()}
-        final = _pareto([p for tot, pts in states.items() if tot >= self.gmin for p in pts])
-        return [_Alloc(names, gs, rate, tau, price) for rate, price, tau, gs in final]
+        final = [p for tot, pts in sorted(states.items()) if tot >= self.gmin for p in pts]
+        return [self._alloc(names, gs) for _, _, _, gs in final]
 
     def _alloc(self, names: tuple[str, ...], gpus: tuple[int, ...]) -> _Alloc:
         m = self.model
@@ -233,6 +258,7 @@ class _Search:
             sum(g * m.rate[n] for n, g in zip(names, gpus, strict=True)),
             max(m.intra(n, g) for n, g in zip(names, gpus, strict=True)),
             sum(g * m.price[n] for n, g in zip(names, gpus, strict=True)),
+            m.ahead_rate(names, gpus) if len(names) > 1 else 0.0,
         )
 
     def subset(self, names: tuple[str, ...], quick: bool = False) -> _Choice | None:
@@ -244,10 +270,13 @@ class _Search:
             return self._subset_cache[names]
         best: _Choice | None = None
         best_rank = self.rank(None)
-        combos = self.single if len(names) == 1 else self.multi
+        combos = self.combos(names)
         for alloc in self.allocs(names, quick):
+            g = sum(alloc.gpus)
             for comp, sync in combos:
-                t, c = self.model.score(names, alloc.rate, alloc.intra, alloc.price, comp, sync)
+                t, c = self.model.score(
+                    names, alloc.rate, alloc.intra, alloc.price, comp, sync, g, alloc.ahead
+                )
                 ch = _Choice(alloc, comp, sync, t, c)
                 self._track(ch)
                 r = self.rank(ch)
@@ -325,8 +354,11 @@ class _Search:
         gpus = [snap.by_name[n].gpus_free for n in names]
         rate = sum(g * m.rate[n] for n, g in zip(names, gpus, strict=True))
         intra = max(m.intra(n, g) for n, g in zip(names, gpus, strict=True))
-        combos = self.single if len(names) == 1 else self.multi
-        best = min(m.score(names, rate, intra, 0.0, c, s)[0] for c, s in combos)
+        ahead = m.ahead_rate(names, gpus) if len(names) > 1 else 0.0
+        best = min(
+            m.score(names, rate, intra, 0.0, c, s, sum(gpus), ahead)[0]
+            for c, s in self.combos(names)
+        )
         self._partial_cache[names] = best
         return best
 
@@ -457,6 +489,7 @@ def plan(
     objective: Objective = "time",
     efficiency: Mapping[str, float] | None = None,
     preempt: bool = True,
+    steps_factors: Mapping[str, float] | None = None,
 ) -> PlanResult:
     """Best placement, compression and sync for `job` on `snapshot`, or why there is none.
 
@@ -465,16 +498,17 @@ def plan(
     objective. An ordered `job.preference` is tried prefix by prefix (first cluster alone, the
     first two, ...) before all eligible clusters. When the job does not fit for lack of GPUs
     and outranks preemptible running jobs, the fewest, then cheapest, victims are named.
+    `steps_factors`: sync modes' statistical efficiency fitted from observed runs (`CostModel`).
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if objective == "cost-within-deadline" and job.qos.deadline_s is None:
         raise ValueError("qos.deadline_s: objective cost-within-deadline needs a deadline")
-    model = CostModel(snapshot, job, efficiency)
+    model = CostModel(snapshot, job, efficiency, steps_factors)
     result = _plan_free(model, job, objective)
     if isinstance(result, Plan) or not preempt or result.constraint != "capacity":
         return result
-    victims_plan = _plan_with_preemption(snapshot, job, objective, efficiency)
+    victims_plan = _plan_with_preemption(snapshot, job, objective, efficiency, steps_factors)
     return victims_plan if victims_plan is not None else result
 
 
@@ -613,6 +647,7 @@ def _plan_with_preemption(
     job: JobRequest,
     objective: Objective,
     efficiency: Mapping[str, float] | None,
+    steps_factors: Mapping[str, float] | None = None,
 ) -> Plan | None:
     """Fewest victims first; among equally many, the cheapest set to stop."""
     cands = preemption_candidates(snapshot, job)
@@ -627,7 +662,7 @@ def _plan_with_preemption(
             if tried > MAX_VICTIM_SETS:
                 return None
             freed = release(snapshot, vs)
-            result = _plan_free(CostModel(freed, job, efficiency), job, objective)
+            result = _plan_free(CostModel(freed, job, efficiency, steps_factors), job, objective)
             if isinstance(result, Plan):
                 ids = tuple(v.id for v in vs)
                 why = (
@@ -663,7 +698,14 @@ def _explain(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> t
         + f"; objective {search.objective}",
         f"step {est.step_time_s:.4g} s = compute {est.compute_s:.4g} s, intra all-reduce "
         f"{est.intra_s:.4g} s, WAN {est.wan_s:.4g} s, compression {est.overhead_s:.4g} s "
-        f"(exchange overlaps the backward pass)",
+        f"(exchange overlaps the backward pass)"
+        + (
+            "; per global batch of samples: the fast clusters' extra steps divide it"
+            if len(ch.alloc.names) > 1
+            and model.sync(ch.sync).runs_ahead
+            and model.speeds_differ(ch.alloc.names)
+            else ""
+        ),
     ]
     if est.bottleneck is not None:
         a, b = est.bottleneck
@@ -675,6 +717,7 @@ def _explain(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> t
             f"{lk.bandwidth_gbps:g} Gb/s, {lk.rtt_ms:g} ms RTT; {ch.compression} sends "
             f"{cm.ratio:.3g} of {_fmt_gb(model.nbytes)} per exchange; sync {ch.sync}"
         )
+    lines.extend(_explain_sync(model, search, ch, est))
     alts = sorted(
         (c for n, c in search.runner_up.items() if n != ch.alloc.names),
         key=search.rank,
@@ -695,12 +738,81 @@ def _explain(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> t
     return tuple(lines)
 
 
+def _explain_sync(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> tuple[str, ...]:
+    """Why this sync mode: the pace the slowest cluster sets, whether running ahead or gossip
+    paid for its quality penalty, against the best choice with the plain modes."""
+    names = ch.alloc.names
+    if len(names) < 2:
+        return ()
+    slow, ticks = model.pace(names)
+    slowest = min(names, key=lambda n: (model.rate[n], n))
+    fastest = max(names, key=lambda n: (model.rate[n], n))
+    ratio = model.rate[fastest] / slow
+    sm = model.sync(ch.sync)
+    lines: list[str] = []
+    if ratio > 1.0 + 1e-9:
+        lines.append(
+            f"speeds differ: a GPU of {fastest} is {ratio:.2g}x one of {slowest}; the batch is "
+            f"split equally per worker, so {slowest} sets the pace of every step"
+            + (
+                f"; under {ch.sync} the faster clusters take up to "
+                f"{max(ticks.values())} steps per step of {slowest} "
+                f"(bound {SPEED_BOUND}; {', '.join(f'{n} x{ticks[n]}' for n in names)}), "
+                f"{model.ahead_rate(names, ch.alloc.gpus) / (sum(ch.alloc.gpus) * slow):.2f}x "
+                "the samples per second"
+                if sm.runs_ahead
+                else ""
+            )
+        )
+    if sm.neighbours:
+        lines.append(
+            ("links uneven: " if model.uneven(names) else "")
+            + f"{ch.sync} exchanges only with ring neighbours "
+            f"({' -> '.join(est.ring)}), one round of the slowest ring edge instead of a "
+            "ring all-reduce's 2(D-1)"
+        )
+    if search.job.sync != "auto":
+        return tuple(lines)
+    plain = [
+        (c, s)
+        for c, s in search.multi
+        if not (model.sync(s).runs_ahead or model.sync(s).neighbours)
+    ]
+    if sm.runs_ahead or sm.neighbours:
+        g = sum(ch.alloc.gpus)
+        best_plain = min(
+            (
+                model.score(
+                    names, ch.alloc.rate, ch.alloc.intra, ch.alloc.price, c, s, g, ch.alloc.ahead
+                )[0 if search.objective == "time" else 1],
+                c,
+                s,
+            )
+            for c, s in plain
+        )
+        mine = ch.time if search.objective == "time" else ch.cost
+        what = "time" if search.objective == "time" else "cost"
+        lines.append(
+            f"sync auto chose {ch.sync} (quality penalty x{sm.steps_factor:.3g} steps): its "
+            f"{what} is {mine / best_plain[0]:.2f}x that of the best plain mode here "
+            f"({best_plain[2]} with {best_plain[1]})"
+        )
+    elif model.speeds_differ(names) or model.uneven(names):
+        lines.append(
+            f"sync auto kept {ch.sync}: partial/async-ps"
+            + ("/gossip" if model.uneven(names) else "")
+            + " did not pay for their quality penalty here"
+        )
+    return tuple(lines)
+
+
 def evaluate(
     snapshot: Snapshot,
     job: JobRequest,
     placement: Iterable[Assignment],
     objective: Objective = "time",
     efficiency: Mapping[str, float] | None = None,
+    steps_factors: Mapping[str, float] | None = None,
 ) -> PlanResult:
     """The plan for a given placement: the compression and sync the planner would pick for it,
     its estimate, or Infeasible naming the first rule it breaks."""
@@ -708,14 +820,15 @@ def evaluate(
     bad = check_placement(snapshot, job, pl)
     if bad is not None:
         return bad
-    model = CostModel(snapshot, job, efficiency)
+    model = CostModel(snapshot, job, efficiency, steps_factors)
     search = _Search(model, job, objective, sum(a.gpus for a in pl), sum(a.gpus for a in pl))
     order = sorted(pl, key=lambda a: a.cluster)
     names = tuple(a.cluster for a in order)
     alloc = search._alloc(names, tuple(a.gpus for a in order))
-    combos = search.single if len(names) == 1 else search.multi
-    for comp, sync in combos:
-        est = model.estimate_parts(names, alloc.rate, alloc.intra, alloc.price, comp, sync)
+    for comp, sync in search.combos(names):
+        est = model.estimate_parts(
+            names, alloc.rate, alloc.intra, alloc.price, comp, sync, sum(alloc.gpus), alloc.ahead
+        )
         search._record(_Choice(alloc, comp, sync, est.total_time_s, est.cost))
     best = search.best
     assert best is not None
@@ -755,6 +868,12 @@ def check_placement(snapshot: Snapshot, job: JobRequest, pl: Placement) -> Infea
         if job.qos.regions is not None and c.region not in job.qos.regions:
             return Infeasible(
                 "regions", f"cluster {a.cluster!r} is in {c.region}, not in qos.regions"
+            )
+        if job.data_clusters is not None and a.cluster not in job.data_clusters:
+            return Infeasible(
+                "data",
+                f"cluster {a.cluster!r} does not hold the job's data (data: local, in "
+                f"{', '.join(job.data_clusters)}); place it only there",
             )
         if a.gpus > c.gpus_free:
             return Infeasible(

@@ -257,8 +257,10 @@ class Estimate:
 
     `step_time_s` is per optimiser step; `total_time_s` covers `effective_steps` (the requested
     steps times the compressor's and sync mode's statistical-efficiency factors).
-    `batch_shares` is each cluster's fraction of the global batch (proportional to its GPU
-    throughput, so no cluster waits on another), for the launcher to split the data by.
+    `batch_shares` is each cluster's fraction of the global batch were it split by GPU
+    throughput (so no cluster waits on another), for a launcher that splits the data so. The
+    runtime splits it equally per worker today, and the step time assumes that: the slowest
+    cluster sets the pace, except under the modes that let fast clusters run ahead.
     """
 
     step_time_s: float

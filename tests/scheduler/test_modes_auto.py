@@ -1,0 +1,163 @@
+"""Issue 17 in the planner: the slowest cluster sets the pace (the runtime splits the batch
+equally per worker), `sync: auto` picks `partial`/`async-ps` when speeds differ enough to pay
+and gossip when links are uneven, `cpn plan` says why, and a given placement is re-checked
+against the job's data residency."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler import (
+    AUTO_SYNCS,
+    Assignment,
+    CostModel,
+    Infeasible,
+    JobRequest,
+    Plan,
+    Snapshot,
+    evaluate,
+    plan,
+)
+from scheduler.calibrate import fit_steps_factor
+from scheduler.compression import AUTO_HETERO_SYNCS, SPEED_BOUND
+from tests.scheduler.builders import cluster, job, link
+
+# H100 at efficiency 0.5 = 494.5 TFLOP/s a GPU; c at 0.125 is exactly 4x slower
+RATE = 989e12 * 0.5
+FAST_A, FAST_B, SLOW_C = cluster("a", 8), cluster("b", 8), cluster("c", 8, efficiency=0.125)
+TRIANGLE = (link("a", "b"), link("b", "c"), link("a", "c"))
+# compute-bound: 1e16 FLOPs a step, 10 M parameters over 10 Gb/s
+BIG_STEP = job(24, params=10_000_000, flops_per_step=1e16)
+
+
+def _plan(snap: Snapshot, j: JobRequest) -> Plan:
+    r = plan(snap, j, "time")
+    assert isinstance(r, Plan), r
+    return r
+
+
+def test_the_slowest_cluster_sets_the_pace_and_running_ahead_is_bounded() -> None:
+    snap = Snapshot((FAST_A, FAST_B, SLOW_C), TRIANGLE)
+    model = CostModel(snap, BIG_STEP)
+    pl = (Assignment("a", 8), Assignment("b", 8), Assignment("c", 8))
+    every = model.estimate(pl, "none", "every-step")
+    # equal split per worker: 24 GPUs at c's pace, not the throughput 16 x r + 8 x r/4
+    assert every.compute_s == pytest.approx(1e16 / (24 * RATE / 4))
+    partial = model.estimate(pl, "none", "partial:8")
+    local = model.estimate(pl, "none", "local-sgd:8")
+    # a and b take 4 steps per step of c: (8x4 + 8x4 + 8x1) / 24 = 3x the samples a second,
+    # and a round of H steps of c covers 3H steps' samples: a third of the exchanges
+    assert local.step_time_s / partial.step_time_s == pytest.approx(3.0)
+    assert partial.wan_bytes == pytest.approx(
+        local.wan_bytes * partial.effective_steps / local.effective_steps / 3.0, rel=1e-6
+    )
+    # 8x slower: still only SPEED_BOUND steps per step of the slowest
+    slower = Snapshot((FAST_A, FAST_B, replace(SLOW_C, efficiency=0.0625)), TRIANGLE)
+    assert CostModel(slower, BIG_STEP).pace(("a", "b", "c"))[1] == {
+        "a": SPEED_BOUND,
+        "b": SPEED_BOUND,
+        "c": 1,
+    }
+    # 1.5x faster fits no second step (the runtime rounds down): nothing to gain
+    near = Snapshot((FAST_A, FAST_B, replace(SLOW_C, efficiency=0.5 / 1.5)), TRIANGLE)
+    assert not CostModel(near, BIG_STEP).speeds_differ(("a", "b", "c"))
+
+
+def test_a_4x_slower_cluster_makes_auto_pick_a_mode_that_runs_ahead() -> None:
+    snap = Snapshot((FAST_A, FAST_B, SLOW_C), TRIANGLE)
+    got = _plan(snap, BIG_STEP)
+    assert got.sync in AUTO_HETERO_SYNCS
+    assert got.sync.startswith(("partial:", "async-ps:"))
+    plain = min(_plan(snap, replace(BIG_STEP, sync=s)).estimate.total_time_s for s in AUTO_SYNCS)
+    assert got.estimate.total_time_s < plain / 2  # 3x the samples, less the quality penalty
+    why = "\n".join(got.explanation)
+    assert "c sets the pace" in why and "up to 4 steps per step of c" in why
+    assert f"sync auto chose {got.sync}" in why
+    # 1.5x faster fits no second step in one of the slowest: nothing to run ahead with
+    near = Snapshot((FAST_A, FAST_B, replace(SLOW_C, efficiency=0.5 / 1.5)), TRIANGLE)
+    assert _plan(near, BIG_STEP).sync in AUTO_SYNCS
+    # asked for a concrete mode, the planner keeps it and still explains the pace
+    fixed = _plan(snap, replace(BIG_STEP, sync="every-step"))
+    assert fixed.sync == "every-step"
+    assert any("c sets the pace" in line for line in fixed.explanation)
+
+
+def test_uneven_links_make_auto_consider_gossip_and_even_ones_do_not() -> None:
+    four = tuple(cluster(n, 8) for n in "abcd")
+    ring = tuple(link(a, b, 10.0, 20.0) for a, b in ("ab", "bc", "cd", "da"))
+    uneven = Snapshot(four, (*ring, link("a", "c", 1.0, 150.0), link("b", "d", 1.0, 150.0)))
+    wan_bound = job(32, params=100_000_000, flops_per_step=1e14, compression="none")
+    got = _plan(uneven, wan_bound)
+    assert got.sync.startswith("gossip:")
+    assert any("exchanges only with ring neighbours" in line for line in got.explanation)
+    even = Snapshot(four, tuple(link(a, b) for a, b in itertools.combinations("abcd", 2)))
+    assert not _plan(even, wan_bound).sync.startswith("gossip:")
+
+
+@st.composite
+def equal_speed_instances(draw: st.DrawFn) -> tuple[Snapshot, JobRequest]:
+    n = draw(st.integers(1, 3))
+    names = [f"c{i}" for i in range(n)]
+    model = draw(st.sampled_from(["H100", "A100", "L4"]))
+    clusters = tuple(
+        cluster(
+            name,
+            draw(st.integers(1, 3)),
+            gpu_model=model,
+            price_per_gpu_hour=draw(st.sampled_from([1.0, 2.0])),
+        )
+        for name in names
+    )
+    links = tuple(link(a, b) for a, b in itertools.combinations(names, 2))
+    gpus = draw(st.integers(1, sum(c.gpus_free for c in clusters)))
+    j = job(
+        gpus,
+        params=draw(st.sampled_from([10_000_000, 300_000_000])),
+        flops_per_step=draw(st.sampled_from([1e14, 1e16])),
+    )
+    return Snapshot(clusters, links), j
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(equal_speed_instances())
+def test_equal_speeds_keep_the_existing_choice(inst: tuple[Snapshot, JobRequest]) -> None:
+    """Equal GPUs and even links: the equal split is the throughput split, and auto picks
+    among the modes it always had, the best of them."""
+    snap, j = inst
+    got = _plan(snap, j)
+    assert got.sync in AUTO_SYNCS
+    best = min(_plan(snap, replace(j, sync=s)).estimate.total_time_s for s in AUTO_SYNCS)
+    assert got.estimate.total_time_s == pytest.approx(best, rel=1e-9)
+    rate = sum(a.gpus * snap.by_name[a.cluster].peak_tflops * 0.5e12 for a in got.placement)
+    assert got.estimate.compute_s == pytest.approx(j.flops_per_step / rate)  # type: ignore[operator]
+
+
+def test_a_given_placement_is_rechecked_against_data_residency() -> None:
+    snap = Snapshot((FAST_A, FAST_B, SLOW_C), TRIANGLE)
+    local = job(16, data_clusters=("a", "b"))
+    outside = evaluate(snap, local, (Assignment("a", 8), Assignment("c", 8)))
+    assert isinstance(outside, Infeasible)
+    assert outside.constraint == "data"
+    assert "'c' does not hold the job's data" in outside.reason
+    inside = evaluate(snap, local, (Assignment("a", 8), Assignment("b", 8)))
+    assert isinstance(inside, Plan)
+
+
+def test_a_modes_quality_penalty_is_fitted_from_observed_runs() -> None:
+    assert fit_steps_factor([1.1, 1.3, 1.2, float("nan")]) == pytest.approx(1.2)
+    assert fit_steps_factor([0.9]) == 1.0  # one lucky run does not make a mode better
+    assert fit_steps_factor([]) == 1.0
+
+
+def test_a_fitted_penalty_reaches_the_planner() -> None:
+    """A mode observed to need 3x the samples no longer pays for running ahead 3x faster."""
+    snap = Snapshot((FAST_A, FAST_B, SLOW_C), TRIANGLE)
+    assert _plan(snap, BIG_STEP).sync in AUTO_HETERO_SYNCS
+    fitted = {kind: fit_steps_factor([3.5]) for kind in ("partial", "async-ps")}
+    got = plan(snap, BIG_STEP, "time", steps_factors=fitted)
+    assert isinstance(got, Plan) and got.sync in AUTO_SYNCS
