@@ -126,7 +126,7 @@ def quote_options(
         if isinstance(result, scheduler.Infeasible):
             failure = failure or result
             continue
-        options.append(plan_of(result, world.snapshot, world.origins, spec.qos.qos_class))
+        options.append(plan_of(result, world.snapshot, world.origins, spec.qos.qos_class, spec))
     if not options:
         assert failure is not None
         raise Invalid(_infeasible_detail(failure), field=_constraint_field(failure.constraint))

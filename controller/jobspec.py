@@ -26,9 +26,14 @@ from pydantic_core import PydanticCustomError
 
 from agents.protocol import refuse_control_characters
 from grammar import COMPRESSION_HELP, SYNC_HELP, canonical_compression, canonical_sync
+from grammar.parallel import PARALLEL_HELP, STAGES_HELP, parse_stages
 
 QosClass = Literal["guaranteed", "standard", "spot"]
 ObjectiveName = Literal["time", "cost", "cost-within-deadline"]
+ParallelismName = Literal["auto", "data", "pipeline", "hybrid"]
+ACTIVATION_COMPRESSIONS = ("auto", "none", "fp16", "bf16", "int8")
+"""What `compression` may be under pipeline or hybrid parallelism: it then compresses the
+activations (and their gradients) crossing links between stages."""
 
 _TASK = re.compile(r"^(builtin:[a-z0-9][a-z0-9-]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
 CompressionValue = Annotated[
@@ -284,8 +289,30 @@ class TrainArgs(_In):
         }
 
 
+def _stages(value: str | None) -> str | None:
+    return None if value is None else str(parse_stages(value))
+
+
+class PipelineOptions(_In):
+    """How a pipeline (or hybrid) job splits and schedules; read only when `parallelism` is
+    pipeline or hybrid."""
+
+    stages: Annotated[str | None, AfterValidator(_stages)] = Field(
+        default=None,
+        max_length=256,
+        description=f"Stage split; {STAGES_HELP}. Default: pipeline, one stage per GPU; "
+        "hybrid, one stage per cluster.",
+    )
+    micro_batches: int = Field(
+        default=4, strict=True, ge=1, le=1024, description="Micro-batches per step."
+    )
+    schedule: Literal["gpipe", "1f1b"] = Field(
+        default="gpipe", description="Order of forward and backward passes over micro-batches."
+    )
+
+
 class JobSpec(_In):
-    """A data-parallel training job across clusters."""
+    """A training job across clusters: data parallel, or its model split into pipeline stages."""
 
     name: SpecText = Field(min_length=1, max_length=128)
     task: str = Field(
@@ -304,6 +331,17 @@ class JobSpec(_In):
     qos: QoSSpec = Field(default_factory=QoSSpec)
     compression: CompressionValue = "auto"
     sync: SyncValue = "auto"
+    parallelism: ParallelismName = Field(
+        default="auto",
+        description=f"How the model is spread over GPUs; {PARALLEL_HELP}. data: the whole "
+        "model in every worker; pipeline: stages on clusters, one GPU a stage, activations "
+        "cross the WAN (`compression` then applies to them); hybrid: pipeline across "
+        "clusters, data parallel inside each stage's cluster; auto: the planner's choice.",
+    )
+    pipeline: PipelineOptions = Field(
+        default_factory=PipelineOptions,
+        description="Stage split, micro-batches and schedule of a pipeline or hybrid job.",
+    )
     preference: list[ClusterRef] = Field(
         default_factory=list, max_length=64, description="Clusters first."
     )
@@ -356,6 +394,8 @@ class JobSpec(_In):
                 "only the runtime's knobs (batch_size, lr, seed, eval_every, checkpoint_every, "
                 "outer_lr, outer_momentum): drop args.task"
             )
+        if self.parallelism in ("pipeline", "hybrid"):
+            self._pipeline_fits()
         workers = self.gpu_range[1]
         if self.args.batch_size is not None and self.args.batch_size < workers:
             raise ValueError(
@@ -363,6 +403,37 @@ class JobSpec(_In):
                 f"workers (one per GPU); give at least {workers}, or leave it out"
             )
         return self
+
+    def _pipeline_fits(self) -> None:
+        """What a pipeline or hybrid run does not do (yet), refused at submission."""
+        if self.compression not in ACTIVATION_COMPRESSIONS:
+            raise ValueError(
+                f"compression: {self.compression} does not apply to activations; with "
+                f"parallelism {self.parallelism} use one of {', '.join(ACTIVATION_COMPRESSIONS)}"
+            )
+        if self.sync not in ("auto", "every-step"):
+            raise ValueError(
+                f"sync: {self.sync} is not supported with parallelism {self.parallelism}; "
+                "use auto or every-step"
+            )
+        if self.data.residency != "shared":
+            raise ValueError(
+                f"data.residency: local data is not supported with parallelism "
+                f"{self.parallelism}; use shared"
+            )
+        if self.gpus is None:
+            raise ValueError(
+                f"gpus: a {self.parallelism} job runs a fixed set of stages; give gpus "
+                "(exact), not min_gpus and max_gpus"
+            )
+        split = self.pipeline.stages
+        if split is not None and self.parallelism == "pipeline":
+            count = parse_stages(split).count
+            if count != self.gpus:
+                raise ValueError(
+                    f"pipeline.stages: a pipeline runs one GPU per stage; {count} stage(s) "
+                    f"need gpus: {count}, not {self.gpus}"
+                )
 
     @property
     def gpu_range(self) -> tuple[int, int]:

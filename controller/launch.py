@@ -1,4 +1,5 @@
-"""Launching: a placed job becomes a run of Ray actors (through `training.run`) on a thread.
+"""Launching: a placed job becomes a run of Ray actors (through `training.run`, or
+`training.pipeline.run_pipeline` for a pipeline or hybrid plan) on a thread.
 
 Ray is started (or joined) once per controller, never per job; a local Ray gets one custom
 resource per cluster, sized from the inventory, so each worker is pinned to its cluster.
@@ -7,10 +8,13 @@ resource per cluster, sized from the inventory, so each worker is pinned to its 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,8 +27,11 @@ from controller.resources import effective_links
 from controller.runs import RunHandle
 from controller.states import ACTIVE
 from controller.tasks import builtin_work
-from training import LinkSpec, TrainSpec
+from training import LinkSpec, Progress, TrainReport, TrainSpec, WanBytes
 from training.location import child, is_object_store
+
+if TYPE_CHECKING:
+    from training.pipeline.spec import PipelineReport, PipelineSpec, StageResult
 
 log = logging.getLogger("cpn.launcher")
 
@@ -125,6 +132,9 @@ def launch(
         # the job's own part first: what fails here is the job's, before Ray is touched
         spec = spec_of(job)
         train_spec = train_spec_of(session, config, job, spec, clusters)
+        pipeline = pipeline_spec_of(job, spec, train_spec)
+        if pipeline is not None:
+            train_spec = pipeline.train
         if not ray.ensure(clusters, busy):
             job.reason = "waiting for Ray capacity"
             return None
@@ -133,21 +143,24 @@ def launch(
             job_id=job.id,
             clusters=clusters,
             gpu_models=models,
-            flops_per_step=_work(spec),
+            # a stage does a share of the step's work: no per-GPU calibration from it (yet)
+            flops_per_step=_work(spec) if pipeline is None else 0.0,
             predicted_step_s=job.placement.estimate.compute_s if job.placement else None,
             fence=train_spec.epoch,
         )
         message = (
-            f"launched {sum(clusters.values())} workers on "
+            f"launched {sum(clusters.values())} "
+            + ("workers" if pipeline is None else f"stage workers ({_stages_text(pipeline)})")
+            + " on "
             + ", ".join(f"{c}:{n}" for c, n in clusters.items())
             + f" ({train_spec.compression}, {train_spec.sync}"
             + (", WAN emulated" if train_spec.emulated else "")
-            + (", resuming from checkpoint" if train_spec.resume else "")
+            + (", resuming from checkpoint" if train_spec.resume and pipeline is None else "")
             + ")"
         )
         lifecycle.begin_run(session, job, message, clusters)
     thread = threading.Thread(
-        target=_run, args=(handle, train_spec), name=f"cpn-job-{job_id[:8]}", daemon=True
+        target=_run, args=(handle, train_spec, pipeline), name=f"cpn-job-{job_id[:8]}", daemon=True
     )
     thread.start()
     log.info("job %s: %s", job_id, message)
@@ -219,13 +232,161 @@ def train_spec_of(
     )
 
 
-def _run(handle: RunHandle, train_spec: TrainSpec) -> None:
+def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> PipelineSpec | None:
+    """The pipeline run of a job whose plan (`JobPlan.parallel`) says pipeline or hybrid;
+    None for data parallelism. The stages are the plan's; the spec's fixed cut points apply
+    when they make that many stages. `compression` compresses the activations (auto: none);
+    the stages' replicas synchronise every step; no checkpoints yet (a retry starts over)."""
+    from grammar.parallel import parse_stages
+    from training.pipeline.schedule import Schedule
+    from training.pipeline.spec import PipelineSpec
+    from training.pipeline.split import Placement
+
+    parallel = job.placement.parallel if job.placement is not None else None
+    if parallel is None or parallel.mode == "data" or not parallel.stages:
+        return None
+    placement = Placement(tuple(s.cluster for s in parallel.stages), parallel.stages[0].replicas)
+    split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
+    cuts = split.cuts if split is not None and split.count == placement.stages else None
+    activations = "none" if spec.compression == "auto" else spec.compression
+    train = replace(
+        train_spec,
+        compression=activations,
+        sync="every-step",
+        checkpoint=None,
+        resume=False,
+    )
+    return PipelineSpec(
+        train,
+        placement,
+        micro_batches=parallel.micro_batches or spec.pipeline.micro_batches,
+        schedule=Schedule(spec.pipeline.schedule),
+        cuts=cuts,
+        activations=activations,
+    )
+
+
+def _stages_text(spec: PipelineSpec) -> str:
+    p = spec.placement
+    mode = "hybrid" if p.replicas > 1 else "pipeline"
+    return f"{mode}: {p.stages} stages, {spec.micro_batches} micro-batches, {spec.schedule}"
+
+
+def stage_progress(
+    spec: PipelineSpec,
+    step: int,
+    results: list[StageResult],
+    wall_s: float,
+    last_loss: float = 0.0,
+) -> Progress:
+    """A segment of a pipeline run as the controller's progress report: the activation bytes
+    so far per link are what `controller.progress` meters, like a data-parallel run's WAN
+    bytes; compute and wait are the slowest stage replica's. The loss is the last stage's;
+    without it, `last_loss` (the previous report's: JSON columns refuse NaN)."""
+    wan = WanBytes()
+    raw = 0
+    compute: dict[str, float] = {}
+    for r in results:
+        wan = wan + r.wan
+        raw += r.raw_bytes
+        compute[r.cluster] = max(compute.get(r.cluster, 0.0), r.compute_s)
+    loss = next((r.loss for r in results if r.loss is not None), None)
+    return Progress(
+        step=step,
+        total_steps=spec.train.steps,
+        loss=last_loss if loss is None else loss,
+        accuracy=None,
+        wall_s=wall_s,
+        compute_s=max((r.compute_s for r in results), default=0.0),
+        comm_s=max((r.wait_s for r in results), default=0.0),
+        wan_bytes=wan,
+        wan_bytes_total=wan.total,
+        compression_ratio=raw / wan.total if wan.total else 1.0,
+        compression=spec.activations,
+        compute_by_cluster=compute,
+    )
+
+
+def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
+    """A pipeline run's report in the data-parallel report's shape (what settlement stores);
+    the pipeline's own figures go in `sync_stats`."""
+    wan = report.activation_bytes
+    clusters: dict[str, int] = {}
+    for c in report.stage_clusters:
+        clusters[c] = clusters.get(c, 0) + report.replicas
+    return TrainReport(
+        task=report.task,
+        clusters=clusters,
+        compression=report.activations,
+        sync=spec.train.sync,
+        steps=report.steps,
+        final_loss=report.final_loss,
+        final_accuracy=report.final_accuracy,
+        wall_s=report.wall_s,
+        compute_s=max(report.stage_compute_s, default=0.0),
+        comm_s=max(report.stage_wait_s, default=0.0),
+        wan_s=0.0,
+        wan_bytes=wan,
+        wan_bytes_total=wan.total,
+        compression_ratio=report.compression_ratio,
+        wan_emulated=report.wan_emulated,
+        links=[],
+        restarts=0,
+        resumed_from_step=None,
+        stopped=report.steps < spec.train.steps,
+        history=[{k: v for k, v in h.items() if v is not None} for h in report.history],
+        sync_stats={
+            "stages": float(len(report.stage_clusters)),
+            "replicas": float(report.replicas),
+            "micro_batches": float(report.micro_batches),
+            "bubble_fraction": report.bubble_fraction,
+            "measured_bubble": report.measured_bubble,
+        },
+    )
+
+
+def _run_pipeline(handle: RunHandle, spec: PipelineSpec) -> TrainReport:
+    from training.pipeline import run_pipeline
+
+    t0 = time.perf_counter()
+    last = [0.0]
+
+    def segment(step: int, results: list[StageResult]) -> None:
+        p = stage_progress(spec, step, results, time.perf_counter() - t0, last[0])
+        last[0] = p.loss
+        handle.on_progress(p)
+
+    report = run_pipeline(spec, on_results=segment, should_stop=handle.should_stop)
+    out = report_of(spec, report)
+    # the final evaluation's forward pass crossed the links too: metered with the rest
+    handle.on_progress(
+        Progress(
+            step=out.steps,
+            total_steps=spec.train.steps,
+            loss=last[0] if math.isnan(out.final_loss) else out.final_loss,
+            accuracy=None if math.isnan(out.final_accuracy) else out.final_accuracy,
+            wall_s=out.wall_s,
+            compute_s=out.compute_s,
+            comm_s=out.comm_s,
+            wan_bytes=out.wan_bytes,
+            wan_bytes_total=out.wan_bytes_total,
+            compression_ratio=out.compression_ratio,
+            compression=out.compression,
+        )
+    )
+    return out
+
+
+def _run(handle: RunHandle, train_spec: TrainSpec, pipeline: PipelineSpec | None = None) -> None:
     try:
         from training import run
 
-        handle.report = run(
-            train_spec, on_progress=handle.on_progress, should_stop=handle.should_stop
-        )
+        if pipeline is not None:
+            handle.report = _run_pipeline(handle, pipeline)
+        else:
+            handle.report = run(
+                train_spec, on_progress=handle.on_progress, should_stop=handle.should_stop
+            )
     except BaseException as exc:  # reported to the loop, which settles it
         handle.error = exc
     finally:

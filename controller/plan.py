@@ -11,12 +11,17 @@ no objective and no price).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from contextlib import suppress
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 import scheduler
-from controller.jobspec import CompressionValue, SyncValue
+from controller.jobspec import CompressionValue, JobSpec, SyncValue
+from controller.tasks import builtin_work
+from grammar.parallel import parse_stages
+from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
+from training.pipeline.split import place
 
 
 class _Value(BaseModel):
@@ -85,8 +90,36 @@ class PriceBreakdown(_Value):
     currency: str = "USD"
 
 
+class StageShare(_Value):
+    """One pipeline stage: its cluster and how many data-parallel replicas it has there."""
+
+    cluster: str
+    replicas: int = 1
+
+
+class Parallel(_Value):
+    """How the model is spread over the plan's GPUs, and why."""
+
+    mode: Literal["data", "pipeline", "hybrid"] = "data"
+    stages: tuple[StageShare, ...] = Field(
+        default=(), description="Pipeline stages in order (absent for data parallelism)."
+    )
+    micro_batches: int | None = None
+    bubble: float | None = Field(
+        default=None, description="The schedule's idle share, (S-1)/(M+S-1)."
+    )
+    model_gb: float | None = Field(
+        default=None,
+        description="Parameters, gradients and optimizer state of the whole model (GB).",
+    )
+    gpu_gb: dict[str, float] = Field(
+        default_factory=dict, description="Usable memory of one GPU per cluster (GB)."
+    )
+    reason: str = ""
+
+
 class JobPlan(_Value):
-    """Clusters and GPUs, compression, sync mode, estimate, price, and why."""
+    """Clusters and GPUs, compression, sync mode, parallelism, estimate, price, and why."""
 
     objective: scheduler.Objective | None = Field(
         default=None, description="What the planner optimised (absent in older job plans)."
@@ -99,6 +132,10 @@ class JobPlan(_Value):
         default=None, description="Estimated price; absent in older job plans."
     )
     explanation: tuple[str, ...] = Field(default=(), description="Why the planner chose this.")
+    parallel: Parallel = Field(
+        default_factory=Parallel,
+        description="Data, pipeline or hybrid parallelism (data in older plans).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -149,16 +186,80 @@ class QuoteOptions(_Value):
     options: tuple[JobPlan, ...]
 
 
+def parallel_of(
+    spec: JobSpec,
+    shares: tuple[Share, ...],
+    snapshot: scheduler.Snapshot,
+    origins: Mapping[str, tuple[str, str]],
+) -> Parallel:
+    """The parallelism of a job on `shares`: the spec's when it fixes one; under `auto`, the
+    memory model's (`scheduler.memory`): data parallel when the whole model (parameters,
+    gradients, Adam state) fits one GPU of some share, else a pipeline of one stage per GPU.
+    A hybrid whose shares cannot give every stage equal replicas runs as that pipeline."""
+    params = spec.work.params if spec.work is not None else builtin_work(spec.task).params
+    whole = memory(ModelProfile((Layer("model", params, 0.0, 0.0, 0.0),)), 0, 1, 1, 1).total
+    names = {origin: name for name, origin in origins.items()}
+    gpu: dict[str, float] = {}
+    for s in shares:
+        c = snapshot.by_name.get(names.get((s.cluster, s.gpu_model or ""), s.cluster))
+        if c is not None:
+            with suppress(ValueError):  # a GPU model of unknown memory: no memory verdict
+                gpu[s.cluster] = round(gpu_memory_bytes(c) / 1e9, 3)
+    model_gb = round(whole / 1e9, 6)
+    mode = spec.parallelism
+    reason = f"the spec asks for {mode} parallelism"
+    if mode == "auto":
+        fits = [c for c, gb in gpu.items() if whole <= gb * 1e9]
+        gpus = sum(s.gpus for s in shares)
+        if fits or len(gpu) < len(shares) or gpus < 2:
+            mode = "data"
+            reason = (
+                f"the whole model needs {model_gb:.3g} GB a GPU, which fits "
+                f"{', '.join(fits) or 'no known GPU model'}: data parallel moves no activations"
+            )
+        else:
+            mode = "pipeline"
+            reason = (
+                f"the whole model needs {model_gb:.3g} GB a GPU, more than the largest "
+                f"({max(gpu.values()):.3g} GB usable): a pipeline of {gpus} stages, one a GPU"
+            )
+    if mode == "data":
+        return Parallel(mode="data", model_gb=model_gb, gpu_gb=gpu, reason=reason)
+    clusters: dict[str, int] = {}
+    for s in shares:
+        clusters[s.cluster] = clusters.get(s.cluster, 0) + s.gpus
+    split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
+    try:
+        layout = place(clusters, split.count if split else None, mode == "hybrid")
+    except ValueError as exc:  # hybrid's equal widths not met by these shares
+        layout = place(clusters, None, False)
+        mode = "pipeline"
+        reason += f"; as a pipeline of one stage a GPU, since {exc}"
+    stages = tuple(StageShare(cluster=c, replicas=layout.replicas) for c in layout.stage_clusters)
+    micro = spec.pipeline.micro_batches
+    return Parallel(
+        mode="hybrid" if mode == "hybrid" else "pipeline",
+        stages=stages,
+        micro_batches=micro,
+        bubble=round((len(stages) - 1) / (micro + len(stages) - 1), 6),
+        model_gb=model_gb,
+        gpu_gb=gpu,
+        reason=reason,
+    )
+
+
 def plan_of(
     result: scheduler.Plan,
     snapshot: scheduler.Snapshot,
     origins: Mapping[str, tuple[str, str]],
     qos_class: str,
+    spec: JobSpec | None = None,
 ) -> JobPlan:
     """The typed plan of a planner decision, priced by cluster and by WAN link.
 
     `origins` maps the snapshot's cluster names to (cluster, GPU model): a cluster offering
-    several GPU models is one scheduler cluster per model.
+    several GPU models is one scheduler cluster per model. With the job's `spec`, the plan
+    records its parallelism (`parallel_of`).
     """
     est = result.estimate
     hours = est.total_time_s / 3600
@@ -198,9 +299,11 @@ def plan_of(
                     amount=round(per_edge / 1e9 * price_gb, 6),
                 )
             )
+    parallel = Parallel() if spec is None else parallel_of(spec, tuple(shares), snapshot, origins)
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),
+        parallel=parallel,
         compression=result.compression,
         sync=result.sync,
         estimate=PlanEstimate(
@@ -217,5 +320,6 @@ def plan_of(
             step_overhead_s=est.step_overhead_s,
         ),
         price=PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress)),
-        explanation=tuple(result.explanation),
+        explanation=tuple(result.explanation)
+        + ((parallel.reason,) if parallel.mode != "data" else ()),
     )

@@ -192,7 +192,7 @@ def _place_one(
             worlds[qos_class] = w.after(
                 job.id, job.tenant_id, priority, job.preemptible, result.placement
             )
-        placement = plan_of(result, world.snapshot, world.origins, job.qos_class)
+        placement = plan_of(result, world.snapshot, world.origins, job.qos_class, spec_of(job))
         job.placement = placement
         job.owner = owner
         job.preempted_by = None

@@ -169,6 +169,22 @@ def jobs_table(jobs: list[dict[str, Any]], with_tenant: bool) -> Table:
     return table
 
 
+def _parallel(par: dict[str, Any] | None) -> str:
+    """The plan's parallelism: the mode, and a pipeline's stages in order."""
+    if not par:
+        return "-"
+    stages = par.get("stages") or []
+    if not stages:
+        return str(par.get("mode", "data"))
+    width = stages[0].get("replicas", 1)
+    return (
+        f"{par['mode']}: "
+        + " -> ".join(s["cluster"] for s in stages)
+        + (f" (x{width} each)" if width > 1 else "")
+        + f", {par.get('micro_batches')} micro-batches"
+    )
+
+
 def job_table(job: dict[str, Any]) -> Table:
     from rich.table import Table
 
@@ -191,6 +207,7 @@ def job_table(job: dict[str, Any]) -> Table:
             + (", preemptible" if job["preemptible"] else ""),
         ),
         ("placement", _placement((job.get("placement") or {}).get("placement"))),
+        ("parallelism", _parallel((job.get("placement") or {}).get("parallel"))),
         ("held price", f"{held['total']:.2f} (quote {job['quote_id']})" if held else "-"),
         ("attempts", str(job["attempts"])),
         ("created", job["created_at"][:19]),

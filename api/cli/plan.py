@@ -14,7 +14,7 @@ import typer
 from api.cli.errors import fail
 
 if TYPE_CHECKING:
-    from scheduler import PlanResult
+    from scheduler import PlanResult, Snapshot
 
 _OBJECTIVES = ("time", "cost", "cost-within-deadline")
 
@@ -53,6 +53,74 @@ def result_to_json(result: PlanResult) -> dict[str, Any]:
         est["batch_shares"] = dict(shown.estimate.batch_shares)
         out["estimate"] = est
     return out
+
+
+def parallelism_json(job: Any, snap: Snapshot) -> dict[str, Any]:
+    """The job's parallelism over the snapshot: the memory-aware planner (`scheduler.memory`)
+    on the job file's optional `model` (a transformer: blocks, dim, seq, vocab, optimizer),
+    else a one-layer model of its `params`; `batch` (default 32) is the global batch;
+    `parallelism` (default auto) fixes data (the plan above) or asks for a pipeline."""
+    from grammar.parallel import parse_parallelism
+    from scheduler.memory import Layer, ModelProfile, plan_parallelism
+
+    raw = job if isinstance(job, dict) else {}
+    try:
+        mode = parse_parallelism(str(raw.get("parallelism", "auto")))
+        model = raw.get("model")
+        if isinstance(model, dict):
+            profile = ModelProfile.transformer(**model)
+        else:
+            profile = ModelProfile((Layer("model", int(raw.get("params", 1)), 0.0, 0.0, 0.0),))
+        batch = int(raw.get("batch", 32))
+    except (TypeError, ValueError) as exc:
+        raise fail("plan", "job.model", str(exc)) from None
+    out: dict[str, Any] = {"requested": str(mode), "mode": "data", "reason": "", "stages": []}
+    if str(mode) == "data":
+        out["reason"] = "the job file fixes data parallelism"
+        return out
+    try:
+        got = plan_parallelism(profile, snap.clusters, snap.links, batch)
+    except ValueError as exc:
+        out.update(mode=None, reason=str(exc))
+        return out
+    out.update(
+        mode=str(got.parallelism),
+        reason=got.reason,
+        micro_batches=got.micro_batches,
+        bubble=got.bubble,
+        step_s=got.step_s,
+        fits=list(got.fits),
+        stages=[
+            {
+                "cluster": st.cluster,
+                "layers": list(st.layers),
+                "memory_gb": round(st.memory.total / 1e9, 3),
+                "gpu_gb": round(st.gpu_bytes / 1e9, 3),
+                "compute_s": st.compute_s,
+                "send_s": st.send_s,
+            }
+            for st in got.stages
+        ],
+    )
+    return out
+
+
+def _print_parallel(par: dict[str, Any]) -> None:
+    print(f"  parallelism: {par['mode'] or 'none fits'} (asked: {par['requested']})")
+    for i, st in enumerate(par["stages"]):
+        lo, hi = st["layers"]
+        print(
+            f"    stage {i} on {st['cluster']}: layers {lo}..{hi - 1}, "
+            f"{st['memory_gb']:.3g} of {st['gpu_gb']:.3g} GB a GPU, "
+            f"compute {st['compute_s']:.4g} s a micro-batch"
+        )
+    if par["stages"]:
+        print(
+            f"    {par['micro_batches']} micro-batches, bubble {par['bubble'] * 100:.1f} %, "
+            f"step {par['step_s']:.4g} s"
+        )
+    if par["reason"]:
+        print(f"    why: {par['reason']}")
 
 
 def _print_text(result: PlanResult) -> None:
@@ -106,7 +174,13 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 when feasible, 1 when not (the reason is printed), 2 on bad input.
         """
-        from api.plan_files import PlanFileError, load_job, load_placement, load_snapshot
+        from api.plan_files import (
+            PlanFileError,
+            _load_json,
+            load_job,
+            load_placement,
+            load_snapshot,
+        )
         from scheduler import Plan
         from scheduler import evaluate as evaluate_placement
         from scheduler import plan as make_plan
@@ -127,9 +201,11 @@ def register(app: typer.Typer) -> None:
             result = evaluate_placement(snap, req, placement, objective)  # type: ignore[arg-type]
         else:
             result = make_plan(snap, req, objective)  # type: ignore[arg-type]
+        parallel = parallelism_json(_load_json(job, "job"), snap)
         if as_json:
-            print(json.dumps(result_to_json(result), sort_keys=False))
+            print(json.dumps({**result_to_json(result), "parallelism": parallel}, sort_keys=False))
         else:
             _print_text(result)
+            _print_parallel(parallel)
         if not isinstance(result, Plan):
             raise typer.Exit(1)

@@ -14,12 +14,16 @@ from grammar import (
     SYNC_HELP,
     Compression,
     Sync,
+    SyncKind,
     parse_compression,
     parse_sync,
 )
 from grammar.parallel import Parallelism, parse_parallelism, parse_stages
 
 _V = TypeVar("_V", Compression, Sync)
+
+AUTO_COMPRESSION_SYNCS = (SyncKind.AUTO, SyncKind.EVERY_STEP, SyncKind.LOCAL_SGD)
+"""The sync kinds under which the runtime picks `--compression auto` (`training.auto`)."""
 
 _FLAGS = {
     "outer_lr": "--outer-lr",
@@ -31,9 +35,7 @@ _FLAGS = {
 
 
 def _concrete(value: _V) -> _V:
-    """A run needs concrete values: `auto` is the planner's to replace."""
-    if value.is_auto:
-        raise ValueError("auto needs the planner: give a concrete value (cpn plan suggests one)")
+    """Sync and compression as given: `auto` is the runtime's policy (`training.auto`)."""
     return value
 
 
@@ -68,6 +70,8 @@ def _report_table(report: Any) -> Any:
         rows.append(("local steps by cluster", by))
     if report.data == "local":
         rows.append(("data", "local (only model updates crossed the WAN)"))
+    for d in getattr(report, "auto_decisions", []):  # --sync/--compression auto
+        rows.append((f"auto at step {d.step}", f"{d.sync} {d.compression}: {d.why}"))
     for k, v in rows:
         table.add_row(k, v)
     return table
@@ -114,10 +118,14 @@ def train(
     compression: str = typer.Option(
         "none",
         "--compression",
-        help=f"Compression between clusters; {COMPRESSION_HELP} (auto is for planned jobs).",
+        help=f"Compression between clusters; {COMPRESSION_HELP} (auto: picked at run time "
+        "from measured compute and bandwidth; with --sync auto, every-step or local-sgd:H).",
     ),
     sync: str = typer.Option(
-        "every-step", "--sync", help=f"Sync between clusters; {SYNC_HELP} (not auto)."
+        "every-step",
+        "--sync",
+        help=f"Sync between clusters; {SYNC_HELP} (auto: picked at run time, re-decided "
+        "when the measured bandwidth changes).",
     ),
     steps: int = typer.Option(100, "--steps", min=1, help="Training steps."),
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="Global batch size."),
@@ -204,6 +212,13 @@ def train(
         compression = str(_concrete(parse_compression(compression)))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--compression") from None
+    if compression == "auto" and parse_sync(sync).kind not in AUTO_COMPRESSION_SYNCS:
+        raise fail(
+            "train",
+            "--compression",
+            f"auto needs --sync auto, every-step or local-sgd:H (not {sync}); or give a "
+            "concrete value such as int8",
+        )
     try:
         check_entry(task)
     except ValueError as exc:
@@ -319,6 +334,7 @@ def _train_pipeline(
         ("--checkpoint-dir", spec.checkpoint is not None),
         ("--resume", spec.resume),
         ("--sync", spec.sync != "every-step"),
+        ("--compression", spec.compression == "auto"),
         ("--gpus-per-worker", spec.gpus_per_worker > 0),
         ("--slowdown", bool(getattr(spec, "slowdown", None))),
         ("--data", getattr(spec, "data", "shared") != "shared"),

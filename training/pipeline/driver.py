@@ -69,11 +69,15 @@ def run_pipeline(
     on_segment: Callable[[int, float | None], None] | None = None,
     keep: list[Any] | None = None,
     pool: StagePool | None = None,
+    on_results: Callable[[int, list[StageResult]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> PipelineReport:
     """Train `spec` to the end; the report. ValueError for a bad spec. With `keep` (a list),
     the actors are left alive and appended to it in rank order (tests read their
     parameters); with a `pool`, actors come from it when it has them and go back to it after
-    the run (closed, unless kept too); else they are killed."""
+    the run (closed, unless kept too); else they are killed. `on_results` gets every
+    segment's stage results (cumulative counters: the controller meters them);
+    `should_stop` is asked between segments (the controller's cancel and preemption)."""
     import ray
 
     from training.pipeline.stage import StageWorker
@@ -121,6 +125,10 @@ def run_pipeline(
             history.append({"wall_s": time.perf_counter() - t0, "step": step, "loss": loss})
             if on_segment is not None:
                 on_segment(step, loss)
+            if on_results is not None:
+                on_results(step, results)
+            if should_stop is not None and should_stop():
+                break
         evals = _wait_all([a.evaluate.remote() for a in actors])
         results = _wait_all([a.result.remote() for a in actors])  # the eval pass's bytes too
         wall = time.perf_counter() - t0

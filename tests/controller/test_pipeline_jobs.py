@@ -1,0 +1,362 @@
+"""Pipeline and hybrid jobs in the control plane, fast (no Ray): the spec's `parallelism`, the
+plan that records it (the spec's, or the memory model's under `auto`), the stage run the
+launcher builds from the plan, and activation bytes metered like WAN bytes.
+
+The run itself (stage actors over gloo) is `tests/training/test_pipeline.py`'s; a pipeline job
+through a real `cpn serve` and Ray is `test_pipeline_job_end_to_end` below (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from controller.jobspec import JobSpec, Work, stored_spec
+from controller.launch import pipeline_spec_of, report_of, stage_progress, train_spec_of
+from controller.models import Job, JobEvent, Usage
+from controller.states import JobState
+from tests.controller.world import Net
+from training.pipeline.spec import PipelineReport, StageResult
+from training.results import WanBytes
+
+TASK = "builtin:char-transformer"
+
+
+def _spec(name: str, **kw: Any) -> JobSpec:
+    base: dict[str, Any] = {"name": name, "task": TASK, "gpus": 2, "steps": 20}
+    return JobSpec.model_validate({**base, **kw})
+
+
+@pytest.fixture
+def net(db_url: str, tmp_path: Path) -> Iterator[Net]:
+    """Clusters east and west, one A100 each, joined by a slow link: a 2-GPU job spans both."""
+    n = Net(db_url, tmp_path)
+    n.cluster("east", gpus=1, price="2.5")
+    n.cluster("west", gpus=1, price="2.5")
+    n.link("east", "west", gbps=0.1, rtt_ms=40.0)
+    yield n
+    n.close()
+
+
+# ---- the spec ---------------------------------------------------------------------------
+
+
+def test_spec_parallelism_defaults_and_refusals() -> None:
+    """`auto` by default (old stored specs too); what a pipeline run cannot do is refused at
+    submission, naming the field and the fix."""
+    plain = _spec("a")
+    assert plain.parallelism == "auto" and plain.pipeline.micro_batches == 4
+    old = plain.model_dump(mode="json")
+    del old["parallelism"], old["pipeline"]
+    assert stored_spec(old).parallelism == "auto"
+    ok = _spec("p", parallelism="pipeline", compression="int8", pipeline={"stages": " 2 "})
+    assert ok.pipeline.stages == "2" and ok.compression == "int8"
+    assert _spec("h", gpus=4, parallelism="hybrid", pipeline={"stages": "@2"}).pipeline.stages
+    refused: dict[str, dict[str, Any]] = {
+        "compression": {"compression": "topk:0.01"},
+        "sync": {"sync": "local-sgd:8"},
+        "gpus": {"gpus": None, "min_gpus": 2, "max_gpus": 4},
+        "pipeline.stages": {"pipeline": {"stages": "3"}},
+        "data.residency": {"data": {"residency": "local", "clusters": ["east"]}},
+    }
+    for field, kw in refused.items():
+        with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+            _spec("x", parallelism="pipeline", **kw)
+    with pytest.raises(ValidationError, match="stages"):
+        _spec("x", parallelism="pipeline", pipeline={"stages": "@0"})
+    with pytest.raises(ValidationError, match="parallelism"):
+        _spec("x", parallelism="tensor")
+
+
+# ---- the plan and the launch --------------------------------------------------------------
+
+
+def _placed(net: Net, spec: JobSpec) -> Job:
+    tenant = net.tenant(f"t-{spec.name}")
+    job_id = net.submit(tenant, spec)
+    assert net.place() == [job_id]
+    return net.job(job_id)
+
+
+def _pipeline_of(net: Net, job: Job) -> Any:
+    spec = stored_spec(job.spec)
+    with net.sessions() as s:
+        fresh = s.get(Job, job.id)
+        assert fresh is not None
+        train = train_spec_of(s, net.launcher.config, fresh, spec, net.held(job.id))
+    return pipeline_spec_of(job, spec, train)
+
+
+def test_pipeline_job_plan_and_stage_run(net: Net) -> None:
+    """A pipeline job's plan records one stage a GPU in pipeline order; the launcher runs the
+    plan's stages with the spec's split, schedule and activation compression, every step in
+    sync and without checkpoints; a data job keeps `training.run`."""
+    job = _placed(
+        net,
+        _spec(
+            "pipe",
+            parallelism="pipeline",
+            compression="fp16",
+            pipeline={"stages": "@3", "micro_batches": 8, "schedule": "1f1b"},
+        ),
+    )
+    assert job.state is JobState.SCHEDULED and job.placement is not None
+    par = job.placement.parallel
+    assert par.mode == "pipeline"
+    assert sorted(s.cluster for s in par.stages) == ["east", "west"]
+    assert par.micro_batches == 8 and par.bubble == pytest.approx(1 / 9)
+    assert any("pipeline" in line for line in job.placement.explanation)
+    run = _pipeline_of(net, job)
+    assert run.placement.stage_clusters == tuple(s.cluster for s in par.stages)
+    assert run.placement.replicas == 1 and run.cuts == (3,)
+    assert (run.micro_batches, str(run.schedule), run.activations) == (8, "1f1b", "fp16")
+    assert run.train.sync == "every-step" and run.train.checkpoint is None
+    assert run.train.clusters == {"east": 1, "west": 1}
+    # stored and read back: the plan's JSON keeps the parallelism
+    again = type(job.placement).model_validate(job.placement.model_dump(mode="json"))
+    assert again.parallel == par
+
+
+def test_auto_takes_pipeline_only_when_the_model_fits_no_gpu(db_url: str, tmp_path: Path) -> None:
+    """Under `auto` the plan's memory verdict decides: a model whose parameters, gradients and
+    Adam state exceed an A100 becomes a pipeline over the job's GPUs; a small one stays data
+    parallel, and the launcher then runs `training.run` (no stage run)."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("east", gpus=3)
+        net.cluster("west", gpus=2)
+        net.link("east", "west")
+        big = _placed(
+            net,
+            _spec(
+                "big", gpus=4, task="builtin:mnist1d-mlp",
+                work=Work(params=10**10, flops_per_step=1e12),
+            ),
+        )  # fmt: skip
+        assert big.placement is not None
+        par = big.placement.parallel
+        assert par.mode == "pipeline" and len(par.stages) == 4
+        assert par.model_gb is not None and par.model_gb > max(par.gpu_gb.values())
+        assert "more than the largest" in par.reason
+        small = _placed(net, _spec("small", gpus=1, task="builtin:mnist1d-mlp"))
+        assert small.placement is not None and small.placement.parallel.mode == "data"
+        assert "fits" in small.placement.parallel.reason
+        assert _pipeline_of(net, small) is None
+    finally:
+        net.close()
+
+
+def test_hybrid_plan_gives_each_stage_its_replicas(db_url: str, tmp_path: Path) -> None:
+    """Hybrid over two clusters of two GPUs: one stage a cluster, two replicas each."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("east", gpus=2)
+        net.cluster("west", gpus=2)
+        net.link("east", "west")
+        job = _placed(net, _spec("hyb", gpus=4, parallelism="hybrid"))
+        assert job.placement is not None
+        par = job.placement.parallel
+        assert par.mode == "hybrid"
+        assert [(s.replicas) for s in par.stages] == [2, 2]
+        assert sorted(s.cluster for s in par.stages) == ["east", "west"]
+        run = _pipeline_of(net, job)
+        assert run.placement.replicas == 2 and run.placement.world == 4
+    finally:
+        net.close()
+
+
+# ---- metering -----------------------------------------------------------------------------
+
+
+def _stage(rank: int, cluster: str, sent: dict[tuple[str, str], int], loss: float | None) -> Any:
+    return StageResult(
+        rank=rank, stage=rank, cluster=cluster, step=0, loss=loss, compute_s=0.1 * (rank + 1),
+        wait_s=0.05, steps_s=0.3, wan=WanBytes(sent), raw_bytes=2 * sum(sent.values()),
+        params=1000,
+    )  # fmt: skip
+
+
+def test_activation_bytes_are_metered_and_the_job_succeeds(net: Net) -> None:
+    """Stage results as the driver hands them after each segment become progress reports;
+    the launcher's pass meters the new activation bytes per link as WAN usage (priced as
+    egress), and the run's report settles the job SUCCEEDED with the pipeline's figures."""
+    job = _placed(net, _spec("meter", parallelism="pipeline", steps=10))
+    run = _pipeline_of(net, job)
+    a, b = run.placement.stage_clusters
+    handle = net.start(job.id)
+    sent = [({(a, b): 4000}, {(b, a): 4000}), ({(a, b): 9000}, {(b, a): 8000})]
+    for step, (fwd, back) in zip((5, 10), sent, strict=True):
+        results = [_stage(0, a, fwd, None), _stage(1, b, back, 2.0 / step)]
+        p = stage_progress(run, step, results, wall_s=0.1 * step)
+        assert p.wan_bytes_total == sum(fwd.values()) + sum(back.values())
+        assert p.compression_ratio == 2.0 and p.loss == 2.0 / step
+        handle.on_progress(p)
+        net.launcher.tick()
+    final = PipelineReport(
+        task=TASK, parallel="pipeline", stage_clusters=[a, b], replicas=1, cuts=[2],
+        micro_batches=4, schedule="gpipe", activations="none", steps=10, final_loss=0.2,
+        final_accuracy=0.5, wall_s=1.0, stage_compute_s=[0.1, 0.2], stage_wait_s=[0.05, 0.05],
+        stage_params=[1000, 1000], activation_bytes=WanBytes({(a, b): 9500, (b, a): 8000}),
+        compression_ratio=1.0, bubble_fraction=0.2, measured_bubble=0.3, wan_emulated=True,
+    )  # fmt: skip
+    out = report_of(run, final)
+    assert out.clusters == {a: 1, b: 1} and out.sync_stats["bubble_fraction"] == 0.2
+    assert not out.stopped
+    last = stage_progress(run, 10, [_stage(0, a, {(a, b): 9500}, None)], 1.0, last_loss=0.2)
+    assert last.loss == 0.2  # the stage with the loss missing: the previous loss, never NaN
+    handle.on_progress(last)
+    done = net.finish(handle, report=out)
+    assert done.state is JobState.SUCCEEDED
+    with net.sessions() as s:
+        metered: dict[tuple[str, str], int] = {}
+        for u in s.scalars(select(Usage).where(Usage.job_id == job.id, Usage.kind == "wan_bytes")):
+            key = (u.cluster, u.dst_cluster or "")
+            metered[key] = metered.get(key, 0) + int(u.quantity)
+        events = list(s.scalars(select(JobEvent).where(JobEvent.job_id == job.id)))
+    assert metered == {(a, b): 9500, (b, a): 8000}
+    books = net.books(job.id)
+    assert books.usage_rows >= 3 and books.charged > 0
+    succeeded = [e for e in events if e.to_state is JobState.SUCCEEDED]
+    assert succeeded and succeeded[0].data["report"]["wan_bytes_total"] == 17500
+
+
+# ---- cpn plan ------------------------------------------------------------------------------
+
+
+def test_cpn_plan_shows_the_parallelism(tmp_path: Path) -> None:
+    """`cpn plan` on a model too large for any GPU of the snapshot: the memory-aware planner's
+    pipeline (stages per cluster, memory per GPU, micro-batches and bubble, why), as text and
+    in `--json`; a small model stays data parallel."""
+    cluster = {"region": "r", "intra_bandwidth_gbps": 100, "price_per_gpu_hour": 1.0}
+    snapshot = {
+        "clusters": [
+            {**cluster, "name": "a", "gpu_model": "A10G", "gpus_free": 2, "state": "READY"},
+            {**cluster, "name": "b", "gpu_model": "L4", "gpus_free": 2, "state": "READY"},
+        ],
+        "links": [
+            {"a": "a", "b": "b", "bandwidth_gbps": 1, "rtt_ms": 80, "egress_price_per_gb": 0}
+        ],
+    }
+    job = {
+        "params": 1_500_000_000, "flops_per_step": 1e15, "steps": 100, "gpus": 4, "batch": 16,
+        "model": {"blocks": 24, "dim": 2048, "seq": 512, "vocab": 32000},
+    }  # fmt: skip
+    (tmp_path / "snap.json").write_text(json.dumps(snapshot))
+    cpn = str(Path(sys.executable).with_name("cpn"))
+
+    def plan(job: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
+        (tmp_path / "job.json").write_text(json.dumps(job))
+        args = ["--snapshot", str(tmp_path / "snap.json"), "--job", str(tmp_path / "job.json")]
+        return subprocess.run(
+            [cpn, "plan", *args, *extra], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    r = plan(job, "--json")
+    assert r.returncode == 0, r.stderr
+    par = json.loads(r.stdout)["parallelism"]
+    assert par["mode"] == "pipeline" and par["requested"] == "auto"
+    assert len(par["stages"]) >= 2 and par["micro_batches"] >= 1
+    assert all(st["memory_gb"] <= st["gpu_gb"] for st in par["stages"])
+    assert "more than the largest" in par["reason"]
+    text = plan(job).stdout
+    assert "parallelism: pipeline" in text and "stage 0 on" in text and "bubble" in text
+    small = json.loads(plan({**job, "params": 1000, "model": None}, "--json").stdout)
+    assert small["parallelism"]["mode"] == "data"
+
+
+# ---- end to end ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_pipeline_job_end_to_end(tmp_path: Path) -> None:
+    """A pipeline job through a real `cpn serve` (its own local Ray) and real agents: two
+    stages on two clusters of one GPU each, activations (int8) over an emulated WAN; it runs
+    to SUCCEEDED, its report carries the pipeline's figures and its activation bytes are
+    metered per link and charged as egress."""
+    from api.client import Client
+    from api.processes import start_agent, start_control_plane, wait_until, write_inventory
+
+    env = {
+        "CPN_HEARTBEAT_INTERVAL_S": "0.5",
+        "CPN_LEASE_GRACE_S": "10",
+        "CPN_PROBE_INTERVAL_S": "30",
+        "CPN_RECONCILE_INTERVAL_S": "0.3",
+        "CPN_RAY_NUM_CPUS": "2",
+        "CPN_CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
+    }
+    plane = start_control_plane(
+        f"sqlite:///{tmp_path / 'cpn.db'}", "cpn_admin_e2e-0123456789abcdef0123456789", settings=env
+    )
+    admin = Client(plane.url, plane.admin_token, timeout=60)
+    agents = []
+    try:
+        for name in ("east", "west"):
+            admin.create_cluster(name, name)
+            admin.post(
+                "/v1/pricing/gpu",
+                {"cluster": name, "gpu_model": "A100", "qos_class": "standard",
+                 "price_per_gpu_hour": 2.0},
+            )  # fmt: skip
+        admin.declare_link(
+            "east", "west", bandwidth_gbps=1.0, rtt_ms=10.0, egress_price_per_gb=0.05
+        )
+        tenant = admin.post("/v1/tenants", {"name": "acme"})
+        client = Client(plane.url, admin.create_api_key("tenant", tenant["id"])["token"])
+        for name in ("east", "west"):
+            inventory = write_inventory(
+                tmp_path / f"{name}.yaml", [{"model": "A100", "memory_gib": 80, "count": 1}]
+            )
+            token = admin.create_api_key("agent", name)["token"]
+            agents.append(start_agent(name, plane.url, token, inventory))
+        wait_until(
+            lambda: all(c["state"] == "READY" and c["gpus"] for c in admin.clusters()),
+            60,
+            "clusters READY",
+        )
+        job = client.post(
+            "/v1/jobs",
+            {"name": "pipe", "task": "builtin:mnist1d-mlp", "gpus": 2, "steps": 6,
+             "parallelism": "pipeline", "compression": "int8",
+             "pipeline": {"micro_batches": 2}, "args": {"eval_every": 3}},
+        )  # fmt: skip
+        done = wait_until(
+            lambda: (
+                (j := admin.get(f"/v1/jobs/{job['id']}"))["state"] in {"SUCCEEDED", "FAILED"} and j
+            ),
+            240,
+            "the pipeline job ends",
+        )
+        events = list(admin.paginate(f"/v1/jobs/{job['id']}/events"))
+        assert done["state"] == "SUCCEEDED", events
+        par = done["placement"]["parallel"]
+        assert par["mode"] == "pipeline" and sorted(s["cluster"] for s in par["stages"]) == [
+            "east",
+            "west",
+        ]
+        assert any("stage workers" in e["message"] for e in events)
+        report = next(e for e in events if e.get("to_state") == "SUCCEEDED")["data"]["report"]
+        assert report["steps"] == 6 and report["compression"] == "int8"
+        sent = report["wan_bytes"]
+        assert set(sent) == {"east->west", "west->east"} and all(n > 0 for n in sent.values())
+        usage = client.get(f"/v1/tenants/{tenant['id']}/usage")
+        metered: dict[str, int] = {}
+        for row in usage["rows"]:
+            if row["kind"] == "wan_bytes" and row.get("job_id", job["id"]) == job["id"]:
+                key = f"{row['cluster']}->{row['dst_cluster']}"
+                metered[key] = metered.get(key, 0) + int(float(row["quantity"]))
+        assert metered == sent
+        assert any(e["kind"] == "egress" for e in client.get(
+            f"/v1/tenants/{tenant['id']}/ledger")["items"])  # fmt: skip
+    finally:
+        for proc in agents:
+            proc.stop()
+        plane.proc.stop(timeout=60)
+        admin.close()
