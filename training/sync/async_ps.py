@@ -33,7 +33,7 @@ from training.collective import flatten, split
 from training.compression import Compressor, make_compressor
 from training.exchange import Piece, decode, encode, param_pieces
 from training.results import ExchangeCounters, WanBytes
-from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.base import Scope, SyncContext, SyncStrategy, count_leaders_sends
 from training.sync.hetero import ps_host, staleness_weight, steps_per_tick
 
 
@@ -266,17 +266,7 @@ class AsyncPSSync(SyncStrategy):
             exchanger = self.comm.exchanger
             assert exchanger is not None
             # every leader's pushes counted on every leader (each knows only its own so far)
-            mine = dict(self.sent)
-            gathered: list[Any] = [None] * len(self.comm.clusters)
-            dist.all_gather_object(gathered, mine, group=exchanger.group)
-            others: dict[tuple[str, str], int] = {}
-            for c, theirs in zip(self.comm.clusters, gathered, strict=True):
-                if c != self.comm.cluster:
-                    for edge, n in theirs.items():
-                        others[edge] = others.get(edge, 0) + n
-            exchanger.counters = exchanger.counters + ExchangeCounters(
-                wan_bytes=WanBytes(others), sent_bytes=sum(others.values())
-            )
+            count_leaders_sends(self.comm, self.sent)
             self.sent.clear()
             fresh = ray.get(self.server.final.remote())
             self.final = ray.get(self.server.stats.remote())

@@ -148,6 +148,28 @@ SyncFactory = Callable[[Sync, SyncContext], SyncStrategy]
 _REGISTRY: dict[SyncKind, SyncFactory] = {}
 
 
+def count_leaders_sends(comm: Collective, sent: Mapping[tuple[str, str], int]) -> None:
+    """Add every other leader's point-to-point WAN bytes (`sent`: this leader's, by link) to
+    this leader's exchange counters, so each leader reports the whole exchange as the ring
+    modes do. Leaders only; a collective over the leaders' group."""
+    import torch.distributed as dist
+
+    from training.results import ExchangeCounters, WanBytes
+
+    exchanger = comm.exchanger
+    assert exchanger is not None
+    gathered: list[Any] = [None] * len(comm.clusters)
+    dist.all_gather_object(gathered, dict(sent), group=exchanger.group)
+    others: dict[tuple[str, str], int] = {}
+    for cluster, theirs in zip(comm.clusters, gathered, strict=True):
+        if cluster != comm.cluster:
+            for edge, n in theirs.items():
+                others[edge] = others.get(edge, 0) + n
+    exchanger.counters = exchanger.counters + ExchangeCounters(
+        wan_bytes=WanBytes(others), sent_bytes=sum(others.values())
+    )
+
+
 def register_sync_strategy(
     kind: SyncKind, factory: SyncFactory, *, replace: bool = False
 ) -> SyncFactory | None:

@@ -15,7 +15,6 @@ batch share, so one model comes out.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,7 +24,7 @@ from training.collective import flatten, split
 from training.compression import Compressor, make_compressor
 from training.exchange import decode, encode, param_pieces
 from training.results import ExchangeCounters, WanBytes
-from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.base import Scope, SyncContext, SyncStrategy, count_leaders_sends
 from training.sync.hetero import bandwidth_ring, ring_neighbours
 
 
@@ -151,16 +150,7 @@ class GossipSync(SyncStrategy):
         if self.comm.is_leader:
             exchanger = self.comm.exchanger
             assert exchanger is not None
-            gathered: list[Any] = [None] * len(self.comm.clusters)
-            dist.all_gather_object(gathered, dict(self.sent), group=exchanger.group)
-            others: dict[tuple[str, str], int] = {}
-            for c, theirs in zip(self.comm.clusters, gathered, strict=True):
-                if c != self.comm.cluster:
-                    for edge, n in theirs.items():
-                        others[edge] = others.get(edge, 0) + n
-            exchanger.counters = exchanger.counters + ExchangeCounters(
-                wan_bytes=WanBytes(others), sent_bytes=sum(others.values())
-            )
+            count_leaders_sends(self.comm, self.sent)
             self.sent.clear()
             share = self.ctx.cluster_share
             # uncompressed: the parameters themselves (not a residual-fed change) cross once
