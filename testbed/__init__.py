@@ -26,6 +26,7 @@ from testbed import net
 from testbed.layout import (
     HUB_IP,
     HUB_NS,
+    PREFIX,
     RAY_PORT,
     UPLINK_IF,
     Datacenter,
@@ -35,6 +36,8 @@ from testbed.layout import (
 from testbed.net import TestbedError, check_host
 
 __all__ = [
+    "HUB_NS",
+    "PREFIX",
     "STATE_DIR",
     "UPLINK_IF",
     "Datacenter",
@@ -49,7 +52,9 @@ __all__ = [
     "up",
 ]
 
-STATE_DIR = Path(os.environ.get("CPN_TESTBED_DIR", "/tmp/cpn-testbed"))
+# One state directory per prefix: a second testbed (CPN_TESTBED_PREFIX) must not share it.
+_DEFAULT_DIR = "/tmp/cpn-testbed" + ("" if PREFIX == "cpntb" else f"-{PREFIX}")
+STATE_DIR = Path(os.environ.get("CPN_TESTBED_DIR", _DEFAULT_DIR))
 RAY_START_TIMEOUT_S = 120.0
 
 

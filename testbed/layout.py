@@ -1,16 +1,30 @@
 """Names, addresses and shaping parameters of a testbed: pure data, no I/O.
 
-Everything the testbed creates carries the `cpntb` prefix, so `down` can find leftovers of a
+Everything the testbed creates carries a prefix (`cpntb`, or `CPN_TESTBED_PREFIX` so that a
+benchmark and the test suite can each have a testbed at once), so `down` can find leftovers of a
 crashed run by name alone. Addresses come from 10.77.0.0/24 and live only inside the testbed's
 own namespaces (the hub holds the bridge; nothing is added to the host's namespace).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
-PREFIX = "cpntb"
+
+def _prefix() -> str:
+    """Interface names hold the prefix plus up to 4 characters within Linux's 15."""
+    prefix = os.environ.get("CPN_TESTBED_PREFIX", "cpntb")
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,10}", prefix):
+        raise ValueError(
+            f"CPN_TESTBED_PREFIX={prefix!r}: use 1-11 lowercase letters or digits, "
+            "starting with a letter"
+        )
+    return prefix
+
+
+PREFIX = _prefix()
 HUB_NS = f"{PREFIX}-hub"
 BRIDGE = "br0"  # inside the hub namespace
 UPLINK_IF = "wan0"  # a datacenter's uplink, inside its namespace (gloo binds to it)

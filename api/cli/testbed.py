@@ -11,7 +11,7 @@ import json
 import typer
 
 from api.cli.errors import fail
-from testbed import STATE_DIR, TestbedError, down, parse_dcs, status, up
+from testbed import HUB_NS, STATE_DIR, TestbedError, down, parse_dcs, status, up
 
 sub = typer.Typer(
     name="testbed",
@@ -48,7 +48,7 @@ def up_cmd(
     for d in bed.datacenters:
         print(f"  {d['name']}: netns {d['netns']} ip {d['ip']} uplink {d['mbit']:g} Mbit/s")
     print(
-        "train across it: ip netns exec cpntb-hub env RAY_AUTH_MODE=token "
+        f"train across it: ip netns exec {HUB_NS} env RAY_AUTH_MODE=token "
         f"RAY_AUTH_TOKEN=$(jq -r .token {_state_path()}) cpn train --ray-address "
         f"{bed.ray_address} --gloo-ifname {bed.gloo_ifname} --clusters ..."
     )

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from testbed import Testbed, TestbedError, check_host, down, parse_dcs, up
+from testbed import PREFIX, Testbed, TestbedError, check_host, down, parse_dcs, up
 from testbed.net import namespaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -31,11 +31,11 @@ def _unavailable() -> str | None:
     except TestbedError as exc:
         return str(exc)
     probe = subprocess.run(
-        ["ip", "netns", "add", "cpntb-probe"], capture_output=True, text=True, timeout=30
+        ["ip", "netns", "add", f"{PREFIX}-probe"], capture_output=True, text=True, timeout=30
     )
     if probe.returncode != 0:
         return f"network namespaces unavailable: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", "cpntb-probe"], capture_output=True, timeout=30)
+    subprocess.run(["ip", "netns", "del", f"{PREFIX}-probe"], capture_output=True, timeout=30)
     return None
 
 
