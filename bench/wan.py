@@ -106,7 +106,7 @@ def ddp_worker(a: argparse.Namespace) -> None:
         state = ps.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=int(a.hook.split(":")[1]),
-            start_powerSGD_iter=10,  # a few exact steps first, as its docs advise
+            start_powerSGD_iter=a.powersgd_start,  # a few exact steps first, as its docs advise
             min_compression_rate=2,
         )
         ddp.register_comm_hook(state, ps.powerSGD_hook)
@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         w.add_argument(f"--{k}", type=t, required=True)
     w.add_argument("--eval-every", type=int, required=True)
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--powersgd-start", type=int, default=10, help="exact steps before PowerSGD")
     for k in ("master", "task", "hook", "ifname", "out"):
         w.add_argument(f"--{k}", required=True)
     d = sub.add_parser("cpn-driver")

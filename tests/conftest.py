@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -17,6 +19,85 @@ if TYPE_CHECKING:
     import uvicorn
 
     from api.client import Client
+
+
+def _testbed_prefix(worker: str | None, base: str) -> str:
+    """The WAN testbed prefix of one xdist worker (`gw1` -> `cpntb1`): each worker's testbed has
+    its own namespaces and state directory, and `down` never touches another's."""
+    if not worker:
+        return base
+    number = worker.removeprefix("gw")
+    return base[: 11 - len(number)] + number
+
+
+# testbed.layout reads CPN_TESTBED_PREFIX once, at import: set it before any test imports it.
+os.environ["CPN_TESTBED_PREFIX"] = _testbed_prefix(
+    os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CPN_TESTBED_PREFIX", "cpntb")
+)
+_TESTS = Path(__file__).resolve().parent
+_BROAD_SCOPE = re.compile(r"""scope=["'](class|module|package)["']""")
+_ONE_UNIT = ("tests/testbed",)
+"""Folders whose tests run one after another on one worker: two WAN testbeds training at once
+on the same cores would make the shaped links' measurements measure the cores."""
+
+
+@functools.cache
+def _broad_scope(path: str) -> str | None:
+    """The broadest fixture scope narrower than the session declared in this file."""
+    file = _TESTS.parent / path
+    found = set(_BROAD_SCOPE.findall(file.read_text())) if file.is_file() else set()
+    for scope in ("package", "module", "class"):
+        if scope in found:
+            return scope
+    return None
+
+
+def work_unit(nodeid: str) -> str:
+    """What one xdist worker runs as a whole, for a test id: its package when a conftest there
+    declares a package-wide fixture (the security worlds, one per backend), its file when it
+    or a conftest above it declares a module- or class-wide one (a server, a browser, a
+    checkov run: set up once, not once per worker), else the test alone (best balance)."""
+    path = nodeid.split("::")[0]
+    for folder in _ONE_UNIT:
+        if path.startswith(folder + "/"):
+            return folder
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        folder = "/".join(parts[:depth])
+        scope = _broad_scope(f"{folder}/conftest.py")
+        if scope == "package":
+            backend = "postgres" if "[postgres" in nodeid or "-postgres" in nodeid else ""
+            return f"{folder}:{backend}"
+        if scope is not None:
+            return path
+    return path if _broad_scope(path) else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` with cpn's units (`work_unit`), handed out in collection order (the
+    slow tests first, see below) instead of largest unit first.
+
+    pytest-xdist's own `--dist loadgroup` cannot be used: it marks a group by appending to
+    `item._nodeid`, which pytest 9.2 no longer reads, so its groups are silently ignored."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return Units(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist the slow end-to-end tests are handed out first, so the last minutes are
+    not one worker alone on a long test while the other has finished."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
 
 PG_URL = os.environ.get("CPN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ADMIN_TOKEN = "cpn_admin_test-token-0123456789abcdef"

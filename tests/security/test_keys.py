@@ -274,6 +274,7 @@ def test_an_expired_key_is_a_401_like_a_revoked_one(db_url: str) -> None:
         "2999-01-01T00:00:00",  # no UTC offset
         "tomorrow",
     ],
+    ids=["past", "no-utc-offset", "not-a-date"],  # stable ids: xdist workers must agree
 )
 def test_a_bad_expiry_is_a_422_naming_expires_at(db_url: str, expires_at: str) -> None:
     with serving(db_url) as url, httpx.Client(base_url=url, timeout=30) as http:

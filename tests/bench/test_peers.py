@@ -1,0 +1,73 @@
+"""The arithmetic of bench.peers (regime, extrapolation, WAN-hidden ratio, the table): no
+testbed, no peers installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.peers import extrapolate, hidden_ratio, regime, steps_to, table, time_to
+
+HISTORY = [
+    {"step": 10, "wall_s": 1.0, "accuracy": 0.2},
+    {"step": 20, "wall_s": 2.0, "accuracy": 0.4},
+    {"step": 30, "wall_s": 3.0, "accuracy": 0.5},
+]
+
+
+def test_regime_is_fp32_exchange_over_compute() -> None:
+    # 1 M parameters = 32 Mbit of fp32: 1.28 s at 25 Mbit/s, over 0.1 s of compute
+    assert regime(1_000_000, 0.1, 25.0) == pytest.approx(12.8)
+    assert regime(1_000_000, 0.1, 100.0) == pytest.approx(3.2)
+
+
+def test_time_and_steps_to_target() -> None:
+    assert time_to(HISTORY, 0.4) == 2.0
+    assert steps_to(HISTORY, 0.45) == 30
+    assert time_to(HISTORY, 0.9) is None
+    assert steps_to(HISTORY, 0.9) is None
+
+
+def test_extrapolation_scales_the_unshaped_run_by_the_shaped_step_time() -> None:
+    probe = {"peer": "(a)", "kind": "ddp", "steps": 5, "wall_s": 50.0, "compute_s": 0.5,
+             "uplink_bytes_total": 5_000, "history": []}  # fmt: skip
+    unshaped = {"steps": 30, "wall_s": 3.0, "final_accuracy": 0.5, "history": HISTORY}
+    r = extrapolate(probe, unshaped, 30, 0.4)
+    assert r["extrapolated"] and r["probe_steps"] == 5
+    assert r["step_s"] == 10.0
+    assert r["ttt"] == 200.0  # 20 steps to target x 10 s
+    assert r["wall_s"] == 300.0
+    assert r["uplink_bytes_total"] == 30_000
+    assert r["final_accuracy"] == 0.5
+    assert [h["wall_s"] for h in r["history"]] == [100.0, 200.0, 300.0]
+    assert hidden_ratio(unshaped, r) == pytest.approx(0.01)
+
+
+def test_hidden_ratio_per_step_and_missing() -> None:
+    assert hidden_ratio({"wall_s": 9.0, "steps": 30}, {"wall_s": 10.0, "steps": 30}) == 0.9
+    assert hidden_ratio(None, {"wall_s": 10.0, "steps": 30}) is None
+
+
+def test_table_marks_extrapolated_failed_and_dropped_syncs() -> None:
+    rows = [
+        {"peer": "(a) DDP", "kind": "ddp", "extrapolated": True, "probe_steps": 5, "ttt": 200.0,
+         "final_accuracy": 0.5, "wall_s": 300.0, "uplink_bytes_total": 30_000_000,
+         "regime": 40.0, "hidden": 0.01},
+        {"peer": "(c) torchft", "kind": "torchft", "ttt": 20.0, "final_accuracy": 0.5,
+         "wall_s": 30.0, "uplink_bytes_total": 3_000_000, "regime": 40.0, "hidden": 0.5,
+         "outer_syncs": [2, 3]},
+        {"peer": "(e) cpn", "kind": "cpn", "ttt": 10.0, "final_accuracy": 0.5, "wall_s": 15.0,
+         "uplink_bytes_total": 300_000, "regime": 40.0, "hidden": 0.96},
+        {"peer": "(d) hivemind", "kind": "hivemind", "error": "boom",
+         "final_accuracy": float("nan"),
+         "uplink_bytes_total": 0, "wall_s": None},
+    ]  # fmt: skip
+    md = table(rows, 25.0, 0.4, "the command", "meta.")
+    assert md.splitlines()[2] == "`the command`"
+    lines = {ln.split(" | ")[0].lstrip("| "): ln for ln in md.splitlines() if ln.startswith("|")}
+    assert "extrapolated (5 shaped steps" in lines["(a) DDP"]
+    assert "2/3 (dropped!)" in lines["(c) torchft"]
+    cpn = lines["(e) cpn"].split(" | ")
+    assert cpn[7] == "100.0x"  # bytes vs (a)
+    assert cpn[8] == "20.0x"  # time vs (a)
+    assert cpn[9] == "2.0x"  # time vs best torchft
+    assert "FAILED: boom" in lines["(d) hivemind"]
