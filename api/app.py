@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api import docs, problems, ratelimit
 from api.config import Settings, admin_token_problem
 from api.deps import FailureAudit
+from api.heartbeats import HeartbeatBatcher
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import agent, clusters, health, jobs, links, pricing, tenants, usage
 from api.streams import StreamSlots
@@ -115,9 +116,10 @@ def write_secret(path: Path, text: str) -> None:
 
 
 def heartbeat_workers(database_url: str) -> int:
-    """Threads that ingest heartbeats: SQLite takes one writer at a time; PostgreSQL waits on
-    round trips and commits, so a few beats in flight keep it busy (each holds one connection
-    of the agents' own pool, sized from this)."""
+    """Heartbeat batches written at once (`api.heartbeats`): SQLite takes one writer at a
+    time; PostgreSQL waits on round trips (a batch's beats run one after another on its
+    connection), so several batches in flight keep it busy (each holds one connection of the
+    agents' own pool, sized from this)."""
     return 1 if is_sqlite(database_url) else 8
 
 
@@ -236,7 +238,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.lease_policy = policy
     app.state.peers = PeerTable()
     app.state.principals = keys.PrincipalCache()
-    app.state.heartbeat_workers = anyio.CapacityLimiter(heartbeat_workers(settings.database_url))
+    app.state.heartbeats = HeartbeatBatcher(
+        agent_sessions,
+        policy,
+        app.state.peers,
+        workers=heartbeat_workers(settings.database_url),
+        window_s=settings.heartbeat_batch_window_s,
+        max_batch=settings.heartbeat_batch_max,
+    )
     problems.install(app)
     for module in (health, clusters, links, tenants, pricing, jobs, usage, agent):
         # Quotes per tenant need the tenant, so that limit runs after authentication.

@@ -62,6 +62,16 @@ class Settings(BaseSettings):
     monitor_interval_s: float | None = Field(
         default=None, gt=0, description="How often the lease monitor runs; default interval/4."
     )
+    heartbeat_batch_window_s: float = Field(
+        default=0.002,
+        ge=0,
+        le=1,
+        description="Group commit: how long a heartbeat batch that has a writer still waits "
+        "for more beats before its one transaction (0: only beats that queued for a writer).",
+    )
+    heartbeat_batch_max: int = Field(
+        default=500, ge=1, le=10_000, description="Most heartbeats in one group commit."
+    )
     probe_interval_s: float = Field(default=60.0, gt=0, le=86400)
     probe_bytes: int = Field(default=4 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
     quote_ttl_s: float = Field(default=900.0, gt=0, le=7 * 86400, description="Quote lifetime.")

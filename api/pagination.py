@@ -28,7 +28,13 @@ def page_params(
 PageDep = Annotated[PageParams, Depends(page_params)]
 
 
-def fetch_page(session: Session, stmt: Select[Any], page: PageParams) -> tuple[Sequence[Any], int]:
-    total = session.scalar(select(func.count()).select_from(stmt.order_by(None).subquery())) or 0
+def fetch_page(
+    session: Session, stmt: Select[Any], page: PageParams, count: Select[Any] | None = None
+) -> tuple[Sequence[Any], int]:
+    """The page of `stmt`, and how many rows it has in all: counted by `count` when given (a
+    plain `SELECT count(*) ... WHERE` an index answers), else over `stmt` as a subquery."""
+    if count is None:
+        count = select(func.count()).select_from(stmt.order_by(None).subquery())
+    total = session.scalar(count) or 0
     items = session.scalars(stmt.limit(page.limit).offset(page.offset)).unique().all()
     return items, int(total)

@@ -214,12 +214,12 @@ def submit(
         if existing is not None:
             return Submitted(_same_body(existing, digest), created=False)
     admit(spec, tenant, task_modules)
-    if max_queued:
-        _check_queue_cap(session, tenant, max_queued)
     now = utcnow()
     request = job_request(spec, tenant.id, now)
     held, reason = _hold_quote(session, spec, tenant, request, now)
     reason = reason or _queue_reason(session, spec, tenant, request)
+    if max_queued:  # last, so the tenant's lock is held for the insert only, not the planning
+        _check_queue_cap(session, tenant, max_queued)
     lo, hi = spec.gpu_range
     job = Job(
         tenant_id=tenant.id,

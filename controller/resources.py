@@ -213,7 +213,7 @@ def ingest_heartbeat(
     """Renew the cluster's lease, bring it back to READY, and sync its GPU inventory."""
     now = now or db_now(session)  # the database's clock, as every replica judges leases by
     expires = policy.expiry(now)
-    _check_gpus(hb.gpus)
+    check_gpus(hb.gpus)
     # Fast path, nearly every beat: READY with the same probe URL, so one conditional UPDATE
     # renews the lease and no state changes. The condition keeps replicas safe: if the lease
     # monitor moved the cluster meanwhile, it misses and the slow path below runs.
@@ -277,7 +277,7 @@ def ingest_heartbeat(
     return HeartbeatResult(hb.cluster, "READY", expires, changed or probe_url != hb.probe_url)
 
 
-def _check_gpus(reported: Sequence[GpuReport]) -> None:
+def check_gpus(reported: Sequence[GpuReport]) -> None:
     seen: set[str] = set()
     for gpu in reported:
         if gpu.model in seen:

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Request
 
-from agents.protocol import Heartbeat, HeartbeatAck, LinkReport, PeerProbe
+from agents.protocol import Heartbeat, HeartbeatAck, LinkReport
 from api.deps import AgentDep
 from api.schemas import LinkReportAck
 from controller import resources
@@ -25,31 +25,19 @@ def _bound(principal_scope: str | None, cluster: str) -> None:
         )
 
 
-def _ingest(state: Any, body: Heartbeat) -> tuple[resources.HeartbeatResult, list[PeerProbe]]:
-    with state.agent_sessions() as session:
-        result = resources.ingest_heartbeat(session, body, state.lease_policy)
-        session.commit()
-        if result.changed_state:
-            state.peers.invalidate()
-        peers, _version = state.peers.get(session)
-    return result, peers
-
-
 @router.post("/heartbeat", response_model=HeartbeatAck)
 async def heartbeat(body: Heartbeat, request: Request, agent: AgentDep) -> HeartbeatAck:
     """Renew the cluster's lease and sync its GPUs; the answer lists peers to probe.
 
-    The control plane's hot path: one short transaction on a worker thread drawn from a small
-    pool of its own (`heartbeat_workers`), not the shared one of 40, with a connection from the
-    agents' own pool (tenant requests and streams never hold those). Many threads only fought
-    over the GIL with the event loop (and, on SQLite, over the one write lock, sleeping in its
-    busy handler) and served fewer beats, later.
+    The control plane's hot path: beats that arrive together are written in one transaction
+    (a group commit, `api.heartbeats`) on a worker thread of their own, with a connection
+    from the agents' own pool (tenant requests and streams never hold those); each is
+    answered once its batch has committed. A failed batch answers 503 with Retry-After.
     """
     _bound(agent.scope, body.cluster)
+    resources.check_gpus(body.gpus)  # refused alone, before it joins a batch
     state = request.app.state
-    result, peers = await anyio.to_thread.run_sync(
-        _ingest, state, body, limiter=state.heartbeat_workers
-    )
+    result, peers = await state.heartbeats.ingest(body)
     state.metrics.heartbeats.inc()
     settings = state.settings
     return HeartbeatAck(

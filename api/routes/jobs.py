@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import (
@@ -129,15 +129,17 @@ def list_jobs(
     tenant: Annotated[str | None, Query(max_length=36, description="Admins: one tenant.")] = None,
 ) -> Page[JobOut]:
     """Your jobs, newest first (admins: everyone's)."""
-    stmt = select(Job).order_by(Job.created_at.desc(), Job.id)
+    where = []
     scope = _scope(principal)
     if scope is not None:
-        stmt = stmt.where(Job.tenant_id == scope)
+        where.append(Job.tenant_id == scope)
     elif tenant:
-        stmt = stmt.where(Job.tenant_id == tenant)
+        where.append(Job.tenant_id == tenant)
     if state:
-        stmt = stmt.where(Job.state == state)
-    items, total = fetch_page(session, stmt, page)
+        where.append(Job.state == state)
+    stmt = select(Job).where(*where).order_by(Job.created_at.desc(), Job.id)
+    count = select(func.count()).select_from(Job).where(*where)
+    items, total = fetch_page(session, stmt, page, count)
     return Page(
         items=[_job_out(j) for j in items], total=total, limit=page.limit, offset=page.offset
     )

@@ -1,0 +1,208 @@
+"""Heartbeat group commit (`api.heartbeats`): batches, last-writer-wins, failures as 503.
+
+On SQLite and PostgreSQL. The batcher runs for real (its writer thread, the real database);
+a batch is made deterministic by holding its one writer until every beat has joined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
+import httpx
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from agents.protocol import GpuInventory as GpuReport
+from agents.protocol import Heartbeat
+from api.heartbeats import BatchFailed, HeartbeatBatcher, latest_per_cluster
+from controller.db import make_engine, make_sessionmaker
+from controller.errors import NotFound
+from controller.leases import LeasePolicy
+from controller.models import Cluster, GpuInventory
+from controller.resources import HeartbeatResult, PeerTable
+from tests.conftest import LiveServer
+
+POLICY = LeasePolicy(heartbeat_interval_s=10, grace_s=40)
+
+
+def _beat(cluster: str, count: int) -> Heartbeat:
+    gpus = [GpuReport(model="A100-80GB", memory_gib=80, count=count, allocatable=count)]
+    return Heartbeat(cluster=cluster, gpus=gpus)
+
+
+@contextmanager
+def _sessions(url: str, clusters: int) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    with sessions() as session:
+        session.add_all(Cluster(name=f"c{i}", region="r1") for i in range(clusters))
+        session.commit()
+    try:
+        yield sessions
+    finally:
+        engine.dispose()
+
+
+def _counts(sessions: sessionmaker[Session]) -> dict[str, int]:
+    with sessions() as session:
+        rows = session.execute(
+            select(Cluster.name, GpuInventory.count).join(
+                GpuInventory, GpuInventory.cluster_id == Cluster.id
+            )
+        ).all()
+    return {name: count for name, count in rows}
+
+
+def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
+    with sessions() as session:
+        return {n: s for n, s in session.execute(select(Cluster.name, Cluster.state))}
+
+
+async def _one_batch(
+    batcher: HeartbeatBatcher, bodies: list[Heartbeat]
+) -> list[HeartbeatResult | Exception]:
+    """Ingest `bodies` concurrently, all in one batch: the one writer is held until every
+    beat has joined (the first leads and waits for it, the rest join its open batch)."""
+    out: list[HeartbeatResult | Exception] = [RuntimeError("unanswered")] * len(bodies)
+
+    async def one(i: int) -> None:
+        try:
+            out[i], _peers = await batcher.ingest(bodies[i])
+        except Exception as exc:
+            out[i] = exc
+
+    await batcher.writers.acquire()
+    async with anyio.create_task_group() as tg:
+        for i in range(len(bodies)):
+            tg.start_soon(one, i)
+        await anyio.wait_all_tasks_blocked()
+        batcher.writers.release()
+    return out
+
+
+def test_latest_report_of_a_cluster_wins() -> None:
+    bodies = [_beat("a", 1), _beat("b", 2), _beat("a", 3)]
+    latest = latest_per_cluster(bodies)
+    assert latest["a"].gpus[0].count == 3 and latest["b"].gpus[0].count == 2
+    assert list(latest) == ["b", "a"]  # written in the order the last reports came
+
+
+def test_a_batch_with_two_reports_for_one_cluster_keeps_the_latest(db_url: str) -> None:
+    with _sessions(db_url, 2) as sessions:
+        batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
+        bodies = [_beat("c0", 4), _beat("c1", 2), _beat("c0", 8)]
+        results = anyio.run(_one_batch, batcher, bodies)
+        assert batcher.batches == 1 and batcher.beats == 3
+        assert all(isinstance(r, HeartbeatResult) and r.state == "READY" for r in results)
+        assert results[0] == results[2]  # both reports of c0 answered with the one renewal
+        assert _counts(sessions) == {"c0": 8, "c1": 2}
+        assert _states(sessions) == {"c0": "READY", "c1": "READY"}
+
+
+def test_a_refused_report_fails_alone(db_url: str) -> None:
+    """An unknown cluster wrote nothing: its beat gets its 404, the others are stored."""
+    with _sessions(db_url, 1) as sessions:
+        batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
+        results = anyio.run(_one_batch, batcher, [_beat("c0", 4), _beat("nope", 1)])
+        assert isinstance(results[0], HeartbeatResult)
+        assert isinstance(results[1], NotFound) and results[1].field == "cluster"
+        assert _counts(sessions) == {"c0": 4}
+
+
+@contextmanager
+def _failing_cluster_updates(url: str) -> Iterator[None]:
+    """A trigger that makes the database refuse every UPDATE of a cluster (a real error from
+    the real database), dropped afterwards."""
+    engine = make_engine(url)
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.begin() as conn:
+        if sqlite:
+            conn.execute(
+                text(
+                    "CREATE TRIGGER fail_beats BEFORE UPDATE ON clusters "
+                    "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+                )
+            )
+        else:
+            conn.execute(
+                text(
+                    "CREATE FUNCTION fail_beats() RETURNS trigger AS $$ BEGIN "
+                    "RAISE EXCEPTION 'injected failure'; END $$ LANGUAGE plpgsql"
+                )
+            )
+            conn.execute(
+                text(
+                    "CREATE TRIGGER fail_beats BEFORE UPDATE ON clusters "
+                    "FOR EACH ROW EXECUTE FUNCTION fail_beats()"
+                )
+            )
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            if sqlite:
+                conn.execute(text("DROP TRIGGER fail_beats"))
+            else:
+                conn.execute(text("DROP TRIGGER fail_beats ON clusters"))
+                conn.execute(text("DROP FUNCTION fail_beats()"))
+        engine.dispose()
+
+
+def test_a_database_error_fails_every_beat_of_the_batch_with_503(db_url: str) -> None:
+    with _sessions(db_url, 3) as sessions:
+        batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
+        with _failing_cluster_updates(db_url):
+            results = anyio.run(_one_batch, batcher, [_beat(f"c{i}", 4) for i in range(3)])
+        assert all(isinstance(r, BatchFailed) for r in results), results
+        assert all(r.status == 503 and r.retry_after_s == 1 for r in results)  # type: ignore[union-attr]
+        assert _counts(sessions) == {}  # rolled back: nothing of the batch stored
+        assert set(_states(sessions).values()) == {"PENDING"}
+        # The batcher goes on: the next batch is written.
+        results = anyio.run(_one_batch, batcher, [_beat("c1", 2)])
+        assert isinstance(results[0], HeartbeatResult)
+        assert _counts(sessions) == {"c1": 2}
+
+
+def test_a_failed_batch_answers_503_problems_over_http(live_server: LiveServer) -> None:
+    """Through a real server: concurrent beats whose batch the database refuses get 503s
+    with Retry-After (never a 500), and beats succeed again once it accepts them."""
+    agents = []
+    with live_server.client() as admin:
+        for i in range(4):
+            admin.create_cluster(f"h{i}", "r1")
+            agents.append((f"h{i}", admin.create_api_key("agent", f"h{i}")["token"]))
+
+    async def beat_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=live_server.url, timeout=30) as client:
+            calls = [
+                client.post(
+                    "/v1/agent/heartbeat",
+                    json={"cluster": name, "gpus": []},
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                for name, token in agents
+            ]
+            return list(await asyncio.gather(*calls))
+
+    with _failing_cluster_updates(live_server.database_url):
+        refused = anyio.run(beat_all)
+    for r in refused:
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] == "1"
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert r.json()["status"] == 503
+    assert [r.status_code for r in anyio.run(beat_all)] == [200] * len(agents)
+
+
+@pytest.mark.parametrize("window_s", [0.0, 0.002])
+def test_beats_of_many_clusters_in_one_batch_all_land(db_url: str, window_s: float) -> None:
+    with _sessions(db_url, 50) as sessions:
+        batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=window_s)
+        results = anyio.run(_one_batch, batcher, [_beat(f"c{i}", i + 1) for i in range(50)])
+        assert all(isinstance(r, HeartbeatResult) for r in results)
+        assert batcher.batches == 1
+        assert _counts(sessions) == {f"c{i}": i + 1 for i in range(50)}
