@@ -22,8 +22,11 @@
    run, exit).
 
 Run: `.venv/bin/python -m bench.controller [--backends sqlite,postgres] [--jobs 1000]
-[--clusters 100] [--skip-loop]`. PostgreSQL: a throwaway `cpn_bench_<random>` database on
-CPN_BENCH_PG_URL (default postgres@127.0.0.1:5432), dropped at the end.
+[--clusters 100] [--skip-loop]`. Placement alone, before/after on the very same queue:
+`--clusters C --jobs N --seed-only URL` once, then `--place-copy-of URL
+[--placement-budget-s S]` with each version of the code. PostgreSQL: a throwaway
+`cpn_bench_<random>` database on CPN_BENCH_PG_URL (default postgres@127.0.0.1:5432),
+dropped at the end.
 """
 
 from __future__ import annotations
@@ -419,6 +422,30 @@ def place_in_process(backend: str, url: str, budget_s: float = 120.0) -> Through
     )
 
 
+def place_copy(seeded: str, budget_s: float) -> dict[str, Any]:
+    """`place_in_process` on a copy of the seeded database at `seeded` (kept as it is, so the
+    very same queue can be placed again, e.g. by another version of the code)."""
+    backend = "sqlite" if seeded.startswith("sqlite") else "postgres"
+    with (
+        tempfile.TemporaryDirectory(prefix="cpn-bench-place-") as tmp,
+        database(backend, Path(tmp), seeded) as url,
+    ):
+        load = os.getloadavg()[0]
+        cpu = time.process_time()
+        got = place_in_process(backend, url, budget_s)
+        cpu = time.process_time() - cpu
+    return {
+        "backend": backend,
+        "placed": got.placed,
+        "waiting": got.waiting,
+        "seconds": round(got.seconds, 2),
+        "jobs_per_s": round(got.rate, 1),
+        "jobs_per_cpu_s": round(got.placed / cpu, 1) if cpu > 0 else None,
+        "load_avg": round(load, 1),
+        "passes": len(got.passes),
+    }
+
+
 def place_by_loop(backend: str, url: str, expect: int, interval: str) -> Throughput:
     """A real `cpn serve` (CPN_LAUNCH_JOBS=false) places the queue in its loop."""
     from sqlalchemy import func, select
@@ -648,7 +675,25 @@ def main() -> None:
     p.add_argument("--placement-budget-s", type=float, default=120.0)
     p.add_argument("--skip-demo", action="store_true")
     p.add_argument("--skip-placement", action="store_true")
+    p.add_argument(
+        "--seed-only",
+        metavar="URL",
+        help="Seed --clusters x --jobs into the database at URL (kept) and stop.",
+    )
+    p.add_argument(
+        "--place-copy-of",
+        metavar="URL",
+        help="Place a copy of a database --seed-only made (in-process, --placement-budget-s) "
+        "and print one JSON line: placed, seconds, jobs/s, jobs per CPU-s, load average.",
+    )
     args = p.parse_args()
+    if args.seed_only:
+        setup_s, rate = seed_network(args.seed_only, args.clusters, args.jobs, 32)
+        print(json.dumps({"setup_s": round(setup_s, 1), "submissions_per_s": round(rate, 1)}))
+        return
+    if args.place_copy_of:
+        print(json.dumps(place_copy(args.place_copy_of, args.placement_budget_s)))
+        return
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in backends:
         if b not in ("sqlite", "postgres"):

@@ -97,12 +97,14 @@ def current_gpu_prices(session: Session, at: datetime) -> dict[tuple[str, str, s
     """(cluster_id, gpu_model, qos_class) -> price per GPU-hour in effect at `at`."""
     out: dict[tuple[str, str, str], Decimal] = {}
     rows = session.execute(
-        select(GpuPrice)
+        select(
+            GpuPrice.cluster_id, GpuPrice.gpu_model, GpuPrice.qos_class, GpuPrice.price_per_gpu_hour
+        )
         .where(GpuPrice.effective_from <= at)
         .order_by(GpuPrice.effective_from, GpuPrice.id)
-    ).scalars()
-    for row in rows:
-        out[(row.cluster_id, row.gpu_model, row.qos_class)] = Decimal(row.price_per_gpu_hour)
+    )
+    for cluster_id, gpu_model, qos_class, price in rows:
+        out[(cluster_id, gpu_model, qos_class)] = Decimal(price)
     return out
 
 
@@ -110,12 +112,12 @@ def current_egress_prices(session: Session, at: datetime) -> dict[tuple[str, str
     """(src_cluster_id, dst_cluster_id) -> price per GB in effect at `at`."""
     out: dict[tuple[str, str], Decimal] = {}
     rows = session.execute(
-        select(EgressPrice)
+        select(EgressPrice.src_cluster_id, EgressPrice.dst_cluster_id, EgressPrice.price_per_gb)
         .where(EgressPrice.effective_from <= at)
         .order_by(EgressPrice.effective_from, EgressPrice.id)
-    ).scalars()
-    for row in rows:
-        out[(row.src_cluster_id, row.dst_cluster_id)] = Decimal(row.price_per_gb)
+    )
+    for src, dst, price in rows:
+        out[(src, dst)] = Decimal(price)
     return out
 
 

@@ -98,6 +98,10 @@ def objective_for(request: scheduler.JobRequest) -> scheduler.Objective:
     return "cost-within-deadline" if request.qos.deadline_s is not None else "time"
 
 
+GROUP_MAX = 16
+"""Most placements committed together (see `place_pending`)."""
+
+
 def place_pending(
     factory: sessionmaker[Session],
     owner: str,
@@ -113,6 +117,13 @@ def place_pending(
     A pass tries `limit` jobs, and more while it has spent less time placing than reading the
     queue and the world: with thousands of clusters and pending jobs that read is most of a
     64-job pass, so the pass grows until the read is at most half of it.
+
+    Placements are committed in groups of 1, 2, 4, ... up to `GROUP_MAX` jobs: one commit
+    (a WAL sync) per job was most of a placement's cost. A job's writes (its reservation and
+    state change) are made under one savepoint, so a lost reservation race rolls back that
+    job alone, and a job that cannot be placed (an invalid spec) is failed in the group's
+    transaction; the first group of a pass is one job, so a lone job is committed and handed
+    to the launcher as soon as it is placed.
     """
     started = time.perf_counter()
     with factory() as session:
@@ -123,89 +134,104 @@ def place_pending(
     placed: list[Placed] = []
     worlds: dict[str, World] = {"standard": standard} if standard is not None else {}
     placing = time.perf_counter()
-    for tried, queued in enumerate(order.order):
-        if tried >= limit and time.perf_counter() - placing >= read_s:
-            break
-        try:
-            result = _place_one(factory, queued.id, owner, efficiency, worlds)
-        except CpnError as exc:  # a spec that stopped being valid (e.g. deadline passed)
-            _fail(factory, queued.id, exc.detail)
-            continue
-        if result is not None:
+    todo = iter(order.order)
+    tried, group, done = 0, 1, False
+    while not done:
+        batch: list[Placed] = []
+        terms: dict[str, budget.Terms] = {}  # tenants locked by this group's transaction
+        with factory() as session, session.begin():
+            for _ in range(group):
+                queued = next(todo, None)
+                if queued is None or (tried >= limit and time.perf_counter() - placing >= read_s):
+                    done = True
+                    break
+                tried += 1
+                try:
+                    result = _place_one(session, queued.id, owner, efficiency, worlds, terms)
+                except CpnError as exc:  # a spec that stopped being valid (e.g. deadline passed)
+                    _fail(session, queued.id, exc.detail)
+                    continue
+                if result is not None:
+                    batch.append(result)
+            if batch:
+                failpoints.failpoint("place.before_commit")  # GPUs reserved, not committed
+        for result in batch:
             placed.append(result)
             failpoints.failpoint("place.after_commit")  # committed, not launched
+        group = min(group * 2, GROUP_MAX)
     for job_id, reason in held.items():
         _note(factory, job_id, f"waiting: {reason}")
     return placed
 
 
 def _place_one(
-    factory: sessionmaker[Session],
+    session: Session,
     job_id: str,
     owner: str,
     efficiency: Mapping[str, float] | None,
     worlds: dict[str, World],
+    terms: dict[str, budget.Terms],
 ) -> Placed | None:
+    """Place one job in the caller's transaction, or leave why it waits. Raises CpnError only
+    before the job's writes (its reservation and state change, made under one savepoint)."""
     now = utcnow()
     started = time.perf_counter()
-    with factory() as session, session.begin():
-        job = session.scalars(
-            select(Job)
-            .where(Job.id == job_id, Job.state.in_(QUEUED))
-            .with_for_update(skip_locked=True)
-        ).first()
-        if job is None:
-            return None  # another replica has it, or it left PENDING
-        world = worlds.get(job.qos_class)
-        if world is None:
-            world = worlds[job.qos_class] = build_world(session, job.qos_class, now)
-        tenant = session.get(Tenant, job.tenant_id)
-        priority = granted(job.priority, tenant.priority_ceiling) if tenant else job.priority
-        result = plan_for(world, job, efficiency, now, priority)
-        if isinstance(result, scheduler.Infeasible):
-            reason = bounded(f"waiting: {result.reason}", REASON_MAX)
-            if job.reason != reason:
-                job.reason = reason
-            return None
-        fitted = _fit_budget(session, world, job, result, efficiency, now, priority)
-        if isinstance(fitted, str):
-            reason = bounded(f"waiting: {fitted}", REASON_MAX)
-            if job.reason != reason:
-                job.reason = reason
-            return None
-        result = fitted
-        if result.victims:
-            _request_preemption(session, job, result.victims)
-            return None
-        slots = [
-            Slot(world.origins[a.cluster][0], world.origins[a.cluster][1], a.gpus)
-            for a in result.placement
-        ]
-        try:
-            with session.begin_nested():
-                reserve(session, job, slots)
-        except Conflict as exc:
-            job.reason = bounded(f"waiting: {exc.detail}", REASON_MAX)
-            worlds.clear()  # someone else reserved: read the world again
-            return None
-        for qos_class, w in list(worlds.items()):
-            worlds[qos_class] = w.after(
-                job.id, job.tenant_id, priority, job.preemptible, result.placement
+    job = session.scalars(
+        select(Job).where(Job.id == job_id, Job.state.in_(QUEUED)).with_for_update(skip_locked=True)
+    ).first()
+    if job is None:
+        return None  # another replica has it, or it left PENDING
+    world = worlds.get(job.qos_class)
+    if world is None:
+        world = worlds[job.qos_class] = build_world(session, job.qos_class, now)
+    tenant = session.get(Tenant, job.tenant_id)
+    priority = granted(job.priority, tenant.priority_ceiling) if tenant else job.priority
+    result = plan_for(world, job, efficiency, now, priority)
+    if isinstance(result, scheduler.Infeasible):
+        reason = bounded(f"waiting: {result.reason}", REASON_MAX)
+        if job.reason != reason:
+            job.reason = reason
+        return None
+    fitted = _fit_budget(session, world, job, result, efficiency, now, priority, terms)
+    if isinstance(fitted, str):
+        reason = bounded(f"waiting: {fitted}", REASON_MAX)
+        if job.reason != reason:
+            job.reason = reason
+        return None
+    result = fitted
+    if result.victims:
+        _request_preemption(session, job, result.victims)
+        return None
+    slots = [
+        Slot(world.origins[a.cluster][0], world.origins[a.cluster][1], a.gpus)
+        for a in result.placement
+    ]
+    placement = plan_of(result, world.snapshot, world.origins, job.qos_class, spec_of(job))
+    try:
+        # The job's only writes, under one savepoint: if the GPUs are gone (or the job can no
+        # longer move), neither the reservation nor the state change stays.
+        with session.begin_nested():
+            reserve(session, job, slots)
+            job.placement = placement
+            job.owner = owner
+            job.preempted_by = None
+            lifecycle.transition(
+                session,
+                job,
+                JobState.SCHEDULED,
+                "placed: " + ", ".join(f"{s.cluster}:{s.gpus}" for s in slots),
+                placement=placement.model_dump(mode="json", exclude_computed_fields=True),
             )
-        placement = plan_of(result, world.snapshot, world.origins, job.qos_class, spec_of(job))
-        job.placement = placement
-        job.owner = owner
-        job.preempted_by = None
-        lifecycle.transition(
-            session,
-            job,
-            JobState.SCHEDULED,
-            "placed: " + ", ".join(f"{s.cluster}:{s.gpus}" for s in slots),
-            placement=placement.model_dump(mode="json", exclude_computed_fields=True),
+    except Conflict as exc:
+        job.reason = bounded(f"waiting: {exc.detail}", REASON_MAX)
+        worlds.clear()  # someone else reserved: read the world again
+        return None
+    for qos_class, w in list(worlds.items()):
+        worlds[qos_class] = w.after(
+            job.id, job.tenant_id, priority, job.preemptible, result.placement
         )
-        failpoints.failpoint("place.before_commit")  # GPUs reserved, not committed
-        waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
-        return Placed(job.id, placement, waited, time.perf_counter() - started)
+    waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
+    return Placed(job.id, placement, waited, time.perf_counter() - started)
 
 
 def _fit_budget(
@@ -216,11 +242,17 @@ def _fit_budget(
     efficiency: Mapping[str, float] | None,
     now: datetime,
     priority: int | None,
+    locked: dict[str, budget.Terms] | None = None,
 ) -> scheduler.Plan | str:
     """The plan when the tenant's budget covers it besides what is committed already, else
     the cheapest plan that fits what is left, else why the job waits. Locks the tenant row
-    until this placement commits, so concurrent placements see each other."""
-    terms = budget.lock_terms(session, job.tenant_id)
+    until this placement commits, so concurrent placements see each other; `locked`: the
+    terms of the tenants this transaction has locked already (kept until it ends)."""
+    terms = locked.get(job.tenant_id) if locked is not None else None
+    if terms is None:
+        terms = budget.lock_terms(session, job.tenant_id)
+        if locked is not None:
+            locked[job.tenant_id] = terms
     if terms.deleted:
         raise Invalid("its tenant was deleted", field="tenant")
     if terms.budget is None:
@@ -259,8 +291,9 @@ def _note(factory: sessionmaker[Session], job_id: str, reason: str) -> None:
             job.reason = reason
 
 
-def _fail(factory: sessionmaker[Session], job_id: str, reason: str) -> None:
-    with factory() as session, session.begin():
-        job = session.get(Job, job_id)
-        if job is not None and job.state in QUEUED:
-            lifecycle.transition(session, job, JobState.FAILED, f"cannot be placed: {reason}")
+def _fail(session: Session, job_id: str, reason: str) -> None:
+    """Fail a job that cannot be placed, in the group's transaction (a second connection would
+    wait on this one's write lock on SQLite)."""
+    job = session.get(Job, job_id)
+    if job is not None and job.state in QUEUED:
+        lifecycle.transition(session, job, JobState.FAILED, f"cannot be placed: {reason}")

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, aliased
 
 import scheduler
 from controller import labels, pricing
-from controller.models import Allocation, Cluster, Job, JobMetric, Link, Tenant, utcnow
+from controller.models import (
+    Allocation,
+    Cluster,
+    GpuInventory,
+    Job,
+    JobMetric,
+    Link,
+    Tenant,
+    utcnow,
+)
 from controller.plan import PlanEstimate
-from controller.resources import effective_links
 from controller.states import JobState
 from controller.tenancy import granted_priority
 
@@ -72,11 +82,13 @@ class World:
                 preemptible=preemptible,
             ),
         )
-        snapshot = replace(self.snapshot, clusters=clusters, running=running)
-        # Same links: carry over their both-ways table rather than rebuild it (O(links)) at
-        # every placement of a reconcile pass.
-        if "directed_links" in self.snapshot.__dict__:
-            snapshot.__dict__["directed_links"] = self.snapshot.directed_links
+        # Same cluster names and links, only GPU counts and runners change: a shallow copy
+        # skips `Snapshot.__post_init__`'s check of every link (O(links)) and carries over the
+        # both-ways link table, at every placement of a reconcile pass.
+        snapshot = copy.copy(self.snapshot)
+        object.__setattr__(snapshot, "clusters", clusters)
+        object.__setattr__(snapshot, "running", running)
+        snapshot.__dict__.pop("by_name", None)
         return World(snapshot, self.origins)
 
 
@@ -94,32 +106,53 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
     at = at or utcnow()
     gpu_prices = pricing.current_gpu_prices(session, at)
     egress = pricing.current_egress_prices(session, at)
-    clusters = session.scalars(select(Cluster).options(selectinload(Cluster.gpus))).all()
+    # Columns, not ORM rows: with a thousand clusters and their links, loading Cluster and
+    # Link objects (each link joined to both its clusters) was most of a reconcile pass's read.
+    inventory: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for cluster_id, inv_model, inv_allocatable, inv_in_use in session.execute(
+        select(
+            GpuInventory.cluster_id,
+            GpuInventory.model,
+            GpuInventory.allocatable,
+            GpuInventory.in_use,
+        ).order_by(GpuInventory.cluster_id, GpuInventory.model)
+    ):
+        inventory[cluster_id].append((inv_model, inv_allocatable, inv_in_use))
+    clusters = session.execute(
+        select(
+            Cluster.id,
+            Cluster.name,
+            Cluster.region,
+            Cluster.labels,
+            Cluster.state,
+            Cluster.cordoned,
+        )
+    ).all()
     out: list[scheduler.Cluster] = []
     names: dict[str, list[str]] = {}
     origins: dict[str, tuple[str, str]] = {}
     for c in clusters:
-        offered = [g for g in c.gpus if g.allocatable > 0]
+        offered = [g for g in inventory.get(c.id, ()) if g[1] > 0]
         intra = labels.number(c.labels, "intra_bandwidth_gbps", c.name) or DEFAULT_INTRA_GBPS
         names[c.id] = []
-        for g in offered:
-            price = gpu_prices.get((c.id, g.model, qos_class))
+        for gpu_model, allocatable, in_use in offered:
+            price = gpu_prices.get((c.id, gpu_model, qos_class))
             if price is None:
                 continue
-            model = normalize_gpu_model(g.model)
+            model = normalize_gpu_model(gpu_model)
             tflops = labels.number(c.labels, "gpu_tflops", c.name)
             if model is None and tflops is None:
                 continue
-            name = snapshot_name(c.name, g.model, len(offered))
+            name = snapshot_name(c.name, gpu_model, len(offered))
             names[c.id].append(name)
-            origins[name] = (c.name, g.model)
+            origins[name] = (c.name, gpu_model)
             state = c.state if c.state in ("READY", "SUSPECT", "DOWN") else "DOWN"
             out.append(
                 scheduler.Cluster(
                     name=name,
                     region=c.region,
-                    gpu_model=model or g.model,
-                    gpus_free=max(0, g.allocatable - g.in_use),
+                    gpu_model=model or gpu_model,
+                    gpus_free=max(0, allocatable - in_use),
                     intra_bandwidth_gbps=intra,
                     price_per_gpu_hour=float(price),
                     state=state,  # type: ignore[arg-type]
@@ -128,10 +161,10 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                 )
             )
     links: list[scheduler.Link] = []
-    for link in effective_links(session.scalars(select(Link)).unique().all()):
-        price = egress.get(
-            (link.src_cluster_id, link.dst_cluster_id), Decimal(str(link.egress_price_per_gb))
-        )
+    for link in _effective_links(session):
+        price = egress.get((link.src_cluster_id, link.dst_cluster_id))
+        if price is None:
+            price = Decimal(str(link.egress_price_per_gb))
         for a in names.get(link.src_cluster_id, []):
             for b in names.get(link.dst_cluster_id, []):
                 links.append(scheduler.Link(a, b, link.bandwidth_gbps, link.rtt_ms, float(price)))
@@ -140,11 +173,46 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         links=tuple(links),
         running=tuple(running_jobs(session)),
         quotas=tuple(
-            (t.id, t.gpu_quota) for t in session.scalars(select(Tenant)) if t.gpu_quota is not None
+            (tenant_id, quota)
+            for tenant_id, quota in session.execute(
+                select(Tenant.id, Tenant.gpu_quota).where(Tenant.gpu_quota.is_not(None))
+            )
+            if quota is not None
         ),
         step_overhead_s=step_overhead(session),
     )
     return World(snapshot, origins)
+
+
+def _effective_links(session: Session) -> list[Any]:
+    """`controller.resources.effective_links` over columns: one link per directed pair (a
+    pinned declared link, else the measured, else the declared), sorted by cluster names."""
+    src, dst = aliased(Cluster), aliased(Cluster)
+    rows = session.execute(
+        select(
+            Link.src_cluster_id,
+            Link.dst_cluster_id,
+            Link.source,
+            Link.pinned,
+            Link.bandwidth_gbps,
+            Link.rtt_ms,
+            Link.egress_price_per_gb,
+            src.name.label("src_name"),
+            dst.name.label("dst_name"),
+        )
+        .join(src, src.id == Link.src_cluster_id)
+        .join(dst, dst.id == Link.dst_cluster_id)
+    ).all()
+    best: dict[tuple[str, str], Any] = {}
+
+    def rank(link: Any) -> int:
+        return 2 if link.pinned else 1 if link.source == "measured" else 0
+
+    for link in rows:
+        key = (link.src_cluster_id, link.dst_cluster_id)
+        if key not in best or rank(link) > rank(best[key]):
+            best[key] = link
+    return sorted(best.values(), key=lambda k: (k.src_name, k.dst_name))
 
 
 def step_overhead(session: Session) -> float:

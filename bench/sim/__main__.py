@@ -1,8 +1,9 @@
 """Trace-driven simulation of cpn's placement against the policies operators use today.
 
 Run: `.venv/bin/python -m bench.sim [--clusters 10,100,1000] [--jobs 2000] [--load 0.9]
-[--seed 0] [--quick] [--json]`. Writes bench/results/sim-<clusters>.{md,json,png} (a table,
-the numbers, and JCT distributions + utilisation over time) unless `--json` or `--no-save`.
+[--seed 0] [--cost-slack 0.1] [--quick] [--json]`. Writes bench/results/sim-<clusters>.{md,json,png}
+(a table, the numbers, and JCT distributions + utilisation over time) unless `--json` or
+`--no-save`.
 See bench/sim/engine.py (what is simulated), trace.py (the job trace), network.py (the network).
 """
 
@@ -21,12 +22,22 @@ from bench.sim.network import Network, build_network
 from bench.sim.trace import synthetic
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-POLICIES = ("cpn", "cpn-no-bw", "kueue-first-fit", "skypilot-cheapest", "gavel-fastest")
+POLICIES = (
+    "cpn",
+    "cpn-cost",
+    "cpn-no-bw",
+    "kueue-first-fit",
+    "skypilot-cheapest",
+    "gavel-fastest",
+)
+COST_SLACK = 0.1
+"""`cpn-cost`: the cheapest plan at most this much slower than the fastest (`engine.Cpn`)."""
 
 
-def policies(network: Network, names: list[str]) -> list[Policy]:
+def policies(network: Network, names: list[str], slack: float = COST_SLACK) -> list[Policy]:
     make = {
         "cpn": lambda: Cpn(network),
+        "cpn-cost": lambda: Cpn(network, slack=slack),
         "cpn-no-bw": lambda: Cpn(network, blind=True),
         "kueue-first-fit": kueue,
         "skypilot-cheapest": skypilot,
@@ -36,11 +47,16 @@ def policies(network: Network, names: list[str]) -> list[Policy]:
 
 
 def run(
-    n_clusters: int, n_jobs: int, load: float, seed: int, names: list[str]
+    n_clusters: int,
+    n_jobs: int,
+    load: float,
+    seed: int,
+    names: list[str],
+    slack: float = COST_SLACK,
 ) -> tuple[dict[str, Metrics], list[Outcome]]:
     network = build_network(n_clusters, seed)
     trace = synthetic(n_jobs, network.capacity, load, seed)
-    outcomes = [simulate(p, network, trace) for p in policies(network, names)]
+    outcomes = [simulate(p, network, trace) for p in policies(network, names, slack)]
     return {o.policy: measure(o) for o in outcomes}, outcomes
 
 
@@ -98,6 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--load", type=float, default=0.9, help="Offered load / fleet capacity.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument(
+        "--cost-slack",
+        type=float,
+        default=COST_SLACK,
+        help="cpn-cost: how much slower than the fastest plan the cheapest may be (0.1 = 10%%).",
+    )
     p.add_argument("--quick", action="store_true", help="Smoke run: 12 clusters, 40 jobs.")
     p.add_argument("--json", action="store_true", help="Print the metrics as JSON only.")
     p.add_argument("--no-save", action="store_true", help="Write nothing to bench/results.")
@@ -114,12 +136,14 @@ def main(argv: list[str] | None = None) -> None:
         sizes, args.jobs = [12], 40
     if any(s < 1 for s in sizes) or args.jobs < 1 or args.load <= 0:
         p.error("--clusters and --jobs must be >= 1 and --load > 0")
+    if args.cost_slack < 0:
+        p.error("--cost-slack must be >= 0")
     command = "python -m bench.sim " + " ".join(argv if argv is not None else sys.argv[1:])
     everything: dict[str, dict[str, dict[str, float | int]]] = {}
     tables: list[str] = []
     for size in sizes:
         t0 = time.monotonic()
-        results, outcomes = run(size, args.jobs, args.load, args.seed, names)
+        results, outcomes = run(size, args.jobs, args.load, args.seed, names, args.cost_slack)
         everything[str(size)] = {k: m.as_dict() for k, m in results.items()}
         tables.append(table(size, args.jobs, results))
         if not args.json:

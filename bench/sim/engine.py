@@ -71,11 +71,16 @@ class Policy:
 
 
 class Cpn(Policy):
-    """cpn's reconcile decisions; `blind`: plan on a copy of the network whose WAN is free."""
+    """cpn's reconcile decisions; `blind`: plan on a copy of the network whose WAN is free;
+    `slack`: a cost-aware objective through the planner's own knobs instead of the loop's
+    "time" for jobs without a deadline — plan for time, then for "cost-within-deadline" with
+    the deadline `(1 + slack)` x that fastest plan's run time (the cheapest plan at most
+    `slack` slower than the fastest)."""
 
-    def __init__(self, network: Network, blind: bool = False) -> None:
-        self.name = "cpn-no-bw" if blind else "cpn"
+    def __init__(self, network: Network, blind: bool = False, slack: float | None = None) -> None:
+        self.name = "cpn-no-bw" if blind else "cpn" if slack is None else "cpn-cost"
         self.blind_links = network.bandwidth_blind().links if blind else None
+        self.slack = slack
 
     def schedule(self, now: float, pending: Sequence[TraceJob], world: World) -> list[Decision]:
         by_id = {j.id: j for j in pending}
@@ -113,6 +118,16 @@ class Cpn(Policy):
             if isinstance(result, scheduler.Infeasible) and result.constraint == "deadline":
                 request = request_of(job, now, with_deadline=False)
                 result = scheduler.plan(view, request, objective_for(request))
+            if (
+                self.slack is not None
+                and isinstance(result, scheduler.Plan)
+                and request.qos.deadline_s is None
+            ):
+                bound = (1 + self.slack) * result.estimate.total_time_s
+                within = replace(request, qos=replace(request.qos, deadline_s=bound))
+                cheaper = scheduler.plan(view, within, "cost-within-deadline")
+                if isinstance(cheaper, scheduler.Plan):
+                    result = cheaper
             if isinstance(result, scheduler.Infeasible) or result.victims:
                 if isinstance(result, scheduler.Infeasible) and result.constraint == "capacity":
                     too_big = min(too_big, job.gpus)

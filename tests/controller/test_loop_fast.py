@@ -165,6 +165,23 @@ def test_a_job_whose_deadline_passed_fails_instead_of_waiting(net: Net) -> None:
     assert net.books().held == {}
 
 
+def test_a_job_that_fails_amid_a_group_of_placements_leaves_the_others_placed(net: Net) -> None:
+    """A pass commits its placements in groups of 1, 2, 4, ...: a job failed in the middle of
+    a group (its deadline passed) is failed alone, the jobs before and after it in the same
+    transaction are placed, and the books hold exactly their GPUs."""
+    tenant = net.tenant("acme")
+    ids = [net.submit(tenant, spec(f"j{i}", gpus=1)) for i in range(2)]
+    late = net.submit(tenant, spec("late", gpus=1, qos={"deadline": utcnow() - timedelta(hours=1)}))
+    ids += [net.submit(tenant, spec(f"j{i}", gpus=1)) for i in range(2, 6)]
+    assert net.place() == ids
+    assert net.job(late).state is JobState.FAILED
+    for job_id in ids:
+        assert net.job(job_id).state is JobState.SCHEDULED
+        assert sum(net.held(job_id).values()) == 1
+    books = net.books()
+    assert sum(books.in_use.values()) == len(ids) and net.held(late) == {}
+
+
 # ---- preemption ----------------------------------------------------------------------------
 
 
