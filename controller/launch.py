@@ -236,7 +236,9 @@ def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> Pipeline
     """The pipeline run of a job whose plan (`JobPlan.parallel`) says pipeline or hybrid;
     None for data parallelism. The stages are the plan's; the spec's fixed cut points apply
     when they make that many stages. `compression` compresses the activations (auto: none);
-    the stages' replicas synchronise every step; no checkpoints yet (a retry starts over)."""
+    the stages' replicas synchronise every step. Every stage checkpoints under the job's
+    root (`training.pipeline.checkpoint`), and a relaunch (retry, lost cluster, preemption)
+    resumes from the newest step all stages saved, wherever the stages are placed now."""
     from grammar.parallel import parse_stages
     from training.pipeline.schedule import Schedule
     from training.pipeline.spec import PipelineSpec
@@ -253,8 +255,7 @@ def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> Pipeline
         train_spec,
         compression=activations,
         sync="every-step",
-        checkpoint=None,
-        resume=False,
+        resume=True,  # from the stages' consistent cut when there is one, else from step 0
     )
     return PipelineSpec(
         train,
@@ -332,7 +333,7 @@ def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
         wan_emulated=report.wan_emulated,
         links=[],
         restarts=0,
-        resumed_from_step=None,
+        resumed_from_step=report.resumed_from_step,
         stopped=report.steps < spec.train.steps,
         history=[{k: v for k, v in h.items() if v is not None} for h in report.history],
         sync_stats={

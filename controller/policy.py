@@ -8,10 +8,12 @@ to. No I/O here: the settlement (`controller.settle`) applies the decision in on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from controller.states import JobState
+from scheduler.memory import ModelProfile, memory
 
 
 class StopReason(StrEnum):
@@ -150,3 +152,112 @@ def stop_requested(
     if down_cluster:
         return Stop(StopReason.CLUSTER_DOWN, down_cluster)
     return None
+
+
+# ---- a pipeline stage whose cluster went DOWN ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageNeed:
+    """One stage of a running pipeline: where it is, its replicas (one GPU each) and the
+    bytes one of its GPUs holds (`scheduler.memory.memory` of its layers)."""
+
+    cluster: str
+    replicas: int
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Spare:
+    """A cluster that could take stages: its free GPUs and one GPU's usable bytes
+    (`scheduler.memory.gpu_memory_bytes`)."""
+
+    cluster: str
+    free_gpus: int
+    gpu_bytes: float
+
+
+@dataclass(frozen=True)
+class StageReplacement:
+    """What to do about a pipeline that lost a cluster: re-place its stages there on other
+    clusters and launch again (RESCHEDULING; the run resumes from the stages' consistent
+    checkpoint cut, `training.pipeline.checkpoint`), or, when some stage fits nowhere, queue
+    the job again (PENDING) until GPUs free up."""
+
+    decision: Decision
+    state: JobState
+    stages: tuple[str, ...] | None
+    """The new cluster of every stage, in pipeline order; None when the job requeues."""
+    moved: tuple[int, ...] = ()
+    reason: str = ""
+
+
+def stage_needs(
+    profile: ModelProfile,
+    cuts: Sequence[int],
+    clusters: Sequence[str],
+    replicas: int,
+    micro_batches: int,
+    micro_batch: int,
+) -> tuple[StageNeed, ...]:
+    """Each stage's need from the memory model: stage s holds layers [cut s-1, cut s) and,
+    under 1F1B, at most min(M, S - s) micro-batches of activations in flight."""
+    bounds = [0, *cuts, len(profile.layers)]
+    s_count = len(clusters)
+    if len(bounds) - 1 != s_count:
+        raise ValueError(f"stages: {len(cuts)} cut(s) make {len(bounds) - 1} stages, not {s_count}")
+    return tuple(
+        StageNeed(
+            clusters[s],
+            replicas,
+            memory(
+                profile, bounds[s], bounds[s + 1], micro_batch, min(micro_batches, s_count - s)
+            ).total,
+        )
+        for s in range(s_count)
+    )
+
+
+def replace_stages(
+    stages: Sequence[StageNeed], down: str, spares: Sequence[Spare]
+) -> StageReplacement:
+    """Move every stage on `down` to a cluster with free GPUs for its replicas whose GPUs hold
+    its memory, in pipeline order. Preferred: a cluster holding a neighbouring stage (the hop
+    stays inside one cluster), then one already in the pipeline (no new WAN link), then the
+    most free GPUs, then the name. Requeue when any moved stage fits nowhere."""
+    free = {s.cluster: s.free_gpus for s in spares if s.cluster != down}
+    gpu = {s.cluster: s.gpu_bytes for s in spares}
+    placed = [s.cluster for s in stages]
+    moved: list[int] = []
+    for i, st in enumerate(stages):
+        if st.cluster != down:
+            continue
+        neighbours = {placed[j] for j in (i - 1, i + 1) if 0 <= j < len(placed)} - {down}
+        used = set(placed) - {down}
+        fits = [
+            c for c, n in free.items() if n >= st.replicas and gpu.get(c, 0.0) >= st.memory_bytes
+        ]
+        if not fits:
+            return StageReplacement(
+                Decision.RESCHEDULE,
+                JobState.PENDING,
+                None,
+                reason=f"stage {i} ({st.memory_bytes / 1e9:.3g} GB a GPU, {st.replicas} GPU(s))"
+                f" fits no cluster left after {down} went down: the job waits in the queue",
+            )
+        best = min(fits, key=lambda c: (c not in neighbours, c not in used, -free[c], c))
+        free[best] -= st.replicas
+        placed[i] = best
+        moved.append(i)
+    if not moved:
+        return StageReplacement(
+            Decision.RESCHEDULE, JobState.RESCHEDULING, tuple(placed), reason="no stage moved"
+        )
+    return StageReplacement(
+        Decision.RESCHEDULE,
+        JobState.RESCHEDULING,
+        tuple(placed),
+        tuple(moved),
+        reason=", ".join(f"stage {i}: {down} -> {placed[i]}" for i in moved)
+        + "; the run resumes from the stages' last common checkpoint",
+    )

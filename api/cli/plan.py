@@ -14,7 +14,7 @@ import typer
 from api.cli.errors import fail
 
 if TYPE_CHECKING:
-    from scheduler import PlanResult, Snapshot
+    from scheduler import JobRequest, PlanResult, Snapshot
 
 _OBJECTIVES = ("time", "cost", "cost-within-deadline")
 
@@ -55,11 +55,13 @@ def result_to_json(result: PlanResult) -> dict[str, Any]:
     return out
 
 
-def parallelism_json(job: Any, snap: Snapshot) -> dict[str, Any]:
+def parallelism_json(job: Any, snap: Snapshot, req: JobRequest | None = None) -> dict[str, Any]:
     """The job's parallelism over the snapshot: the memory-aware planner (`scheduler.memory`)
     on the job file's optional `model` (a transformer: blocks, dim, seq, vocab, optimizer),
     else a one-layer model of its `params`; `batch` (default 32) is the global batch;
-    `parallelism` (default auto) fixes data (the plan above) or asks for a pipeline."""
+    `parallelism` (default auto) fixes data (the plan above) or asks for a pipeline. A
+    pipeline gets its own estimate (`scheduler.pipeline_cost`) over `req`'s steps and QoS
+    class: the plan above prices data parallelism."""
     from grammar.parallel import parse_parallelism
     from scheduler.memory import Layer, ModelProfile, plan_parallelism
 
@@ -102,7 +104,50 @@ def parallelism_json(job: Any, snap: Snapshot) -> dict[str, Any]:
             for st in got.stages
         ],
     )
+    if got.stages:
+        out["estimate"] = _pipeline_estimate(profile, got, snap, batch, req)
     return out
+
+
+def _pipeline_estimate(
+    profile: Any, got: Any, snap: Snapshot, batch: int, req: JobRequest | None
+) -> dict[str, Any]:
+    """The pipeline plan's step, run time, WAN bytes and price (`scheduler.pipeline_cost`)."""
+    import math
+
+    from scheduler.pipeline_cost import StageWork, estimate_pipeline
+
+    mb = math.ceil(batch / got.micro_batches)
+    last = len(got.stages) - 1
+    work = [
+        StageWork(
+            st.cluster,
+            st.compute_s,
+            0.0 if i == last else profile.layers[st.layers[1] - 1].activation_bytes * mb,
+        )
+        for i, st in enumerate(got.stages)
+    ]
+    est = estimate_pipeline(
+        work,
+        {c.name: c for c in snap.clusters},
+        {(x.a, x.b): x for x in snap.links},
+        got.micro_batches,
+        req.steps if req is not None else 1,
+        req.qos.qos_class if req is not None else None,
+    )
+    return {
+        "step_s": est.step_s,
+        "bottleneck_s": est.bottleneck_s,
+        "link_s": list(est.link_s),
+        "bubble": est.bubble,
+        "steps": est.steps,
+        "total_time_s": est.total_time_s,
+        "wan_bytes_per_step": {f"{a}->{b}": n for a, b, n in est.wan_bytes_per_step},
+        "wan_bytes": est.wan_bytes,
+        "gpu_cost": est.gpu_cost,
+        "egress_cost": est.egress_cost,
+        "cost": est.cost,
+    }
 
 
 def _print_parallel(par: dict[str, Any]) -> None:
@@ -118,6 +163,14 @@ def _print_parallel(par: dict[str, Any]) -> None:
         print(
             f"    {par['micro_batches']} micro-batches, bubble {par['bubble'] * 100:.1f} %, "
             f"step {par['step_s']:.4g} s"
+        )
+    est = par.get("estimate")
+    if est:
+        print(
+            f"    pipeline estimate: step {est['step_s']:.4g} s (bottleneck "
+            f"{est['bottleneck_s']:.4g} s a micro-batch)   total {est['total_time_s']:.4g} s   "
+            f"WAN {est['wan_bytes'] / 1e9:.4g} GB   cost {est['cost']:.4g} "
+            f"(GPUs {est['gpu_cost']:.4g} + egress {est['egress_cost']:.4g})"
         )
     if par["reason"]:
         print(f"    why: {par['reason']}")
@@ -201,7 +254,7 @@ def register(app: typer.Typer) -> None:
             result = evaluate_placement(snap, req, placement, objective)  # type: ignore[arg-type]
         else:
             result = make_plan(snap, req, objective)  # type: ignore[arg-type]
-        parallel = parallelism_json(_load_json(job, "job"), snap)
+        parallel = parallelism_json(_load_json(job, "job"), snap, req)
         if as_json:
             print(json.dumps({**result_to_json(result), "parallelism": parallel}, sort_keys=False))
         else:

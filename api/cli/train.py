@@ -331,8 +331,6 @@ def _train_pipeline(
     from training.pipeline import PipelineSpec, Schedule, place, run_pipeline
 
     unsupported = [
-        ("--checkpoint-dir", spec.checkpoint is not None),
-        ("--resume", spec.resume),
         ("--sync", spec.sync != "every-step"),
         ("--compression", spec.compression == "auto"),
         ("--gpus-per-worker", spec.gpus_per_worker > 0),
@@ -370,7 +368,8 @@ def _train_pipeline(
         report = run_pipeline(pspec)
     except ValueError as exc:
         field, _, msg = str(exc).partition(": ")
-        raise fail("train", {"stages": "--stages"}.get(field, field), msg or str(exc)) from None
+        flags = {"stages": "--stages", "checkpoint": "--checkpoint-dir"}
+        raise fail("train", flags.get(field, field), msg or str(exc)) from None
     except RuntimeError as exc:
         raise fail("train", "run", str(exc), FAILED) from None
     if as_json:
@@ -398,6 +397,8 @@ def _train_pipeline(
         ("compression ratio", f"{report.compression_ratio:.1f}x"),
         ("WAN", "emulated" if report.wan_emulated else "not shaped"),
     ]
+    if report.resumed_from_step is not None:
+        rows.append(("resumed from step", str(report.resumed_from_step)))
     rows += [
         (f"  stage {i} ({c})", f"compute {s:.2f} s, waited {w:.2f} s, {n:,} params")
         for i, (c, s, w, n) in enumerate(

@@ -98,7 +98,8 @@ def _pipeline_of(net: Net, job: Job) -> Any:
 def test_pipeline_job_plan_and_stage_run(net: Net) -> None:
     """A pipeline job's plan records one stage a GPU in pipeline order; the launcher runs the
     plan's stages with the spec's split, schedule and activation compression, every step in
-    sync and without checkpoints; a data job keeps `training.run`."""
+    sync, every stage checkpointing under the job's root and resuming from it when a shard
+    is there; a data job keeps `training.run`."""
     job = _placed(
         net,
         _spec(
@@ -118,7 +119,9 @@ def test_pipeline_job_plan_and_stage_run(net: Net) -> None:
     assert run.placement.stage_clusters == tuple(s.cluster for s in par.stages)
     assert run.placement.replicas == 1 and run.cuts == (3,)
     assert (run.micro_batches, str(run.schedule), run.activations) == (8, "1f1b", "fp16")
-    assert run.train.sync == "every-step" and run.train.checkpoint is None
+    assert run.train.sync == "every-step" and run.train.resume
+    assert run.train.checkpoint is not None and run.train.checkpoint.endswith(job.id)
+    assert run.train.run_id == job.id
     assert run.train.clusters == {"east": 1, "west": 1}
     # stored and read back: the plan's JSON keeps the parallelism
     again = type(job.placement).model_validate(job.placement.model_dump(mode="json"))
@@ -266,8 +269,14 @@ def test_cpn_plan_shows_the_parallelism(tmp_path: Path) -> None:
     assert len(par["stages"]) >= 2 and par["micro_batches"] >= 1
     assert all(st["memory_gb"] <= st["gpu_gb"] for st in par["stages"])
     assert "more than the largest" in par["reason"]
+    est = par["estimate"]  # priced as a pipeline (scheduler.pipeline_cost), not as data parallel
+    assert est["step_s"] == pytest.approx(par["step_s"], rel=1e-9)
+    assert est["bubble"] == pytest.approx(par["bubble"]) and est["steps"] == 100
+    assert est["total_time_s"] == pytest.approx(100 * est["step_s"])
+    assert est["cost"] == pytest.approx(len(par["stages"]) * 1.0 * est["total_time_s"] / 3600)
     text = plan(job).stdout
     assert "parallelism: pipeline" in text and "stage 0 on" in text and "bubble" in text
+    assert "pipeline estimate: step" in text
     small = json.loads(plan({**job, "params": 1000, "model": None}, "--json").stdout)
     assert small["parallelism"]["mode"] == "data"
 
@@ -344,6 +353,9 @@ def test_pipeline_job_end_to_end(tmp_path: Path) -> None:
         assert any("stage workers" in e["message"] for e in events)
         report = next(e for e in events if e.get("to_state") == "SUCCEEDED")["data"]["report"]
         assert report["steps"] == 6 and report["compression"] == "int8"
+        for stage in (0, 1):  # every stage saved its own shard of the last step
+            shards = tmp_path / "checkpoints" / job["id"] / f"stage-{stage}"
+            assert (shards / "step-00000006.pt").is_file()
         sent = report["wan_bytes"]
         assert set(sent) == {"east->west", "west->east"} and all(n > 0 for n in sent.values())
         usage = client.get(f"/v1/tenants/{tenant['id']}/usage")

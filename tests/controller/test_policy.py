@@ -7,11 +7,15 @@ import pytest
 from controller.policy import (
     FAILURES,
     Decision,
+    Spare,
+    StageNeed,
     Stop,
     StopReason,
     decide,
     failure,
     next_state,
+    replace_stages,
+    stage_needs,
     stop_of,
     stop_requested,
 )
@@ -98,3 +102,51 @@ def test_stop_requests_name_their_cause() -> None:
     assert ask(owned=False) == Stop(StopReason.ADOPTED)
     assert ask(preempted_by="j2", down_cluster="eu") == Stop(StopReason.PREEMPTED, "j2")
     assert ask(down_cluster="eu") == Stop(StopReason.CLUSTER_DOWN, "eu")
+
+
+# ---- a pipeline stage whose cluster went DOWN ------------------------------------------
+
+
+def _needs(*where: str, gb: float = 30.0, replicas: int = 1) -> list[StageNeed]:
+    return [StageNeed(c, replicas, gb * 1e9) for c in where]
+
+
+def test_a_down_stage_moves_next_to_its_neighbour_and_the_run_resumes() -> None:
+    spares = [Spare("b", 1, 72e9), Spare("c", 4, 72e9), Spare("d", 8, 72e9)]
+    got = replace_stages(_needs("a", "b", "c"), "b", spares)
+    # c holds the next stage: the hop a->b->c becomes a->c->c, one WAN link fewer
+    assert got.stages == ("a", "c", "c") and got.moved == (1,)
+    assert (got.decision, got.state) == (Decision.RESCHEDULE, JobState.RESCHEDULING)
+    assert "stage 1: b -> c" in got.reason
+
+
+def test_moved_stages_use_up_free_gpus_and_skip_gpus_too_small() -> None:
+    spares = [Spare("x", 1, 72e9), Spare("small", 8, 20e9), Spare("y", 3, 72e9)]
+    got = replace_stages(_needs("a", "a", "z"), "a", spares)
+    # neither x nor y neighbours stage 0; y has more free GPUs; stage 1 then sits next to it
+    assert got.stages == ("y", "y", "z") and got.moved == (0, 1)
+    hybrid = replace_stages(_needs("a", "z", replicas=2), "a", spares)
+    assert hybrid.stages == ("y", "z")  # x has 1 GPU: not enough for 2 replicas
+
+
+def test_no_cluster_fits_the_stage_so_the_job_requeues() -> None:
+    got = replace_stages(_needs("a", "b", gb=50.0), "a", [Spare("b", 4, 40e9), Spare("c", 0, 80e9)])
+    assert got.stages is None
+    assert (got.decision, got.state) == (Decision.RESCHEDULE, JobState.PENDING)
+    assert "stage 0" in got.reason and "queue" in got.reason
+    assert replace_stages(_needs("a"), "a", [Spare("a", 8, 80e9)]).stages is None  # not itself
+
+
+def test_stage_needs_follow_the_memory_model() -> None:
+    from scheduler.memory import Layer, ModelProfile, memory
+
+    profile = ModelProfile(
+        tuple(Layer(f"l{i}", 1000 * (i + 1), 1.0, 64.0, 256.0) for i in range(4))
+    )
+    needs = stage_needs(profile, (1, 3), ("a", "b", "c"), 1, micro_batches=4, micro_batch=2)
+    assert [n.cluster for n in needs] == ["a", "b", "c"]
+    # stage s of 3 keeps min(4, 3 - s) micro-batches in flight
+    assert needs[1].memory_bytes == memory(profile, 1, 3, 2, 2).total
+    assert needs[2].memory_bytes == memory(profile, 3, 4, 2, 1).total
+    with pytest.raises(ValueError, match="stages"):
+        stage_needs(profile, (1,), ("a", "b", "c"), 1, 4, 2)

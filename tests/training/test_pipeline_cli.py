@@ -4,6 +4,7 @@ bytes per WAN link, the bubble and per-stage compute (in-process, on the session
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -28,7 +29,7 @@ def _train(*args: str) -> tuple[int, str, str]:
         (["--parallel", "pipeline", "--compression", "powersgd:2"], "--compression"),
         (["--parallel", "pipeline", "--schedule", "zigzag"], "--schedule"),
         (["--parallel", "hybrid", "--sync", "local-sgd:4"], "--sync"),
-        (["--parallel", "pipeline", "--checkpoint-dir", "/tmp/x"], "--checkpoint-dir"),
+        (["--parallel", "pipeline", "--resume"], "resume"),
     ],
 )
 def test_bad_pipeline_flags_one_line(args: list[str], needle: str) -> None:
@@ -75,3 +76,26 @@ def test_three_cluster_int8_1f1b_json_report() -> None:
     assert report["bubble_fraction"] == pytest.approx(2 / 6)
     assert len(report["stage_compute_s"]) == 3 and all(c > 0 for c in report["stage_compute_s"])
     assert 0.0 <= report["final_accuracy"] <= 1.0
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_pipeline_checkpoints_per_stage_and_resumes(tmp_path: Path) -> None:
+    """`--checkpoint-dir` saves every stage's shard; a later run refuses the directory without
+    `--resume`, and with it continues from the last step both stages saved."""
+    ckpt = str(tmp_path / "ck")
+    base = ["--parallel", "pipeline", "--clusters", "a:1,b:1", "--batch-size", "32"]
+    base += ["--checkpoint-dir", ckpt, "--checkpoint-every", "2", "--json"]
+    code, out, err = _train(*base, "--steps", "4")
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["resumed_from_step"] is None
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if p.is_dir()) == [
+        "stage-0",
+        "stage-1",
+    ]
+    code, _, err = _train(*base, "--steps", "6")
+    assert code != 0 and "--checkpoint-dir" in err and "--resume" in err
+    code, out, err = _train(*base, "--steps", "6", "--resume")
+    assert code == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["resumed_from_step"] == 4 and report["steps"] == 6
+    assert [h["step"] for h in report["history"]] == [5, 6]  # no step before 4 again

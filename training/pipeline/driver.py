@@ -1,8 +1,10 @@
 """The driver of a pipeline (or hybrid) run: one stage actor per stage replica, pinned to its
 stage's cluster like data-parallel workers, stepped in segments, summed into a report.
 
-No restarts: a lost stage fails the run (re-placing a stage is the control plane's, not yet
-built)."""
+With a checkpoint root, every stage saves its own shard (`training.pipeline.checkpoint`) and a
+run resumes from the newest step all stages have. No restarts inside a run: a lost stage
+fails it, and the control plane re-places the stage and launches the run again, which
+resumes from the stage checkpoints (`controller.policy.replace_stages`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from training.pipeline.schedule import bubble_fraction
@@ -17,6 +20,7 @@ from training.pipeline.spec import PipelineReport, PipelineSpec, StageResult
 from training.placement import cluster_resource
 from training.results import WanBytes
 from training.runner import _check_capacity, _ensure_ray, _kill, _wait_all
+from training.spec import TrainSpec
 
 
 class StagePool:
@@ -80,12 +84,21 @@ def run_pipeline(
     `should_stop` is asked between segments (the controller's cancel and preemption)."""
     import ray
 
+    from training.pipeline.checkpoint import prepare, with_run
     from training.pipeline.stage import StageWorker
     from training.tasks import check_entry
 
-    t = spec.train
-    check_entry(t.task)
+    check_entry(spec.train.task)
     spec.validate()
+    found = prepare(
+        spec.train.checkpoint,
+        spec.placement.stages,
+        spec.train.run_id,
+        spec.train.epoch,
+        spec.train.resume,
+    )
+    spec = replace(spec, train=with_run(spec.train, found))
+    t = spec.train
     started, local = _ensure_ray(t)
     ifname = t.gloo_ifname or os.environ.get("CPN_GLOO_IFNAME") or ("lo" if local else None)
     run_id = uuid.uuid4().hex[:8]
@@ -111,10 +124,12 @@ def run_pipeline(
             actors.append(actor)
         _wait_all(reused)
         master, port = ray.get(actors[0].address.remote(), timeout=300)
-        cuts: tuple[int, ...] = _wait_all([a.setup.remote(master, port) for a in actors])[0]
+        cuts: tuple[int, ...] = _wait_all(
+            [a.setup.remote(master, port, found.step) for a in actors]
+        )[0]
         seg = t.eval_every or max(1, t.steps // 10)
         t0 = time.perf_counter()
-        step = 0
+        step = found.step or 0
         history: list[dict[str, float | None]] = []
         results: list[StageResult] = []
         loss: float | None = None
@@ -143,6 +158,7 @@ def run_pipeline(
                 pool.give(p.cluster_of(rank), a)
         kept = keep is not None or pool is not None
     except ray.exceptions.RayError as exc:
+        _check_fences(t, p.stages)  # a later attempt took over: StaleRun, not a failure
         raise RuntimeError(f"pipeline training failed: {exc}") from exc
     finally:
         if not kept:
@@ -172,4 +188,16 @@ def run_pipeline(
         measured_bubble=measured,
         wan_emulated=t.emulated,
         history=history,
+        resumed_from_step=found.step,
     )
+
+
+def _check_fences(t: TrainSpec, stages: int) -> None:
+    """StaleRun when a later attempt of this run has started on a stage's store."""
+    if not t.checkpoint:
+        return
+    from training.checkpoint import open_store
+    from training.pipeline.checkpoint import stage_uri
+
+    for s in range(stages):
+        open_store(stage_uri(t.checkpoint, s)).check_fence(t.epoch)

@@ -89,6 +89,8 @@ class PipelineReport:
     """1 - mean over stages of compute time / step time: idle from bubble and links together."""
     wan_emulated: bool
     history: list[dict[str, float | None]] = field(default_factory=list)
+    resumed_from_step: int | None = None
+    """The consistent cut (newest step every stage had a shard of) this run resumed from."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -23,8 +23,10 @@ import torch.distributed as dist
 from torch import nn
 
 from grammar import parse_compression
+from training.checkpoint import FORMAT, CheckpointStore, check_identity, open_store
 from training.collective import flatten, split
 from training.data import batch_indices, shard
+from training.pipeline.checkpoint import SHARD, check_shard, shard_due, stage_uri
 from training.pipeline.codec import HEADER_LEN, Codec, Header, codec_for, decode, encode
 from training.pipeline.schedule import stage_ops
 from training.pipeline.spec import PipelineSpec, StageResult
@@ -65,8 +67,9 @@ class StageWorker:
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, master: str, port: int) -> tuple[int, ...]:
-        """Join the group, build this stage from the seeded model; return the cut points."""
+    def setup(self, master: str, port: int, resume_step: int | None = None) -> tuple[int, ...]:
+        """Join the group, build this stage from the seeded model (restored from its shard
+        of step `resume_step` when given); return the cut points."""
         spec, p = self.spec, self.spec.placement
         t = spec.train
         dist.init_process_group(
@@ -106,6 +109,8 @@ class StageWorker:
         self.raw_bytes = 0
         self.loss: float | None = None
         self.pending: list[Any] = []
+        if resume_step is not None and t.checkpoint:
+            self._restore(resume_step)
         return cuts
 
     # ------------------------------------------------------------------ messages
@@ -205,13 +210,63 @@ class StageWorker:
             self.loss = float(total)
 
     def run(self, until: int) -> StageResult:
-        """Train to step `until`; this replica's totals so far."""
+        """Train to step `until`, saving this stage's shard when due; its totals so far."""
+        t = self.spec.train
         while self.step < until:
             t0 = time.perf_counter()
             self._train_step(self.step)
             self.steps_s += time.perf_counter() - t0
             self.step += 1
+            if t.checkpoint and shard_due(self.step, t.steps, t.checkpoint_every):
+                self._save()
         return self.result()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _store(self) -> CheckpointStore:
+        return open_store(stage_uri(self.spec.train.checkpoint or "", self.stage))
+
+    def _save(self) -> None:
+        """Replica 0 writes this stage's shard (the replicas' parameters are equal after the
+        all-reduce); the store refuses it (StaleRun) when a later attempt has started."""
+        if self.replica != 0:
+            return
+        t = self.spec.train
+        state = {
+            "version": FORMAT,
+            "kind": SHARD,
+            "run_id": t.run_id,
+            "epoch": t.epoch,
+            "step": self.step,
+            "task": t.task,
+            "stage": self.stage,
+            "stages": self.spec.placement.stages,
+            "cuts": list(self.cuts),
+            "module": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+            "optimizer": self.opt.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        self._store().save(self.step, state)
+
+    def _restore(self, step: int) -> None:
+        """This stage's shard of `step` (every replica reads replica 0's)."""
+        store = self._store()
+        where = store.where(step)
+        state = store.load(step)
+        t = self.spec.train
+        check_identity(state, t.run_id or "", t.epoch, where)
+        check_shard(
+            state,
+            task=t.task,
+            stage=self.stage,
+            stages=self.spec.placement.stages,
+            cuts=self.cuts,
+            where=where,
+        )
+        self.module.load_state_dict(state["module"])
+        self.opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        self.step = int(state["step"])
 
     def result(self) -> StageResult:
         return StageResult(

@@ -1,0 +1,140 @@
+"""Time and price of a pipeline (or hybrid) plan: what `cpn plan` shows for one.
+
+Pure. A pipeline of S stages running M micro-batches a step is paced by its bottleneck: the
+slowest stage's forward and backward of one micro-batch, or the slowest link between two
+consecutive stages moving one micro-batch's activations forward and their gradient back
+(full duplex: the slower direction, half an RTT plus bytes over bandwidth; a boundary inside
+one cluster uses its intra bandwidth). A step of a GPipe or 1F1B schedule takes
+(M + S - 1) bottlenecks, of which (S - 1) / (M + S - 1) is the bubble. Every boundary between
+two clusters carries M activations one way and M gradients (as large) back each step; a
+stage's GPUs are charged at their cluster's GPU-hour price for the whole run, and the bytes
+leaving a cluster at the egress price of the link they take.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.types import Cluster, Link
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One stage as the estimate sees it."""
+
+    cluster: str
+    compute_s: float
+    """Forward and backward of one micro-batch on one of its GPUs."""
+    send_bytes: float
+    """Activation bytes of one micro-batch sent to the next stage (0 for the last stage)."""
+    gpus: int = 1
+    """GPUs the stage holds: its data-parallel replicas (1 in a pipeline)."""
+
+
+@dataclass(frozen=True)
+class PipelineEstimate:
+    stages: int
+    micro_batches: int
+    bottleneck_s: float
+    """The slowest stage or link, per micro-batch."""
+    link_s: tuple[float, ...]
+    """Per boundary s -> s+1, the link's time per micro-batch."""
+    step_s: float
+    bubble: float
+    steps: int
+    total_time_s: float
+    wan_bytes_per_step: tuple[tuple[str, str, float], ...]
+    """(from, to, bytes) per directed WAN link, activations and gradients together."""
+    gpu_cost: float
+    egress_cost: float
+
+    @property
+    def wan_bytes(self) -> float:
+        """Bytes over the WAN in the whole run."""
+        return sum(b for _, _, b in self.wan_bytes_per_step) * self.steps
+
+    @property
+    def cost(self) -> float:
+        return self.gpu_cost + self.egress_cost
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """The idle share of a GPipe or 1F1B step: (S - 1) / (M + S - 1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def link_seconds(
+    a: Cluster, b: Cluster, links: Mapping[tuple[str, str], Link], nbytes: float
+) -> float:
+    """Seconds to move `nbytes` a -> b and as many back (the slower way); ValueError naming
+    the pair when the snapshot has no link between them (either way)."""
+    if a.name == b.name:
+        return nbytes * 8 / (a.intra_bandwidth_gbps * 1e9)
+    there, back = links.get((a.name, b.name)), links.get((b.name, a.name))
+    if there is None and back is None:
+        raise ValueError(f"links: no link between {a.name!r} and {b.name!r}")
+    ways = [x for x in (there, back) if x is not None]
+    return max(x.rtt_ms / 2e3 + nbytes * 8 / (x.bandwidth_gbps * 1e9) for x in ways)
+
+
+def _link(links: Mapping[tuple[str, str], Link], a: str, b: str) -> Link | None:
+    return links.get((a, b)) or links.get((b, a))
+
+
+def estimate_pipeline(
+    stages: Sequence[StageWork],
+    clusters: Mapping[str, Cluster],
+    links: Mapping[tuple[str, str], Link],
+    micro_batches: int,
+    steps: int,
+    qos_class: str | None = None,
+) -> PipelineEstimate:
+    """The step time, run time, WAN bytes and price of `stages` (in pipeline order) running
+    `micro_batches` a step for `steps` steps; links are keyed (from, to), either way found.
+    ValueError `field: ...` for a bad input."""
+    if not stages:
+        raise ValueError("stages: give at least one")
+    if micro_batches < 1:
+        raise ValueError("micro_batches: give at least 1")
+    if steps < 1:
+        raise ValueError("steps: give at least 1")
+    for st in stages:
+        if st.cluster not in clusters:
+            raise ValueError(f"stages: cluster {st.cluster!r} is not in the snapshot")
+        if st.compute_s < 0 or st.send_bytes < 0 or st.gpus < 1:
+            raise ValueError(f"stages: stage on {st.cluster!r} has a negative time or size")
+    s_count, m = len(stages), micro_batches
+    link_s: list[float] = []
+    wan: dict[tuple[str, str], float] = {}
+    for here, there in itertools.pairwise(stages):
+        a, b = clusters[here.cluster], clusters[there.cluster]
+        link_s.append(link_seconds(a, b, links, here.send_bytes))
+        if a.name != b.name:
+            moved = here.send_bytes * m
+            wan[(a.name, b.name)] = wan.get((a.name, b.name), 0.0) + moved  # activations
+            wan[(b.name, a.name)] = wan.get((b.name, a.name), 0.0) + moved  # their gradients
+    bottleneck = max([st.compute_s for st in stages] + link_s)
+    step_s = (m + s_count - 1) * bottleneck
+    total = step_s * steps
+    gpu_cost = sum(
+        st.gpus * clusters[st.cluster].price(qos_class) * total / 3600.0 for st in stages
+    )
+    egress = 0.0
+    for (src, dst), nbytes in wan.items():
+        lk = _link(links, src, dst)
+        egress += nbytes * steps / 1e9 * (lk.egress_price_per_gb if lk is not None else 0.0)
+    return PipelineEstimate(
+        stages=s_count,
+        micro_batches=m,
+        bottleneck_s=bottleneck,
+        link_s=tuple(link_s),
+        step_s=step_s,
+        bubble=bubble_fraction(s_count, m),
+        steps=steps,
+        total_time_s=total,
+        wan_bytes_per_step=tuple((a, b, n) for (a, b), n in sorted(wan.items())),
+        gpu_cost=gpu_cost,
+        egress_cost=egress,
+    )

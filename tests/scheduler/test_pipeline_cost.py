@@ -1,0 +1,105 @@
+"""The pipeline plan's time and price (`scheduler.pipeline_cost`), against hand computation."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.memory import Layer, ModelProfile, plan_parallelism
+from scheduler.pipeline_cost import StageWork, bubble_fraction, estimate_pipeline
+from tests.scheduler.builders import cluster, link
+
+EAST = cluster("east", gpus=2, gpu_model="A100", price_per_gpu_hour=2.0)
+WEST = cluster("west", gpus=1, gpu_model="A100", price_per_gpu_hour=3.0)
+CLUSTERS = {"east": EAST, "west": WEST}
+LINKS = {("east", "west"): link("east", "west", gbps=1.0, rtt_ms=20.0, egress=0.05)}
+
+
+def test_three_stages_over_two_clusters_by_hand() -> None:
+    stages = [
+        StageWork("east", 0.10, 10e6),
+        StageWork("east", 0.12, 20e6),
+        StageWork("west", 0.08, 0.0),
+    ]
+    est = estimate_pipeline(stages, CLUSTERS, LINKS, micro_batches=4, steps=100)
+    # east->east: 10 MB over the 100 Gbit/s fabric; east->west: 10 ms + 20 MB over 1 Gbit/s
+    assert est.link_s == pytest.approx((10e6 * 8 / 100e9, 0.010 + 0.160))
+    assert est.bottleneck_s == pytest.approx(0.17)  # the WAN link, not the slowest stage
+    assert est.step_s == pytest.approx((4 + 3 - 1) * 0.17)  # 1.02 s
+    assert est.bubble == pytest.approx(2 / 6)
+    assert est.total_time_s == pytest.approx(102.0)
+    # 4 micro-batches of 20 MB forward, their gradients back; the in-cluster hop is free
+    assert est.wan_bytes_per_step == (("east", "west", 80e6), ("west", "east", 80e6))
+    assert est.wan_bytes == pytest.approx(160e6 * 100)
+    assert est.gpu_cost == pytest.approx((2.0 + 2.0 + 3.0) * 102.0 / 3600)
+    assert est.egress_cost == pytest.approx(16.0 * 0.05)
+    assert est.cost == pytest.approx(7 * 102 / 3600 + 0.8)
+
+
+def test_compute_bound_hybrid_counts_every_replica() -> None:
+    stages = [StageWork("east", 0.5, 1e3, gpus=2), StageWork("west", 0.25, 0.0, gpus=2)]
+    est = estimate_pipeline(stages, CLUSTERS, LINKS, micro_batches=8, steps=10, qos_class="x")
+    assert est.bottleneck_s == pytest.approx(0.5)
+    assert est.step_s == pytest.approx(9 * 0.5) and est.bubble == pytest.approx(1 / 9)
+    assert est.gpu_cost == pytest.approx((2 * 2.0 + 2 * 3.0) * 45.0 / 3600)
+
+
+def test_one_stage_has_no_bubble_and_no_wan() -> None:
+    est = estimate_pipeline([StageWork("west", 0.3, 0.0)], CLUSTERS, LINKS, 4, 1)
+    assert est.bubble == 0.0 and est.step_s == pytest.approx(4 * 0.3)
+    assert est.wan_bytes == 0.0 and est.egress_cost == 0.0
+    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
+
+
+@pytest.mark.parametrize(
+    ("stages", "micro", "steps", "field"),
+    [
+        ([], 4, 1, "stages"),
+        ([StageWork("east", 0.1, 0.0)], 0, 1, "micro_batches"),
+        ([StageWork("east", 0.1, 0.0)], 1, 0, "steps"),
+        ([StageWork("mars", 0.1, 0.0)], 1, 1, "stages"),
+        ([StageWork("east", -1.0, 0.0)], 1, 1, "stages"),
+        ([StageWork("east", 0.1, 1.0), StageWork("north", 0.1, 0.0)], 1, 1, "stages"),
+    ],
+)
+def test_bad_input_names_the_field(
+    stages: list[StageWork], micro: int, steps: int, field: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        estimate_pipeline(stages, CLUSTERS, LINKS, micro, steps)
+
+
+def test_unlinked_clusters_are_refused() -> None:
+    north = cluster("north", gpus=1)
+    with pytest.raises(ValueError, match="links: no link between 'east' and 'north'"):
+        estimate_pipeline(
+            [StageWork("east", 0.1, 1.0), StageWork("north", 0.1, 0.0)],
+            {**CLUSTERS, "north": north},
+            LINKS,
+            1,
+            1,
+        )
+
+
+def test_agrees_with_the_memory_planners_step() -> None:
+    """The planner's pipeline step (scheduler.memory) is the estimate's, from its own stages."""
+    profile = ModelProfile(tuple(Layer(f"l{i}", 3_000_000_000, 1e9, 4e6, 1e6) for i in range(4)))
+    small = [cluster(n, gpus=2, gpu_model="A100") for n in ("a", "b")]
+    links = [link("a", "b", gbps=0.5, rtt_ms=30.0)]
+    got = plan_parallelism(profile, small, links, batch=16)
+    assert len(got.stages) >= 2
+    mb = -(-16 // got.micro_batches)
+    work = [
+        StageWork(
+            st.cluster,
+            st.compute_s,
+            profile.layers[st.layers[1] - 1].activation_bytes * mb
+            if i < len(got.stages) - 1
+            else 0,
+        )
+        for i, st in enumerate(got.stages)
+    ]
+    est = estimate_pipeline(
+        work, {c.name: c for c in small}, {(x.a, x.b): x for x in links}, got.micro_batches, 1
+    )
+    assert est.step_s == pytest.approx(got.step_s, rel=1e-12)
+    assert est.bubble == pytest.approx(got.bubble)
