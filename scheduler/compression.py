@@ -53,10 +53,10 @@ AUTO_SYNCS: tuple[str, ...] = ("every-step", "stale:1", "local-sgd:8", "local-sg
 # Tried as well only on cluster sets whose speeds differ enough that a fast cluster fits a
 # second step into one of the slowest (with equal speeds they only add their quality penalty,
 # so leaving them out there changes no choice and costs no search time) ...
-# `partial:H` is left out of auto until its runtime stops diverging when fast clusters run
-# far ahead (bench/results/modes.md: partial:16 at 1:1:4 climbs to 56 % then falls to 18 %);
-# it stays available when a job names it.
-AUTO_HETERO_SYNCS: tuple[str, ...] = ("async-ps:4",)
+# `partial:H` diverged when fast clusters ran far ahead until each cluster's pseudo-gradient
+# was normalised by its steps per tick (training/sync/partial.py; bench/results/modes.md:
+# partial:16 at 1:1:4 now 65 % IID where it fell to 18 %), so auto may pick it again.
+AUTO_HETERO_SYNCS: tuple[str, ...] = ("partial:16", "async-ps:4")
 # ... and on sets of three or more clusters whose links are uneven (UNEVEN_LINK_RATIO).
 AUTO_SPARSE_SYNCS: tuple[str, ...] = ("gossip:8", "gossip:32")
 

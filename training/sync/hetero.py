@@ -65,3 +65,47 @@ def staleness_weight(staleness: int, bound: int) -> float:
     if staleness <= bound:
         return 1.0
     return (bound + 1.0) / (staleness + 1.0)
+
+
+def gossip_graph(
+    clusters: Sequence[str], links: LinkTable | None, keep: float = 0.5
+) -> dict[str, list[str]]:
+    """The gossip graph from measured links: the bandwidth-ordered ring, plus the chords of an
+    exponential graph over that ring order (each cluster to the ones 2, 4, 8, ... places on)
+    whose link has at least `keep` times the bandwidth of the ring's slowest edge. A round
+    lasts as long as its slowest edge, which the ring already has, so such a chord speeds up
+    mixing (the exponential graph's spectral gap) at no cost in round time; where links are
+    slow or unshaped the degree stays the ring's 2. Symmetric; neighbours in ring order."""
+    ring = bandwidth_ring(clusters, links)
+    n = len(ring)
+    graph: dict[str, list[str]] = {c: ring_neighbours(ring, c) for c in ring}
+    if n < 4 or links is None:
+        return graph
+
+    def bps(a: str, b: str) -> float:
+        link = links.get(a, b)
+        return link.bandwidth_bps if link is not None else 0.0
+
+    floor = min(bps(ring[i], ring[(i + 1) % n]) for i in range(n))
+    hop = 2
+    while hop < n - 1:
+        for i, a in enumerate(ring):
+            b = ring[(i + hop) % n]
+            if b not in graph[a] and b != a and floor > 0 and bps(a, b) >= keep * floor:
+                graph[a].append(b)
+                graph[b].append(a)
+        hop *= 2
+    order = {c: i for i, c in enumerate(ring)}
+    return {c: sorted(ns, key=order.__getitem__) for c, ns in graph.items()}
+
+
+def metropolis_weights(graph: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+    """Mixing weights for a graph of unequal degrees: w_ij = 1 / (1 + max(d_i, d_j)) per
+    edge and the rest on the node itself (Metropolis-Hastings), so the mixing matrix is
+    symmetric and doubly stochastic and gossip converges to the plain mean."""
+    out: dict[str, dict[str, float]] = {}
+    for c, ns in graph.items():
+        w = {n: 1.0 / (1 + max(len(ns), len(graph[n]))) for n in ns}
+        w[c] = 1.0 - sum(w.values())
+        out[c] = w
+    return out
