@@ -9,16 +9,32 @@ import pytest
 CLUSTERS = {"a": 4, "b": 4, "c": 4, "d": 4}
 
 
+def _ensure_session_ray() -> None:
+    """Start the session's Ray unless it is the one running. A controller test in the same
+    process (under xdist a worker mixes folders) replaces it with a Ray sized to its own
+    clusters (controller.launch re-sizes a local Ray), so this is checked before every test."""
+    import ray
+
+    from training.runner import local_resources
+
+    wanted = local_resources(CLUSTERS)
+    if ray.is_initialized():
+        have = ray.cluster_resources()
+        if all(have.get(k) == v for k, v in wanted.items()):
+            return
+        ray.shutdown()
+    ray.init(num_cpus=2, resources=wanted, include_dashboard=False, log_to_driver=False)
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     ray = pytest.importorskip("ray")
-    from training.runner import local_resources
-
-    ray.init(
-        num_cpus=2,
-        resources=local_resources(CLUSTERS),
-        include_dashboard=False,
-        log_to_driver=False,
-    )
+    _ensure_session_ray()
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _session_ray_is_current(request: pytest.FixtureRequest) -> None:
+    if "ray_session" in request.fixturenames:
+        _ensure_session_ray()
