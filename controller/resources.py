@@ -6,11 +6,11 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import String, bindparam, case, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
@@ -35,6 +35,7 @@ from controller.models import (
 from controller.pricing import egress_price_history, price_at
 
 log = logging.getLogger(__name__)
+_L = TypeVar("_L")
 
 
 def audit(
@@ -450,18 +451,25 @@ def declare_link(
     return link
 
 
-def effective_links(links: Sequence[Link]) -> list[Link]:
-    """One link per directed pair: a pinned declared link, else the measured, else the declared."""
-    best: dict[tuple[str, str], Link] = {}
+def winning_links(links: Iterable[_L]) -> list[_L]:
+    """One link per directed pair: a pinned declared link, else the measured, else the declared.
+    Takes ORM links or rows of their columns (the snapshot reads columns on the hot path)."""
+    best: dict[tuple[str, str], _L] = {}
 
-    def rank(link: Link) -> int:
+    def rank(link: Any) -> int:
         return 2 if link.pinned else 1 if link.source == "measured" else 0
 
     for link in links:
-        key = (link.src_cluster_id, link.dst_cluster_id)
+        row: Any = link
+        key = (row.src_cluster_id, row.dst_cluster_id)
         if key not in best or rank(link) > rank(best[key]):
             best[key] = link
-    return sorted(best.values(), key=lambda k: (k.src.name, k.dst.name))
+    return list(best.values())
+
+
+def effective_links(links: Sequence[Link]) -> list[Link]:
+    """`winning_links`, sorted by cluster names."""
+    return sorted(winning_links(links), key=lambda k: (k.src.name, k.dst.name))
 
 
 def gpu_totals(session: Session) -> list[dict[str, Any]]:

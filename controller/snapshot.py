@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
 import scheduler
-from controller import labels, pricing
+from controller import labels, pricing, resources
 from controller.models import (
     Allocation,
     Cluster,
@@ -185,8 +185,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
 
 
 def _effective_links(session: Session) -> list[Any]:
-    """`controller.resources.effective_links` over columns: one link per directed pair (a
-    pinned declared link, else the measured, else the declared), sorted by cluster names."""
+    """`controller.resources.winning_links` over columns, sorted by cluster names."""
     src, dst = aliased(Cluster), aliased(Cluster)
     rows = session.execute(
         select(
@@ -203,16 +202,7 @@ def _effective_links(session: Session) -> list[Any]:
         .join(src, src.id == Link.src_cluster_id)
         .join(dst, dst.id == Link.dst_cluster_id)
     ).all()
-    best: dict[tuple[str, str], Any] = {}
-
-    def rank(link: Any) -> int:
-        return 2 if link.pinned else 1 if link.source == "measured" else 0
-
-    for link in rows:
-        key = (link.src_cluster_id, link.dst_cluster_id)
-        if key not in best or rank(link) > rank(best[key]):
-            best[key] = link
-    return sorted(best.values(), key=lambda k: (k.src_name, k.dst_name))
+    return sorted(resources.winning_links(rows), key=lambda k: (k.src_name, k.dst_name))
 
 
 def step_overhead(session: Session) -> float:
