@@ -61,23 +61,12 @@ def write_batch(
 ) -> tuple[dict[str, Outcome], list[PeerProbe]]:
     """Ingest `bodies` (latest per cluster) in one transaction; each cluster's outcome, and
     the peer table to answer with. A database error propagates: nothing was committed."""
-    outcomes: dict[str, Outcome] = {}
-    changed = False
     with sessions() as session:
         now = db_now(session)
         latest = latest_per_cluster(bodies)
-        # In name order: batches written at once (PostgreSQL) lock their clusters' rows in
-        # one order, so two of them can wait for each other but never deadlock.
-        for cluster in sorted(latest):
-            body = latest[cluster]
-            try:
-                result = resources.ingest_heartbeat(session, body, policy, now)
-            except CpnError as refused:  # raised before the report wrote anything
-                outcomes[cluster] = refused
-                continue
-            outcomes[cluster] = result
-            changed = changed or result.changed_state
+        outcomes = resources.ingest_heartbeats(session, list(latest.values()), policy, now)
         session.commit()
+        changed = any(isinstance(o, HeartbeatResult) and o.changed_state for o in outcomes.values())
         if changed:
             peers.invalidate()
         table, _version = peers.get(session)

@@ -12,7 +12,18 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from sqlalchemy import String, bindparam, case, delete, func, insert, select, update
+from sqlalchemy import (
+    String,
+    bindparam,
+    case,
+    column,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+    values,
+)
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -20,7 +31,7 @@ from sqlalchemy.orm import Session
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat, LinkReport, PeerProbe, check_probe_url
 from controller.clock import db_now
-from controller.errors import Conflict, Invalid, NotFound
+from controller.errors import Conflict, CpnError, Invalid, NotFound
 from controller.labels import check_labels
 from controller.leases import LeasePolicy
 from controller.models import (
@@ -169,7 +180,8 @@ _RENEW = (
     )
     .returning(Cluster.id)
 )
-_GPUS = select(
+_GPUS_OF = select(
+    GpuInventory.cluster_id,
     GpuInventory.id,
     GpuInventory.model,
     GpuInventory.memory_gib,
@@ -178,7 +190,8 @@ _GPUS = select(
     GpuInventory.utilization,
     GpuInventory.in_use,
     GpuInventory.missing,
-).where(GpuInventory.cluster_id == bindparam("b_cluster_id"))
+)
+_GPUS = _GPUS_OF.where(GpuInventory.cluster_id == bindparam("b_cluster_id"))
 # `count` never drops below `in_use`, judged on the row as it is when the UPDATE runs (a
 # reservation may commit between our read and this write): GPUs that jobs hold stay counted.
 _GPU_UPDATE = (
@@ -233,6 +246,88 @@ def ingest_heartbeat(
     if renewed is not None:
         _sync_gpus(session, renewed[0], hb.gpus)
         return HeartbeatResult(hb.cluster, "READY", expires, False)
+    return _ingest_slow(session, hb, now, expires)
+
+
+def ingest_heartbeats(
+    session: Session, beats: Sequence[Heartbeat], policy: LeasePolicy, now: datetime
+) -> dict[str, HeartbeatResult | CpnError]:
+    """Many clusters' reports (one each) in one transaction and a few statements, whatever
+    their number: on PostgreSQL the round trips, not the work, were a batch's price (two a
+    beat). The fast path of `ingest_heartbeat` for all of them at once — one UPDATE over a
+    VALUES list — and one read of their GPU rows; a cluster it misses (a first beat, a state
+    or probe URL change) takes the one-by-one path. A report the domain refuses is its
+    outcome and writes nothing."""
+    expires = policy.expiry(now)
+    outcomes: dict[str, HeartbeatResult | CpnError] = {}
+    valid: dict[str, Heartbeat] = {}
+    for hb in beats:
+        try:
+            check_gpus(hb.gpus)
+        except CpnError as refused:
+            outcomes[hb.cluster] = refused
+        else:
+            valid[hb.cluster] = hb
+    if not valid:
+        return outcomes
+    names = sorted(valid)
+    # Row locks in name order first: two batches written at once (PostgreSQL) may wait for
+    # each other but never deadlock, which one UPDATE's own scan order would not promise.
+    session.execute(
+        select(Cluster.id).where(Cluster.name.in_(names)).order_by(Cluster.name).with_for_update()
+    )
+    given = values(
+        column("name", String),
+        column("probe_url", String),
+        column("agent_version", String),
+        column("discovery", String),
+        name="beat",
+    ).data([(n, valid[n].probe_url, valid[n].agent_version, valid[n].discovery) for n in names])
+    beat = given.cte("beat")
+    renewed = {
+        name: cid
+        for cid, name in session.execute(
+            update(Cluster)
+            .where(
+                Cluster.name == beat.c.name,
+                Cluster.state == "READY",
+                Cluster.probe_url.is_not_distinct_from(beat.c.probe_url),
+            )
+            .values(
+                version=Cluster.version + 1,
+                last_heartbeat_at=now,
+                lease_expires_at=expires,
+                agent_version=beat.c.agent_version,
+                discovery=beat.c.discovery,
+            )
+            .returning(Cluster.id, Cluster.name)
+            .execution_options(synchronize_session=False)
+        )
+    }
+    held: dict[str, list[Any]] = {cid: [] for cid in renewed.values()}
+    if held:
+        rows = session.connection().execute(_GPUS_OF.where(GpuInventory.cluster_id.in_(list(held))))
+        for row in rows:
+            held[row.cluster_id].append(row)
+    for name in names:
+        hb = valid[name]
+        cid = renewed.get(name)
+        try:
+            if cid is not None:
+                _sync_gpus(session, cid, hb.gpus, {r.model: r for r in held[cid]})
+                outcomes[name] = HeartbeatResult(name, "READY", expires, False)
+            else:
+                outcomes[name] = _ingest_slow(session, hb, now, expires)
+        except CpnError as refused:  # raised before this report wrote anything
+            outcomes[name] = refused
+    return outcomes
+
+
+def _ingest_slow(
+    session: Session, hb: Heartbeat, now: datetime, expires: datetime
+) -> HeartbeatResult:
+    """A beat that changes the cluster: its first one, or one after the lease lapsed, or a
+    new probe URL."""
     row = session.execute(
         select(Cluster.id, Cluster.state, Cluster.probe_url).where(Cluster.name == hb.cluster)
     ).first()
@@ -289,7 +384,12 @@ def check_gpus(reported: Sequence[GpuReport]) -> None:
         seen.add(gpu.model)
 
 
-def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport]) -> None:
+def _sync_gpus(
+    session: Session,
+    cluster_id: str,
+    reported: Sequence[GpuReport],
+    existing: dict[str, Any] | None = None,
+) -> None:
     """Write only what changed (usually nothing); `in_use` belongs to the controller and is kept.
 
     A model that vanishes, shrinks or comes back never loses track of the GPUs jobs hold (see
@@ -297,7 +397,8 @@ def _sync_gpus(session: Session, cluster_id: str, reported: Sequence[GpuReport])
     costs one small read.
     """
     conn = session.connection()
-    existing = {r.model: r for r in conn.execute(_GPUS, {"b_cluster_id": cluster_id})}
+    if existing is None:  # else read for a whole batch at once (`ingest_heartbeats`)
+        existing = {r.model: r for r in conn.execute(_GPUS, {"b_cluster_id": cluster_id})}
     for gpu in reported:
         allocatable = min(gpu.allocatable, gpu.count)
         row = existing.pop(gpu.model, None)

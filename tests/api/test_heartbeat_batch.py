@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import anyio
 import httpx
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from agents.protocol import GpuInventory as GpuReport
@@ -206,3 +206,54 @@ def test_beats_of_many_clusters_in_one_batch_all_land(db_url: str, window_s: flo
         assert all(isinstance(r, HeartbeatResult) for r in results)
         assert batcher.batches == 1
         assert _counts(sessions) == {f"c{i}": i + 1 for i in range(50)}
+
+
+def _statements_of_a_batch(sessions: sessionmaker[Session], bodies: list[Heartbeat]) -> int:
+    """How many statements the database ran for one batch of `bodies` (counted on the real
+    engine by SQLAlchemy's cursor event)."""
+    engine = sessions.kw["bind"]
+    seen: list[str] = []
+
+    def count(*args: object) -> None:
+        seen.append(str(args[2]))
+
+    batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        anyio.run(_one_batch, batcher, bodies)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return len(seen)
+
+
+def test_renewing_a_batch_costs_the_same_statements_for_2_or_40_clusters(db_url: str) -> None:
+    """The steady state (READY, inventory unchanged) is a few statements a batch, not a few a
+    beat: on PostgreSQL each statement is a round trip, which was a batch's whole price."""
+    with _sessions(db_url, 40) as sessions:
+        first = [_beat(f"c{i}", 4) for i in range(40)]
+        batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
+        anyio.run(_one_batch, batcher, first)  # first beats: PENDING -> READY, one by one
+        assert set(_states(sessions).values()) == {"READY"}
+        small = _statements_of_a_batch(sessions, first[:2])
+        large = _statements_of_a_batch(sessions, first)
+        assert large == small, (small, large)
+        assert _counts(sessions) == {f"c{i}": 4 for i in range(40)}
+
+
+def test_a_mixed_batch_takes_each_report_its_own_way(db_url: str) -> None:
+    """Renewed unchanged, renewed with a new GPU count, a first beat, a new probe URL and an
+    unknown cluster in one batch: each gets its own outcome and only theirs is stored."""
+    with _sessions(db_url, 4) as sessions:
+        batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
+        anyio.run(_one_batch, batcher, [_beat(f"c{i}", 4) for i in range(3)])  # c3: no beat
+        moved = _beat("c2", 4).model_copy(update={"probe_url": "http://10.0.0.2:7070"})
+        bodies = [_beat("c0", 4), _beat("c1", 6), moved, _beat("c3", 2), _beat("nope", 1)]
+        results = anyio.run(_one_batch, batcher, bodies)
+        assert [type(r).__name__ for r in results] == ["HeartbeatResult"] * 4 + ["NotFound"]
+        changed = {r.cluster: r.changed_state for r in results if isinstance(r, HeartbeatResult)}
+        assert changed == {"c0": False, "c1": False, "c2": True, "c3": True}
+        assert _counts(sessions) == {"c0": 4, "c1": 6, "c2": 4, "c3": 2}
+        assert set(_states(sessions).values()) == {"READY"}
+        with sessions() as session:
+            url = session.scalar(select(Cluster.probe_url).where(Cluster.name == "c2"))
+        assert url == "http://10.0.0.2:7070"
