@@ -206,7 +206,11 @@ def _place_one(
         Slot(world.origins[a.cluster][0], world.origins[a.cluster][1], a.gpus)
         for a in result.placement
     ]
-    placement = plan_of(result, world.snapshot, world.origins, job.qos_class, spec_of(job))
+    # A pipeline placed again keeps its stage count: its stage checkpoints are of that split.
+    earlier = job.placement.parallel.stages if job.placement is not None else ()
+    placement = plan_of(
+        result, world.snapshot, world.origins, job.qos_class, spec_of(job), len(earlier) or None
+    )
     try:
         # The job's only writes, under one savepoint: if the GPUs are gone (or the job can no
         # longer move), neither the reservation nor the state change stays.

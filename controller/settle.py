@@ -2,7 +2,8 @@
 
 `controller.policy` says how the run ended and what to do; this module does it: it records
 the error, counts the failed attempt, ends the run on the books (`lifecycle.end_run`: GPUs
-back, usage metered and priced) and moves the job to the state the decision names.
+back, usage metered and priced) and moves the job to the state the decision names. A
+pipeline that lost a cluster has only the stages there re-placed (`controller.restage`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from controller import failpoints, lifecycle, scrub
+from controller import failpoints, lifecycle, restage, scrub
 from controller.models import Job, JobEvent
 from controller.policy import FAILURES, Decision, StopReason, decide, next_state, stop_of
 from controller.runs import RunHandle
@@ -77,7 +78,18 @@ def settle(
             session.add(JobEvent(job_id=job.id, kind="info", message="workers stopped"))
         if stop is StopReason.PREEMPTED:
             job.preempted_by = None
+        # A pipeline that lost a cluster moves only the stages there (read before its GPUs
+        # go back: the stages that stay keep theirs); anything else is placed again whole.
+        moved = (
+            restage.decide(session, job, handle.stop.detail)
+            if stop is StopReason.CLUSTER_DOWN and handle.stop is not None
+            else None
+        )
         lifecycle.end_run(session, job, handle.ended_at)
+        if moved is not None:
+            restage.apply(session, job, moved, handle.stop.detail if handle.stop else "")
+            failpoints.failpoint("settle.after_usage")
+            return decision
         to = next_state(stop, decision)
         if to is not None:
             detail = handle.stop.detail if handle.stop else ""

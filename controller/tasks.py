@@ -27,6 +27,35 @@ BUILTIN_WORK: dict[str, TaskWork] = {
 }
 
 
+BUILTIN_ACTIVATION_BYTES: dict[str, int] = {
+    # Measured by `measure_activation_bytes` (tests/controller/test_tasks.py re-measures).
+    "builtin:char-transformer": 8192,
+    "builtin:digits-cnn": 4096,
+    "builtin:gpt-stdlib": 65536,
+    "builtin:mnist1d-cnn": 5120,
+    "builtin:mnist1d-mlp": 512,
+    "builtin:wide-mlp": 8192,
+}
+"""Bytes one sample's activations take crossing a pipeline stage boundary: the largest output
+of any piece but the last (wherever the cuts fall, no boundary carries more), for the
+pipeline estimate of a stored plan (`controller.plan.pipeline_estimate`)."""
+
+
+def measure_activation_bytes(entry: str) -> int:
+    """`BUILTIN_ACTIVATION_BYTES` of a task, from its real pieces and one real sample."""
+    import torch
+
+    from training.stages import pieces, profile_pieces
+    from training.tasks import load_task
+
+    task = load_task(entry)
+    torch.manual_seed(0)
+    parts = pieces(task.model())
+    x, _ = task.train  # type: ignore[misc]
+    prof = profile_pieces(parts, x[:1])
+    return max((int(p.activation_bytes) for p in prof[:-1]), default=0)
+
+
 def builtin_work(entry: str) -> TaskWork:
     """The work of a built-in task (measured once, kept in BUILTIN_WORK)."""
     work = BUILTIN_WORK.get(entry)

@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from controller.jobspec import JobSpec, Work, stored_spec
 from controller.launch import pipeline_spec_of, report_of, stage_progress, train_spec_of
-from controller.models import Job, JobEvent, Usage
+from controller.models import Cluster, Job, JobEvent, Usage
+from controller.plan import keep_stages
 from controller.states import JobState
-from tests.controller.world import Net
+from tests.controller.world import Net, progress, report
 from training.pipeline.spec import PipelineReport, StageResult
 from training.results import WanBytes
 
@@ -229,6 +230,180 @@ def test_activation_bytes_are_metered_and_the_job_succeeds(net: Net) -> None:
     assert books.usage_rows >= 3 and books.charged > 0
     succeeded = [e for e in events if e.to_state is JobState.SUCCEEDED]
     assert succeeded and succeeded[0].data["report"]["wan_bytes_total"] == 17500
+
+
+# ---- the stored plan is the pipeline's estimate ------------------------------------------
+
+
+def test_stored_plan_of_a_pipeline_is_priced_as_a_pipeline(net: Net) -> None:
+    """Two stages over the 0.1 Gbit/s, 40 ms link: the link is the bottleneck, so a step is
+    (M + S - 1) link times of one micro-batch's activations (`scheduler.pipeline_cost`), and
+    the WAN carries M activations and M gradients a step, not the data-parallel all-reduce;
+    the price is the stages' GPU-hours plus that egress."""
+    job = _placed(net, _spec("priced", parallelism="pipeline", pipeline={"micro_batches": 8}))
+    plan = job.placement
+    assert plan is not None and plan.parallel.mode == "pipeline"
+    micro_bytes = 8192 * 64 / 8  # char-transformer: 8 KiB a sample crosses; batch 64 in 8
+    link_s = 40e-3 / 2 + micro_bytes * 8 / 0.1e9
+    assert plan.estimate.step_time_s == pytest.approx((8 + 2 - 1) * link_s)
+    assert plan.estimate.total_time_s == pytest.approx(20 * plan.estimate.step_time_s)
+    assert plan.estimate.wan_bytes == round(2 * 8 * micro_bytes * 20)
+    assert plan.price is not None and plan.estimate.cost == pytest.approx(plan.price.total)
+    gpu_cost = 2 * 2.5 * plan.estimate.total_time_s / 3600
+    egress = plan.estimate.wan_bytes / 1e9 * 0.01
+    assert plan.price.total == pytest.approx(gpu_cost + egress, rel=1e-4)
+    assert sorted((e.src, e.dst) for e in plan.price.egress) == [
+        ("east", "west"),
+        ("west", "east"),
+    ]
+    assert any(line.startswith("priced as a pipeline of 2 stages") for line in plan.explanation)
+
+
+# ---- a DOWN cluster's stages are re-placed --------------------------------------------------
+
+BIG = Work(params=10**10, flops_per_step=1e12)
+"""160 GB of parameters, gradients and Adam state: no A100 holds it, a quarter fits one."""
+
+
+def _running_pipeline(net: Net) -> tuple[Job, Any]:
+    tenant = net.tenant("acme")
+    job_id = net.submit(tenant, _spec("big", gpus=4, parallelism="pipeline", work=BIG))
+    assert net.place() == [job_id]
+    run = net.start(job_id)
+    run.on_progress(progress(8, run.clusters, total_steps=20))
+    net.launcher.tick()
+    return net.job(job_id), run
+
+
+def test_a_down_clusters_stages_move_and_the_pipeline_relaunches(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Four stages on east and west (two GPUs each); west goes DOWN. Only west's stages move,
+    to south (the one cluster left with GPUs their memory fits: north's L4s hold 21.6 GB, a
+    stage needs 40), east's stay on their GPUs; the job goes RESCHEDULING, naming each move,
+    then SCHEDULED on the new stages with their GPUs reserved and west's released, and the
+    relaunch runs the same four stages (same split: the stage checkpoints resume)."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("east", gpus=2)
+        net.cluster("west", gpus=2)
+        net.cluster("south", gpus=2, price="9.0")  # dearer: not chosen at first
+        net.link("east", "west")
+        for a, b in [("east", "south"), ("west", "south")]:
+            net.link(a, b, gbps=1.0)  # slower: the first plan takes east and west
+        job, run = _running_pipeline(net)
+        net.cluster("north", gpus=4, model="L4", price="0.5")  # cheap, free, too small
+        net.link("west", "north")
+        assert job.placement is not None
+        before = [s.cluster for s in job.placement.parallel.stages]
+        assert sorted(before) == ["east", "east", "west", "west"]
+        assert net.lose("west") == [("west", "READY", "DOWN")]
+        net.launcher.tick()
+        moved = net.finish(run, report=report(8, run.clusters, stopped=True))
+        assert moved.state is JobState.SCHEDULED and moved.owner == "replica-a"
+        assert net.states(job.id)[-3:] == [
+            JobState.RUNNING,
+            JobState.RESCHEDULING,
+            JobState.SCHEDULED,
+        ]
+        assert moved.placement is not None
+        after = [s.cluster for s in moved.placement.parallel.stages]
+        assert after == ["south" if c == "west" else c for c in before]
+        why = [m for m in net.messages(job.id) if m.startswith("cluster west is DOWN")]
+        moves = [f"stage {i}: west -> south" for i, c in enumerate(before) if c == "west"]
+        assert why and all(m in why[0] for m in moves) and "checkpoint" in why[0]
+        assert net.held(job.id) == {"east": 2, "south": 2}
+        assert net.books().in_use == {"east": 2, "west": 0, "south": 2, "north": 0}
+        assert {s.cluster: s.gpus for s in moved.placement.clusters} == {"east": 2, "south": 2}
+        assert moved.placement.price is not None
+        assert {g.cluster for g in moved.placement.price.gpu} == {"east", "south"}
+        # the relaunch: the same stages on their new clusters, resuming from the checkpoints
+        stage_run = _pipeline_of(net, moved)
+        assert stage_run.placement.stage_clusters == tuple(after)
+        assert stage_run.train.resume and stage_run.train.clusters == {"east": 2, "south": 2}
+        relaunched = net.start(job.id)
+        assert net.job(job.id).state is JobState.RUNNING and relaunched.fence == run.fence + 1
+    finally:
+        net.close()
+
+
+def test_a_stage_that_fits_nowhere_queues_the_pipeline(db_url: str, tmp_path: Path) -> None:
+    """West goes DOWN and only north's L4s are free: a stage's 40 GB fits none of them, so
+    the job waits in the queue (PENDING, saying why) with all its GPUs given back."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("east", gpus=2)
+        net.cluster("west", gpus=2)
+        net.link("east", "west")
+        job, run = _running_pipeline(net)
+        net.cluster("north", gpus=4, model="L4")
+        net.link("east", "north")
+        net.lose("west")
+        net.launcher.tick()
+        queued = net.finish(run, report=report(8, run.clusters, stopped=True))
+        assert queued.state is JobState.PENDING
+        assert "fits no cluster left after west went down" in queued.reason
+        assert net.held(job.id) == {}
+        assert net.books().in_use == {"east": 0, "west": 0, "north": 0}
+    finally:
+        net.close()
+
+
+# ---- a hybrid placed again keeps its stages ------------------------------------------------
+
+
+def test_keep_stages_puts_several_stages_on_a_cluster() -> None:
+    assert keep_stages({"n": 4}, 2) == keep_stages({"n": 4}, 2)
+    one = keep_stages({"n": 4}, 2)
+    assert one is not None and (one.stage_clusters, one.replicas) == (("n", "n"), 2)
+    odd = keep_stages({"a": 3, "b": 1}, 2)  # no equal width 2 over 3 + 1: one GPU a stage
+    assert odd is not None and (odd.stage_clusters, odd.replicas) == (("a", "a"), 1)
+    wide = keep_stages({"a": 2, "b": 4}, 3)
+    assert wide is not None and (wide.stage_clusters, wide.replicas) == (("a", "b", "b"), 2)
+    assert keep_stages({"a": 1}, 2) is None
+
+
+def test_a_hybrid_replanned_onto_one_cluster_keeps_its_stage_count(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A hybrid of two stages (one a cluster, two replicas each) fails an attempt and is
+    placed again where only north's four GPUs are free. One stage a cluster would make it a
+    single stage, whose run refuses the two-stage checkpoints ("stages: ... resume with the
+    same number of stages"); it keeps two stages of two replicas, both on north."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("east", gpus=2)
+        net.cluster("west", gpus=2)
+        net.cluster("north", gpus=4, price="9.0")
+        for a, b in [("east", "west"), ("east", "north"), ("west", "north")]:
+            net.link(a, b)
+        tenant = net.tenant("acme")
+        job_id = net.submit(tenant, _spec("hyb", gpus=4, parallelism="hybrid"))
+        assert net.place() == [job_id]
+        first = net.job(job_id).placement
+        assert first is not None and sorted(s.cluster for s in first.parallel.stages) == [
+            "east",
+            "west",
+        ]
+        run = net.start(job_id)
+        failed = net.finish(run, error=RuntimeError("a stage actor died"))
+        assert failed.state is JobState.RESCHEDULING
+        with net.sessions() as s, s.begin():  # east and west take no new work now
+            s.execute(update(Cluster).where(Cluster.name != "north").values(cordoned=True))
+        assert net.place() == [job_id]
+        again = net.job(job_id)
+        assert again.state is JobState.SCHEDULED and net.held(job_id) == {"north": 4}
+        assert again.placement is not None
+        par = again.placement.parallel
+        assert par.mode == "hybrid" and [(s.cluster, s.replicas) for s in par.stages] == [
+            ("north", 2),
+            ("north", 2),
+        ]
+        assert "keeps its 2 stages" in par.reason
+        stage_run = _pipeline_of(net, again)
+        assert stage_run.placement.stages == 2 and stage_run.placement.replicas == 2
+    finally:
+        net.close()
 
 
 # ---- cpn plan ------------------------------------------------------------------------------

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from controller.tasks import BUILTIN_WORK, check_task, measure_work
+from controller.tasks import (
+    BUILTIN_ACTIVATION_BYTES,
+    BUILTIN_WORK,
+    check_task,
+    measure_activation_bytes,
+    measure_work,
+)
 
 
 @pytest.mark.parametrize("entry", sorted(BUILTIN_WORK))
@@ -27,3 +33,9 @@ def test_check_task_names_the_fix() -> None:
         check_task("pkg..mod:main")
     with pytest.raises(ValueError, match="dunder"):
         check_task("pkg.mod:__import__")
+
+
+@pytest.mark.parametrize("entry", sorted(BUILTIN_ACTIVATION_BYTES))
+def test_builtin_activation_table_matches_measurement(entry: str) -> None:
+    assert measure_activation_bytes(entry) == BUILTIN_ACTIVATION_BYTES[entry]
+    assert set(BUILTIN_ACTIVATION_BYTES) == set(BUILTIN_WORK)
