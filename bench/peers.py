@@ -273,17 +273,23 @@ def _train_loop(
     xe: Any,
     ye: Any,
     after_step: Any = None,
+    until: Any = None,
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
     """Inner steps on this rank's shard of each global batch (the DC's gradient is the mean
-    over its workers by DDP); rank 0 evaluates every `eval_every` steps."""
+    over its workers by DDP); rank 0 evaluates every `eval_every` steps and at the end.
+    The run ends after `max_steps` (default `a.steps`) or once `until(step)` holds (hivemind:
+    the collaboration reached its last epoch); every rank of a group must decide alike."""
     from training.data import batch_indices, shard
 
     rank = a.group * a.group_world + a.group_rank
     world = a.groups * a.group_world
     history: list[dict[str, float]] = []
     compute = 0.0
+    n = a.steps if max_steps is None else max_steps
+    step = -1
     start = time.perf_counter()
-    for step in range(a.steps):
+    for step in range(n):
         t0 = time.perf_counter()
         mine = shard(batch_indices(len(x), task.batch_size, a.seed, step), rank, world)
         opt.zero_grad()
@@ -292,7 +298,8 @@ def _train_loop(
         compute += time.perf_counter() - t0
         if after_step is not None:
             after_step(step)
-        if rank == 0 and ((step + 1) % a.eval_every == 0 or step + 1 == a.steps):
+        last = step + 1 == n or (until is not None and until(step))
+        if rank == 0 and ((step + 1) % a.eval_every == 0 or last):
             history.append(
                 {
                     "wall_s": time.perf_counter() - start,
@@ -300,7 +307,9 @@ def _train_loop(
                     "accuracy": _evaluate(model, xe, ye),
                 }
             )
-    return {"start": start, "compute_s": compute, "history": history}
+        if last:
+            break
+    return {"start": start, "compute_s": compute, "history": history, "steps": step + 1}
 
 
 def torchft_worker(a: argparse.Namespace) -> None:
@@ -392,6 +401,42 @@ def _fragments(params: list[Any], n: int) -> list[Any]:
     return mods
 
 
+def hivemind_averaging_timeout(
+    params: int, mbit: float | None, peers: int, matchmaking: float
+) -> float:
+    """How long one hivemind averaging round may wait: matchmaking, then 4x the butterfly
+    all-reduce of the fp32 model at the uplink rate (each peer sends and receives 2(n-1)/n of
+    it), plus 30 s for a loaded host. A peer left out of a group (a straggler, or the last one
+    while the others have finished) retries matchmaking alone until this runs out, so it
+    bounds the stall; it was the whole run's timeout (900 s), which left datacenter a's peer
+    waiting for partners that had already exited."""
+    if mbit is None:
+        return 60.0  # hivemind's default
+    exchange = 2 * (peers - 1) / peers * 4 * params * 8 / (mbit * 1e6)
+    return matchmaking + 4 * exchange + 30.0
+
+
+def hivemind_finished(epoch: int, period: int, steps: int) -> bool:
+    """A hivemind run ends when its collaboration reached the epoch that `steps` global
+    batches make (one epoch = `period` global batches): every peer stops after the same
+    averaging round, whatever its own step count (a slow peer, e.g. the one that evaluates,
+    makes fewer local steps), instead of the fast ones exiting and leaving the slow one to
+    trigger a last round nobody joins."""
+    return epoch >= steps // period
+
+
+def _finish_together(path: Path, me: int, n: int, timeout: float) -> bool:
+    """Keep this peer's DHT and averager up until every peer is done (a straggler may still
+    download state or average with it), at most `timeout`; False if someone never came."""
+    (path / f"done-{me}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(path.glob("done-*"))) < n:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def hivemind_worker(a: argparse.Namespace) -> None:
     """One worker; the datacenter's rank 0 is its hivemind peer, rank 1 follows it."""
     import hivemind
@@ -407,6 +452,8 @@ def hivemind_worker(a: argparse.Namespace) -> None:
     inner = task.optimizer.build(ddp.parameters())
     opt: Any = inner
     dht = None
+    params = sum(q.numel() for q in model.parameters() if q.requires_grad)
+    averaging_timeout = hivemind_averaging_timeout(params, a.mbit, a.groups, a.matchmaking)
     if lead:
         port = a.store_port
         kw: dict[str, Any] = {
@@ -434,7 +481,9 @@ def hivemind_worker(a: argparse.Namespace) -> None:
             target_batch_size=task.batch_size * a.period,
             use_local_updates=True,
             matchmaking_time=a.matchmaking,
-            averaging_timeout=a.timeout,
+            averaging_timeout=averaging_timeout,
+            # hivemind warns that a request_timeout (3 s) above min_matchmaking_time can deadlock
+            averager_opts={"request_timeout": min(3.0, a.matchmaking / 2)},
             verbose=False,
         )
     flag = torch.zeros(1)
@@ -453,12 +502,32 @@ def hivemind_worker(a: argparse.Namespace) -> None:
     if lead:
         _barrier_files(rundir, a.group, a.groups)
     dist.barrier()
-    res = _train_loop(a, task, model, ddp, opt, x, y, xe, ye, after_step=follow)
+    res = _train_loop(
+        a,
+        task,
+        model,
+        ddp,
+        opt,
+        x,
+        y,
+        xe,
+        ye,
+        after_step=follow,
+        until=lambda step: hivemind_finished(last[0], a.period, a.steps),
+        max_steps=2 * a.steps,  # bound: a collaboration that stops advancing still ends
+    )
+    if lead:  # the last round averages in the background: apply it before the last eval
+        opt.state_averager.step(wait_for_delayed_updates=True, apply_delayed_updates=True)
+        if res["history"]:
+            res["history"][-1]["accuracy"] = _evaluate(model, xe, ye)
+            res["history"][-1]["wall_s"] = time.perf_counter() - res["start"]
     dist.barrier()
     wall = time.perf_counter() - res["start"]
     expected = a.steps // a.period
-    _write_out(a, wall, res, outer_syncs=[last[0], expected])
+    _write_out(a, wall, res, outer_syncs=[last[0], expected], local_steps=res["steps"])
     if lead:
+        if not _finish_together(rundir, a.group, a.groups, 2 * averaging_timeout + 30):
+            print("hivemind: some peer never finished; shutting down anyway", file=sys.stderr)
         opt.shutdown()
         assert dht is not None
         dht.shutdown()
@@ -582,6 +651,7 @@ def _group_argv(
             argv += [str(setup.outer_momentum), "--timeout", str(setup.timeout_s)]
             argv += ["--matchmaking", str(setup.matchmaking_s), "--rundir", str(rundir)]
             argv += ["--nesterov" if setup.nesterov else "--no-nesterov"]
+            argv += ["--mbit", str(min(d["mbit"] for d in bed.datacenters))]
             argvs.append(argv)
     return argvs
 
@@ -663,6 +733,7 @@ def run_peer(bed: Any, setup: Setup, peer: Peer, steps: int) -> dict[str, Any]:
         "uplink_bytes": up,
         "uplink_bytes_total": sum(up.values()),
         "outer_syncs": rep.get("outer_syncs"),
+        "local_steps": rep.get("local_steps"),  # hivemind: group 0's own steps
         "auto_decisions": rep.get("auto_decisions"),
     }
 
@@ -823,6 +894,7 @@ def _worker_args(w: argparse.ArgumentParser) -> None:
     w.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=True)
     w.add_argument("--timeout", type=float, default=600.0)
     w.add_argument("--matchmaking", type=float, default=2.0)
+    w.add_argument("--mbit", type=float, default=None, help="uplink rate (hivemind's timeout)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,6 +63,24 @@ MODES = [
 # ----------------------------------------------------------------------------- DDP worker
 
 
+def ddp_bucket_cap_mb(hook: str, model: Any) -> float | None:
+    """DDP's bucket size for `hook` (None: DDP's default): PowerSGD gets one bucket.
+
+    torch's `powerSGD_hook` issues a bucket's P and Q all-reduces from future callbacks (gloo's
+    threads) while the training thread issues the next bucket's first all-reduce. DDP rebuilds
+    its buckets after the first step (1 MiB first bucket, then 25 MiB ones), and from then on
+    the order of those collectives on the shared gloo group differs between ranks: gloo pairs
+    them by issue order and aborts with a collective mismatch (`op.preamble.length <=
+    op.nbytes`) once PowerSGD takes over from the exact warm-up all-reduces. With one bucket
+    every step's collectives form a single chain. The cost is the overlap of the exchange with
+    backward, small where the exchange is many times the compute (the regime measured here).
+    """
+    if not hook.startswith("powersgd:"):
+        return None
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return nbytes / 2**20 + 1.0
+
+
 def ddp_worker(a: argparse.Namespace) -> None:
     """One DDP rank (runs inside its datacenter's namespace)."""
     import torch
@@ -95,7 +113,7 @@ def ddp_worker(a: argparse.Namespace) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://{a.master}:{a.port}", rank=a.rank, world_size=a.world
     )
-    ddp = DDP(model)
+    ddp = DDP(model, bucket_cap_mb=ddp_bucket_cap_mb(a.hook, model))
     if a.hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

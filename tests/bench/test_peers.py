@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from bench.peers import extrapolate, hidden_ratio, regime, steps_to, table, time_to
+from bench.peers import (
+    extrapolate,
+    hidden_ratio,
+    hivemind_averaging_timeout,
+    hivemind_finished,
+    regime,
+    steps_to,
+    table,
+    time_to,
+)
+from bench.wan import ddp_bucket_cap_mb
 
 HISTORY = [
     {"step": 10, "wall_s": 1.0, "accuracy": 0.2},
@@ -71,3 +81,32 @@ def test_table_marks_extrapolated_failed_and_dropped_syncs() -> None:
     assert cpn[8] == "20.0x"  # time vs (a)
     assert cpn[9] == "2.0x"  # time vs best torchft
     assert "FAILED: boom" in lines["(d) hivemind"]
+
+
+def test_hivemind_round_wait_is_bounded_by_the_link_not_the_run() -> None:
+    # 1 M parameters, 3 peers: each sends 2*2/3 of 32 Mbit = 21.3 Mbit; at 25 Mbit/s 0.853 s
+    assert hivemind_averaging_timeout(1_000_000, 25.0, 3, 2.0) == pytest.approx(
+        2.0 + 4 * 2 * 2 / 3 * 32 / 25 + 30.0
+    )
+    # a slower link waits longer; unknown rate: hivemind's own default
+    assert hivemind_averaging_timeout(1_000_000, 5.0, 3, 2.0) > hivemind_averaging_timeout(
+        1_000_000, 25.0, 3, 2.0
+    )
+    assert hivemind_averaging_timeout(1_000_000, None, 3, 2.0) == 60.0
+
+
+def test_hivemind_run_ends_at_the_epoch_of_the_run_not_a_peers_step_count() -> None:
+    # 320 steps at H=32: the collaboration's 10th epoch ends every peer's run
+    assert not hivemind_finished(9, 32, 320)
+    assert hivemind_finished(10, 32, 320)
+    assert hivemind_finished(11, 32, 320)
+
+
+def test_powersgd_gets_one_bucket_other_hooks_ddp_default() -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 512))
+    nbytes = sum(p.numel() * 4 for p in model.parameters())
+    cap = ddp_bucket_cap_mb("powersgd:4", model)
+    assert cap is not None and cap * 2**20 > nbytes  # every gradient fits one bucket
+    assert ddp_bucket_cap_mb("none", model) is None
+    assert ddp_bucket_cap_mb("fp16", model) is None
