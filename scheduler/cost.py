@@ -28,8 +28,10 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   stale:s (s >= 1): max(local step, O + T_w,bandwidth, (O + T_w)/(s+1)) — up to s exchanges in
   flight hide latency but not bandwidth; stale:0 is every-step.
 - gossip:P (`neighbours`): every P steps each cluster sends the payload n' to its neighbours
-  on the bandwidth-ordered ring, all at once: max over ring edges of a_e + n'/B_e, bytes
-  D x degree x n'; otherwise local SGD of period P.
+  in the runtime's gossip graph (`grammar.graph.gossip_graph`: the bandwidth-ordered ring
+  plus exponential-graph chords as fast as its slowest edge), all at once: max over the
+  graph's directed edges of a_e + n'/B_e, bytes (sum of degrees) x n'; otherwise local SGD
+  of period P.
 - total time: steps x steps_factor(compressor) x steps_factor(sync) x step time.
 - money: sum_c g_c x price_c(QoS class) x total hours + WAN GB per directed ring edge x that
   link's egress price.
@@ -41,6 +43,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from grammar.graph import bandwidth_ring, gossip_graph
 from scheduler.calibrate import POOLED
 from scheduler.compression import (
     SPEED_BOUND,
@@ -252,9 +255,23 @@ class CostModel:
         self._wan_cache[key] = terms
         return terms
 
+    def gossip_graph(self, names: tuple[str, ...]) -> dict[str, list[str]]:
+        """The graph a gossip run over `names` exchanges on: the runtime's own
+        (`grammar.graph.gossip_graph`) from the links' bandwidth, the slower direction of a
+        pair counting (a round waits for its slowest message)."""
+        return gossip_graph(names, self._pair_gbps)
+
+    def _pair_gbps(self, a: str, b: str) -> float:
+        there, back = self.snapshot.link(a, b), self.snapshot.link(b, a)
+        if there is None or back is None:
+            return 0.0
+        return min(there.bandwidth_gbps, back.bandwidth_gbps)
+
     def gossip_wan(self, names: tuple[str, ...], compression: str) -> WanTerms:
-        """One gossip round: every cluster sends the whole payload to its neighbours on the
-        dense-best ring at once; the round lasts as long as the slowest ring edge."""
+        """One gossip round on `gossip_graph`: every cluster sends the whole payload to each
+        of its neighbours at once, so the round lasts as long as the slowest directed edge of
+        the graph and moves payload x (sum of the degrees) bytes, growing with the degree,
+        not with the cluster count."""
         if len(names) < 2:
             return NO_WAN
         key = (names, compression)
@@ -263,11 +280,8 @@ class CostModel:
             return hit
         cm = self.compressor(compression)
         payload = self.nbytes * cm.ratio
-        ring = self._rings(names)[0]
-        edges = list(zip(ring, ring[1:] + ring[:1], strict=True))
-        if len(names) == 2:
-            edges = edges[:1]
-        directed = [*edges, *((b, a) for a, b in edges)]
+        graph = self.gossip_graph(names)
+        directed = [(a, b) for a, ns in graph.items() for b in ns]
         cost = self._edge_costs(names, payload)
         worst = max(directed, key=lambda e: (cost[e][0], e))
         link = self.snapshot.link(*worst)
@@ -280,7 +294,7 @@ class CostModel:
             ),
             bytes=len(directed) * payload,
             egress_cost=sum(payload / 1e9 * cost[e][1] for e in directed),
-            ring=ring,
+            ring=tuple(bandwidth_ring(names, self._pair_gbps)),
             bottleneck=worst,
         )
         self._gossip_cache[key] = terms

@@ -145,6 +145,9 @@ class TrainSpec:
     data: str = "shared"
     """"shared": every cluster draws from the whole training set; "local": each cluster reads
     only its own part (`Task.cluster_data`), so no sample leaves its cluster."""
+    regions: dict[str, str] = field(default_factory=dict)
+    """{cluster: region} for every cluster, or empty (one region). `async-ps` runs one
+    parameter server per region under a global one when the clusters span two or more."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the fix."""
@@ -185,6 +188,13 @@ class TrainSpec:
                 raise ValueError(f"slowdown: cluster {name!r} is not one of the job's clusters")
             if not (math.isfinite(factor) and factor >= 1.0):
                 raise ValueError(f"slowdown: {name}:{factor} needs a factor >= 1, e.g. {name}:4")
+        if self.regions and set(self.regions) != set(self.clusters):
+            missing = sorted(set(self.clusters) - set(self.regions))
+            extra = sorted(set(self.regions) - set(self.clusters))
+            raise ValueError(
+                f"regions: name the region of every cluster and no other (missing {missing}, "
+                f"not the job's {extra}), e.g. {{'a': 'eu', 'b': 'us'}}"
+            )
         if self.speed_bound < 1:
             raise ValueError("speed_bound: must be >= 1, e.g. 4")
         if self.data not in DATA_MODES:

@@ -13,13 +13,14 @@ typically 3 versions old, so S >= 3 keeps equal clusters at full weight.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 
 import pytest
 
 import training
-from training import TrainSpec
+from training import LinkSpec, TrainSpec
 from training.runner import WorkerPool
 from training.wan import ring_edges
 
@@ -38,11 +39,11 @@ def pool() -> Iterator[WorkerPool]:
 
 
 def _run(pool: WorkerPool, sync: str, steps: int, **kw: object) -> training.TrainReport:
+    kw.setdefault("compression", "int8")
     spec = TrainSpec(
         task=MLP,
         clusters=dict(CLUSTERS),
         sync=sync,
-        compression="int8",
         steps=steps,
         eval_every=steps,
         **kw,  # type: ignore[arg-type]
@@ -71,6 +72,64 @@ def test_modes_converge_near_every_step_at_equal_samples(pool: WorkerPool) -> No
     used = {edge for edge, n in gossip.wan_bytes.items() if n > 0}
     assert used <= ring | {(b, a) for a, b in ring}
     assert not used & {("a", "c"), ("c", "a"), ("b", "d"), ("d", "b")}
+
+
+def test_gossip_on_a_graph_that_is_not_a_ring_sends_each_clusters_degree(
+    pool: WorkerPool,
+) -> None:
+    # the ring a-b-c-d and the chord a-c fast, b-d slow: the planner's graph
+    # (`gossip_graph`) keeps the chord, so a and c have degree 3 and b and d degree 2
+    fast, slow = 1000.0, 10.0
+    links = [
+        LinkSpec(a, b, slow if {a, b} == {"b", "d"} else fast, 1.0)
+        for a, b in itertools.combinations(CLUSTERS, 2)
+    ]
+    steps = 32  # the band of the test above
+    report = _run(pool, "gossip:2", steps, links=links, compression="none")
+    stats = report.sync_stats
+    degrees = {c: stats[f"degree.{c}"] for c in CLUSTERS}
+    assert degrees == {"a": 3, "b": 2, "c": 3, "d": 2}
+    assert stats["edges"] == 5 and stats["rounds"] == steps // 2 - 1
+    for c in CLUSTERS:  # each cluster sends its own degree a round, not the ring's 2
+        assert stats[f"messages_per_round.{c}"] == degrees[c], (c, stats)
+    used = {frozenset(edge) for edge, n in report.wan_bytes.items() if n > 0}
+    assert frozenset(("a", "c")) in used and frozenset(("b", "d")) not in used
+    assert report.final_loss <= math.log(10) - 0.2  # Metropolis mixing still trains
+
+
+def test_async_ps_across_two_regions_is_hierarchical_and_crosses_less(pool: WorkerPool) -> None:
+    # regions eu = {a, b} and us = {c, d}: fast links inside a region, slower between. Flat,
+    # c and d push to and pull from the one server (at a) every step; hierarchical (HALoS),
+    # they push to us's server at c, which exchanges with the global one at a about once a
+    # step of the slowest. Same band as the convergence test above.
+    regions = {"a": "eu", "b": "eu", "c": "us", "d": "us"}
+    links = [
+        LinkSpec(a, b, 1000.0 if regions[a] == regions[b] else 100.0, 1.0)
+        for a, b in itertools.combinations(CLUSTERS, 2)
+    ]
+    steps = 32
+    kw: dict[str, object] = {"links": links, "compression": "none", "speed_bound": 1}
+    base = _run(pool, "every-step", steps)
+    flat = _run(pool, "async-ps:4", steps, **kw)
+    tiered = _run(pool, "async-ps:4", steps, regions=regions, **kw)
+    stats = tiered.sync_stats
+    assert stats["regions"] == 2 and "regions" not in flat.sync_stats
+    assert stats["global_host"] == 0 and stats["host"] == 0  # a hosts eu's and the global
+    assert stats["region_exchanges"] >= 2  # both regions exchanged at least at the end
+    for report in (flat, tiered):
+        assert report.steps_by_cluster == dict.fromkeys(CLUSTERS, steps)
+        assert report.final_loss <= 1.25 * base.final_loss + 0.05, (report, base)
+        assert report.final_loss <= math.log(10) - 0.2
+
+    def crossing(report: training.TrainReport) -> int:
+        return sum(n for (a, b), n in report.wan_bytes.items() if regions[a] != regions[b])
+
+    # flat: c and d each push and pull across every step (~4 x 32 messages); tiered: one
+    # push and one pull of us's server per exchange (about 2 x 32)
+    assert 0 < crossing(tiered) < 0.75 * crossing(flat), (tiered.wan_bytes, flat.wan_bytes)
+    # the region exchanges run between the two servers' hosts (us's at c, the global at a);
+    # d's pushes go to c, so almost nothing of d's crosses (the final model only)
+    assert tiered.wan_bytes[("d", "a")] < flat.wan_bytes[("d", "a")] / 4
 
 
 @pytest.mark.parametrize("sync", ["partial:4", "async-ps:2"])

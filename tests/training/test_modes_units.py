@@ -18,6 +18,8 @@ from training.sync.async_ps import ParameterServer
 from training.sync.hetero import (
     bandwidth_ring,
     ps_host,
+    region_groups,
+    region_hosts,
     ring_neighbours,
     staleness_weight,
     steps_per_tick,
@@ -165,3 +167,20 @@ def test_registry_builds_the_new_modes() -> None:
         assert isinstance(strategy, cls)
         assert strategy.exchanges_gradients is False
         assert strategy.local_steps(0) == 1
+
+
+def test_regions_group_clusters_and_place_a_server_per_region_and_a_global_one() -> None:
+    links = LinkTable.build(
+        [LinkSpec("a", "b", 1000, 1), LinkSpec("b", "e", 1000, 1), LinkSpec("c", "d", 1000, 1)],
+        mbps=10,
+        rtt_ms=1,
+    )
+    regions = {"a": "eu", "b": "eu", "c": "us", "d": "us", "e": "eu"}
+    groups = region_groups(["a", "b", "c", "d", "e"], regions)
+    assert groups == {"eu": ["a", "b", "e"], "us": ["c", "d"]}
+    assert region_groups(["a", "b"], {}) == {"": ["a", "b"]}  # no regions: flat
+    # b has the most bandwidth inside eu; us's tie goes to c; the global server at b (tie)
+    assert region_hosts(groups, links) == ("b", {"eu": "b", "us": "c"})
+    TrainSpec(clusters={"a": 1, "b": 1}, regions={"a": "eu", "b": "us"}).validate()
+    with pytest.raises(ValueError, match="regions: name the region of every cluster"):
+        TrainSpec(clusters={"a": 1, "b": 1}, regions={"a": "eu"}).validate()

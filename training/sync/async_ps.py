@@ -13,6 +13,22 @@ share, and an update more than S versions stale is down-weighted by (S + 1) / (s
 not dropped (`staleness_weight`: a slow cluster's updates are always the stalest; dropping
 them would throw its data away). After the last step the leaders meet once and all pull the
 final parameters exactly (uncompressed, once), so one model comes out.
+
+When the clusters span two or more regions (`TrainSpec.regions`) the server is hierarchical,
+as in HALoS: one `RegionalServer` per region (at the member with the most bandwidth to its
+region, `region_hosts`) takes its clusters' pushes exactly as above, each weighted by its
+share of the region's batch, and a global `ParameterServer` (at the regional host with the
+most bandwidth to the others) merges the regions' models, each weighted by the region's
+share of the batch. A regional server sends its progress since its last exchange (compressed,
+error feedback kept per region) after every `len(region)` pushes of its clusters (about once a
+step of the slowest), without waiting: the exchange is in flight while its clusters keep
+pushing, and the reply is merged at the first push after it arrived (and after the link's
+emulated transfer time), keeping the progress made meanwhile. So per step of the slowest one
+push and one pull cross between regions per region, not per cluster. Staleness rules at both
+levels are the same: a push (of a cluster to its region, or of a region to the global server)
+more than S versions of its server stale is down-weighted by (S + 1) / (staleness + 1), never
+dropped. Within one region the server stays flat. After the last step each region sends its
+last progress and every cluster takes the global server's parameters.
 """
 
 from __future__ import annotations
@@ -34,7 +50,13 @@ from training.compression import Compressor, make_compressor
 from training.exchange import Piece, decode, encode, param_pieces
 from training.results import ExchangeCounters, WanBytes
 from training.sync.base import Scope, SyncContext, SyncStrategy, count_leaders_sends
-from training.sync.hetero import ps_host, staleness_weight, steps_per_tick
+from training.sync.hetero import (
+    region_groups,
+    region_hosts,
+    staleness_weight,
+    steps_per_tick,
+)
+from training.wan import Link
 
 
 class ParameterServer:
@@ -108,6 +130,125 @@ class ParameterServer:
         return self.version, self.stale_updates, self.max_staleness
 
 
+class RegionalServer(ParameterServer):
+    """One region's server under the global one (see the module docstring): a
+    `ParameterServer` for the region's clusters that exchanges its progress with the global
+    server asynchronously (one exchange in flight at a time). Run as a Ray actor."""
+
+    def __init__(
+        self,
+        params: torch.Tensor,
+        shares: dict[str, float],
+        staleness: int,
+        pieces: list[Piece],
+        *,
+        region: str,
+        host: str,
+        global_host: str,
+        global_server: Any,
+        compression: str,
+        link: Link | None,
+    ) -> None:
+        super().__init__(params, shares, staleness, pieces)
+        self.region, self.host, self.global_host = region, host, global_host
+        self.global_server = global_server
+        self.compression = compression
+        self.link = link  # regional host to global host (None: unshaped or the same)
+        self.period = max(1, len(shares))  # about one exchange per step of the slowest
+        self.anchor = params.clone()  # the global parameters as this region last pulled them
+        self.global_version = 0
+        self.global_slowest = 0.0
+        self.up = make_compressor(compression)
+        self.pending: Any = None  # the global push in flight
+        self.sent_params = params.clone()  # this region's parameters when it was sent
+        self.sent_version = 0  # this server's version then
+        self.due = 0.0  # when the exchange in flight may land (emulated link time)
+        self.reply: tuple[bytes, int, float] | None = None
+        self.down: dict[str, Compressor] = {compression: make_compressor(compression)}
+        self.up_bytes = 0
+        self.exchanges = 0
+        self.sent: dict[tuple[str, str], int] = {}
+
+    def push(
+        self, cluster: str, payload: bytes, base_version: int, step_s: float
+    ) -> tuple[bytes, int, float]:
+        self._land(block=False)
+        pull, version, slowest = super().push(cluster, payload, base_version, step_s)
+        if self.pending is None and self.version - self.sent_version >= self.period:
+            self._send()
+        return pull, version, max(slowest, self.global_slowest)
+
+    def _send(self) -> None:
+        change = self.anchor - self.params
+        tensors = [change[p.lo : p.hi].view(p.shape) for p in self.pieces]
+        payload = encode(self.compression, self.up, [p.key for p in self.pieces], tensors, {})
+        self.up.step()
+        slowest = max(self.step_s.values(), default=0.0)
+        self.sent_params = self.params.clone()
+        self.sent_version = self.version
+        self.pending = self.global_server.push.remote(
+            self.region, payload, self.global_version, slowest
+        )
+        self.up_bytes = len(payload)
+        self.due = time.perf_counter() + (
+            self.link.transfer_s(len(payload)) if self.link is not None else 0.0
+        )
+        self._count((self.host, self.global_host), len(payload))
+
+    def _land(self, *, block: bool) -> None:
+        """Merge the global server's reply if it is in (and the link had time to carry it):
+        the new global parameters plus this region's progress since it sent."""
+        import ray
+
+        if self.pending is None:
+            return
+        if self.reply is None:
+            if not block and not ray.wait([self.pending], timeout=0)[0]:
+                return
+            self.reply = ray.get(self.pending)
+            if self.link is not None:
+                self.due += self.link.transfer_s(len(self.reply[0]))
+        wait = self.due - time.perf_counter()
+        if wait > 0:
+            if not block:
+                return
+            time.sleep(wait)
+        pull, self.global_version, self.global_slowest = self.reply
+        got = decode(self.global_host, pull, self.down).tensors
+        fresh = self.anchor + torch.cat([t.reshape(-1).float() for t in got])
+        self.params = fresh + (self.params - self.sent_params)
+        self.anchor = fresh
+        self._count((self.global_host, self.host), len(pull))
+        self.pending, self.reply = None, None
+        self.exchanges += 1
+
+    def _count(self, edge: tuple[str, str], n: int) -> None:
+        if edge[0] != edge[1]:
+            self.sent[edge] = self.sent.get(edge, 0) + n
+
+    def flush(self) -> tuple[dict[tuple[str, str], int], int]:
+        """After the region's last push: land the exchange in flight, send the rest, land
+        it. Returns the region exchanges' WAN bytes by link and how many there were."""
+        self._land(block=True)
+        self._send()
+        self._land(block=True)
+        return dict(self.sent), self.exchanges
+
+
+def _actor(cls: type, name: str) -> Any:
+    """`cls` as a named Ray actor on this node (the host's), never restarted."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return ray.remote(cls).options(
+        name=name,
+        num_cpus=0,
+        max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+    )
+
+
 class AsyncPSSync(SyncStrategy):
     """`async-ps:S`: see the module docstring."""
 
@@ -118,8 +259,15 @@ class AsyncPSSync(SyncStrategy):
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
         super().__init__(sync, ctx)
         self.anchor = flatten([p.detach() for p in ctx.params]).clone()
-        self.host = ps_host(self.comm.clusters, self.comm.links)
+        self.groups = region_groups(self.comm.clusters, self.spec.regions)
+        self.region = self.spec.regions.get(self.comm.cluster, "")
+        self.hierarchical = len(self.groups) >= 2
+        self.global_host, hosts = region_hosts(self.groups, self.comm.links)
+        # the server this cluster pushes to lives here (its region's, when hierarchical)
+        self.host = hosts[self.region] if self.hierarchical else self.global_host
         self.server: Any = None
+        self.global_server: Any = None
+        self.region_exchanges = 0
         self.version = 0
         self.mine = 1  # local steps per step
         self.times: list[float] = []  # the last WINDOW local step times
@@ -130,6 +278,7 @@ class AsyncPSSync(SyncStrategy):
         }
         self.sent: dict[tuple[str, str], int] = {}
         self.final: tuple[int, int, int] = (0, 0, 0)
+        self.final_global: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def scope(self) -> Scope:
@@ -154,33 +303,52 @@ class AsyncPSSync(SyncStrategy):
         if not self.comm.is_leader or len(self.comm.clusters) < 2:
             return
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         exchanger = self.comm.exchanger
         assert exchanger is not None
-        name = [""]
-        if self.comm.cluster == self.host:
-            name[0] = f"cpn-ps-{uuid.uuid4().hex[:12]}"
-            here = ray.get_runtime_context().get_node_id()
-            self.server = (
-                ray.remote(ParameterServer)
-                .options(
-                    name=name[0],
-                    num_cpus=0,
-                    max_restarts=0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-                )
-                .remote(
-                    self.anchor.cpu(),
-                    dict(self.ctx.cluster_shares),
-                    self.sync.staleness,
-                    param_pieces(self.comm.names, self.comm.shapes, 0, self.anchor.numel()),
-                )
-            )
-        src = self.comm.clusters.index(self.host)
+        shares = dict(self.ctx.cluster_shares)
+        pieces = param_pieces(self.comm.names, self.comm.shapes, 0, self.anchor.numel())
+        name = [f"cpn-ps-{uuid.uuid4().hex[:12]}"]  # the global server's; regions' add -region
+        src = self.comm.clusters.index(self.global_host)
         dist.broadcast_object_list(name, group=exchanger.group, group_src=src)
-        if self.server is None:
-            self.server = ray.get_actor(name[0])
+        me = self.comm.cluster
+        if me == self.global_host:
+            weights = shares
+            if self.hierarchical:  # the global server weights each region by its share
+                weights = {
+                    r: sum(shares.get(c, 0.0) for c in members)
+                    for r, members in self.groups.items()
+                }
+            self.global_server = _actor(ParameterServer, name[0]).remote(
+                self.anchor.cpu(), weights, self.sync.staleness, pieces
+            )
+        # the global server is named before its name is used: a barrier between
+        dist.barrier(group=exchanger.group)
+        if self.global_server is None:
+            self.global_server = ray.get_actor(name[0])
+        self.server = self.global_server
+        if self.hierarchical:
+            self.server = None
+            if me == self.host:
+                members = self.groups[self.region]
+                total = sum(shares.get(c, 0.0) for c in members) or 1.0
+                links = self.comm.links
+                link = links.get(me, self.global_host) if links is not None else None
+                self.server = _actor(RegionalServer, f"{name[0]}-{self.region}").remote(
+                    self.anchor.cpu(),
+                    {c: shares.get(c, 0.0) / total for c in members},
+                    self.sync.staleness,
+                    pieces,
+                    region=self.region,
+                    host=me,
+                    global_host=self.global_host,
+                    global_server=self.global_server,
+                    compression=self.compression,
+                    link=link if me != self.global_host else None,
+                )
+            dist.barrier(group=exchanger.group)
+            if self.server is None:
+                self.server = ray.get_actor(f"{name[0]}-{self.region}")
 
     def _push(self, step: int, delta: torch.Tensor) -> torch.Tensor:
         """Leader: push `delta` (compressed), return the server's fresh parameters."""
@@ -256,7 +424,8 @@ class AsyncPSSync(SyncStrategy):
                 p.copy_(v)
 
     def finish(self) -> None:
-        """The leaders meet once, after every push is in, and all take the final model."""
+        """The leaders meet once, after every push is in, and all take the final model (the
+        global server's, after every region sent its last progress)."""
         if len(self.comm.clusters) < 2:
             return
         import ray
@@ -265,13 +434,17 @@ class AsyncPSSync(SyncStrategy):
         if self.comm.is_leader:
             exchanger = self.comm.exchanger
             assert exchanger is not None
+            if self.hierarchical:
+                self._flush_regions()
             # every leader's pushes counted on every leader (each knows only its own so far)
             count_leaders_sends(self.comm, self.sent)
             self.sent.clear()
-            fresh = ray.get(self.server.final.remote())
+            fresh = ray.get(self.global_server.final.remote())
             self.final = ray.get(self.server.stats.remote())
+            self.final_global = ray.get(self.global_server.stats.remote())
             # the exact final model, once, uncompressed, to every cluster but the host's
-            last = {(self.host, c): fresh.numel() * 4 for c in self.comm.clusters if c != self.host}
+            host = self.global_host
+            last = {(host, c): fresh.numel() * 4 for c in self.comm.clusters if c != host}
             exchanger.counters = exchanger.counters + ExchangeCounters(
                 wan_bytes=WanBytes(last), sent_bytes=sum(last.values())
             )
@@ -279,12 +452,35 @@ class AsyncPSSync(SyncStrategy):
         self.comm.broadcast(cur)
         self._load(cur)
 
+    def _flush_regions(self) -> None:
+        """Leaders: once every cluster's last push is in, each regional server sends its last
+        progress; its exchanges' bytes count as its host's sends."""
+        import ray
+
+        exchanger = self.comm.exchanger
+        assert exchanger is not None
+        dist.barrier(group=exchanger.group)
+        exchanges = 0
+        if self.comm.cluster == self.host:
+            sent, exchanges = ray.get(self.server.flush.remote())
+            for edge, n in sent.items():
+                self.sent[edge] = self.sent.get(edge, 0) + n
+            exchanger.counters = exchanger.counters + ExchangeCounters(
+                wan_bytes=WanBytes(sent), sent_bytes=sum(sent.values())
+            )
+        # every region's count on every leader; also the barrier after every flush
+        got: list[Any] = [None] * len(self.comm.clusters)
+        dist.all_gather_object(got, exchanges, group=exchanger.group)
+        self.region_exchanges = sum(int(n) for n in got)
+
     def at_sync_point(self, step: int) -> bool:
         return step == self.spec.steps
 
     def stats(self) -> dict[str, float]:
+        """This cluster's server's counts (its region's, when hierarchical), and with
+        regions the global server's and how many region exchanges crossed to it."""
         version, stale, worst = self.final
-        return {
+        out = {
             "host": float(self.comm.clusters.index(self.host)),
             "pushes": float(self.pushes),
             "versions": float(version),
@@ -292,10 +488,24 @@ class AsyncPSSync(SyncStrategy):
             "max_staleness": float(worst),
             "local_steps_per_step": float(self.mine),
         }
+        if self.hierarchical:
+            gversion, gstale, gworst = self.final_global
+            out |= {
+                "regions": float(len(self.groups)),
+                "global_host": float(self.comm.clusters.index(self.global_host)),
+                "region_exchanges": float(self.region_exchanges),
+                "global_versions": float(gversion),
+                "global_stale_updates": float(gstale),
+                "global_max_staleness": float(gworst),
+            }
+        return out
 
     def close(self) -> None:
-        if self.server is not None and self.comm.cluster == self.host:
-            import ray
+        import ray
 
+        me = self.comm.cluster
+        if self.server is not None and me == self.host:
             ray.kill(self.server, no_restart=True)
-        self.server = None
+        if self.hierarchical and self.global_server is not None and me == self.global_host:
+            ray.kill(self.global_server, no_restart=True)
+        self.server = self.global_server = None

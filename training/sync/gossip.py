@@ -1,20 +1,24 @@
 """Gossip (`gossip:P`): no global exchange until the end.
 
-Every P steps each cluster leader averages with its neighbours on a ring ordered by link
-bandwidth (`bandwidth_ring`: each cluster next to the one it has the fastest link to), so a
-round sends `degree` messages per cluster (2 on a ring of 3 or more, 1 with two clusters),
+Every P steps each cluster leader averages with its neighbours in the graph the planner
+prices (`gossip_graph`, built from the job's link table: the bandwidth-ordered ring plus the
+exponential graph's chords whose links are as fast as the ring's slowest edge; the plain ring
+without a link table), so a round sends `degree` messages per cluster (each cluster its own
+degree: 2 on a ring of 3 or more, 1 with two clusters, more where fast chords were kept),
 whatever the number of clusters. What a leader sends is the change of its parameters since
 its previous message, compressed with error feedback like any exchange; every leader keeps
 a replica of each neighbour's parameters (and of its own as the neighbours see it) built
-from those messages, and mixes `x += sum_j (x_j - x_me) / (degree + 1)` over the replicas
-(CHOCO-style: with no compression this is the plain neighbourhood mean). After the last
-step one uncompressed all-reduce averages every cluster's parameters, weighted by
-batch share, so one model comes out.
+from those messages, and mixes `x += sum_j w_ij (x_j - x_me)` over the replicas with
+Metropolis weights w_ij = 1 / (1 + max(d_i, d_j)) (CHOCO-style: with no compression this is
+one step of a symmetric, doubly stochastic mixing matrix, so unequal degrees still converge
+to the plain mean). After the last step one uncompressed all-reduce averages every cluster's
+parameters, weighted by batch share, so one model comes out.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,7 +29,7 @@ from training.compression import Compressor, make_compressor
 from training.exchange import decode, encode, param_pieces
 from training.results import ExchangeCounters, WanBytes
 from training.sync.base import Scope, SyncContext, SyncStrategy, count_leaders_sends
-from training.sync.hetero import bandwidth_ring, ring_neighbours
+from training.sync.hetero import gossip_graph, metropolis_weights
 
 
 class GossipSync(SyncStrategy):
@@ -36,8 +40,9 @@ class GossipSync(SyncStrategy):
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
         super().__init__(sync, ctx)
         self.period = sync.period
-        self.ring = bandwidth_ring(self.comm.clusters, self.comm.links)
-        self.neighbours = ring_neighbours(self.ring, self.comm.cluster)
+        self.graph = gossip_graph(self.comm.clusters, self.comm.links)
+        self.weights = metropolis_weights(self.graph)[self.comm.cluster]
+        self.neighbours = self.graph[self.comm.cluster]
         start = flatten([p.detach() for p in ctx.params]).to("cpu", torch.float32)
         self.sent_point = start.clone()  # the parameters my last message brought them to
         self.replicas = {c: start.clone() for c in [self.comm.cluster, *self.neighbours]}
@@ -46,6 +51,7 @@ class GossipSync(SyncStrategy):
         self.rounds = 0
         self.messages = 0
         self.sent: dict[tuple[str, str], int] = {}
+        self.messages_by_cluster: dict[str, int] = {}  # every leader's, after `finish`
 
     @property
     def scope(self) -> Scope:
@@ -93,9 +99,9 @@ class GossipSync(SyncStrategy):
             self.replicas[c] += torch.cat([t.reshape(-1).float() for t in message.tensors])
         degree = len(self.neighbours)
         mixed = x + sum(
-            (self.replicas[c] - self.replicas[me] for c in self.neighbours),
+            (self.weights[c] * (self.replicas[c] - self.replicas[me]) for c in self.neighbours),
             torch.zeros_like(x),
-        ) / (degree + 1)
+        )
         self.sent_point = x.clone()  # the next message carries the mixing step too
         sent = {(me, c): len(payload) for c in self.neighbours}
         need = 0.0
@@ -152,6 +158,11 @@ class GossipSync(SyncStrategy):
             assert exchanger is not None
             count_leaders_sends(self.comm, self.sent)
             self.sent.clear()
+            counts: list[Any] = [None] * len(self.comm.clusters)
+            dist.all_gather_object(counts, self.messages, group=exchanger.group)
+            self.messages_by_cluster = {
+                c: int(n) for c, n in zip(self.comm.clusters, counts, strict=True)
+            }
             share = self.ctx.cluster_share
             # uncompressed: the parameters themselves (not a residual-fed change) cross once
             cur = self.comm.wan_sum(cur * share, self.spec.steps, "none")
@@ -162,8 +173,16 @@ class GossipSync(SyncStrategy):
         return step == self.spec.steps
 
     def stats(self) -> dict[str, float]:
-        return {
+        """This cluster's degree and messages per round, and on leaders after the run every
+        cluster's (`degree.<c>` from the graph, `messages_per_round.<c>` as sent)."""
+        out = {
             "degree": float(len(self.neighbours)),
             "rounds": float(self.rounds),
             "messages_per_round": self.messages / self.rounds if self.rounds else 0.0,
+            "edges": float(sum(len(ns) for ns in self.graph.values()) // 2),
         }
+        for c, ns in self.graph.items():
+            out[f"degree.{c}"] = float(len(ns))
+        for c, n in self.messages_by_cluster.items():
+            out[f"messages_per_round.{c}"] = n / self.rounds if self.rounds else 0.0
+        return out

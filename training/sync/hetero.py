@@ -1,11 +1,27 @@
 """Pure decisions shared by the modes for unequal clusters and sparse graphs: how many local
-steps a cluster fits into one step of the slowest, and the gossip graph from the links."""
+steps a cluster fits into one step of the slowest, where the parameter server lives, and the
+gossip graph from the links (built in `grammar.graph`, which the planner shares)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from grammar import graph
+from grammar.graph import Bandwidth, metropolis_weights, ring_neighbours
 from training.wan import LinkTable
+
+__all__ = [
+    "bandwidth_ring",
+    "gossip_graph",
+    "link_bandwidth",
+    "metropolis_weights",
+    "ps_host",
+    "region_groups",
+    "region_hosts",
+    "ring_neighbours",
+    "staleness_weight",
+    "steps_per_tick",
+]
 
 
 def steps_per_tick(mine_s: float, slowest_s: float, bound: int) -> int:
@@ -17,32 +33,21 @@ def steps_per_tick(mine_s: float, slowest_s: float, bound: int) -> int:
     return max(1, min(bound, int(slowest_s / mine_s + 1e-9)))
 
 
+def link_bandwidth(links: LinkTable | None) -> Bandwidth | None:
+    """The link table as the graph's bandwidth callable (bits/s; 0 where no link)."""
+    if links is None:
+        return None
+
+    def bps(a: str, b: str) -> float:
+        link = links.get(a, b)
+        return link.bandwidth_bps if link is not None else 0.0
+
+    return bps
+
+
 def bandwidth_ring(clusters: Sequence[str], links: LinkTable | None) -> list[str]:
-    """The clusters in ring order, each followed by the remaining cluster with the fastest
-    link to it (greedy, from the first): slow links end up off the ring where they can.
-    Without a link table, the given order."""
-    order = [clusters[0]] if clusters else []
-    rest = list(clusters[1:])
-    while rest:
-        here = order[-1]
-
-        def mbps(c: str, here: str = here) -> float:
-            link = links.get(here, c) if links is not None else None
-            return link.bandwidth_bps if link is not None else 0.0
-
-        best = max(rest, key=mbps)  # ties: the first in the given order
-        order.append(best)
-        rest.remove(best)
-    return order
-
-
-def ring_neighbours(ring: Sequence[str], me: str) -> list[str]:
-    """`me`'s neighbours on the ring: two, one with two clusters, none alone."""
-    n = len(ring)
-    if n < 2:
-        return []
-    i = ring.index(me)
-    return list(dict.fromkeys([ring[(i - 1) % n], ring[(i + 1) % n]]))
+    """`grammar.graph.bandwidth_ring` over the link table."""
+    return graph.bandwidth_ring(clusters, link_bandwidth(links))
 
 
 def ps_host(clusters: Sequence[str], links: LinkTable | None) -> str:
@@ -70,42 +75,25 @@ def staleness_weight(staleness: int, bound: int) -> float:
 def gossip_graph(
     clusters: Sequence[str], links: LinkTable | None, keep: float = 0.5
 ) -> dict[str, list[str]]:
-    """The gossip graph from measured links: the bandwidth-ordered ring, plus the chords of an
-    exponential graph over that ring order (each cluster to the ones 2, 4, 8, ... places on)
-    whose link has at least `keep` times the bandwidth of the ring's slowest edge. A round
-    lasts as long as its slowest edge, which the ring already has, so such a chord speeds up
-    mixing (the exponential graph's spectral gap) at no cost in round time; where links are
-    slow or unshaped the degree stays the ring's 2. Symmetric; neighbours in ring order."""
-    ring = bandwidth_ring(clusters, links)
-    n = len(ring)
-    graph: dict[str, list[str]] = {c: ring_neighbours(ring, c) for c in ring}
-    if n < 4 or links is None:
-        return graph
-
-    def bps(a: str, b: str) -> float:
-        link = links.get(a, b)
-        return link.bandwidth_bps if link is not None else 0.0
-
-    floor = min(bps(ring[i], ring[(i + 1) % n]) for i in range(n))
-    hop = 2
-    while hop < n - 1:
-        for i, a in enumerate(ring):
-            b = ring[(i + hop) % n]
-            if b not in graph[a] and b != a and floor > 0 and bps(a, b) >= keep * floor:
-                graph[a].append(b)
-                graph[b].append(a)
-        hop *= 2
-    order = {c: i for i, c in enumerate(ring)}
-    return {c: sorted(ns, key=order.__getitem__) for c, ns in graph.items()}
+    """`grammar.graph.gossip_graph` over the link table: the graph the planner priced."""
+    return graph.gossip_graph(clusters, link_bandwidth(links), keep)
 
 
-def metropolis_weights(graph: dict[str, list[str]]) -> dict[str, dict[str, float]]:
-    """Mixing weights for a graph of unequal degrees: w_ij = 1 / (1 + max(d_i, d_j)) per
-    edge and the rest on the node itself (Metropolis-Hastings), so the mixing matrix is
-    symmetric and doubly stochastic and gossip converges to the plain mean."""
-    out: dict[str, dict[str, float]] = {}
-    for c, ns in graph.items():
-        w = {n: 1.0 / (1 + max(len(ns), len(graph[n]))) for n in ns}
-        w[c] = 1.0 - sum(w.values())
-        out[c] = w
-    return out
+def region_groups(clusters: Sequence[str], regions: dict[str, str]) -> dict[str, list[str]]:
+    """The clusters of each region, in the given order (regions in order of first member);
+    one group of all clusters when `regions` is empty."""
+    groups: dict[str, list[str]] = {}
+    for c in clusters:
+        groups.setdefault(regions.get(c, ""), []).append(c)
+    return groups
+
+
+def region_hosts(
+    groups: dict[str, list[str]], links: LinkTable | None
+) -> tuple[str, dict[str, str]]:
+    """Where a hierarchical parameter server lives: each region's server at its member with
+    the most bandwidth to the others of its region (`ps_host`: its clusters' pushes cross
+    those links), and the global one at the regional host with the most bandwidth to the
+    other regional hosts (the region exchanges cross those)."""
+    hosts = {r: ps_host(members, links) for r, members in groups.items()}
+    return ps_host(list(hosts.values()), links), hosts
