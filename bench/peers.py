@@ -14,7 +14,8 @@ each step). Rows:
   (d) hivemind Optimizer with use_local_updates=True: one peer per datacenter (its second
       worker follows by DDP and a local broadcast); parameter averaging about every H steps,
       i.e. local SGD / model averaging, NOT DiLoCo (no outer Nesterov step)
-  (e) cpn local-sgd (DiLoCo) fp32 and int8, streaming fp32, 2-bit top-k (DiLoCo), and auto
+  (e) cpn local-sgd (DiLoCo) fp32 and int8, streaming fp32 and int8, 2-bit top-k (DiLoCo),
+      and auto
 
 torchft's two ranks of a group each all-reduce their full replica across the groups (its
 design: a group's ranks are meant to hold shards), so it sends twice a leader-only exchange.
@@ -93,6 +94,7 @@ PEERS: tuple[Peer, ...] = (
     Peer("(e) cpn DiLoCo fp32", "cpn"),
     Peer("(e) cpn DiLoCo int8", "cpn", compression="int8"),
     Peer("(e) cpn streaming fp32", "cpn", sync="streaming:{H}"),
+    Peer("(e) cpn streaming int8", "cpn", sync="streaming:{H}", compression="int8"),
     Peer("(e) cpn DiLoCo top-k 2-bit", "cpn", compression="topk:0.02:m0:c4096:int2"),
     Peer("(e) cpn auto", "cpn", sync="auto", compression="auto"),
 )
