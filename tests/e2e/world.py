@@ -40,9 +40,10 @@ class World:
     settings: dict[str, str]
     agents: dict[str, Proc] = field(default_factory=dict)
     agent_tokens: dict[str, str] = field(default_factory=dict)
+    clusters: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(CLUSTERS))
 
     def start_agent(self, name: str) -> Proc:
-        spec = CLUSTERS[name]
+        spec = self.clusters[name]
         inventory = write_inventory(
             self.workdir / f"{name}.yaml",
             [{"model": spec["model"], "memory_gib": 80, "count": spec["count"]}],
@@ -78,7 +79,15 @@ class World:
         self.tenant.close()
 
 
-def build_world(workdir: Path, database_url: str | None = None, **settings: str) -> World:
+def build_world(
+    workdir: Path,
+    database_url: str | None = None,
+    clusters: dict[str, dict[str, Any]] | None = None,
+    links: list[tuple[str, str, float, float, float]] | None = None,
+    **settings: str,
+) -> World:
+    """The world of `clusters` joined by `links` (CLUSTERS and LINKS when not given)."""
+    clusters = CLUSTERS if clusters is None else clusters
     env = {**FAST, "CPN_CHECKPOINT_ROOT": str(workdir / "checkpoints"), **settings}
     plane = start_control_plane(
         database_url or f"sqlite:///{workdir / 'cpn.db'}",
@@ -86,8 +95,8 @@ def build_world(workdir: Path, database_url: str | None = None, **settings: str)
         settings=env,
     )
     admin = Client(plane.url, plane.admin_token, timeout=60)
-    world = World(plane, admin, admin, "", workdir, env)
-    for name, spec in CLUSTERS.items():
+    world = World(plane, admin, admin, "", workdir, env, clusters=dict(clusters))
+    for name, spec in clusters.items():
         admin.create_cluster(name, name)
         world.agent_tokens[name] = admin.create_api_key("agent", name)["token"]
         for qos_class in ("guaranteed", "standard", "spot"):
@@ -100,14 +109,14 @@ def build_world(workdir: Path, database_url: str | None = None, **settings: str)
                     "price_per_gpu_hour": spec["price"],
                 },
             )
-    for a, b, gbps, rtt, price in LINKS:
+    for a, b, gbps, rtt, price in LINKS if links is None else links:
         admin.declare_link(a, b, bandwidth_gbps=gbps, rtt_ms=rtt, egress_price_per_gb=price)
     tenant = admin.post("/v1/tenants", {"name": "acme"})
     world.tenant_id = tenant["id"]
     world.tenant = Client(
         plane.url, admin.create_api_key("tenant", tenant["id"])["token"], timeout=60
     )
-    for name in CLUSTERS:
+    for name in clusters:
         world.start_agent(name)
     wait_for(
         lambda: all(c["state"] == "READY" and c["gpus"] for c in admin.clusters()),
