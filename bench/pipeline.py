@@ -12,6 +12,17 @@ because the declared memory is not enforced on a CPU), to show what each moves o
 
     .venv/bin/python -m bench.pipeline [--steps N] [--mbps X] [--rtt-ms Y] [--tasks T ...]
 
+With `--testbed` (root), the same runs go over real shaped links instead: the namespace
+testbed (package `testbed`, as `bench.peers` uses it) with one namespace and Ray node per
+cluster, each advertising its cluster's resource (`cpn-cluster-<name>`, which is where the
+pipeline driver pins a stage), uplinks `tc tbf`-shaped at `--mbps` (no added delay), the
+driver in the hub namespace. Per mode it adds the uplink bytes from the interface counters
+next to the runtime's counted activation (or gradient) bytes; the planner estimates over the
+same links (RTT 0). That section is written beside the emulated one (each keeps the command
+that made it):
+
+    CPN_TESTBED_PREFIX=cpl .venv/bin/python -m bench.pipeline --testbed --steps 4
+
 Writes bench/results/pipeline.json and bench/results/pipeline.md.
 """
 
@@ -19,14 +30,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parent.parent
 TASKS = ("builtin:char-transformer", "builtin:wide-mlp")
 """Activations larger than the model (a transformer on short sequences), and the reverse."""
 CLUSTERS = {"a": 1, "b": 1}
+TESTBED_RTT_MS = 0.0
+"""tbf shapes the rate only; a veth hop adds well under a millisecond."""
+MACHINE = "one machine with 2 CPU cores shared with other work running at the same time"
 
 
 def measure_profile(task_name: str, batch: int) -> tuple[Any, float]:
@@ -91,9 +109,11 @@ def run_pipeline_mode(
     micro: int,
     steps: int,
     batch: int,
-    mbps: float,
-    rtt: float,
+    mbps: float | None,
+    rtt: float | None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
+    """One pipeline run; `mbps`/`rtt` None: no emulation (the links are real)."""
     from training.pipeline import PipelineSpec, Schedule, place, run_pipeline
     from training.spec import TrainSpec
 
@@ -105,6 +125,7 @@ def run_pipeline_mode(
         eval_every=steps,
         link_mbps=mbps,
         rtt_ms=rtt,
+        ray_address=ray_address,
     )
     spec = PipelineSpec(
         train, place(dict(CLUSTERS), None, False), micro, Schedule(schedule), cuts, "none"
@@ -125,7 +146,14 @@ def run_pipeline_mode(
     }
 
 
-def run_data_mode(task: str, steps: int, batch: int, mbps: float, rtt: float) -> dict[str, Any]:
+def run_data_mode(
+    task: str,
+    steps: int,
+    batch: int,
+    mbps: float | None,
+    rtt: float | None,
+    ray_address: str | None = None,
+) -> dict[str, Any]:
     import training
     from training.spec import TrainSpec
 
@@ -139,6 +167,7 @@ def run_data_mode(task: str, steps: int, batch: int, mbps: float, rtt: float) ->
         rtt_ms=rtt,
         compression="none",
         sync="every-step",
+        ray_address=ray_address,
     )
     r = training.run(spec)
     return {
@@ -156,44 +185,100 @@ def run_data_mode(task: str, steps: int, batch: int, mbps: float, rtt: float) ->
     }
 
 
-def markdown(outs: list[dict[str, Any]]) -> str:
-    lines = ["# Pipeline parallelism across 2 emulated datacenters", ""]
-    for out in outs:
-        lines += _section(out)
+LEGACY_COMMAND = (
+    ".venv/bin/python -m bench.pipeline --steps 10 "
+    "(recorded before the file kept its commands; inferred from the run's parameters)"
+)
+
+
+def load_results(raw: Any) -> dict[str, Any]:
+    """The results document: {"emulated": ..., "testbed": ...}, each {"command", "tasks"}; an
+    older file (a bare list of emulated tasks) becomes its emulated section."""
+    if isinstance(raw, list):
+        return {"emulated": {"command": LEGACY_COMMAND, "machine": MACHINE, "tasks": raw}}
+    return dict(raw) if isinstance(raw, dict) else {}
+
+
+def uplink_delta(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> dict[str, int]:
+    """Bytes each datacenter sent on its uplink between two counter readings (tx: every byte
+    between datacenters leaves one uplink, so the sum counts each byte once)."""
+    return {dc: after[dc][0] - before[dc][0] for dc in after}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = ["# Pipeline parallelism across 2 datacenters", ""]
+    em = doc.get("emulated")
+    if em:
+        lines += [
+            "## Emulated links (in-process)",
+            "",
+            f"Command: `{em['command']}`",
+            "",
+            f"Machine: {em.get('machine', MACHINE)}; timings are noisy.",
+            "",
+        ]
+        for out in em["tasks"]:
+            lines += _section(out)
+    tb = doc.get("testbed")
+    if tb:
+        lines += [
+            "## On the testbed",
+            "",
+            f"Command: `{tb['command']}`",
+            "",
+            f"Machine: {tb.get('machine', MACHINE)}; timings are noisy.",
+            "",
+        ]
+        for out in tb["tasks"]:
+            lines += _testbed_section(out, tb.get("idle_uplink_bytes_per_s"))
     return "\n".join(lines)
 
 
-def _section(out: dict[str, Any]) -> list[str]:
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f} %"
+
+
+def _declared(out: dict[str, Any]) -> str:
     from scheduler.memory import USABLE
 
     p = out["plan"]
-    lines = [
-        f"## {out['task']}",
-        "",
-        f"Task {out['task']}, batch {out['batch']}, {out['steps']} steps, "
-        f"link {out['mbps']} Mbit/s "
-        f"{out['rtt_ms']} ms RTT, one CPU worker a cluster (2-core machine). Each cluster "
-        f"declares {p['declared_gb']:.4f} GB a GPU ({p['declared_gb'] * USABLE:.4f} usable): "
-        f"the whole model needs {p['model_gb']:.4f} GB "
-        "(parameters, gradients, Adam state), so it fits neither.",
-        "",
+    return (
+        f"Each cluster declares {p['declared_gb']:.4f} GB a GPU "
+        f"({p['declared_gb'] * USABLE:.4f} usable): the whole model needs {p['model_gb']:.4f} GB "
+        "(parameters, gradients, Adam state), so it fits neither."
+    )
+
+
+def _planner(out: dict[str, Any]) -> list[str]:
+    p = out["plan"]
+    return [
         f"Planner: {p['reason']}",
         f"Planner estimate: step {p['step_s']:.4f} s, bubble {p['bubble'] * 100:.1f} %, "
         f"{p['micro_batches']} micro-batches, cut {p['cuts']}.",
         "",
+    ]
+
+
+def _section(out: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### {out['task']}",
+        "",
+        f"Task {out['task']}, batch {out['batch']}, {out['steps']} steps, "
+        f"link {out['mbps']} Mbit/s "
+        f"{out['rtt_ms']} ms RTT, one CPU worker a cluster (2-core machine). " + _declared(out),
+        "",
+        *_planner(out),
         "| mode | micro-batches | step (s) | samples/s | schedule bubble | measured idle "
         "| WAN bytes | final loss |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in out["runs"]:
-
-        def pct(x: float | None) -> str:
-            return "-" if x is None else f"{x * 100:.1f} %"
-
         lines.append(
             f"| {r['mode']} | {r['micro_batches'] or '-'} | {r['step_s']:.4f} | "
-            f"{r['samples_per_s']:.1f} | {pct(r['bubble_schedule'])} | "
-            f"{pct(r['idle_measured'])} | {r['wan_bytes']:,} | {r['final_loss']:.3f} |"
+            f"{r['samples_per_s']:.1f} | {_pct(r['bubble_schedule'])} | "
+            f"{_pct(r['idle_measured'])} | {r['wan_bytes']:,} | {r['final_loss']:.3f} |"
         )
     lines += [
         "",
@@ -206,52 +291,95 @@ def _section(out: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _testbed_section(out: dict[str, Any], idle_rate: float | None) -> list[str]:
+    p = out["plan"]
+    lines = [
+        f"### {out['task']}",
+        "",
+        f"Task {out['task']}, batch {out['batch']}, {out['steps']} steps, every uplink "
+        f"tc-tbf-shaped at {out['mbps']} Mbit/s both ways (no added delay), one namespace and "
+        "Ray node a cluster, one CPU worker a cluster. " + _declared(out),
+        "",
+        *_planner(out),
+        "| mode | micro-batches | step (s) | samples/s | planner step (s) | schedule bubble "
+        "| measured idle | uplink bytes (counters) | runtime-counted bytes | final loss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in out["runs"]:
+        if r.get("error"):
+            lines.append(f"| {r['mode']} | FAILED: {r['error']} |||||||||")
+            continue
+        est = f"{p['step_s']:.4f}" if r["micro_batches"] else "-"
+        lines.append(
+            f"| {r['mode']} | {r['micro_batches'] or '-'} | {r['step_s']:.4f} | "
+            f"{r['samples_per_s']:.1f} | {est} | {_pct(r['bubble_schedule'])} | "
+            f"{_pct(r['idle_measured'])} | {r['uplink_bytes_total']:,} | {r['wan_bytes']:,} | "
+            f"{r['final_loss']:.3f} |"
+        )
+    idle = f" (idle Ray traffic alone: {idle_rate:,.0f} B/s)" if idle_rate is not None else ""
+    lines += [
+        "",
+        "Step time is the run's wall time (its evaluation pass included) over its steps. Uplink "
+        "bytes: tx counters of both uplinks over the whole run, link-layer (Ethernet, IP, TCP "
+        "headers) and everything else crossing them too: actor start-up, Ray control traffic"
+        f"{idle}; runtime-counted: the payload the runtime put on the WAN (activations and "
+        "their gradients, or the data-parallel gradients and start-up digests). Measured idle "
+        "as above, with the real link's serialisation in place of the emulated delay.",
+        "",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["testbed-driver"]:
+        testbed_driver(argv[1:])
+        return
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--mbps", type=float, default=100.0)
-    ap.add_argument("--rtt-ms", type=float, default=20.0)
+    ap.add_argument("--rtt-ms", type=float, default=20.0, help="emulated links only")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS))
-    args = ap.parse_args()
-    outs = [bench_task(task, args) for task in args.tasks]
+    ap.add_argument("--testbed", action="store_true", help="real shaped links (root)")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per testbed run")
+    args = ap.parse_args(argv)
+    path = RESULTS / "pipeline.json"
+    doc = load_results(json.loads(path.read_text())) if path.exists() else {}
+    if args.testbed:
+        prefix = os.environ.get("CPN_TESTBED_PREFIX", "cpntb")
+        command = f"CPN_TESTBED_PREFIX={prefix} .venv/bin/python -m bench.pipeline "
+        doc["testbed"] = {
+            "command": command + shlex.join(argv),
+            "machine": MACHINE,
+            **bench_testbed(args),
+        }
+    else:
+        doc["emulated"] = {
+            "command": ".venv/bin/python -m bench.pipeline " + shlex.join(argv),
+            "machine": MACHINE,
+            "tasks": [bench_task(task, args) for task in args.tasks],
+        }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "pipeline.json").write_text(json.dumps(outs, indent=2))
-    (RESULTS / "pipeline.md").write_text(markdown(outs))
-    print(markdown(outs))
+    path.write_text(json.dumps(doc, indent=2))
+    (RESULTS / "pipeline.md").write_text(markdown(doc))
+    print(markdown(doc))
 
 
-def bench_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
+def _planned(task: str, args: argparse.Namespace, rtt: float) -> tuple[Any, dict[str, Any]]:
+    """The planner's pipeline for `task` over the bench's links, and its record."""
     profile, speed = measure_profile(task, args.batch)
-    got, whole, declared = plan(profile, speed, args.batch, args.mbps, args.rtt_ms)
+    got, whole, declared = plan(profile, speed, args.batch, args.mbps, rtt)
     if not got.stages:
         raise SystemExit(f"the planner chose {got.parallelism}: {got.reason}")
     cuts = tuple(s.layers[0] for s in got.stages[1:])
-    print(f"{task} planner: {got.reason}; step {got.step_s:.4f} s")
-    runs = []
-    for schedule in ("gpipe", "1f1b"):
-        runs.append(
-            run_pipeline_mode(
-                task,
-                schedule,
-                cuts,
-                got.micro_batches,
-                args.steps,
-                args.batch,
-                args.mbps,
-                args.rtt_ms,
-            )
-        )
-        print(runs[-1])
-    runs.append(run_data_mode(task, args.steps, args.batch, args.mbps, args.rtt_ms))
-    print(runs[-1])
-
-    return {
+    print(f"{task} planner: {got.reason}; step {got.step_s:.4f} s", flush=True)
+    record = {
         "task": task,
         "batch": args.batch,
         "steps": args.steps,
         "mbps": args.mbps,
-        "rtt_ms": args.rtt_ms,
+        "rtt_ms": rtt,
         "speed_flops": speed,
         "plan": {
             "reason": got.reason,
@@ -272,8 +400,102 @@ def bench_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
                 for s in got.stages
             ],
         },
-        "runs": runs,
     }
+    return got, record
+
+
+def bench_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
+    got, record = _planned(task, args, args.rtt_ms)
+    cuts = tuple(record["plan"]["cuts"])
+    runs = []
+    for schedule in ("gpipe", "1f1b"):
+        runs.append(
+            run_pipeline_mode(
+                task,
+                schedule,
+                cuts,
+                got.micro_batches,
+                args.steps,
+                args.batch,
+                args.mbps,
+                args.rtt_ms,
+            )
+        )
+        print(runs[-1])
+    runs.append(run_data_mode(task, args.steps, args.batch, args.mbps, args.rtt_ms))
+    print(runs[-1])
+    return {**record, "runs": runs}
+
+
+# ----------------------------------------------------------------------------- the testbed
+
+
+def bench_testbed(args: argparse.Namespace) -> dict[str, Any]:
+    """Every task's runs on one testbed (a namespace per cluster at `--mbps`), taken down at
+    the end whatever happens."""
+    from testbed import down, parse_dcs, up
+
+    layout = ",".join(f"{c}:{args.mbps}:{n}" for c, n in CLUSTERS.items())
+    records = [_planned(task, args, TESTBED_RTT_MS) for task in args.tasks]
+    try:
+        bed = up(parse_dcs(layout, args.mbps, 1))
+        before = bed.uplink_bytes()
+        time.sleep(5.0)
+        idle = sum(uplink_delta(before, bed.uplink_bytes()).values()) / 5.0
+        tasks = []
+        for _, record in records:
+            runs = []
+            for mode in ("gpipe", "1f1b", "data"):
+                runs.append(testbed_run(bed, record["task"], mode, record["plan"], args))
+                print(runs[-1], flush=True)
+            tasks.append({**record, "runs": runs})
+    finally:
+        down()
+    return {"layout": layout, "idle_uplink_bytes_per_s": idle, "tasks": tasks}
+
+
+def testbed_run(
+    bed: Any, task: str, mode: str, plan: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """One mode as a Ray driver in the hub namespace; a failure is a row, not the end."""
+    micro, cuts = plan["micro_batches"], plan["cuts"]
+    argv = [sys.executable, "-m", "bench.pipeline", "testbed-driver", "--task", task]
+    argv += ["--mode", mode, "--micro", str(micro), "--steps", str(args.steps)]
+    argv += ["--batch", str(args.batch), "--ray-address", bed.ray_address]
+    argv += ["--cuts", ",".join(str(c) for c in cuts)]
+    before = bed.uplink_bytes()
+    try:
+        res = bed.run_in_hub(argv, timeout=args.timeout_s, cwd=str(ROOT))
+    except Exception as exc:  # a timeout: the other modes still run
+        return {"mode": mode, "error": repr(exc)[:200]}
+    after = bed.uplink_bytes()
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()
+        return {"mode": mode, "error": tail[-1][:200] if tail else f"exit {res.returncode}"}
+    row: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    up = uplink_delta(before, after)
+    return {**row, "uplink_bytes": up, "uplink_bytes_total": sum(up.values())}
+
+
+def testbed_driver(argv: list[str]) -> None:
+    """Inside the hub namespace: one run on the testbed's Ray, no emulation; its row as JSON."""
+    ap = argparse.ArgumentParser(prog="bench.pipeline testbed-driver")
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--mode", choices=("gpipe", "1f1b", "data"), required=True)
+    ap.add_argument("--cuts", required=True)
+    ap.add_argument("--micro", type=int, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--ray-address", required=True)
+    a = ap.parse_args(argv)
+    if a.mode == "data":
+        row = run_data_mode(a.task, a.steps, a.batch, None, None, a.ray_address)
+    else:
+        cuts = tuple(int(c) for c in a.cuts.split(",") if c)
+        row = run_pipeline_mode(
+            a.task, a.mode, cuts, a.micro, a.steps, a.batch, None, None, a.ray_address
+        )
+    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
