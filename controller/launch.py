@@ -179,7 +179,9 @@ def train_spec_of(
     session: Session, config: LauncherConfig, job: Job, spec: JobSpec, clusters: dict[str, int]
 ) -> TrainSpec:
     """What the workers are asked to do: the spec's task and arguments, the plan's compression
-    and sync (unless the spec fixed them), the links to emulate, where to checkpoint."""
+    and sync (unless the spec fixed them), the links to emulate, each cluster's region (so
+    `async-ps` runs a server per region when the placement spans regions), where to
+    checkpoint."""
     from training.checkpoint import open_store
 
     plan = job.placement
@@ -213,6 +215,11 @@ def train_spec_of(
             links.append(
                 LinkSpec(link.src.name, link.dst.name, link.bandwidth_gbps * 1000, link.rtt_ms)
             )
+    regions = dict(
+        session.execute(
+            select(Cluster.name, Cluster.region).where(Cluster.name.in_(list(clusters)))
+        ).all()
+    )
     every = spec.args.checkpoint_every
     return TrainSpec(
         task=spec.task,
@@ -228,6 +235,7 @@ def train_spec_of(
         epoch=job.fence,  # the run's fencing epoch; `launch` sets the one it takes
         max_restarts=2,
         data=spec.data.residency,
+        regions=regions,
         **spec.args.runtime(),  # typed and bounded by the spec (controller.jobspec.TrainArgs)
     )
 

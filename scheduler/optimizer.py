@@ -765,11 +765,14 @@ def _explain_sync(model: CostModel, search: _Search, ch: _Choice, est: Estimate)
             )
         )
     if sm.neighbours:
+        graph = model.gossip_graph(names)  # the graph `CostModel.gossip_wan` priced
         lines.append(
             ("links uneven: " if model.uneven(names) else "")
-            + f"{ch.sync} exchanges only with ring neighbours "
-            f"({' -> '.join(est.ring)}), one round of the slowest ring edge instead of a "
-            "ring all-reduce's 2(D-1)"
+            + f"{ch.sync} exchanges only with its neighbours in the gossip graph (degree "
+            + ", ".join(f"{n} {len(graph[n])}" for n in names)
+            + f"; the bandwidth-ordered ring {' -> '.join(est.ring)} plus the chords at least "
+            "half as fast as its slowest edge), one round of the graph's slowest edge "
+            "instead of a ring all-reduce's 2(D-1)"
         )
     if search.job.sync != "auto":
         return tuple(lines)

@@ -97,11 +97,8 @@ def ring_edges(clusters: list[str]) -> list[tuple[str, str]]:
     return list(zip(clusters, clusters[1:] + clusters[:1], strict=True))
 
 
-def load_links_file(path: str | Path) -> list[LinkSpec]:
-    """Read a link table: JSON (or YAML) `{"links": [{"a", "b", "mbps", "rtt_ms"}, ...]}`.
-
-    ValueError names the entry and the field that is wrong.
-    """
+def _read_table(path: str | Path) -> object:
+    """A link table file's content (JSON, or YAML by suffix); ValueError says why not."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -116,6 +113,16 @@ def load_links_file(path: str | Path) -> list[LinkSpec]:
             data = json.loads(text)
     except Exception as exc:
         raise ValueError(f"links file {str(p)!r} is not valid JSON/YAML: {exc}") from None
+    return data
+
+
+def load_links_file(path: str | Path) -> list[LinkSpec]:
+    """Read a link table: JSON (or YAML) `{"links": [{"a", "b", "mbps", "rtt_ms"}, ...]}`.
+
+    ValueError names the entry and the field that is wrong.
+    """
+    p = Path(path)
+    data = _read_table(p)
     items = data.get("links") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise ValueError(f'links file {str(p)!r}: expected {{"links": [...]}} or a list')
@@ -134,3 +141,18 @@ def load_links_file(path: str | Path) -> list[LinkSpec]:
             raise ValueError(f"links[{i}]: mbps must be > 0 and rtt_ms >= 0")
         out.append(LinkSpec(a, b, mbps, rtt))
     return out
+
+
+def load_regions_file(path: str | Path) -> dict[str, str]:
+    """The link table's optional `"regions": {cluster: region}` (empty when it has none, or
+    is a bare list of links): where the emulated clusters are, so `async-ps` can run a server
+    per region as it does for placed clusters. ValueError when it is not such a mapping."""
+    data = _read_table(path)
+    regions = data.get("regions") if isinstance(data, dict) else None
+    if regions is None:
+        return {}
+    if not isinstance(regions, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in regions.items()
+    ):
+        raise ValueError('regions: expected {"CLUSTER": "REGION", ...} with non-empty names')
+    return dict(regions)

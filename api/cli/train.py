@@ -30,6 +30,7 @@ _FLAGS = {
     "outer_momentum": "--outer-momentum",
     "slowdown": "--slowdown",
     "data": "--data",
+    "regions": "--links (regions)",
 }
 """Spec fields whose errors name the flag that sets them."""
 
@@ -113,7 +114,8 @@ def train(
     links: Path | None = typer.Option(
         None,
         "--links",
-        help='JSON/YAML link table file: {"links":[{"a":..,"b":..,"mbps":..,"rtt_ms":..}]}',
+        help='JSON/YAML link table file: {"links":[{"a":..,"b":..,"mbps":..,"rtt_ms":..}]}, '
+        'optionally with "regions":{CLUSTER:REGION,...} (async-ps: a server per region).',
     ),
     compression: str = typer.Option(
         "none",
@@ -198,7 +200,7 @@ def train(
     """Train one data-parallel job over clusters of Ray workers, compressed across the WAN."""
     from training.spec import TrainSpec, parse_clusters, parse_slowdown
     from training.tasks import check_entry
-    from training.wan import load_links_file
+    from training.wan import load_links_file, load_regions_file
 
     try:
         cluster_map = parse_clusters(clusters)
@@ -232,9 +234,11 @@ def train(
     except ValueError as exc:
         raise fail("train", "--slowdown", str(exc)) from None
     link_list = []
+    regions: dict[str, str] = {}  # none declared: one region (a flat parameter server)
     if links is not None:
         try:
             link_list = load_links_file(links)
+            regions = load_regions_file(links)
         except ValueError as exc:
             raise fail("train", "--links", str(exc)) from None
     spec = TrainSpec(
@@ -261,6 +265,7 @@ def train(
         outer_nesterov=nesterov,
         slowdown=slow,
         data=data_mode,
+        regions=regions,
     )
     try:
         spec.validate()

@@ -46,6 +46,18 @@ def test_bad_flags_one_line_nonzero_exit(args: list[str], needle: str) -> None:
     assert lines[0].startswith("cpn train: error:") and needle in lines[0]
 
 
+def test_link_table_regions_must_name_every_cluster(tmp_path: Path) -> None:
+    """Regions from the link table reach the run's spec, checked like any flag."""
+    links = tmp_path / "links.json"
+    table = {"links": [{"a": "a", "b": "b", "mbps": 50}], "regions": {"a": "eu"}}
+    links.write_text(json.dumps(table))
+    out = _cpn("--clusters", "a:1,b:1", "--sync", "async-ps:4", "--links", str(links))
+    assert out.returncode != 0
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("cpn train: error: --links (regions): name the region"), line
+    assert "missing ['b']" in line
+
+
 @pytest.mark.slow
 def test_train_json_report_and_plot(tmp_path: Path) -> None:
     links = tmp_path / "links.json"

@@ -184,3 +184,13 @@ def test_regions_group_clusters_and_place_a_server_per_region_and_a_global_one()
     TrainSpec(clusters={"a": 1, "b": 1}, regions={"a": "eu", "b": "us"}).validate()
     with pytest.raises(ValueError, match="regions: name the region of every cluster"):
         TrainSpec(clusters={"a": 1, "b": 1}, regions={"a": "eu"}).validate()
+
+
+def test_local_data_barrier_period_keeps_worst_staleness_within_s() -> None:
+    """(B + 1)(n - 1) <= S where the bound allows a period, else every tick."""
+    from training.sync.async_ps import ticks_between_barriers
+
+    assert ticks_between_barriers(4, 3) == 1
+    assert ticks_between_barriers(16, 3) == 7 and (7 + 1) * 2 <= 16
+    assert ticks_between_barriers(4, 8) == 1  # S below one tick of pushes: every tick
+    assert ticks_between_barriers(4, 1) == 1

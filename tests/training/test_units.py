@@ -14,7 +14,7 @@ from training.checkpoint import DirectoryStore, open_store
 from training.data import batch_indices, shard, shard_sizes
 from training.placement import cluster_resource
 from training.spec import TrainSpec, parse_clusters
-from training.wan import Link, LinkTable, load_links_file, ring_edges
+from training.wan import Link, LinkTable, load_links_file, load_regions_file, ring_edges
 
 
 def test_shards_cover_the_global_batch_exactly() -> None:
@@ -169,6 +169,21 @@ def test_links_file(tmp_path: Path) -> None:
         load_links_file(f)
     with pytest.raises(ValueError, match="cannot be read"):
         load_links_file(tmp_path / "nope.json")
+
+
+def test_links_file_regions(tmp_path: Path) -> None:
+    """The link table may say where each emulated cluster is (async-ps: a server per
+    region); without it the run has one region."""
+    f = tmp_path / "links.json"
+    links = [{"a": "x", "b": "y", "mbps": 100}]
+    f.write_text(json.dumps({"links": links}))
+    assert load_regions_file(f) == {}
+    f.write_text(json.dumps({"links": links, "regions": {"x": "eu", "y": "us"}}))
+    assert load_regions_file(f) == {"x": "eu", "y": "us"}
+    assert len(load_links_file(f)) == 1
+    f.write_text(json.dumps({"links": links, "regions": ["eu", "us"]}))
+    with pytest.raises(ValueError, match="regions: expected"):
+        load_regions_file(f)
 
 
 def test_checkpoint_store_latest_keep_and_file_uri(tmp_path: Path) -> None:

@@ -29,6 +29,21 @@ levels are the same: a push (of a cluster to its region, or of a region to the g
 more than S versions of its server stale is down-weighted by (S + 1) / (staleness + 1), never
 dropped. Within one region the server stays flat. After the last step each region sends its
 last progress and every cluster takes the global server's parameters.
+
+Under `data: local` (non-IID: each cluster holds its own labels) the clusters' pushes are
+kept in step by a bounded-staleness barrier (stale synchronous parallel): every B ticks the
+leaders meet once (`ticks_between_barriers`), so no cluster is more than B pushes ahead of
+another. Each cluster's update pulls the model toward its own labels, and only a mix with the
+others' in equal measure cancels that pull; unbounded, one cluster that stalls (an
+evaluation, a busy host) lets the others push tens of updates in a row, and the server model
+follows their labels (measured: 3 clusters, 200 steps, push counts 19 apart, a run of 40
+pushes without one cluster, final accuracy 18-22 % against every-step's 55 %). B is the
+largest period whose worst staleness, about (B + 1)(n - 1) versions for n clusters, stays
+within S, at least 1: the barrier turns the staleness bound into a guarantee where staleness
+costs accuracy. A fast cluster is not held back by it in local steps (it still takes up to
+`speed_bound` of them per tick), only in pushes; the barrier's wait is emulated as one round
+trip of the leader's link to the server's host. Under shared (IID) data every cluster's
+update points the same way on average, and the clusters stay free-running.
 """
 
 from __future__ import annotations
@@ -235,6 +250,14 @@ class RegionalServer(ParameterServer):
         return dict(self.sent), self.exchanges
 
 
+def ticks_between_barriers(staleness: int, clusters: int) -> int:
+    """Ticks between the leaders' barriers under local data: the largest B whose worst
+    staleness (B + 1)(n - 1) stays within S, at least 1 (see the module docstring)."""
+    if clusters < 2:
+        return 1
+    return max(1, staleness // (clusters - 1) - 1)
+
+
 def _actor(cls: type, name: str) -> Any:
     """`cls` as a named Ray actor on this node (the host's), never restarted."""
     import ray
@@ -279,6 +302,13 @@ class AsyncPSSync(SyncStrategy):
         self.sent: dict[tuple[str, str], int] = {}
         self.final: tuple[int, int, int] = (0, 0, 0)
         self.final_global: tuple[int, int, int] = (0, 0, 0)
+        # under local data the leaders meet every `barrier_every` ticks (0: never)
+        self.barrier_every = (
+            ticks_between_barriers(self.sync.staleness, len(self.comm.clusters))
+            if self.spec.data == "local"
+            else 0
+        )
+        self.barriers = 0
 
     @property
     def scope(self) -> Scope:
@@ -410,10 +440,29 @@ class AsyncPSSync(SyncStrategy):
         if self.comm.is_leader:
             cur = self._push(step, self.anchor - cur)
             mine[0] = float(self.mine)
+            tick = step + 1  # `step` counts from 0; the last tick's meeting is `finish`
+            if self.barrier_every and tick % self.barrier_every == 0 and tick < self.spec.steps:
+                self._barrier(step)
         both = torch.cat([cur, mine.to(cur.device, cur.dtype)])
         self.comm.broadcast(both)
         self.mine = int(both[-1].item())
         self._load(both[:-1])
+
+    def _barrier(self, step: int) -> None:
+        """Leader: wait until every cluster has pushed this tick (local data; the module
+        docstring says why), plus the round trip to the server's host it would take."""
+        exchanger = self.comm.exchanger
+        assert exchanger is not None
+        start = time.perf_counter()
+        dist.barrier(group=exchanger.group)
+        links = self.comm.links_now(step)
+        me, host = self.comm.cluster, self.global_host
+        link = links.get(me, host) if links is not None and me != host else None
+        need = link.rtt_s if link is not None else 0.0
+        elapsed = time.perf_counter() - start
+        if need > elapsed:
+            time.sleep(need - elapsed)
+        self.barriers += 1
 
     def _load(self, flat: torch.Tensor) -> None:
         self.anchor = flat.clone()
@@ -487,6 +536,7 @@ class AsyncPSSync(SyncStrategy):
             "stale_updates": float(stale),
             "max_staleness": float(worst),
             "local_steps_per_step": float(self.mine),
+            "barriers": float(self.barriers),
         }
         if self.hierarchical:
             gversion, gstale, gworst = self.final_global

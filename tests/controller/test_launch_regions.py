@@ -1,0 +1,58 @@
+"""The launch tells the workers where each placed cluster is (`TrainSpec.regions`, from
+`Cluster.region`), so an `async-ps` job placed across regions runs a server per region under
+a global one (HALoS, `training.sync.async_ps`). No Ray: `train_spec_of` is what `launch`
+hands the run, built from the real database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.jobspec import JobSpec
+from controller.launch import train_spec_of
+from controller.models import Job
+from tests.controller.world import TASK, Net
+from training.sync.hetero import region_groups
+
+
+@pytest.fixture
+def net(db_url: str, tmp_path: Path) -> Iterator[Net]:
+    """Two clusters in us-east and one in eu-west, one GPU each: a 3-GPU job spans all."""
+    n = Net(db_url, tmp_path / "checkpoints")
+    n.cluster("ash", gpus=1, region="us-east")
+    n.cluster("nyc", gpus=1, region="us-east")
+    n.cluster("fra", gpus=1, region="eu-west")
+    n.link("ash", "nyc", gbps=10.0, rtt_ms=2.0)
+    n.link("ash", "fra", gbps=1.0, rtt_ms=80.0)
+    n.link("nyc", "fra", gbps=1.0, rtt_ms=80.0)
+    yield n
+    n.close()
+
+
+def _launched(net: Net, sync: str, gpus: int) -> tuple[dict[str, int], dict[str, str]]:
+    spec = JobSpec(name="ps", task=TASK, gpus=gpus, steps=20, compression="none", sync=sync)
+    job_id = net.submit(net.tenant("acme"), spec)
+    assert net.place() == [job_id]
+    with net.sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        train = train_spec_of(s, net.launcher.config, job, spec, net.held(job_id))
+    train.validate()
+    return train.clusters, train.regions
+
+
+def test_an_async_ps_job_across_two_regions_names_every_clusters_region(net: Net) -> None:
+    clusters, regions = _launched(net, "async-ps:4", gpus=3)
+    assert set(clusters) == {"ash", "nyc", "fra"}
+    assert regions == {"ash": "us-east", "nyc": "us-east", "fra": "eu-west"}
+    # what the runtime makes of it: two regions, so a hierarchical server
+    groups = region_groups(list(clusters), regions)
+    assert sorted(map(sorted, groups.values())) == [["ash", "nyc"], ["fra"]]
+
+
+def test_a_job_placed_in_one_region_names_only_its_clusters(net: Net) -> None:
+    clusters, regions = _launched(net, "async-ps:4", gpus=1)
+    assert len(clusters) == 1 and set(regions) == set(clusters)
+    assert len(region_groups(list(clusters), regions)) == 1  # flat
