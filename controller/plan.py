@@ -442,38 +442,31 @@ def plan_of(
         if spec is None
         else pipeline_estimate(spec, parallel, shares, snapshot, origins, qos_class)
     )
-    if staged is not None:
+    estimate = PlanEstimate(
+        step_time_s=est.step_time_s,
+        total_time_s=est.total_time_s,
+        wan_bytes=est.wan_bytes,
+        cost=est.cost,
+        compute_s=est.compute_s,
+        intra_s=est.intra_s,
+        wan_s=est.wan_s,
+        overhead_s=est.overhead_s,
+        effective_steps=est.effective_steps,
+        ring=tuple(est.ring),
+        step_overhead_s=est.step_overhead_s,
+    )
+    breakdown = PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress))
+    explanation = (*result.explanation, *((parallel.reason,) if parallel.mode != "data" else ()))
+    if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged
-        return JobPlan(
-            objective=result.objective,
-            clusters=tuple(shares),
-            parallel=parallel,
-            compression=result.compression,
-            sync=result.sync,
-            estimate=estimate,
-            price=breakdown,
-            explanation=(*result.explanation, parallel.reason, why),
-        )
+        explanation = (*explanation, why)
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),
         parallel=parallel,
         compression=result.compression,
         sync=result.sync,
-        estimate=PlanEstimate(
-            step_time_s=est.step_time_s,
-            total_time_s=est.total_time_s,
-            wan_bytes=est.wan_bytes,
-            cost=est.cost,
-            compute_s=est.compute_s,
-            intra_s=est.intra_s,
-            wan_s=est.wan_s,
-            overhead_s=est.overhead_s,
-            effective_steps=est.effective_steps,
-            ring=tuple(est.ring),
-            step_overhead_s=est.step_overhead_s,
-        ),
-        price=PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress)),
-        explanation=tuple(result.explanation)
-        + ((parallel.reason,) if parallel.mode != "data" else ()),
+        estimate=estimate,
+        price=breakdown,
+        explanation=explanation,
     )
