@@ -107,7 +107,7 @@ def test_async_ps_across_two_regions_is_hierarchical_and_crosses_less(pool: Work
         LinkSpec(a, b, 1000.0 if regions[a] == regions[b] else 100.0, 1.0)
         for a, b in itertools.combinations(CLUSTERS, 2)
     ]
-    steps = 32
+    steps = 64
     kw: dict[str, object] = {"links": links, "compression": "none", "speed_bound": 1}
     base = _run(pool, "every-step", steps)
     flat = _run(pool, "async-ps:4", steps, **kw)
