@@ -34,8 +34,12 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.spec import TrainSpec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parent.parent
@@ -102,6 +106,24 @@ def plan(profile: Any, speed: float, batch: int, mbps: float, rtt_ms: float) -> 
     return got, whole, gb
 
 
+def _train_spec(
+    task: str, steps: int, batch: int, mbps: float | None, rtt: float | None, ray: str | None
+) -> TrainSpec:
+    """The run both modes share: the bench's clusters, one evaluation at the end."""
+    from training.spec import TrainSpec
+
+    return TrainSpec(
+        task=task,
+        clusters=dict(CLUSTERS),
+        steps=steps,
+        batch_size=batch,
+        eval_every=steps,
+        link_mbps=mbps,
+        rtt_ms=rtt,
+        ray_address=ray,
+    )
+
+
 def run_pipeline_mode(
     task: str,
     schedule: str,
@@ -115,18 +137,8 @@ def run_pipeline_mode(
 ) -> dict[str, Any]:
     """One pipeline run; `mbps`/`rtt` None: no emulation (the links are real)."""
     from training.pipeline import PipelineSpec, Schedule, place, run_pipeline
-    from training.spec import TrainSpec
 
-    train = TrainSpec(
-        task=task,
-        clusters=dict(CLUSTERS),
-        steps=steps,
-        batch_size=batch,
-        eval_every=steps,
-        link_mbps=mbps,
-        rtt_ms=rtt,
-        ray_address=ray_address,
-    )
+    train = _train_spec(task, steps, batch, mbps, rtt, ray_address)
     spec = PipelineSpec(
         train, place(dict(CLUSTERS), None, False), micro, Schedule(schedule), cuts, "none"
     )
@@ -155,19 +167,11 @@ def run_data_mode(
     ray_address: str | None = None,
 ) -> dict[str, Any]:
     import training
-    from training.spec import TrainSpec
 
-    spec = TrainSpec(
-        task=task,
-        clusters=dict(CLUSTERS),
-        steps=steps,
-        batch_size=batch,
-        eval_every=steps,
-        link_mbps=mbps,
-        rtt_ms=rtt,
+    spec = replace(
+        _train_spec(task, steps, batch, mbps, rtt, ray_address),
         compression="none",
         sync="every-step",
-        ray_address=ray_address,
     )
     r = training.run(spec)
     return {
