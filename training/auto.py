@@ -2,11 +2,17 @@
 
 Pure decision code, no I/O. `decide` picks sync mode, period and compressor so that the WAN
 exchange hides under compute at the smallest quality cost: every-step fp32 when its exchange
-already costs little beside compute; else local SGD (DiLoCo) with the shortest period H whose
-exchange fits in H steps of compute, fp32 first; then int8, int4, int2 and chunked top-k as
-the bytes demand. `AutoPolicy` re-decides when the measured bandwidth or compute changes by
-more than a factor for a few rounds in a row (hysteresis), so noise does not flap the mode.
-Every rank calls it with the same all-reduced numbers, so every cluster decides the same.
+already costs little beside compute; else, for each compressor (fp32 first, then int8, int4,
+int2 and chunked top-k as the bytes demand) and period H (shortest first), exact local SGD
+(DiLoCo) when its blocking exchange costs at most the same small share of H steps of compute,
+else streaming DiLoCo when its fragments' exchanges fit in the steps they are given. A
+blocking exchange that is not cheap is paid in full by every worker every H steps (on the
+WAN testbed at 25 Mbit/s auto's local-sgd took 141 s to target against streaming int8's 127 s),
+while streaming overlaps it with compute at the cost of a few steps of delay, so exact local
+SGD is kept only where the blocking costs little. `AutoPolicy` re-decides when the measured
+bandwidth or compute changes by more than a factor for a few rounds in a row (hysteresis), so
+noise does not flap the mode. Every rank calls it with the same all-reduced numbers, so every
+cluster decides the same.
 """
 
 from __future__ import annotations
@@ -40,11 +46,34 @@ class Decision:
     """Predicted seconds of one exchange at this compression on the slowest link."""
     compute_s: float
     bandwidth_bps: float | None
+    fragment_s: float = 0.0
+    """Under streaming: predicted seconds of one fragment's exchange (1/F of the bytes, but
+    the ring's whole latency)."""
 
     @property
     def hides(self) -> bool:
-        """The exchange fits in the compute of one period (every-step: in its overhead)."""
+        """The exchange fits in the compute of one period; under streaming, each fragment's
+        exchange in its `delay` steps as well (else the workers wait for it)."""
+        if self.sync.kind is SyncKind.STREAMING:
+            return streaming_hides(self.exchange_s, self.fragment_s, self.sync, self.compute_s)
         return self.exchange_s <= self.sync.period * self.compute_s
+
+
+def streaming_form(period: int) -> Sync:
+    """Streaming DiLoCo of `period` as the grammar defaults it: min(4, H) fragments, each
+    applied H/F - 1 steps after it left (just before the next one leaves, so one exchange is
+    in flight at a time, as bench/peers.py runs torchft's and cpn's streaming rows)."""
+    fragments = min(4, period)
+    return Sync(
+        SyncKind.STREAMING, period=period, fragments=fragments, delay=period // fragments - 1
+    )
+
+
+def streaming_hides(exchange_s: float, fragment_s: float, sync: Sync, compute_s: float) -> bool:
+    """Whether streaming `sync` hides the exchange of the model (`exchange_s` at once,
+    `fragment_s` a fragment): each fragment's exchange fits in the `delay` steps of compute
+    before it is applied, and the link keeps up (all F of them in the period's compute)."""
+    return fragment_s <= sync.delay * compute_s and exchange_s <= sync.period * compute_s
 
 
 def ring_crossings(clusters: int) -> float:
@@ -92,16 +121,24 @@ def decide(
     """Sync and compression so that the exchange hides under compute at the least quality
     cost. `link` is the slowest link (from the link table, or `link_from_exchange`); None or
     one cluster: nothing crosses a WAN, so every-step fp32. Every-step is kept while its
-    synchronous exchange costs at most `overhead` of a step's compute. `fixed_sync` /
-    `fixed_compression` pin what the user gave concretely; the rest is picked."""
+    synchronous exchange costs at most `overhead` of a step's compute; local-sgd:H while its
+    blocking exchange costs at most `overhead` of H steps' compute (exact DiLoCo, no delay);
+    past that streaming:H, whose delayed fragments cost quality only where blocking would
+    cost time. `fixed_sync` / `fixed_compression` pin what the user gave concretely (a fixed
+    local SGD stays blocking, as long as its exchange fits its period); the rest is picked."""
     compute_s = max(compute_s, 1e-6)
     levels = [fixed_compression] if fixed_compression is not None else list(ladder)
     fixed_kind = fixed_sync.kind if fixed_sync is not None else None
 
+    def fragment_time(level: str, sync: Sync) -> float:
+        if link is None or sync.kind is not SyncKind.STREAMING:
+            return 0.0
+        return exchange_time(level, -(-params // sync.fragments), clusters, link, crossings)
+
     def made(sync: Sync, level: str, why: str) -> Decision:
         t = exchange_time(level, params, clusters, link, crossings) if link else 0.0
         bps = link.bandwidth_bps if link else None
-        return Decision(sync, level, why, t, compute_s, bps)
+        return Decision(sync, level, why, t, compute_s, bps, fragment_time(level, sync))
 
     if link is None or clusters < 2:
         sync = fixed_sync or Sync(SyncKind.EVERY_STEP)
@@ -130,17 +167,41 @@ def decide(
     for level in levels:
         t = exchange_time(level, params, clusters, link, crossings)
         for h in periods:
-            if t <= h * compute_s:
+            if fixed_sync is not None:  # local SGD fixed: blocking, the period as given
+                if t <= h * compute_s:
+                    return made(
+                        fixed_sync,
+                        level,
+                        f"local-sgd:{h} {level} (sync fixed): exchange {t:.3g}s <= {h} x "
+                        f"compute {compute_s:.3g}s",
+                    )
+                continue
+            if t <= overhead * h * compute_s:
                 return made(
                     Sync(SyncKind.LOCAL_SGD, period=h),
                     level,
-                    f"local-sgd:{h} {level}: exchange {t:.3g}s <= {h} x compute {compute_s:.3g}s",
+                    f"local-sgd:{h} {level}: blocking exchange {t:.3g}s <= {overhead:g} x {h} x "
+                    f"compute {compute_s:.3g}s",
+                )
+            stream = streaming_form(h)
+            tf = fragment_time(level, stream)
+            if streaming_hides(t, tf, stream, compute_s):
+                f, d = stream.fragments, stream.delay
+                return made(
+                    stream,
+                    level,
+                    f"{stream} {level}: fragment exchange {tf:.3g}s (1/{f} of {t:.3g}s) <= "
+                    f"{d} x compute {compute_s:.3g}s; blocking would cost {t:.3g}s > "
+                    f"{overhead:g} x {h} x compute",
                 )
     h = periods[-1]
+    sync = fixed_sync or Sync(SyncKind.LOCAL_SGD, period=h)
+    t = exchange_time(levels[-1], params, clusters, link, crossings)
     return made(
-        Sync(SyncKind.LOCAL_SGD, period=h),
+        sync,
         levels[-1],
-        f"nothing hides at {link.bandwidth_bps / 1e6:.3g} Mbit/s: the lightest exchange, H={h}",
+        f"nothing hides at {link.bandwidth_bps / 1e6:.3g} Mbit/s: the lightest exchange "
+        f"({t:.3g}s against {h} x compute {compute_s:.3g}s), blocking, H={h}",
     )
 
 

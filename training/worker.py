@@ -138,6 +138,7 @@ class Worker:
             apply=self._apply,
             cluster_share=sum(sizes[r] for r in self.cluster_ranks) / self.batch,
             device_s=lambda: self.device_s,
+            reset_local=lambda: self.opt.state.clear(),
             cluster_shares={
                 c: sum(sizes[r] for r, x in enumerate(self.ranks_cluster) if x == c) / self.batch
                 for c in self.clusters

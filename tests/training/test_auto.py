@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from api.cli import app
-from grammar import Sync, SyncKind
+from grammar import Sync, SyncKind, parse_sync
 from training.auto import (
     LADDER,
     AutoPolicy,
@@ -18,6 +18,8 @@ from training.auto import (
     exchange_time,
     lossiness,
     runs_auto,
+    streaming_form,
+    streaming_hides,
     wan_bound_ratio,
 )
 from training.wan import Link
@@ -63,19 +65,90 @@ def test_the_ladder_fp32_every_step_then_periods_then_compressors() -> None:
     assert decide(0.05, None, p, n).sync.kind is SyncKind.EVERY_STEP
     assert decide(0.05, Link(1e12, 0.0), p, n).compression == "none"
     fp32_100 = exchange_time("none", p, n, Link(100 * MBIT, 0.0))  # ~1.7 s
-    d = decide(0.05, Link(100 * MBIT, 0.0), p, n)  # 34 steps of compute: H=64 hides fp32
-    assert (str(d.sync), d.compression) == ("local-sgd:64", "none") and fp32_100 > 32 * 0.05
+    d = decide(0.05, Link(100 * MBIT, 0.0), p, n)  # 34 steps of compute: H=64 streams fp32
+    assert (str(d.sync), d.compression) == ("streaming:64:f4:d15", "none")
+    assert fp32_100 > 4 * 7 * 0.05  # streaming:32's fragments would not fit their 7 steps
     d = decide(0.05, Link(20 * MBIT, 0.0), p, n)  # 5x less: fp32 no longer hides, int8 does
     assert d.compression == "int8" and d.hides
     d = decide(0.05, Link(2 * MBIT, 0.0), p, n)  # even int2 takes 5.7 s: top-k
     assert d.compression.startswith("topk") and d.hides
-    assert "local-sgd" in d.why and d.why
+    assert "streaming" in d.why and "fragment exchange" in d.why
+
+
+def test_cheap_blocking_runs_exact_local_sgd_costly_blocking_streams() -> None:
+    p, n = 4_000_000, 3
+    # 10 Gbit/s: fp32 takes 17 ms, over 0.1 x a step (no every-step) but under 0.1 x 8 steps
+    d = decide(0.05, Link(10_000 * MBIT, 0.0), p, n)
+    assert (str(d.sync), d.compression) == ("local-sgd:8", "none") and d.hides
+    assert "blocking exchange" in d.why
+    # 1 Gbit/s: 171 ms, 3.4 steps: blocking H=8 would cost 43% of compute; a quarter of it
+    # (43 ms) fits in streaming:8's delay of one step (50 ms)
+    d = decide(0.05, Link(1_000 * MBIT, 0.0), p, n)
+    assert d.sync == Sync(SyncKind.STREAMING, period=8, fragments=4, delay=1)
+    assert d.compression == "none" and d.hides
+    assert d.why.startswith("streaming:8:f4:d1 none: fragment exchange 0.0427s")
+    assert "<= 1 x compute 0.05s" in d.why
+    # 400 Mbit/s: 427 ms, a quarter in 2.1 steps: not in H=8's 1 step, in H=16's 3
+    d = decide(0.05, Link(400 * MBIT, 0.0), p, n)
+    assert d.sync == Sync(SyncKind.STREAMING, period=16, fragments=4, delay=3)
+
+
+def test_streaming_forms_are_the_grammars_defaults() -> None:
+    for h in (*range(1, 17), 32, 64):
+        s = streaming_form(h)
+        assert s == parse_sync(f"streaming:{h}") == parse_sync(str(s)), h
+    assert (streaming_form(2).fragments, streaming_form(2).delay) == (2, 0)
+    # a delay of 0 steps hides nothing; a fragment fitting its delay but a link that cannot
+    # carry F of them a period does not either
+    assert not streaming_hides(0.04, 0.01, streaming_form(4), 1.0)
+    odd = Sync(SyncKind.STREAMING, period=8, fragments=2, delay=7)
+    assert not streaming_hides(9.0, 4.5, odd, 1.0) and streaming_hides(8.0, 4.0, odd, 1.0)
+    # a fragment pays the ring's whole latency: 3 clusters over 100 ms RTT, 0.2 s each
+    p, n, far = 4_000_000, 3, Link(1_000 * MBIT, 0.1)
+    d = decide(0.05, far, p, n)
+    assert d.sync.kind is SyncKind.STREAMING and d.hides
+    whole, part = exchange_time(d.compression, p, n, far), d.fragment_s
+    assert part > whole / d.sync.fragments and part == pytest.approx(
+        exchange_time(d.compression, p // 4, n, far)
+    )
+    assert part <= d.sync.delay * 0.05
+
+
+def test_a_fixed_local_sgd_stays_blocking_a_fixed_compression_may_stream() -> None:
+    link = Link(1_000 * MBIT, 0.0)
+    fixed = Sync(SyncKind.LOCAL_SGD, period=8)
+    d = decide(0.05, link, 4_000_000, 3, fixed_sync=fixed)
+    assert (d.sync, d.compression) == (fixed, "none") and d.hides  # 3.4 steps <= 8
+    slower = Link(100 * MBIT, 0.0)  # int4 takes 4.4 steps: blocking H=8 is not cheap
+    d = decide(0.05, slower, 4_000_000, 3, fixed_compression="int4")
+    assert d.sync.kind is SyncKind.STREAMING and d.compression == "int4" and d.hides
+    d = decide(0.05, slower, 4_000_000, 3, fixed_sync=fixed)
+    assert d.sync == fixed and d.compression == "int4"  # fp32 (34 steps), int8 (8.6) do not fit
+    # nothing hides: the lightest exchange, blocking, at the longest period (as before)
+    d = decide(0.05, Link(0.1 * MBIT, 0.0), 4_000_000, 3)
+    assert (str(d.sync), d.compression) == ("local-sgd:64", LADDER[-1]) and not d.hides
+    assert d.why.startswith("nothing hides")
+
+
+@settings(max_examples=80, deadline=None)
+@given(computes, params_, clusters_, mbps_)
+def test_blocking_runs_only_where_it_is_cheap_else_streaming_hides(
+    compute: float, params: int, clusters: int, mbps: float
+) -> None:
+    d = decide(compute, Link(mbps * MBIT, 0.01), params, clusters)
+    h = d.sync.period
+    if d.sync.kind is SyncKind.STREAMING:
+        assert d.hides and d.exchange_s > 0.1 * h * compute
+        assert d.exchange_s / d.sync.fragments <= d.fragment_s <= d.sync.delay * compute
+        assert d.sync == streaming_form(h)
+    elif d.sync.kind is SyncKind.LOCAL_SGD and not d.why.startswith("nothing hides"):
+        assert d.exchange_s <= 0.1 * h * compute
 
 
 def test_fixed_values_are_kept() -> None:
     link = Link(10 * MBIT, 0.0)
     d = decide(0.05, link, 4_000_000, 3, fixed_compression="int4")
-    assert d.compression == "int4" and d.sync.kind is SyncKind.LOCAL_SGD
+    assert d.compression == "int4" and d.sync.kind is SyncKind.STREAMING
     d = decide(0.05, link, 4_000_000, 3, fixed_sync=Sync(SyncKind.LOCAL_SGD, period=8))
     assert d.sync.period == 8 and lossiness(d.compression) > 0
     d = decide(0.05, link, 4_000_000, 3, fixed_sync=Sync(SyncKind.EVERY_STEP))
@@ -136,7 +209,8 @@ def test_cpn_train_auto_on_the_emulated_wan_reports_its_decision() -> None:
     assert report["sync"] == "auto" and report["compression"] == "auto"
     first = report["auto_decisions"][0]
     assert first["step"] == 4 and first["why"]
-    # 23 K parameters = 0.74 Mbit of fp32 at 2 Mbit/s: far more than a step's compute
-    assert first["sync"].startswith("local-sgd:") and first["compression"] != "none"
+    # 23 K parameters = 0.74 Mbit of fp32 at 2 Mbit/s: far more than a step's compute, so
+    # blocking would cost; streaming hides it
+    assert first["sync"].startswith("streaming:") and first["compression"] != "none"
     assert report["final_accuracy"] == report["final_accuracy"]  # a number, not NaN
     assert report["wan_bytes_total"] > 0

@@ -5,10 +5,18 @@ forward/backward, the leaders time that exchange, and one all-reduce (max) over 
 gives every rank the same slowest compute time and exchange time, so every rank decides the
 same. The link table, where there is one, gives the bandwidth instead of the measured
 exchange. Afterwards the same measurements are taken at every sync point of what runs (each
-local SGD round; every `OBSERVE_EVERY` steps under every-step) and `AutoPolicy` switches mode
-when they moved by more than its factor for a few rounds. Switches happen only where every
-cluster holds the same parameters (right after an exchange), so nothing is lost but the
-outer momentum when leaving local SGD.
+local SGD or streaming period; every `OBSERVE_EVERY` steps under every-step) and `AutoPolicy`
+switches mode when they moved by more than its factor for a few rounds.
+
+Switches happen only where every cluster holds the same parameters, since the next mode
+takes its anchor (or its every-step replicas) from them: right after a local SGD exchange or
+an every-step step; streaming, whose fragments are at every step in a different state of
+sync, is first drained (what is in flight applied, every fragment synced once more: one
+blocking exchange of the model). Nothing is lost but the outer momentum. Under streaming the
+exchanges run on its background thread; their wall time and bytes land in the same counters
+when each finishes, so a window's measurement misses the fragment still in flight at its end
+and counts it in the next: the bytes over the time stays the link's, and a slower link shows
+as longer exchanges there (the workers' waits for late fragments are not needed for it).
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ import torch.distributed as dist
 
 from grammar import Sync, SyncKind
 from training.auto import AutoPolicy, Decision, link_from_exchange, parse_fixed
+from training.collective import split
 from training.results import AutoChoice
 from training.sync.base import Scope, SyncContext, SyncStrategy
 from training.sync.every_step import EveryStepSync
 from training.sync.local_sgd import LocalSGDSync
+from training.sync.streaming import StreamingSync
 from training.wan import Link
 
 WARMUP = 4
@@ -113,9 +123,21 @@ class AutoSync(SyncStrategy):
     def load_state_dict(
         self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
     ) -> None:
-        """A resumed run measures and decides afresh (its warm-up starts at the resume step)."""
-        assert self.inner is not None
+        """A resumed run measures and decides afresh (its warm-up starts at the resume step)
+        from the parameters; but where it stopped under streaming, each cluster resumes its
+        own parameters, so the warm-up's anchor is streaming's (the same on every cluster)
+        and its exchange carries each cluster's progress since, in-flight fragments' too."""
+        assert isinstance(self.inner, LocalSGDSync)
         self.inner.load_state_dict(None, None)
+        layout = list((state or {}).get("layout", []))
+        total = sum(p.numel() for p in self.ctx.params)
+        if state is None or len(layout) != 4 or layout[3] != total:
+            return
+        flat = torch.cat([a.reshape(-1) for a in state["anchor"]])
+        parts = split(flat, [a.shape for a in self.inner.anchor])
+        with torch.no_grad():
+            for a, part in zip(self.inner.anchor, parts, strict=True):
+                a.copy_(part.to(a.device))
 
     def close(self) -> None:
         if self.inner is not None:
@@ -131,9 +153,9 @@ class AutoSync(SyncStrategy):
 
     def _observe_now(self, step: int) -> bool:
         cur = self.policy.current
-        if cur is None:
-            return step + 1 == self.warmup
-        if cur.sync.kind is SyncKind.LOCAL_SGD:
+        if cur is None:  # the warm-up's first exchange (after a resume too, wherever it is)
+            return (step + 1) % self.warmup == 0
+        if cur.sync.kind in (SyncKind.LOCAL_SGD, SyncKind.STREAMING):
             return (step + 1) % cur.sync.period == 0
         return (step + 1) % OBSERVE_EVERY == 0
 
@@ -174,18 +196,41 @@ class AutoSync(SyncStrategy):
             self._switch(new, step + 1)
 
     def _switch(self, decision: Decision, step: int) -> None:
-        """Run `decision` from `step` on; called right after an exchange, when every
-        cluster holds the same parameters."""
-        assert self.inner is not None
+        """Run `decision` from `step` on; called right after an exchange (the sync point of
+        what runs), when every cluster holds the same parameters, or under streaming, once
+        drained."""
+        inner = self.inner
+        assert inner is not None
         sync = decision.sync
-        if sync.kind is SyncKind.LOCAL_SGD and isinstance(self.inner, LocalSGDSync):
-            self.inner.period = sync.period  # keeps the anchor and the outer momentum
+        if sync.kind is SyncKind.LOCAL_SGD and isinstance(inner, LocalSGDSync):
+            inner.period = sync.period  # keeps the anchor and the outer momentum
+        elif isinstance(inner, StreamingSync) and _same_streaming(inner, sync):
+            # only the compression changes: exchanges in flight keep the level they left
+            # with (it is passed to the exchange when it is submitted) and every leader
+            # changes at the same step, so the next fragments all go at the new one
+            pass
         else:
-            self.inner.close()
+            if isinstance(inner, StreamingSync):
+                inner.drain(step - 1)
+            inner.close()
+            new: SyncStrategy
             if sync.kind is SyncKind.LOCAL_SGD:
-                self.inner = LocalSGDSync(sync, self.ctx)
+                new = LocalSGDSync(sync, self.ctx)
+            elif sync.kind is SyncKind.STREAMING:
+                new = StreamingSync(sync, self.ctx)  # its anchor: the parameters, all equal
             else:
-                self.inner = EveryStepSync(Sync(SyncKind.EVERY_STEP), self.ctx)
-            self.inner.load_state_dict(None, None)
+                new = EveryStepSync(Sync(SyncKind.EVERY_STEP), self.ctx)
+                # the clusters' momentum differs after local steps: lockstep from equal state
+                self.ctx.reset_local()
+            new.load_state_dict(None, None)
+            self.inner = new
+        assert self.inner is not None
         self.inner.compression = decision.compression
         self.choices.append(AutoChoice(step, str(sync), decision.compression, decision.why))
+
+
+def _same_streaming(inner: StreamingSync, sync: Sync) -> bool:
+    """Whether `sync` is the streaming `inner` runs (period, fragments and delay)."""
+    return sync.kind is SyncKind.STREAMING and (
+        (inner.period, inner.fragments, inner.delay) == (sync.period, sync.fragments, sync.delay)
+    )

@@ -58,6 +58,9 @@ class SyncContext:
     """This cluster's share of the global batch."""
     cluster_shares: dict[str, float] = field(default_factory=dict)
     """Every cluster's share of the global batch (modes that weight clusters by samples)."""
+    reset_local: Callable[[], None] = lambda: None
+    """Drop the local optimizer's state (its momentum): a mode that keeps the clusters in
+    lockstep (every-step) must not start from momentum each cluster gathered on its own."""
     device_s: Callable[[], float] = lambda: 0.0
     """The last local step's forward/backward in device time: CPU seconds of this rank's
     thread times its cluster's emulated slowdown. Unlike wall time it does not grow when

@@ -15,7 +15,8 @@ Checkpoints may fall anywhere: a cluster leader first waits for the exchanges in
 keeps their sums (run-wide, the same on every leader) next to each rank's snapshot of the
 fragment (per cluster), so a resumed run applies them at the same steps as an uninterrupted
 one. After the last step, what is in flight is applied and every fragment not synced at the
-last step is synced once more, so all clusters end with the same model.
+last step is synced once more, so all clusters end with the same model; `drain` does the
+same mid-run, where auto leaves streaming.
 """
 
 from __future__ import annotations
@@ -157,23 +158,29 @@ class StreamingSync(SyncStrategy):
         while self.inflight and self.inflight[0].apply_at <= step:
             self._apply(self.inflight.popleft())
 
-    def finish(self) -> None:
-        """Apply what is in flight, then sync once more every fragment not sent after the
-        last step, so every cluster ends with the same parameters."""
+    def drain(self, step: int) -> None:
+        """After `after_step(step)`: apply what is in flight (early, keeping the local progress
+        made since it left), then sync once more every fragment not sent after `step`, so
+        every cluster holds the same parameters, equal to the anchor. Safe mid-run (auto
+        leaves streaming this way): nothing is left in flight, the pool stays usable, and the
+        fragments' schedule goes on from the step after."""
         while self.inflight:
             self._apply(self.inflight.popleft())
-        last = self.spec.steps - 1
-        synced = set(fragments_due(last, self.period, self.fragments))
+        synced = set(fragments_due(step, self.period, self.fragments))
         for p in range(self.fragments):
             if p not in synced:
-                self._send(p, last)
+                self._send(p, step)
         while self.inflight:
             self._apply(self.inflight.popleft())
+
+    def finish(self) -> None:
+        """`drain` after the last step, so every cluster ends with the same parameters."""
+        self.drain(self.spec.steps - 1)
         self.finished = True
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _drain(self) -> None:
+    def _await_results(self) -> None:
         """Wait for the exchanges in flight (the leaders' group must be idle for a
         checkpoint's gather) and keep their sums."""
         for item in self.inflight:
@@ -181,7 +188,7 @@ class StreamingSync(SyncStrategy):
                 item.result = item.result.result()
 
     def cluster_state(self) -> dict[str, Any]:
-        self._drain()
+        self._await_results()
         model = self.ctx.model
         return {
             "inflight": [(i.fragment, i.sent, i.apply_at, i.snapshot.cpu()) for i in self.inflight],
@@ -193,7 +200,7 @@ class StreamingSync(SyncStrategy):
         return [self.period, self.fragments, self.delay, sum(self.sizes)]
 
     def state_dict(self) -> dict[str, Any]:
-        self._drain()
+        self._await_results()
         results = [
             i.result.cpu() if isinstance(i.result, torch.Tensor) else None for i in self.inflight
         ]

@@ -1,0 +1,140 @@
+"""`--sync auto` on a real local Ray: when the link slows down it streams (fragments in flight
+under the inner steps), and when the link recovers it leaves streaming by draining it, so the
+run ends with every cluster holding the same parameters; resumed from a checkpoint taken
+while streaming (each cluster its own view), it ends so too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import torch
+
+import training
+from grammar import SyncKind, parse_sync
+from training import TrainSpec
+from training.checkpoint import open_store
+from training.runner import WorkerPool
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+MLP = "builtin:mnist1d-mlp"
+FAST, SLOW, RTT = 100_000.0, 10.0, 2.0
+"""Mbit/s and ms. FAST puts the fp32 model (23 K parameters, 0.74 Mbit) on the link in 7 us,
+so an exchange costs the RTT: blocking local SGD is cheap (<= 0.1 x 8 steps of compute) for
+any compute between 2.5 and 20 ms a step, streaming:8 for 0.5 to 2.5 ms; never every-step
+below 20 ms (the RTT alone is more than 0.1 x a step). SLOW takes
+76 ms: at least 4 steps of compute up to 20 ms, so streaming, at another period or level
+than under FAST."""
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[WorkerPool]:
+    workers = WorkerPool()
+    yield workers
+    workers.close()
+
+
+def _models(pool: WorkerPool) -> list[dict[str, torch.Tensor]]:
+    """Each worker's parameters as the run left them (the pool keeps its actors)."""
+    actors: list[Any] = [a for group in pool._idle.values() for a in group]
+
+    def params(worker: Any) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in worker.model.state_dict().items()}
+
+    return list(ray.get([a.__ray_call__.remote(params) for a in actors]))
+
+
+def test_auto_streams_on_a_slow_link_and_drains_when_it_recovers(pool: WorkerPool) -> None:
+    spec = TrainSpec(
+        task=MLP,
+        clusters={"a": 1, "b": 1},
+        steps=144,  # after the recovery at 40: two observations at H <= 64, then one more mode
+        sync="auto",
+        compression="auto",
+        link_mbps=FAST,
+        rtt_ms=RTT,
+        link_schedule=[(8, SLOW, RTT), (40, FAST, RTT)],
+        eval_every=24,
+    )
+    report = training.run(spec, pool=pool)
+    assert report.steps == 144
+    seen = [(c.step, c.sync, c.compression) for c in report.auto_decisions]
+    assert seen[0][0] == 4, seen
+    assert all(parse_sync(s).kind is not SyncKind.EVERY_STEP for _, s, _ in seen), seen
+    slow = [(s, sync) for s, sync, _ in seen if 8 < s <= 40]
+    # the slow link made it stream (from the warm-up's local SGD or from local-sgd:8 / another
+    # streaming), with fragments whose exchange fits their delay
+    assert slow and parse_sync(slow[-1][1]).kind is SyncKind.STREAMING, seen
+    streamed = slow[-1][1]
+    # the recovered link made it leave that streaming (drained), to local SGD or another
+    assert any(s > 40 and sync != streamed for s, sync, _ in seen), seen
+    why = next(c.why for c in report.auto_decisions if c.sync == streamed)
+    assert "fragment exchange" in why, why
+    models = _models(pool)
+    assert len(models) == 2
+    for k, v in models[0].items():
+        assert torch.equal(models[1][k], v), k
+    losses = [h["loss"] for h in report.history]
+    assert losses[-1] < losses[0], losses
+
+
+def test_a_run_resumed_from_a_streaming_checkpoint_ends_with_equal_clusters(
+    pool: WorkerPool, tmp_path: Path
+) -> None:
+    def spec() -> TrainSpec:
+        return TrainSpec(
+            task=MLP,
+            clusters={"a": 1, "b": 1},
+            steps=48,
+            sync="auto",
+            compression="auto",
+            link_mbps=SLOW,
+            rtt_ms=RTT,
+            checkpoint=str(tmp_path / "ck"),
+            checkpoint_every=20,
+            eval_every=20,
+        )
+
+    seen: list[int] = []
+    stopped = training.run(
+        spec(), pool=pool, on_progress=lambda p: seen.append(p.step), should_stop=lambda: bool(seen)
+    )
+    assert stopped.stopped and stopped.steps == 20
+    assert parse_sync(stopped.auto_decisions[-1].sync).kind is SyncKind.STREAMING
+    # streaming's clusters differ between their fragments' syncs: each resumes its own view
+    state = open_store(str(tmp_path / "ck")).latest()
+    assert state is not None and state[0] == 20
+    views = [c["model"] for c in state[1]["clusters"].values()]
+    assert not torch.equal(views[0]["0.weight"], views[1]["0.weight"])
+    again = spec()
+    again.resume = True
+    resumed = training.run(again, pool=pool)
+    assert resumed.resumed_from_step == 20 and resumed.steps == 48
+    assert resumed.auto_decisions[0].step == 24  # the warm-up's first exchange after 20
+    models = _models(pool)
+    for k, v in models[0].items():
+        assert torch.equal(models[1][k], v), k
+
+
+def test_every_step_after_the_local_warm_up_keeps_the_clusters_equal(pool: WorkerPool) -> None:
+    """The warm-up's local steps leave each cluster its own optimizer momentum; every-step
+    starts both from none, or their parameters drift apart though their gradients agree."""
+    spec = TrainSpec(
+        task=MLP,
+        clusters={"a": 1, "b": 1},
+        steps=24,
+        sync="auto",
+        compression="auto",
+        link_mbps=FAST,
+        rtt_ms=0.0,
+        eval_every=12,
+    )
+    report = training.run(spec, pool=pool)
+    assert [parse_sync(c.sync).kind for c in report.auto_decisions] == [SyncKind.EVERY_STEP]
+    models = _models(pool)
+    for k, v in models[0].items():
+        assert torch.equal(models[1][k], v), k
