@@ -568,9 +568,11 @@ def cpn_driver(a: argparse.Namespace) -> None:
         outer_lr=a.outer_lr,
         outer_momentum=a.outer_momentum,
         outer_nesterov=a.nesterov,
+        link_mbps=a.emulate_mbps,
+        rtt_ms=0.0 if a.emulate_mbps else None,
     )
     rep = run(spec).to_dict()
-    keep = ("wall_s", "compute_s", "final_accuracy", "history", "auto_decisions")
+    keep = ("wall_s", "compute_s", "final_accuracy", "history", "auto_decisions", "wan_bytes")
     print(json.dumps({k: rep.get(k) for k in keep}, default=str))
 
 
@@ -840,6 +842,20 @@ def measure(
     return out, target if target is not None else fallback
 
 
+def merged(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`old` rows with those of the same peer replaced by `new`'s, in `PEERS` order."""
+    by_name = {r["peer"]: r for r in old} | {r["peer"]: r for r in new}
+    order = [q.name for q in PEERS]
+    return sorted(
+        by_name.values(), key=lambda r: order.index(r["peer"]) if r["peer"] in order else len(order)
+    )
+
+
+def _earlier(mbit: float) -> dict[str, Any] | None:
+    path = RESULTS / f"peers-{mbit:g}mbit.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def plot(rows: list[dict[str, Any]], mbit: float, target: float, title: str, path: Path) -> None:
     import matplotlib
 
@@ -918,6 +934,9 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--outer-lr", type=float, default=0.7)
     d.add_argument("--outer-momentum", type=float, default=0.9)
     d.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=True)
+    d.add_argument(
+        "--emulate-mbps", type=float, default=None, help="emulate every link (bench.emulation)"
+    )
     p.add_argument("--mbit", type=float, nargs="+", default=[25.0, 100.0])
     p.add_argument("--task", default="builtin:gpt-stdlib")
     p.add_argument("--steps", type=int, default=320)
@@ -934,6 +953,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--peers", default="", help="comma-separated substrings of row names")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other rows (and the target) of the results file each rate already has",
+    )
     p.add_argument("--no-hidden", action="store_true", help="skip the unshaped pass")
     p.add_argument(
         "--budget-s",
@@ -979,6 +1003,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     wanted = [s.strip() for s in a.peers.split(",") if s.strip()]
     peers = [q for q in PEERS if not wanted or any(s in q.name for s in wanted)]
+    earlier = {m: _earlier(m) for m in a.mbit} if a.merge else {}
+    if a.target is None and earlier:
+        a.target = next((e["target"] for e in earlier.values() if e), None)
     runs, target = measure(
         setup, a.mbit, peers, not a.no_hidden, a.budget_s, a.probe_steps, a.target, fallback, params
     )
@@ -997,13 +1024,20 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     for mbit, rows in runs.items():
         stem = RESULTS / f"peers-{mbit}mbit"
-        md = table(rows, float(mbit), target, command, meta)
+        old = earlier.get(float(mbit))
+        if old:
+            rows = merged(old["rows"], rows)
+            again = ", ".join(r["peer"] for r in runs[mbit])
+            cmd = f"{old['command']}; rows {again} re-run: {command}"
+        else:
+            cmd = command
+        md = table(rows, float(mbit), target, cmd, meta)
         print(md, flush=True)
         stem.with_suffix(".md").write_text(md)
         stem.with_suffix(".json").write_text(
             json.dumps(
                 {
-                    "command": command,
+                    "command": cmd,
                     "setup": asdict(setup),
                     "target": target,
                     "params": params,
@@ -1017,7 +1051,7 @@ def main(argv: list[str] | None = None) -> None:
             rows,
             float(mbit),
             target,
-            f"{a.task} on the testbed, {mbit} Mbit/s uplinks, 3 DC x 2\n{command}",
+            f"{a.task} on the testbed, {mbit} Mbit/s uplinks, 3 DC x 2\n{cmd}",
             stem.with_suffix(".png"),
         )
         print(f"wrote {stem}.{{md,json,png}}", flush=True)

@@ -110,3 +110,18 @@ def test_powersgd_gets_one_bucket_other_hooks_ddp_default() -> None:
     assert cap is not None and cap * 2**20 > nbytes  # every gradient fits one bucket
     assert ddp_bucket_cap_mb("none", model) is None
     assert ddp_bucket_cap_mb("fp16", model) is None
+
+
+def test_merged_replaces_rerun_rows_and_keeps_peers_order() -> None:
+    from bench.peers import PEERS, merged
+
+    old = [{"peer": q.name, "wall_s": 1.0} for q in PEERS]
+    new = [
+        {"peer": "(e) cpn auto", "wall_s": 2.0},
+        {"peer": "(a) DDP flat gloo fp32", "wall_s": 3.0},
+    ]
+    rows = merged(old, new)
+    assert [r["peer"] for r in rows] == [q.name for q in PEERS]
+    walls = {r["peer"]: r["wall_s"] for r in rows}
+    assert walls["(e) cpn auto"] == 2.0 and walls["(a) DDP flat gloo fp32"] == 3.0
+    assert walls["(e) cpn DiLoCo int8"] == 1.0
