@@ -4,7 +4,8 @@ carries that datacenter's custom resource (`cpn-cluster-<name>`). The Ray head (
 `run_in_hub`) live in the hub namespace, so every byte between datacenters crosses two shaped
 uplinks and shows on their interface counters.
 
-`up(layout)`, `down()` (idempotent; finds crash leftovers by the `cpntb` prefix), `status()`.
+`up(layout)`, `down()` (idempotent; finds crash leftovers by the `cpntb` prefix), `status()`;
+`Testbed.set_rate` changes one datacenter's uplink mid-run (a WAN that degrades and recovers).
 Part of the installed package (stdlib only, no other cpn package), so `cpn testbed` works from a
 wheel or the image; `bench/` and `tests/` import it from here.
 """
@@ -95,9 +96,43 @@ class Testbed:
         """{datacenter: (bytes out of it, bytes into it)} from its uplink's counters."""
         return {d["name"]: net.counters(d["netns"]) for d in self.datacenters}
 
+    def datacenter(self, name: str) -> Datacenter:
+        """The recorded datacenter `name` (KeyError names the ones there are)."""
+        for d in self.datacenters:
+            if d["name"] == name:
+                return Datacenter(d["name"], int(d["index"]), float(d["mbit"]), int(d["workers"]))
+        known = ", ".join(d["name"] for d in self.datacenters)
+        raise KeyError(f"no datacenter {name!r} on this testbed (it has {known})")
+
+    def set_rate(self, name: str, mbit: float) -> None:
+        """Change datacenter `name`'s uplink to `mbit` in both directions on the running testbed
+        (`tc qdisc change` on its side and on the hub's), as root from any namespace (a driver
+        in the hub too). The recorded rate follows, here and in the state file when this is
+        the testbed recorded there, so `status()` shows the rate now, not the one at `up`."""
+        if not mbit > 0:
+            raise ValueError(f"uplink rate must be > 0 Mbit/s, not {mbit}")
+        dc = self.datacenter(name)
+        net.reshape(dc.netns, UPLINK_IF, mbit)  # out of the datacenter
+        net.reshape(HUB_NS, dc.hub_if, mbit)  # into it
+        for d in self.datacenters:
+            if d["name"] == name:
+                d["mbit"] = float(mbit)
+        recorded = load()
+        if recorded is not None and recorded.token == self.token:
+            _save(self)
+
 
 def _state_file() -> Path:
     return STATE_DIR / "state.json"
+
+
+def _save(bed: Testbed) -> None:
+    """Write the state file whole (a reader never sees half of it), readable by root only."""
+    tmp = _state_file().with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(bed), f)
+    tmp.replace(_state_file())
 
 
 def load() -> Testbed | None:
@@ -182,9 +217,7 @@ def up(layout: Layout) -> Testbed:
                 ["--address", layout.ray_address, "--node-ip-address", dc.ip, "--resources", res],
                 token,
             )
-        fd = os.open(_state_file(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(bed), f)
+        _save(bed)
         _wait_nodes(bed, 1 + len(layout.datacenters), RAY_START_TIMEOUT_S)
     except BaseException:
         down()

@@ -74,6 +74,13 @@ def shape(ns: str, dev: str, mbit: float) -> None:
     in_ns(ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", *tbf_args(mbit))
 
 
+def reshape(ns: str, dev: str, mbit: float) -> None:
+    """Change the rate of a shaped interface in place (`tc qdisc change`): the tbf keeps its
+    queue, so a run crossing the link sees a slower (or faster) WAN, not a reset one. Works
+    from any namespace as root (`ip netns exec`), e.g. from a driver in the hub."""
+    in_ns(ns, "tc", "qdisc", "change", "dev", dev, "root", "tbf", *tbf_args(mbit))
+
+
 def counters(ns: str, dev: str = UPLINK_IF) -> tuple[int, int]:
     """(tx_bytes, rx_bytes) of an interface, link-layer bytes (Ethernet + IP + TCP + payload)."""
     out = sh("ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev)
