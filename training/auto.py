@@ -5,7 +5,8 @@ exchange hides under compute at the smallest quality cost: every-step fp32 when 
 already costs little beside compute; else, for each compressor (fp32 first, then int8, int4,
 int2 and chunked top-k as the bytes demand) and period H (shortest first), exact local SGD
 (DiLoCo) when its blocking exchange costs at most the same small share of H steps of compute,
-else streaming DiLoCo when its fragments' exchanges fit in the steps they are given. A
+else streaming DiLoCo when the link keeps up and the waits for fragments that outlast the
+steps they are given cost at most that share too (`OVERHEAD`, one rule for every mode). A
 blocking exchange that is not cheap is paid in full by every worker every H steps (on the
 WAN testbed at 25 Mbit/s auto's local-sgd took 141 s to target against streaming int8's 127 s),
 while streaming overlaps it with compute at the cost of a few steps of delay, so exact local
@@ -69,11 +70,21 @@ def streaming_form(period: int) -> Sync:
     )
 
 
-def streaming_hides(exchange_s: float, fragment_s: float, sync: Sync, compute_s: float) -> bool:
+OVERHEAD = 0.1
+"""Share of compute the WAN may still cost in the mode picked: every-step's synchronous
+exchange, blocking local SGD's exchange over its period, streaming's waits for late
+fragments over its period."""
+
+
+def streaming_hides(
+    exchange_s: float, fragment_s: float, sync: Sync, compute_s: float, overhead: float = OVERHEAD
+) -> bool:
     """Whether streaming `sync` hides the exchange of the model (`exchange_s` at once,
-    `fragment_s` a fragment): each fragment's exchange fits in the `delay` steps of compute
-    before it is applied, and the link keeps up (all F of them in the period's compute)."""
-    return fragment_s <= sync.delay * compute_s and exchange_s <= sync.period * compute_s
+    `fragment_s` a fragment): the link keeps up (all F fragments in the period's compute),
+    and the workers' waits for fragments that outlast their `delay` steps of compute (F a
+    period) cost at most `overhead` of the period's compute, as blocking local SGD may."""
+    late = max(0.0, fragment_s - sync.delay * compute_s) * sync.fragments
+    return late <= overhead * sync.period * compute_s and exchange_s <= sync.period * compute_s
 
 
 def ring_crossings(clusters: int) -> float:
@@ -111,7 +122,7 @@ def decide(
     params: int,
     clusters: int,
     *,
-    overhead: float = 0.1,
+    overhead: float = OVERHEAD,
     max_period: int = 64,
     ladder: Sequence[str] = LADDER,
     fixed_sync: Sync | None = None,
@@ -185,14 +196,15 @@ def decide(
                 )
             stream = streaming_form(h)
             tf = fragment_time(level, stream)
-            if streaming_hides(t, tf, stream, compute_s):
+            if streaming_hides(t, tf, stream, compute_s, overhead):
                 f, d = stream.fragments, stream.delay
+                late = max(0.0, tf - d * compute_s) * f
                 return made(
                     stream,
                     level,
-                    f"{stream} {level}: fragment exchange {tf:.3g}s (1/{f} of {t:.3g}s) <= "
-                    f"{d} x compute {compute_s:.3g}s; blocking would cost {t:.3g}s > "
-                    f"{overhead:g} x {h} x compute",
+                    f"{stream} {level}: fragment exchange {tf:.3g}s (1/{f} of {t:.3g}s) "
+                    f"against {d} x compute {compute_s:.3g}s, waits {late:.3g}s a period <= "
+                    f"{overhead:g} x {h} x compute; blocking would cost {t:.3g}s",
                 )
     h = periods[-1]
     sync = fixed_sync or Sync(SyncKind.LOCAL_SGD, period=h)
