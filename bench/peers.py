@@ -183,6 +183,8 @@ def table(rows: list[dict[str, Any]], mbit: float, target: float, command: str, 
             if r.get("extrapolated")
             else "measured"
         )
+        if r.get("measured_on"):  # merged tables hold rows of several sessions
+            how += f" {r['measured_on']}"
         if r.get("error"):
             how = f"FAILED: {r['error'][:80]}"
         ttt = r.get("ttt")
@@ -730,6 +732,7 @@ def run_peer(bed: Any, setup: Setup, peer: Peer, steps: int) -> dict[str, Any]:
         "kind": peer.kind,
         "note": peer.note,
         "steps": steps,
+        "measured_on": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "wall_s": rep["wall_s"],
         "compute_s": rep["compute_s"],
         "final_accuracy": rep["final_accuracy"],
