@@ -204,7 +204,7 @@ def test_cpn_train_auto_on_the_emulated_wan_reports_its_decision() -> None:
         "--steps",
         "12",
         "--link-mbps",
-        "2",
+        "0.2",
         "--rtt-ms",
         "1",
         "--json",
@@ -214,8 +214,10 @@ def test_cpn_train_auto_on_the_emulated_wan_reports_its_decision() -> None:
     assert report["sync"] == "auto" and report["compression"] == "auto"
     first = report["auto_decisions"][0]
     assert first["step"] == 4 and first["why"]
-    # 23 K parameters = 0.74 Mbit of fp32 at 2 Mbit/s: far more than a step's compute, so
-    # blocking would cost; streaming hides it
-    assert first["sync"].startswith("streaming:") and first["compression"] != "none"
+    # 23 K parameters = 0.74 Mbit of fp32: 3.7 s at 0.2 Mbit/s, more than 64 steps of this
+    # model's compute (under 58 ms a step on any machine this runs on), so neither every-step
+    # nor fp32; whether streaming or blocking runs depends on the measured compute
+    kind = parse_sync(first["sync"]).kind
+    assert kind in (SyncKind.STREAMING, SyncKind.LOCAL_SGD) and first["compression"] != "none"
     assert report["final_accuracy"] == report["final_accuracy"]  # a number, not NaN
     assert report["wan_bytes_total"] > 0
