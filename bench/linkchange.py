@@ -40,12 +40,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.peers import DCS, RESULTS, WORKERS, regime
+import numpy as np
 
-EVERY_STEP_OBSERVE = 8
-"""Steps between two of auto's measurements under every-step (`training.sync.auto.OBSERVE_EVERY`):
-its "round" when the link changed while every-step ran."""
-
+from bench.peers import DCS, RESULTS, WORKERS, _fmt, regime
+from training.sync.auto import OBSERVE_EVERY as EVERY_STEP_OBSERVE
 
 # ----------------------------------------------------------------------------- pure parts
 
@@ -242,12 +240,7 @@ class Phase:
 
 def _interp(points: Sequence[tuple[float, float]], x: float) -> float:
     """Linear in sorted (x, y) points, held flat outside them."""
-    if x <= points[0][0]:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in itertools.pairwise(points):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
-    return points[-1][1]
+    return float(np.interp(x, [p[0] for p in points], [p[1] for p in points]))
 
 
 def phases(samples: Sequence[Sample], bounds: Sequence[int], rates: Sequence[float]) -> list[Phase]:
@@ -314,10 +307,6 @@ def peak_uplink(rates: Sequence[Rate], start_step: int, end_step: int) -> float 
     the rate tc lets through, which is what shows a change took effect."""
     inside = [r.uplink_mbit for r in rates if start_step < r.step <= end_step]
     return max(inside) if inside else None
-
-
-def _fmt(x: float | None, spec: str = ".1f", none: str = "-") -> str:
-    return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def _choice(c: Choice | None) -> str:
