@@ -12,9 +12,10 @@ from typing import Any
 
 import anyio
 from fastapi import Depends, FastAPI
-from sqlalchemy import or_, select
+from sqlalchemy import Engine, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import QueuePool
 
 from api import docs, problems, ratelimit
 from api.config import Settings, admin_token_problem
@@ -136,6 +137,23 @@ def engine_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+SQLITE_REQUEST_SLOTS = 2
+"""SQLite reads hand the GIL back and forth once per row, so more threads reading at once
+are slower in all (bench/results/api-throughput.md): two at a time keep both cores busy."""
+
+
+def request_slots(settings: Settings, engine: Engine) -> int:
+    """How many requests may use the database at once: fewer than the pool holds, so the
+    controller, event streams and key lookups always find a connection too."""
+    if settings.db_request_slots is not None:
+        return settings.db_request_slots
+    pool = engine.pool
+    size = pool.size() if isinstance(pool, QueuePool) else 1
+    room = size + (pool._max_overflow if isinstance(pool, QueuePool) else 0)
+    wanted = SQLITE_REQUEST_SLOTS if is_sqlite(settings.database_url) else size
+    return max(1, min(wanted, room - 1))
+
+
 def make_controller(settings: Settings, sessions: sessionmaker[Session]) -> Controller:
     return Controller(
         sessions,
@@ -232,6 +250,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.agent_engine = agent_engine
     app.state.agent_sessions = agent_sessions
     app.state.agent_threads = anyio.CapacityLimiter(AGENT_THREADS)
+    app.state.db_slots = anyio.Semaphore(request_slots(settings, engine))
     app.state.streams = StreamSlots(settings.max_streams_per_key, settings.stream_max_s)
     app.state.failure_audit = FailureAudit()
     app.state.metrics = metrics

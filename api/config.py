@@ -46,6 +46,15 @@ class Settings(BaseSettings):
         le=600,
         description="How long a request waits for a free connection before a 503 with Retry-After.",
     )
+    db_request_slots: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="Requests that may use the database at once; the rest wait their turn "
+        "(at most db_pool_timeout_s, then a 503). Keep it below the pool's size, so the "
+        "controller and key lookups find connections too. Default: db_pool_size (20 on "
+        "PostgreSQL); 2 on SQLite, whose reads get slower, not faster, with more at once.",
+    )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         default="FULL",
         description="SQLite durability: FULL survives power loss; NORMAL (WAL) is faster but may "

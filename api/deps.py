@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 import anyio
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.config import Settings
@@ -40,15 +41,41 @@ def sessions_for(request: Request) -> sessionmaker[Session]:
     return factory
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """A session per request; routes commit what they change, the rest is rolled back."""
-    with sessions_for(request)() as session:
-        yield session
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """A session per request; routes commit what they change, the rest is rolled back.
+
+    A request first takes one of the replica's database slots (`db_request_slots`), waiting
+    on the event loop, so no worker thread ever blocks on the connection pool: a thread
+    waiting for a connection while the connections' requests wait for a thread (FastAPI
+    validates a sync route's answer on one) stalled the API at ~40 concurrent reads.
+
+    Async so that FastAPI opens it on the event loop (a session connects lazily, on its first
+    query, in the route's thread). Closing ends its transaction: in-process on SQLite, a
+    round trip on a server database, so there a session still in one is closed on a thread.
+    """
+    slots: anyio.Semaphore = request.app.state.db_slots
+    timeout = request.app.state.settings.db_pool_timeout_s
+    with anyio.move_on_after(timeout) as waited:
+        await slots.acquire()
+    if waited.cancelled_caught:
+        raise PoolTimeout(f"no database slot of this replica was free within {timeout:g} s")
+    try:
+        session = sessions_for(request)()
+        try:
+            yield session
+        finally:
+            if session.in_transaction() and session.get_bind().dialect.name != "sqlite":
+                with anyio.CancelScope(shield=True):  # a client gone still frees the connection
+                    await anyio.to_thread.run_sync(session.close)
+            else:
+                session.close()
+    finally:
+        slots.release()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

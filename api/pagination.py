@@ -18,7 +18,7 @@ class PageParams(BaseModel):
     offset: int
 
 
-def page_params(
+async def page_params(
     limit: Annotated[int, Query(ge=1, le=500, description="Items per page.")] = 100,
     offset: Annotated[int, Query(ge=0, le=10_000_000, description="Items to skip.")] = 0,
 ) -> PageParams:
@@ -29,12 +29,21 @@ PageDep = Annotated[PageParams, Depends(page_params)]
 
 
 def fetch_page(
-    session: Session, stmt: Select[Any], page: PageParams, count: Select[Any] | None = None
+    session: Session,
+    stmt: Select[Any],
+    page: PageParams,
+    count: Select[Any] | None = None,
+    *,
+    rows: bool = False,
 ) -> tuple[Sequence[Any], int]:
     """The page of `stmt`, and how many rows it has in all: counted by `count` when given (a
-    plain `SELECT count(*) ... WHERE` an index answers), else over `stmt` as a subquery."""
+    plain `SELECT count(*) ... WHERE` an index answers), else over `stmt` as a subquery.
+    Items are the statement's first entity, or with `rows` each row as a column mapping."""
     if count is None:
         count = select(func.count()).select_from(stmt.order_by(None).subquery())
     total = session.scalar(count) or 0
-    items = session.scalars(stmt.limit(page.limit).offset(page.offset)).unique().all()
+    window = stmt.limit(page.limit).offset(page.offset)
+    if rows:
+        return session.execute(window).mappings().all(), int(total)
+    items = session.scalars(window).unique().all()
     return items, int(total)

@@ -273,8 +273,10 @@ class Result:
 
 
 @contextmanager
-def profiling(pid: int, path: Path | None, seconds: float) -> Iterator[None]:
-    """py-spy records the server while the load runs, when asked to."""
+def profiling(pid: int, path: Path | None, seconds: float, gil: bool = False) -> Iterator[None]:
+    """py-spy records the server while the load runs, when asked to: every thread's stack
+    (wall time: a thread waiting on the database shows as busy in its driver), or with `gil`
+    only the thread holding the GIL (where the server's Python CPU time goes)."""
     if path is None:
         yield
         return
@@ -292,6 +294,7 @@ def profiling(pid: int, path: Path | None, seconds: float) -> Iterator[None]:
             "--output",
             str(path),
             "--nonblocking",
+            *(["--gil"] if gil else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
@@ -311,7 +314,7 @@ def measure(target: str, args: argparse.Namespace) -> Result:
     t = time.monotonic()
     with serving(target) as (url, token, pid):
         spy = RESULTS / f"api-{target}.folded.txt" if args.profile else None
-        with profiling(pid, spy, args.seconds):
+        with profiling(pid, spy, args.seconds, args.gil):
             writes, reads = run_load(url, token, args.seconds, args.concurrency)
     print(f"   done in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
     return Result(target, writes, reads)
@@ -428,6 +431,9 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="record each server with py-spy (bench/results/api-*.folded.txt)",
+    )
+    parser.add_argument(
+        "--gil", action="store_true", help="with --profile: sample only the GIL's holder (CPU)"
     )
     parser.add_argument("--plot", type=Path, default=RESULTS / "api.png")
     args = parser.parse_args()

@@ -58,9 +58,7 @@ def test_a_tenant_with_a_tiny_budget_waits_and_is_never_placed(network: Network)
     token = admin.create_api_key("tenant", poor["id"])["token"]
     with network.server.client(token) as tenant:
         job = tenant.submit(spec(name="big", gpus=8, steps=10**9))
-        assert job["state"] == "PENDING"
-        assert job["reason"].startswith("waiting: the plan costs")
-        assert "has 0.01 of its budget of 0.01 left" in job["reason"]
+        assert job["state"] == "PENDING"  # the budget is held at placement, not at submission
         for _ in range(3):
             assert place(network) == []
             now = tenant.job(job["id"])
