@@ -190,3 +190,54 @@ def test_bytes_per_leader_stay_flat_as_clusters_are_added() -> None:
             per_step = (out - (n - 1) * 33) / steps
             assert 2 * (n - 1) / n * model <= per_step <= 2 * (n - 1) / n * model + 4096, n
             assert per_step < 2 * model
+
+
+LATE_S = 0.4
+"""How long the second leader "encodes" before it sends, in the emulated-link test."""
+WIRE_S = 0.5
+"""What the emulated link needs for the test's message."""
+
+
+def _shift_rank(rank: int, ranks_cluster: list[str], port: int, out: str) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    from training.exchange import LeaderExchange
+    from training.wan import LinkTable
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=60),
+    )
+    payload = bytes(10_000)
+    links = LinkTable.build([], mbps=len(payload) * 8 / WIRE_S / 1e6)
+    ring = LeaderExchange(["a", "b"], ranks_cluster[rank], dist.group.WORLD)
+    dist.barrier()
+    start = time.perf_counter()
+    if rank == 1:
+        time.sleep(LATE_S)  # its encoding: the link carries nothing meanwhile
+    got = ring._shift(payload, links)  # the round under test
+    took = time.perf_counter() - start
+    dist.destroy_process_group()
+    torch.save({"took": took, "got": len(got)}, Path(out) / f"rank{rank}.pt")
+
+
+def test_an_emulated_round_delivers_after_the_sender_began_plus_the_link_time(
+    tmp_path: Path,
+) -> None:
+    """Each ring round waits for its own bytes, counted from when the previous leader began
+    sending: a leader still encoding delays what it sends, and bytes sent to a leader still
+    encoding travel meanwhile, as on a real WAN. (One wait per
+    exchange, counted from the exchange's start, hid the codec's time under the link's and
+    made blocking DiLoCo 17 % faster emulated than on the testbed.)"""
+    found = _spawn(_shift_rank, ["a", "b"], tmp_path)
+    assert [f["got"] for f in found] == [10_000, 10_000]
+    early, late = found[0]["took"], found[1]["took"]
+    assert early >= LATE_S + WIRE_S * 0.95, early  # b's bytes left only after b encoded
+    assert early < LATE_S + WIRE_S + 1.0, early
+    # a's bytes left at once: they were on the way while b encoded, so b waits the rest only
+    assert WIRE_S * 0.95 <= late < LATE_S + WIRE_S * 0.9, late
