@@ -149,6 +149,7 @@ def request_slots(settings: Settings, engine: Engine) -> int:
         return settings.db_request_slots
     pool = engine.pool
     size = pool.size() if isinstance(pool, QueuePool) else 1
+    # QueuePool has no public getter for its overflow limit
     room = size + (pool._max_overflow if isinstance(pool, QueuePool) else 0)
     wanted = SQLITE_REQUEST_SLOTS if is_sqlite(settings.database_url) else size
     return max(1, min(wanted, room - 1))

@@ -325,8 +325,8 @@ def _queue_reason(
     region or cluster limit could make it unplaceable: only then does the planner run here.
     The tenant's budget is not checked here: it is held at placement (controller.budget), and
     the reconcile loop, which plans every queued job, keeps each one's waiting reason current
-    -- a planner run and an O(queue) commitment sum per submission cost the API ~2/3 of its
-    throughput (bench/results/api-throughput.md).
+    -- a planner run and an O(queue) commitment sum per submission were half of its time
+    (bench/results/api-throughput.md).
     """
     total = offered_gpus(session)
     lo, _hi = spec.gpu_range
