@@ -63,6 +63,21 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", **kwargs: Any) ->
     return create_engine(url, **kwargs)
 
 
+def lock_for_update(session: Session) -> None:
+    """Make the session's next read hold what `SELECT ... FOR UPDATE` holds on PostgreSQL.
+
+    SQLite drops FOR UPDATE, and pysqlite begins a transaction only at the first write, so a
+    row read to be changed could change underneath (an agent's heartbeat renewing a cluster
+    between an admin's read and update of it made the update a 409). On SQLite this takes the
+    database's write lock first (`BEGIN IMMEDIATE`; waits up to the busy timeout)."""
+    conn = session.connection()
+    if conn.dialect.name != "sqlite":
+        return
+    dbapi = conn.connection.dbapi_connection
+    if dbapi is not None and not dbapi.in_transaction:
+        dbapi.execute("BEGIN IMMEDIATE")
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat, LinkReport, PeerProbe, check_probe_url
 from controller.clock import db_now
+from controller.db import lock_for_update
 from controller.errors import Conflict, CpnError, Invalid, NotFound
 from controller.labels import check_labels
 from controller.leases import LeasePolicy
@@ -71,6 +72,7 @@ def audit(
 def get_cluster(session: Session, name: str, *, for_update: bool = False) -> Cluster:
     stmt = select(Cluster).where(Cluster.name == name)
     if for_update:
+        lock_for_update(session)
         stmt = stmt.with_for_update()
     cluster = session.scalars(stmt).first()
     if cluster is None:
