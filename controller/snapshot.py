@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -82,14 +81,7 @@ class World:
                 preemptible=preemptible,
             ),
         )
-        # Same cluster names and links, only GPU counts and runners change: a shallow copy
-        # skips `Snapshot.__post_init__`'s check of every link (O(links)) and carries over the
-        # both-ways link table, at every placement of a reconcile pass.
-        snapshot = copy.copy(self.snapshot)
-        object.__setattr__(snapshot, "clusters", clusters)
-        object.__setattr__(snapshot, "running", running)
-        snapshot.__dict__.pop("by_name", None)
-        return World(snapshot, self.origins)
+        return World(self.snapshot.reallocated(clusters, running), self.origins)
 
 
 def build_snapshot(

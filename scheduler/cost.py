@@ -438,7 +438,7 @@ class CostModel:
         return _Parts(compute, step, eff_steps, exchanges, wan, extra)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per scored choice (see optimizer._Choice)
 class _Parts:
     """One choice's step time (with the fast clusters' speedup), steps and exchanges."""
 

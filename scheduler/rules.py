@@ -82,12 +82,12 @@ def release(snapshot: Snapshot, victims: Iterable[RunningJob]) -> Snapshot:
         gone.add(v.id)
         for a in v.placement:
             freed[a.cluster] = freed.get(a.cluster, 0) + a.gpus
-    return replace(
-        snapshot,
-        clusters=tuple(
-            replace(c, gpus_free=c.gpus_free + freed.get(c.name, 0)) for c in snapshot.clusters
+    return snapshot.reallocated(
+        tuple(
+            replace(c, gpus_free=c.gpus_free + freed[c.name]) if c.name in freed else c
+            for c in snapshot.clusters
         ),
-        running=tuple(r for r in snapshot.running if r.id not in gone),
+        tuple(r for r in snapshot.running if r.id not in gone),
     )
 
 

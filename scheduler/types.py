@@ -3,6 +3,7 @@ placements, plans. Frozen dataclasses so a decision is a pure function of its in
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -169,8 +170,34 @@ class Snapshot:
             out[(link.a, link.b)] = link
         return out
 
+    @cached_property
+    def neighbours(self) -> dict[str, frozenset[str]]:
+        """The clusters each cluster has a link to: the planner grows sets along links, and
+        asking `link` of every cluster was most of a plan at 10,000 clusters."""
+        out: dict[str, set[str]] = {}
+        for a, b in self.directed_links:
+            out.setdefault(a, set()).add(b)
+        return {a: frozenset(bs) for a, bs in out.items()}
+
     def link(self, a: str, b: str) -> Link | None:
         return self.directed_links.get((a, b))
+
+    def reallocated(
+        self, clusters: tuple[Cluster, ...], running: tuple[RunningJob, ...]
+    ) -> Snapshot:
+        """This snapshot with other free-GPU counts and runners on the same clusters.
+
+        A shallow copy: it skips `__post_init__`'s check of every link and carries over the
+        both-ways link table, which a placement or a release leaves unchanged; rebuilding
+        them was O(links) at every step of a reconcile pass and of the simulator.
+        """
+        if [c.name for c in clusters] != [c.name for c in self.clusters]:
+            raise ValueError("clusters: a reallocation keeps the same clusters in order")
+        out = copy.copy(self)
+        object.__setattr__(out, "clusters", clusters)
+        object.__setattr__(out, "running", running)
+        out.__dict__.pop("by_name", None)
+        return out
 
     def quota(self, tenant: str) -> int | None:
         for name, gpus in self.quotas:

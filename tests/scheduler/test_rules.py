@@ -243,3 +243,23 @@ def test_calibration_recovers_efficiency_and_changes_estimates() -> None:
     assert h_tuned.estimate.compute_s == pytest.approx(h_base.estimate.compute_s * 0.4 / 0.3)
     with pytest.raises(ValueError, match="observation"):
         calibrate([Observation("nope", 1, 1e12, 1.0)])
+
+
+def test_a_release_frees_the_victims_gpus_and_keeps_the_link_tables() -> None:
+    from scheduler.rules import release
+
+    snap = Snapshot(
+        (cluster("a", 2), cluster("b", 8), cluster("c", 4)),
+        links=(link("a", "b"), link("b", "c")),
+        running=(RunningJob("j1", (Assignment("a", 6), Assignment("b", 2)), "t"),),
+    )
+    table = snap.directed_links
+    after = release(snap, snap.running)
+    assert [c.gpus_free for c in after.clusters] == [8, 10, 4]
+    assert after.running == ()
+    assert after.clusters[2] is snap.clusters[2]  # untouched clusters are not rebuilt
+    assert after.directed_links is table  # links are unchanged: not rebuilt per release
+    assert after.neighbours == {"a": {"b"}, "b": {"a", "c"}, "c": {"b"}}
+    assert after.by_name["a"].gpus_free == 8  # not the stale table of the old snapshot
+    with pytest.raises(ValueError, match="same clusters"):
+        snap.reallocated(snap.clusters[:2], ())
