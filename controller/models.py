@@ -373,6 +373,7 @@ class Job(Base):
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_job_idempotency"),
         Index("ix_jobs_queue", "state", "priority", "created_at"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_jobs_created", "created_at", "id"),  # the all-tenant list (admins)
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)

@@ -164,6 +164,10 @@ class HeartbeatResult:
     changed_state: bool
 
 
+# A renewal leaves `version` (the ETag) alone: it versions what an admin sets and the
+# cluster's state, not its liveness. Bumped every few seconds, no If-Match (an admin's PATCH,
+# `cpn apply`) could win against a live agent. Nothing is lost without it: an admin's write
+# sets only the columns it changes, and the lease monitor compares `last_heartbeat_at`.
 # Hot-path statements, built once: constructing and cache-keying a statement per beat cost
 # more than running it. Executed on the session's connection (Core), not through the ORM.
 _RENEW = (
@@ -174,7 +178,6 @@ _RENEW = (
         Cluster.probe_url.is_not_distinct_from(bindparam("b_probe_url", type_=String())),
     )
     .values(
-        version=Cluster.version + 1,
         last_heartbeat_at=bindparam("b_now"),
         lease_expires_at=bindparam("b_expires"),
         agent_version=bindparam("b_agent_version"),
@@ -296,7 +299,6 @@ def ingest_heartbeats(
                 Cluster.probe_url.is_not_distinct_from(beat.c.probe_url),
             )
             .values(
-                version=Cluster.version + 1,
                 last_heartbeat_at=now,
                 lease_expires_at=expires,
                 agent_version=beat.c.agent_version,

@@ -75,7 +75,8 @@ def list_clusters(
 
 @router.get("/clusters/{name}", response_model=ClusterOut)
 def get_cluster(name: str, session: SessionDep, _: AdminDep, response: Response) -> ClusterOut:
-    """One cluster; its ETag is the version to send in If-Match when patching."""
+    """One cluster; its ETag is the version to send in If-Match when patching. It changes
+    with the cluster's settings and state, not with each heartbeat."""
     return _out(resources.get_cluster(session, name), response)
 
 

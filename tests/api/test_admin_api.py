@@ -196,3 +196,43 @@ def test_health_ready_metrics_docs(live_server: LiveServer) -> None:
     spec = httpx.get(f"{live_server.url}/openapi.json").json()
     assert "/v1/agent/heartbeat" in spec["paths"] and "/v1/clusters/{name}/drain" in spec["paths"]
     assert httpx.get(f"{live_server.url}/docs").status_code == 200
+
+
+def test_if_match_survives_heartbeats_but_not_a_state_change(live_server: LiveServer) -> None:
+    """An agent renews its lease every few seconds; an admin's conditional write must still
+    be able to win (cpn apply sends If-Match), while a real change of the cluster refuses it."""
+    with live_server.client() as admin:
+        admin.create_cluster("eu-west", "eu-west-1")
+        token = admin.create_api_key("agent", "eu-west")["token"]
+    hb = {"cluster": "eu-west", "gpus": []}
+    with live_server.client(token) as agent, live_server.client() as admin:
+        assert agent.post("/v1/agent/heartbeat", hb)["state"] == "READY"  # PENDING -> READY
+        url = f"{live_server.url}/v1/clusters/eu-west"
+        auth = {"Authorization": f"Bearer {live_server.admin_token}"}
+        before = httpx.get(url, headers=auth)
+        agent.post("/v1/agent/heartbeat", hb)  # a renewal
+        after = httpx.get(url, headers=auth)
+        assert after.json()["last_heartbeat_at"] != before.json()["last_heartbeat_at"]
+        etag = after.headers["ETag"]
+        assert etag == before.headers["ETag"]
+        admin.request(
+            "PATCH", "/v1/clusters/eu-west", json={"labels": {"a": "1"}}, headers={"If-Match": etag}
+        )
+        admin.request("POST", "/v1/clusters/eu-west/cordon")
+        fresh = httpx.get(url, headers=auth).headers["ETag"]
+        assert fresh != etag  # the cordon changed the cluster
+        admin.request(
+            "PATCH",
+            "/v1/clusters/eu-west",
+            json={"labels": {"a": "2"}},
+            headers={"If-Match": fresh},
+        )
+        with pytest.raises(ApiError) as old:
+            admin.request(
+                "PATCH",
+                "/v1/clusters/eu-west",
+                json={"labels": {"a": "3"}},
+                headers={"If-Match": etag},
+            )
+        assert old.value.status == 412
+        assert admin.get("/v1/clusters/eu-west")["labels"] == {"a": "2"}
