@@ -193,6 +193,8 @@ class Snapshot:
         """
         if [c.name for c in clusters] != [c.name for c in self.clusters]:
             raise ValueError("clusters: a reallocation keeps the same clusters in order")
+        # built here, on the original, so that every copy of it shares them
+        _ = self.directed_links, self.neighbours
         out = copy.copy(self)
         object.__setattr__(out, "clusters", clusters)
         object.__setattr__(out, "running", running)

@@ -79,7 +79,8 @@ class Cpn(Policy):
 
     def __init__(self, network: Network, blind: bool = False, slack: float | None = None) -> None:
         self.name = "cpn-no-bw" if blind else "cpn" if slack is None else "cpn-cost"
-        self.blind_links = network.bandwidth_blind().links if blind else None
+        # the blind network's link tables are built once; each plan swaps in the GPUs free now
+        self.blind = network.bandwidth_blind() if blind else None
         self.slack = slack
 
     def schedule(self, now: float, pending: Sequence[TraceJob], world: World) -> list[Decision]:
@@ -111,8 +112,8 @@ class Cpn(Policy):
             if job.gpus > free or job.gpus >= too_big:
                 continue
             view = world.snapshot
-            if self.blind_links is not None:
-                view = replace(view, links=self.blind_links)
+            if self.blind is not None:
+                view = self.blind.reallocated(view.clusters, view.running)
             request = request_of(job, now)
             result = scheduler.plan(view, request, objective_for(request))
             if isinstance(result, scheduler.Infeasible) and result.constraint == "deadline":
@@ -133,7 +134,7 @@ class Cpn(Policy):
                     too_big = min(too_big, job.gpus)
                 continue
             est = result.estimate
-            if self.blind_links is not None:  # what it really costs on the real links
+            if self.blind is not None:  # what it really costs on the real links
                 est = scheduler.estimate(
                     world.snapshot, request, result.placement, result.compression, result.sync
                 )

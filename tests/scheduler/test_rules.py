@@ -261,5 +261,8 @@ def test_a_release_frees_the_victims_gpus_and_keeps_the_link_tables() -> None:
     assert after.directed_links is table  # links are unchanged: not rebuilt per release
     assert after.neighbours == {"a": {"b"}, "b": {"a", "c"}, "c": {"b"}}
     assert after.by_name["a"].gpus_free == 8  # not the stale table of the old snapshot
+    fresh = Snapshot(snap.clusters, links=snap.links)  # no table built yet: copies share one
+    one, two = (fresh.reallocated(fresh.clusters, ()) for _ in range(2))
+    assert one.directed_links is two.directed_links and one.neighbours is two.neighbours
     with pytest.raises(ValueError, match="same clusters"):
         snap.reallocated(snap.clusters[:2], ())
