@@ -374,6 +374,7 @@ class Job(Base):
         Index("ix_jobs_queue", "state", "priority", "created_at"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_created", "created_at", "id"),  # the all-tenant list (admins)
+        Index("ix_jobs_tenant_state", "tenant_id", "state"),  # the queue cap, per submission
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
