@@ -95,12 +95,20 @@ def test_three_agents_ready_then_one_killed_goes_suspect_down_and_back(
             (t["from_state"], t["to_state"])
             for t in admin.get("/v1/clusters/eu-west/transitions")["items"]
         ]
-        assert moves == [
+        # A beat later than 1.5 intervals (0.75 s here) makes a live cluster SUSPECT and the
+        # next one READY again: on a loaded machine, such flaps may come before the kill, or
+        # from a beat sent just before it. Apart from them, the path is exactly this.
+        flaps = [("READY", "SUSPECT"), ("SUSPECT", "READY")]
+        core = list(moves)
+        while any(core[i : i + 2] == flaps for i in range(len(core) - 1)):
+            i = next(i for i in range(len(core) - 1) if core[i : i + 2] == flaps)
+            del core[i : i + 2]
+        assert core == [
             ("PENDING", "READY"),
             ("READY", "SUSPECT"),
             ("SUSPECT", "DOWN"),
             ("DOWN", "READY"),
-        ]
+        ], moves
     finally:
         for proc in agents.values():
             proc.stop()

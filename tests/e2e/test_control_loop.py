@@ -103,17 +103,16 @@ def test_submit_runs_to_success_with_events_metrics_and_ledger(shared: World) ->
 
 
 def test_agent_killed_mid_job_reschedules_and_resumes(world: World) -> None:
-    # Long enough to outlive the lost lease (grace 3 s), killed after the first checkpoint
-    # (every 150 steps), so the move is observable and resumes from a real checkpoint.
-    job = submit(world, gpus=4, steps=1500, compression="none")
+    # Killed after its first checkpoints (every tenth of the run, 45 steps) with ~390 steps
+    # (~20 s at the emulated links' ~50 ms a step) left: it outlives the lost lease (grace
+    # 3 s) by several times, so the move is observable and resumes from a real checkpoint.
+    job = submit(world, gpus=4, steps=450, compression="none")
     running = world.wait_state(job["id"], {"RUNNING"}, 120)
     victim = running["placement"]["clusters"][0]["cluster"]
     wait_for(
         lambda: (
             world.job(job["id"]).get("placement")
-            and any(
-                m["step"] >= 160 for m in world.tenant.paginate(f"/v1/jobs/{job['id']}/metrics")
-            )
+            and any(m["step"] >= 60 for m in world.tenant.paginate(f"/v1/jobs/{job['id']}/metrics"))
         ),
         120,
         "progress past the first checkpoint",
@@ -199,7 +198,7 @@ def test_preemption_checkpoints_victim_and_resumes_it(shared: World) -> None:
         world,
         name="low",
         gpus=6,
-        steps=600,
+        steps=250,  # preempted at step ~70 with ~180 steps (~14 s) to go
         compression="none",
         qos={"qos_class": "spot", "priority": 0},
     )
