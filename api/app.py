@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 
-from api import docs, problems, ratelimit
+from api import docs, problems, ratelimit, workers
 from api.config import Settings, admin_token_problem
 from api.deps import FailureAudit
 from api.heartbeats import HeartbeatBatcher
@@ -41,7 +41,7 @@ class NotMigrated(RuntimeError):
     """The database schema is behind the code; the message names the fix."""
 
 
-def bootstrap_admin(app: FastAPI) -> Path | None:
+def bootstrap_admin(settings: Settings, sessions: sessionmaker[Session]) -> Path | None:
     """Make sure an admin key exists; return the file a generated one was written to, if any.
 
     CPN_ADMIN_TOKEN becomes an admin key, and the environment's earlier keys are revoked (a
@@ -49,14 +49,13 @@ def bootstrap_admin(app: FastAPI) -> Path | None:
     one is generated and written to `admin_token_file` (mode 0600) before the transaction that
     stores it commits: never a key nobody can read, never a key in the log."""
     try:
-        return _bootstrap(app)
+        return _bootstrap(settings, sessions)
     except IntegrityError:  # another replica stored the same token just now: adopt its row
-        return _bootstrap(app)
+        return _bootstrap(settings, sessions)
 
 
-def _bootstrap(app: FastAPI) -> Path | None:
-    settings: Settings = app.state.settings
-    with app.state.sessions() as session, session.begin():
+def _bootstrap(settings: Settings, sessions: sessionmaker[Session]) -> Path | None:
+    with sessions() as session, session.begin():
         if settings.admin_token:
             adopted = keys.adopt_env_admin(session, settings.admin_token)
             for old in adopted.replaced:
@@ -92,6 +91,15 @@ def _bootstrap(app: FastAPI) -> Path | None:
                 "CPN_ADMIN_TOKEN"
             ) from None
         return path
+
+
+def say_generated(path: Path) -> None:
+    print(
+        f"cpn: generated the first admin key into {path} (readable by its owner only); it is "
+        "not printed: read it from that file",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class AdminKeyFile(RuntimeError):
@@ -180,6 +188,47 @@ def agent_engine_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+class BackgroundLoops:
+    """The lease monitor and the controller's reconcile loop of one app, started together."""
+
+    def __init__(
+        self,
+        app: FastAPI,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        agent_sessions: sessionmaker[Session],
+        policy: LeasePolicy,
+    ) -> None:
+        self.app, self.settings, self.policy = app, settings, policy
+        self.sessions, self.agent_sessions = sessions, agent_sessions
+        self.monitor: LeaseMonitor | None = None
+        self.controller: Controller | None = None
+
+    def start(self) -> None:
+        metrics: Metrics = self.app.state.metrics
+
+        def on_moved(moved: list[tuple[str, str, str]]) -> None:
+            self.app.state.peers.invalidate()
+            for _name, _from, to in moved:
+                metrics.lease_transitions.labels(to).inc()
+
+        controller = make_controller(self.settings, self.sessions)
+        controller.on_placed = lambda p: metrics.observe_placement(p.waited_s, p.decided_s)
+        controller.start()  # first: on SQLite it refuses while another controller is live
+        self.controller = controller
+        period = self.settings.monitor_period()
+        self.monitor = LeaseMonitor(self.agent_sessions, self.policy, period, on_moved)
+        self.monitor.start()
+
+    def stop(self) -> None:
+        if self.controller:
+            self.controller.stop()
+            self.controller = None
+        if self.monitor:
+            self.monitor.stop()
+            self.monitor = None
+
+
 AGENT_THREADS = 2
 """Threads for agents' key lookups and link reports, apart from the shared pool of 40 that
 tenant requests may fill."""
@@ -202,35 +251,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reason = pending_reason(engine)
         if reason:
             raise NotMigrated(f"cpn serve cannot start: {reason}")
-        written = bootstrap_admin(app)
+        written = bootstrap_admin(settings, sessions)
         if written:
-            print(
-                f"cpn: generated the first admin key into {written} (readable by its owner "
-                "only); it is not printed: read it from that file",
-                file=sys.stderr,
-                flush=True,
-            )
-        monitor = None
-        controller = None
+            say_generated(written)
+        loops = BackgroundLoops(app, settings, sessions, agent_sessions, policy)
+        election = None
         if settings.run_controller:
-
-            def on_moved(moved: list[tuple[str, str, str]]) -> None:
-                app.state.peers.invalidate()
-                for _name, _from, to in moved:
-                    metrics.lease_transitions.labels(to).inc()
-
-            monitor = LeaseMonitor(agent_sessions, policy, settings.monitor_period(), on_moved)
-            monitor.start()
-            controller = make_controller(settings, sessions)
-            controller.on_placed = lambda p: metrics.observe_placement(p.waited_s, p.decided_s)
-            controller.start()
+            where = workers.lock_path(settings)
+            if where is None:
+                loops.start()
+            else:  # one of several workers: the one holding the lock runs them
+                election = workers.ElectedLoops(where, loops.start, loops.stop)
+                election.begin()
+        app.state.loops = election
         try:
             yield
         finally:
-            if controller:
-                controller.stop()
-            if monitor:
-                monitor.stop()
+            if election is not None:
+                election.end()
+            else:
+                loops.stop()
             engine.dispose()
             agent_engine.dispose()
 

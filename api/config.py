@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     quote_ttl_s: float = Field(default=900.0, gt=0, le=7 * 86400, description="Quote lifetime.")
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     run_controller: bool = Field(default=True, description="Run the background loops in serve.")
+    workers_dir: str | None = Field(
+        default=None,
+        description="Set by `cpn serve --workers N` for its worker processes (not by hand): "
+        "the folder where they elect the one that runs the background loops.",
+    )
     launch_jobs: bool = Field(
         default=True,
         description="Run placed jobs on Ray; false = placement and reservation only (dry run).",

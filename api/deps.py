@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.config import Settings
 from api.ui.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
 from controller.keys import Principal, PrincipalCache, authenticate_cached, hash_key
-from controller.models import AuditLog
+from controller.models import AuditLog, utcnow
 
 log = logging.getLogger("cpn.api")
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer cpn_...`")
@@ -88,20 +88,21 @@ async def get_principal(
 ) -> Principal:
     """The caller, from the in-process cache when it can (no thread, no query), else the DB.
 
-    The lookup uses a session of its own, so no request holds a pooled connection while it
-    waits for a worker thread (which deadlocked the pool under many concurrent requests).
+    A bearer key wins; without one, the console's session cookie names the key. The lookup
+    uses a session of its own, so no request holds a pooled connection while it waits for a
+    worker thread (which deadlocked the pool under many concurrent requests).
     """
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
-        token = console_token(request)
-        if token is None:
+        key_hash = await console_key_hash(request)
+        if key_hash is None:
             raise HTTPException(
                 401,
                 "missing bearer API key: send `Authorization: Bearer <key>`",
                 headers={"WWW-Authenticate": "Bearer"},
             )
     else:
-        token = creds.credentials
-    principal = await current_principal(request, token)
+        key_hash = hash_key(creds.credentials)
+    principal = await current_principal(request, key_hash)
     if principal is None:
         await audit_failure(request)
         raise HTTPException(
@@ -112,28 +113,36 @@ async def get_principal(
     return principal
 
 
-def bearer_token(request: Request) -> str | None:
-    """The request's bearer key, read as `HTTPBearer` reads it, else the key of its console
-    session (None: neither)."""
+async def request_principal(request: Request) -> Principal:
+    """`get_principal` outside FastAPI's dependency solving (a handler, a route that reads
+    the header itself)."""
+    return await get_principal(request, await _bearer(request))
+
+
+async def caller_key_hash(request: Request) -> str | None:
+    """The hash of the request's bearer key, else of its console session's key (None:
+    neither): what an open stream checks for liveness again and again."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token:
-        return token
-    session = console_session(request)
-    return session.token if session else None
+        return hash_key(token)
+    session = await console_session(request)
+    return session.key_hash if session else None
 
 
-def console_session(request: Request) -> ConsoleSession | None:
-    """The live console sign-in named by the request's session cookie, if any."""
+async def console_session(request: Request) -> ConsoleSession | None:
+    """The live console sign-in named by the request's session cookie, if any (a database
+    read on a worker thread; none without a cookie)."""
     store: ConsoleSessions | None = getattr(request.app.state, "console_sessions", None)
-    if store is None:
+    sid = request.cookies.get(SESSION_COOKIE)
+    if store is None or not sid:
         return None
-    return store.get(request.cookies.get(SESSION_COOKIE), time.monotonic())
+    return await anyio.to_thread.run_sync(store.get, sid, utcnow())
 
 
-def console_token(request: Request) -> str | None:
-    """The API key of the request's console session (None: no session). A request that
+async def console_key_hash(request: Request) -> str | None:
+    """The key hash of the request's console session (None: no session). A request that
     changes something must carry the session's CSRF token, or it is refused (403)."""
-    session = console_session(request)
+    session = await console_session(request)
     if session is None:
         return None
     if not csrf_ok(session, request.method, request.headers.get(CSRF_HEADER)):
@@ -148,7 +157,7 @@ def console_token(request: Request) -> str | None:
     address = request.client.host if request.client else "unknown"
     refusal = limits and limits.admit(
         address=address,
-        key_hash=hash_key(session.token),
+        key_hash=session.key_hash,
         known_key=True,
         agent=False,
         now=time.monotonic(),
@@ -156,22 +165,22 @@ def console_token(request: Request) -> str | None:
     if refusal:
         request.app.state.metrics.rate_limited.labels(refusal.limit.value).inc()
         raise HTTPException(429, refusal.detail, headers={"Retry-After": refusal.retry_after()})
-    return session.token
+    return session.key_hash
 
 
-async def current_principal(request: Request, token: str) -> Principal | None:
-    """The live principal of `token` now (None: unknown, revoked or expired). Open event
-    streams ask again every second, so a revoked key's streams end."""
+async def current_principal(request: Request, key_hash: str) -> Principal | None:
+    """The live principal of the key with hash `key_hash` now (None: unknown, revoked or
+    expired). Open event streams ask again every second, so a revoked key's streams end."""
     state = request.app.state
     cache: PrincipalCache = state.principals
-    principal = None if cache.stale() else cache.get(hash_key(token))
+    principal = None if cache.stale() else cache.get(key_hash)
     if principal is None:
         agent = is_agent_path(request.url.path)
         principal = await anyio.to_thread.run_sync(
             authenticate_cached,
             cache,
             state.agent_sessions if agent else state.sessions,
-            token,
+            key_hash,
             limiter=state.agent_threads if agent else None,
         )
     return principal

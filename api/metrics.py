@@ -6,13 +6,18 @@ every metric it names is exported here."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where prometheus_client keeps each worker's counters (its own variable, read at import)."""
 
 
 class Metrics:
@@ -36,16 +41,12 @@ class Metrics:
         self.heartbeats = Counter(
             "cpn_agent_heartbeats_total", "Agent heartbeats accepted.", registry=self.registry
         )
-        self.cluster_states = Gauge(
-            "cpn_clusters", "Clusters by state.", ["state"], registry=self.registry
+        # What the database says, read at scrape: the same from every replica and worker.
+        self.cluster_states = Scraped("cpn_clusters", "Clusters by state.", ("state",))
+        self.gpus = Scraped(
+            "cpn_gpus", "GPUs by model and kind (count, allocatable, in_use).", ("model", "kind")
         )
-        self.gpus = Gauge(
-            "cpn_gpus",
-            "GPUs by model and kind (count, allocatable, in_use).",
-            ["model", "kind"],
-            registry=self.registry,
-        )
-        self.jobs = Gauge("cpn_jobs", "Jobs by state.", ["state"], registry=self.registry)
+        self.jobs = Scraped("cpn_jobs", "Jobs by state.", ("state",))
         self.lease_transitions = Counter(
             "cpn_cluster_transitions_total",
             "Cluster state changes made by the lease monitor.",
@@ -79,41 +80,72 @@ class Metrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400),
             registry=self.registry,
         )
-        self.link_bandwidth = Gauge(
+        self.link_bandwidth = Scraped(
             "cpn_link_bandwidth_gbps",
             "Effective bandwidth of each WAN link (measured over declared), Gbit/s.",
-            ["src", "dst", "source"],
-            registry=self.registry,
+            ("src", "dst", "source"),
         )
-        self.link_rtt = Gauge(
+        self.link_rtt = Scraped(
             "cpn_link_rtt_ms",
             "Effective round-trip time of each WAN link, milliseconds.",
-            ["src", "dst", "source"],
-            registry=self.registry,
+            ("src", "dst", "source"),
         )
-        self.wan_bytes = StoredCounter(
-            "cpn_wan_bytes", "WAN bytes metered per link since the start.", ("src", "dst")
+        self.wan_bytes = Scraped(
+            "cpn_wan_bytes",
+            "WAN bytes metered per link since the start.",
+            ("src", "dst"),
+            CounterMetricFamily,
         )
-        self.registry.register(self.wan_bytes)
+        self.scraped = (
+            self.cluster_states,
+            self.gpus,
+            self.jobs,
+            self.link_bandwidth,
+            self.link_rtt,
+            self.wan_bytes,
+        )
+        for collector in self.scraped:
+            self.registry.register(collector)
+
+    def exposition(self) -> bytes:
+        """The text Prometheus reads. Under `cpn serve --workers N` (PROMETHEUS_MULTIPROC_DIR
+        set) the counters and histograms are summed over every worker, dead ones included, so
+        a scrape that lands on any worker sees the whole server."""
+        path = os.environ.get(MULTIPROC_ENV)
+        if not path:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path)
+        for collector in self.scraped:
+            registry.register(collector)
+        return generate_latest(registry)
 
     def observe_placement(self, waited_s: float, decided_s: float) -> None:
         self.placement.observe(decided_s)
         self.placement_wait.observe(waited_s)
 
 
-class StoredCounter(Collector):
-    """A counter whose totals live in the database (read at scrape, so every replica reports
-    the same, ever-growing value) rather than in this process."""
+class Scraped(Collector):
+    """A gauge or counter whose values live in the database and are set at each scrape (so
+    every replica and every worker reports the same), never kept in this process's files."""
 
-    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: tuple[str, ...],
+        family: type[GaugeMetricFamily] | type[CounterMetricFamily] = GaugeMetricFamily,
+    ) -> None:
         self.name, self.documentation, self.labels = name, documentation, labels
+        self.family = family
         self.values: dict[tuple[str, ...], float] = {}
 
     def set_all(self, values: Mapping[tuple[str, ...], float]) -> None:
+        """Replace every value: label sets not given are gone (links come and go)."""
         self.values = dict(values)
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        family = self.family(self.name, self.documentation, labels=self.labels)
         for labels, value in sorted(self.values.items()):
             family.add_metric(list(labels), value)
         yield family

@@ -13,7 +13,6 @@ from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 from sqlalchemy.exc import DataError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -21,7 +20,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.deps import bearer_token, get_principal
+from api.deps import get_principal, request_principal
 from controller.errors import CpnError
 
 log = logging.getLogger("cpn.api")
@@ -209,10 +208,8 @@ def install(app: FastAPI) -> None:
         route = request.scope.get("route")
         if not isinstance(route, APIRoute) or not _needs_key(route.dependant):
             return None
-        token = bearer_token(request)
-        creds = HTTPAuthorizationCredentials(scheme="Bearer", credentials=token) if token else None
         try:
-            await get_principal(request, creds)
+            await request_principal(request)
         except HTTPException as refused:
             return await _http(request, refused)
         return None

@@ -155,8 +155,10 @@ def start_control_plane(
     port: int = 0,
     host: str = "127.0.0.1",
     prefix: Sequence[str] = (),
+    workers: int = 1,
 ) -> ControlPlane:
-    """`cpn db upgrade` then `cpn serve` (on a free port unless given); returns once ready."""
+    """`cpn db upgrade` then `cpn serve` (on a free port unless given, with `workers` API
+    processes); returns once ready."""
     env = {"CPN_DATABASE_URL": database_url, "CPN_ADMIN_TOKEN": admin_token, **(settings or {})}
     if migrate:
         done = subprocess.run(
@@ -170,7 +172,11 @@ def start_control_plane(
             raise ProcessError(f"cpn db upgrade failed:\n{done.stderr[-2000:]}")
     proc, url = spawn(
         "cpn serve",
-        ["serve", "--host", host, "--port", str(port), "--log-level", "info"],
+        [
+            "serve",
+            *("--host", host, "--port", str(port), "--log-level", "info"),
+            *("--workers", str(workers)),
+        ],
         env,
         wait_for=LISTENING,
         timeout=timeout,

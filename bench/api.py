@@ -214,8 +214,9 @@ def postgres_database() -> AbstractContextManager[str]:
 
 
 @contextmanager
-def cpn_server(database_url: str) -> Iterator[tuple[str, int]]:
-    """`cpn serve` (API only; leases long enough not to expire mid-run); (URL, pid)."""
+def cpn_server(database_url: str, workers: int = 1) -> Iterator[tuple[str, int]]:
+    """`cpn serve` (API only; leases long enough not to expire mid-run); (URL, pid: with
+    several workers, the supervisor's)."""
     from api.processes import start_control_plane
 
     plane = start_control_plane(
@@ -227,6 +228,7 @@ def cpn_server(database_url: str) -> Iterator[tuple[str, int]]:
             "CPN_LEASE_GRACE_S": "86400",
             "CPN_KEY_RATE_LIMIT": "0",
         },
+        workers=workers,
     )
     try:
         yield plane.url, plane.proc.popen.pid
@@ -247,7 +249,7 @@ def bare_server() -> Iterator[tuple[str, int]]:
 
 
 @contextmanager
-def serving(target: str) -> Iterator[tuple[str, str | None, int]]:
+def serving(target: str, workers: int = 1) -> Iterator[tuple[str, str | None, int]]:
     """A server for `target` on a free port; yields (URL, tenant key or None, server pid)."""
     if target == "bare":
         with bare_server() as (url, pid):
@@ -255,11 +257,11 @@ def serving(target: str) -> Iterator[tuple[str, str | None, int]]:
     elif target == "sqlite":
         with (
             tempfile.TemporaryDirectory(prefix="cpn-bench-") as tmp,
-            cpn_server(f"sqlite:///{tmp}/cpn.db") as (url, pid),
+            cpn_server(f"sqlite:///{tmp}/cpn.db", workers) as (url, pid),
         ):
             yield url, build_network(url), pid
     elif target == "postgres":
-        with postgres_database() as db, cpn_server(db) as (url, pid):
+        with postgres_database() as db, cpn_server(db, workers) as (url, pid):
             yield url, build_network(url), pid
     else:
         raise ValueError(f"unknown target {target!r}: use bare, sqlite or postgres")
@@ -312,7 +314,7 @@ def profiling(pid: int, path: Path | None, seconds: float, gil: bool = False) ->
 def measure(target: str, args: argparse.Namespace) -> Result:
     print(f"-- {target}", file=sys.stderr, flush=True)
     t = time.monotonic()
-    with serving(target) as (url, token, pid):
+    with serving(target, args.workers) as (url, token, pid):
         spy = RESULTS / f"api-{target}.folded.txt" if args.profile else None
         with profiling(pid, spy, args.seconds, args.gil):
             writes, reads = run_load(url, token, args.seconds, args.concurrency)
@@ -328,7 +330,10 @@ def table(results: list[Result], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     bare = next((r for r in results if r.target == "bare"), None)
-    t = Table(title=f"Jobs API, {args.concurrency} concurrent clients, {args.seconds:g} s each")
+    t = Table(
+        title=f"Jobs API, {args.concurrency} concurrent clients, {args.seconds:g} s each, "
+        f"cpn serve --workers {args.workers}"
+    )
     for col in (
         "target",
         "POST /v1/jobs /s",
@@ -434,6 +439,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--gil", action="store_true", help="with --profile: sample only the GIL's holder (CPU)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="cpn serve --workers (the bare app keeps one)"
     )
     parser.add_argument("--plot", type=Path, default=RESULTS / "api.png")
     args = parser.parse_args()

@@ -93,9 +93,14 @@ def create_key(
 
 def authenticate(session: Session, token: str) -> Principal | None:
     """The principal for a live key, or None if unknown, revoked or expired."""
+    return authenticate_hash(session, hash_key(token))
+
+
+def authenticate_hash(session: Session, key_hash: str) -> Principal | None:
+    """`authenticate` by the key's hash (what a console session keeps)."""
     row = session.execute(
         select(ApiKey.id, ApiKey.role, ApiKey.scope, ApiKey.revoked_at, ApiKey.expires_at).where(
-            ApiKey.key_hash == hash_key(token)
+            ApiKey.key_hash == key_hash
         )
     ).first()
     if row is None or row.revoked_at is not None:
@@ -240,10 +245,10 @@ _CHANGED = "cpn.changed_api_keys"
 
 
 def authenticate_cached(
-    cache: PrincipalCache, sessions: sessionmaker[Session], token: str
+    cache: PrincipalCache, sessions: sessionmaker[Session], key_hash: str
 ) -> Principal | None:
-    """`authenticate` through `cache`, with short sessions of its own (no connection kept)."""
-    key_hash = hash_key(token)
+    """`authenticate_hash` through `cache`, with short sessions of its own (no connection
+    kept)."""
     if cache.due():
         with sessions() as session:
             cache.check(session)
@@ -252,7 +257,7 @@ def authenticate_cached(
         return principal
     generation = cache.generation()
     with sessions() as session:
-        principal = authenticate(session, token)
+        principal = authenticate_hash(session, key_hash)
     if principal is not None:
         cache.put(key_hash, principal, generation)
     return principal

@@ -292,6 +292,21 @@ class ApiKey(Base):
     from_env: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
+class ConsoleSignIn(Base):
+    """A web console sign-in. The browser holds a random id in an HttpOnly cookie; the row is
+    keyed by that id's SHA-256 (the table holds no usable cookie) and names the API key by its
+    hash (no usable key either). In the database, not in a process, so every worker of a
+    `cpn serve` and every replica sees the same sign-ins and a sign-out ends them everywhere."""
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), index=True)
+    csrf: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
 class AuditLog(Base):
     """Append-only record of admin actions: who did what to which object."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import typer
@@ -17,6 +18,13 @@ def serve(
         False, "--no-controller", help="Serve the API only; run no background loops."
     ),
     log_level: str = typer.Option("info", help="uvicorn log level."),
+    workers: int = typer.Option(
+        1,
+        min=1,
+        max=64,
+        help="API processes sharing the port (use the host's cores); one of them runs the "
+        "controller's loops. Each holds its own rate-limit buckets and stream slots.",
+    ),
 ) -> None:
     """Run the control plane (settings from CPN_* environment variables)."""
     import uvicorn
@@ -48,15 +56,39 @@ def serve(
             raise fail("serve", None, str(exc), FAILED) from None
         finally:
             engine.dispose()
-    # cpn's own loggers (controller loop, launcher, lease monitor) at the same level as
-    # uvicorn's; uvicorn keeps its handlers and does not propagate, so nothing doubles
+    configure_logging(log_level)
+    shield_environment()
+    if workers > 1:
+        from api import workers as several
+        from api.app import bootstrap_admin, say_generated
+        from controller.db import make_sessionmaker
+
+        # Once, here: workers starting together would each generate a first admin key.
+        engine = make_engine(settings.database_url)
+        try:
+            written = bootstrap_admin(settings, make_sessionmaker(engine))
+        finally:
+            engine.dispose()
+        if written:
+            say_generated(written)
+        os.environ[LOG_LEVEL_ENV] = log_level
+        several.serve(settings, host, port, log_level, workers)
+        return
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
+LOG_LEVEL_ENV = "CPN_SERVE_LOG_LEVEL"
+"""How `cpn serve --workers` tells its worker processes its --log-level."""
+
+
+def configure_logging(log_level: str) -> None:
+    """cpn's own loggers (controller loop, launcher, lease monitor) at the same level as
+    uvicorn's; uvicorn keeps its handlers and does not propagate, so nothing doubles."""
     level = log_level.upper()
     logging.basicConfig(
         level=level if level in logging.getLevelNamesMapping() else logging.DEBUG,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    shield_environment()
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
 
 
 def shield_environment() -> None:

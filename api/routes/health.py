@@ -6,11 +6,10 @@ import logging
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
-from api.deps import get_principal
+from api.deps import request_principal
 from api.problems import problem
 from controller.keys import Principal
 from controller.lifecycle import STATES
@@ -47,13 +46,10 @@ def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-_credentials = HTTPBearer(auto_error=False)
-
-
 async def authenticated(request: Request) -> Principal:
     """The caller's key, for routes public unless a setting protects them (so their OpenAPI
     entry claims no security scheme: the header is read here, not declared)."""
-    return await get_principal(request, await _credentials(request))
+    return await request_principal(request)
 
 
 async def metrics_reader(request: Request) -> None:
@@ -93,18 +89,18 @@ def metrics(request: Request) -> Response:
             .where(Usage.kind == "wan_bytes")
             .group_by(Usage.cluster, Usage.dst_cluster)
         ).all()
-    for s in ("PENDING", "READY", "SUSPECT", "DOWN"):
-        m.cluster_states.labels(s).set(counts.get(s, 0))
-    for s in STATES:
-        m.jobs.labels(s).set(jobs.get(s, 0))
-    for model, count, alloc, in_use in gpus:
-        m.gpus.labels(model, "count").set(count or 0)
-        m.gpus.labels(model, "allocatable").set(alloc or 0)
-        m.gpus.labels(model, "in_use").set(in_use or 0)
-    m.link_bandwidth.clear()  # links come and go: drop the ones that went
-    m.link_rtt.clear()
-    for src, dst, source, gbps, rtt in links:
-        m.link_bandwidth.labels(src, dst, source).set(gbps)
-        m.link_rtt.labels(src, dst, source).set(rtt)
+    m.cluster_states.set_all(
+        {(s,): counts.get(s, 0) for s in ("PENDING", "READY", "SUSPECT", "DOWN")}
+    )
+    m.jobs.set_all({(s,): jobs.get(s, 0) for s in STATES})
+    m.gpus.set_all(
+        {
+            (model, kind): value or 0
+            for model, count, alloc, in_use in gpus
+            for kind, value in (("count", count), ("allocatable", alloc), ("in_use", in_use))
+        }
+    )
+    m.link_bandwidth.set_all({(src, dst, source): gbps for src, dst, source, gbps, _ in links})
+    m.link_rtt.set_all({(src, dst, source): rtt for src, dst, source, _, rtt in links})
     m.wan_bytes.set_all({(src, dst or ""): float(total or 0) for src, dst, total in wan})
-    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(m.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -18,7 +18,7 @@ from api.deps import (
     ReaderDep,
     SessionDep,
     SettingsDep,
-    bearer_token,
+    caller_key_hash,
     current_principal,
     require,
 )
@@ -274,8 +274,8 @@ def job_events(
             errors=[{"field": "stream", "message": "too many open streams for this key"}],
             headers={"Retry-After": str(slots.retry_after(principal.key_id, time.monotonic()))},
         )
-    token = bearer_token(request) or ""
-    events = _sse(request, job_id, start, token, state.settings.stream_max_s, slot)
+    key_hash = anyio.from_thread.run(caller_key_hash, request) or ""  # this route runs on a thread
+    events = _sse(request, job_id, start, key_hash, state.settings.stream_max_s, slot)
     return EventStream(events, slot)
 
 
@@ -285,7 +285,7 @@ def _sse_event(kind: str, data: dict[str, Any], event_id: int | None = None) -> 
 
 
 async def _sse(
-    request: Request, job_id: str, after: int, token: str, max_s: float, slot: StreamSlot
+    request: Request, job_id: str, after: int, key_hash: str, max_s: float, slot: StreamSlot
 ) -> AsyncIterator[str]:
     """Poll the events table and forward new rows; end once the job has ended and all is sent,
     when the stream's lifetime is up (`resume`), or when its key stops being live (`error`)."""
@@ -298,7 +298,7 @@ async def _sse(
             now = time.monotonic()
             if now - checked >= KEY_CHECK_S:
                 checked = now
-                if await current_principal(request, token) is None:
+                if await current_principal(request, key_hash) is None:
                     yield _sse_event("error", _key_gone(request.url.path))
                     return
             batch, last = await run_in_threadpool(_events_after, state.sessions, job_id, after)

@@ -29,6 +29,7 @@ from api.ui.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, Console
 from controller import jobs as job_service
 from controller.errors import NotFound
 from controller.keys import Principal, hash_key
+from controller.models import utcnow
 from controller.states import STATES
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -132,10 +133,10 @@ def render(
 
 async def viewer(request: Request) -> tuple[Principal, ConsoleSession] | None:
     """The signed-in caller of a page, if its session and its key are both still live."""
-    session = console_session(request)
+    session = await console_session(request)
     if session is None:
         return None
-    principal = await current_principal(request, session.token)
+    principal = await current_principal(request, session.key_hash)
     if principal is None or principal.role not in READERS:
         return None
     return principal, session
@@ -206,7 +207,7 @@ async def sign_in(
     )
     if refusal is not None:
         return sign_in_refused(request, refusal.detail, 429)
-    principal = await current_principal(request, body.key)
+    principal = await current_principal(request, key_hash)
     if principal is None:
         state.rate_limits.auth_failed(address, time.monotonic())
         await audit_failure(request)
@@ -216,7 +217,7 @@ async def sign_in(
             request, f"the console takes tenant and admin keys, not {principal.role} keys", 403
         )
     sessions: ConsoleSessions = state.console_sessions
-    sid, _ = sessions.open(body.key, time.monotonic())
+    sid, _ = await run_in_threadpool(sessions.open, key_hash, utcnow())
     response = Response(status_code=204)
     response.set_cookie(
         SESSION_COOKIE,
@@ -231,11 +232,11 @@ async def sign_in(
 
 
 @router.post("/session/end")
-def sign_out(
+async def sign_out(
     request: Request, csrf: Annotated[str | None, Header(alias=CSRF_HEADER)] = None
 ) -> Response:
-    """Forget the session here (its cookie alone no longer signs anyone in)."""
-    session = console_session(request)
+    """Forget the session (its cookie alone no longer signs anyone in, on any replica)."""
+    session = await console_session(request)
     if session is not None and not csrf_ok(session, "POST", csrf):
         return problem(
             403,
@@ -244,7 +245,8 @@ def sign_out(
             slug="forbidden",
             instance=request.url.path,
         )
-    request.app.state.console_sessions.close(request.cookies.get(SESSION_COOKIE))
+    sessions: ConsoleSessions = request.app.state.console_sessions
+    await run_in_threadpool(sessions.close, request.cookies.get(SESSION_COOKIE))
     response = Response(status_code=204)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
@@ -287,6 +289,6 @@ async def page(request: Request, path: str) -> Response:
 
 def install(app: FastAPI) -> None:
     """Serve the console at /ui: its sessions, its pages and its static files."""
-    app.state.console_sessions = ConsoleSessions()
+    app.state.console_sessions = ConsoleSessions(app.state.sessions)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
     app.include_router(router)
