@@ -164,7 +164,7 @@ def test_default_is_a_single_sqlite_control_plane() -> None:
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
     container = chartkit.pod_spec(deployment)["containers"][0]
-    assert container["args"] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
+    assert container["args"] == ["serve", "--host", "0.0.0.0", "--port", "8000", "--workers", "1"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = chartkit.env_of(container)
@@ -251,6 +251,12 @@ def test_postgres_allows_replicas_and_adds_a_disruption_budget() -> None:
             "key": "url",
         }
         assert not any(m["mountPath"] == "/data" for m in container["volumeMounts"])
+
+
+def test_workers_reach_serve() -> None:
+    deployment = render({"controlPlane": {"workers": 4}}).one("Deployment")
+    args = chartkit.pod_spec(deployment)["containers"][0]["args"]
+    assert args[args.index("--workers") + 1] == "4"
 
 
 def test_every_cpn_container_is_locked_down(scenario: tuple[str, Rendered]) -> None:

@@ -82,6 +82,9 @@ def test_agent_needs_a_token_secret() -> None:
     [
         ({"controlPlane": {"replica": 2}}, "replica"),  # typo
         ({"controlPlane": {"replicas": 0}}, "/controlPlane/replicas"),
+        ({"controlPlane": {"workers": 0}}, "/controlPlane/workers"),
+        ({"controlPlane": {"workers": 65}}, "/controlPlane/workers"),
+        ({"controlPlane": {"workers": "4"}}, "/controlPlane/workers"),
         ({"controlPlane": {"service": {"type": "Ingress"}}}, "/controlPlane/service/type"),
         ({"agent": {"discovery": "dns"}}, "/agent/discovery"),
         ({"agent": {"advertiseURL": "probe.example.com:9100"}}, "/agent/advertiseURL"),
