@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 import scheduler
 from controller import lifecycle
+from controller.db import lock_for_update
 from controller.errors import Conflict, CpnError, Invalid, NotFound, TooMany
 from controller.jobspec import JobSpec, stored_spec
 from controller.models import Cluster, GpuInventory, Job, Quote, Tenant, utcnow
@@ -249,22 +250,44 @@ def submit(
     return Submitted(job, created=True)
 
 
+CAP_SLACK = 1_000
+"""How far below CPN_MAX_QUEUED_JOBS a submission counts without locking the tenant."""
+
+
 def _check_queue_cap(session: Session, tenant: Tenant, cap: int) -> None:
     """Refuse a submission past the tenant's cap of PENDING jobs (a retry of a job already
-    submitted is answered before this). On PostgreSQL the tenant row is locked first, so
-    concurrent submissions count each other and cannot overshoot the cap together."""
-    session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
-    queued = session.scalar(
-        select(func.count())
-        .select_from(Job)
-        .where(Job.tenant_id == tenant.id, Job.state == JobState.PENDING)
-    )
-    if (queued or 0) >= cap:
+    submitted is answered before this).
+
+    Within `CAP_SLACK` of the cap the tenant row is locked first (SQLite: the database's
+    write lock), so concurrent submissions count each other and cannot overshoot together.
+    Further below, the count is taken without the lock, which serialised every submission of
+    a tenant over its count, insert and commit (one tenant's submissions 144/s -> 254/s on
+    PostgreSQL with two workers, bench.api). A submission counted there can overshoot only by
+    staying uncommitted while `CAP_SLACK` others commit, and then by at most the submissions
+    in flight at once."""
+    if _pending(session, tenant, cap) < cap - CAP_SLACK:
+        return
+    lock_for_update(session)  # SQLite: its write lock now, or two counts could both pass
+    # NO KEY UPDATE: these serialise, while the jobs' foreign-key checks (KEY SHARE) pass
+    session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update(key_share=True))
+    queued = _pending(session, tenant, cap)
+    if queued >= cap:
         raise TooMany(
             f"{queued} jobs are queued, the most is {cap} (CPN_MAX_QUEUED_JOBS); wait for some "
             "to start or cancel some",
             field="tenant",
         )
+
+
+def _pending(session: Session, tenant: Tenant, upto: int) -> int:
+    """The tenant's PENDING jobs, counted up to `upto` (an index-only count, cut short)."""
+    rows = (
+        select(Job.tenant_id)
+        .where(Job.tenant_id == tenant.id, Job.state == JobState.PENDING)
+        .limit(upto)
+        .subquery()
+    )
+    return session.scalar(select(func.count()).select_from(rows)) or 0
 
 
 def _by_key(session: Session, tenant_id: str, key: str) -> Job | None:

@@ -342,3 +342,60 @@ def test_violations_name_what_was_broken(db_url: str) -> None:
                 assert v.constraint == constraint
     finally:
         engine.dispose()
+
+
+def test_only_a_submission_near_the_queue_cap_waits_for_the_tenants_lock(db_url: str) -> None:
+    """Far below CPN_MAX_QUEUED_JOBS a submission counts without the tenant's row lock (it
+    would serialise all of a tenant's submissions); within CAP_SLACK of it, it takes the lock,
+    so concurrent submissions there cannot overshoot the cap together."""
+    from controller.jobs import CAP_SLACK
+    from tests.service.conftest import build_network
+
+    if is_sqlite(db_url):
+        pytest.skip("row-lock choreography needs PostgreSQL")
+    live = start_server(database_url=db_url, run_controller=False, max_queued_jobs=CAP_SLACK + 1)
+    net = build_network(live)
+    engine = make_engine(db_url)
+    http = net.tenant._http
+    try:
+        with engine.connect() as holder:
+            tx = holder.begin()
+            holder.execute(
+                text("SELECT id FROM tenants WHERE id = :id FOR NO KEY UPDATE"),
+                {"id": net.tenant_id},
+            )
+            # 0 queued, CAP_SLACK + 1 allowed: answered while the lock is held.
+            first = _request_in_thread(lambda: http.post("/v1/jobs", json=SPEC))()
+            assert first.status_code == 201, first.text
+            # 1 queued is within CAP_SLACK of the cap: this one waits for the lock.
+            second = _request_in_thread(lambda: http.post("/v1/jobs", json=SPEC))
+            _waits_on_a_lock(engine, "tenants")
+            tx.commit()
+        assert second().status_code == 201
+    finally:
+        engine.dispose()
+        for c in (net.admin, net.tenant, net.other):
+            c.close()
+        live.stop()
+
+
+def test_concurrent_submissions_at_the_cap_never_overshoot_it(db_url: str) -> None:
+    from tests.service.conftest import build_network
+
+    live = start_server(database_url=db_url, run_controller=False, max_queued_jobs=3)
+    net = build_network(live)
+    token = net.admin.create_api_key("tenant", net.tenant_id)["token"]
+    try:
+        responses = _in_parallel(
+            10,
+            lambda http: http.post(
+                f"{live.url}/v1/jobs", json=SPEC, headers={"Authorization": f"Bearer {token}"}
+            ),
+        )
+        assert sorted(r.status_code for r in responses) == [201] * 3 + [429] * 7
+        listed = net.tenant.get("/v1/jobs", params={"state": "PENDING"})
+        assert listed["total"] == 3
+    finally:
+        for c in (net.admin, net.tenant, net.other):
+            c.close()
+        live.stop()
