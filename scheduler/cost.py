@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from grammar.graph import bandwidth_ring, gossip_graph
 from scheduler.calibrate import POOLED
@@ -107,6 +108,9 @@ class WanTerms:
 
 NO_WAN = WanTerms(0.0, 0.0, 0.0, 0.0, 0.0, (), None)
 
+# a ring order, its edges' (latency s, bandwidth bytes/s, egress $/GB) in order, their egress sum
+_Ring = tuple[tuple[str, ...], list[tuple[float, float, float]], float]
+
 
 def step_time(compute_s: float, intra_s: float, wan: WanTerms, sync: SyncModel) -> float:
     """One optimiser step given its parts (see the module docstring for the overlap model)."""
@@ -146,19 +150,35 @@ class CostModel:
         self.job = job
         self.work = job_work_flops(job, efficiency)
         self.nbytes = float(job.params * BYTES_PER_PARAM)
-        self.rate: dict[str, float] = {
-            c.name: c.peak_tflops * 1e12 * efficiency_of(c, efficiency) for c in snapshot.clusters
-        }
-        self.price: dict[str, float] = {
-            c.name: c.price(job.qos.qos_class) for c in snapshot.clusters
-        }
-        self._intra_bw = {c.name: c.intra_bandwidth_gbps * 1e9 / 8 for c in snapshot.clusters}
+        self.rate: dict[str, float] = {}
+        self.price: dict[str, float] = {}
+        self._intra_bw: dict[str, float] = {}
+        # one pass over the fleet (thousands of clusters a plan); without calibrated factors
+        # a cluster's rate depends only on its model and overrides, so it is worked out once
+        # per kind of GPU
+        qos_class = job.qos.qos_class
+        kinds: dict[tuple[str, float | None, float | None], float] = {}
+        for c in snapshot.clusters:
+            if efficiency:
+                r = c.peak_tflops * 1e12 * efficiency_of(c, efficiency)
+            else:
+                kind = (c.gpu_model, c.gpu_tflops, c.efficiency)
+                hit = kinds.get(kind)
+                if hit is None:
+                    hit = kinds[kind] = c.peak_tflops * 1e12 * efficiency_of(c)
+                r = hit
+            self.rate[c.name] = r
+            self.price[c.name] = c.price(qos_class) if c.class_prices else c.price_per_gpu_hour
+            self._intra_bw[c.name] = c.intra_bandwidth_gbps * 1e9 / 8
         self._wan_cache: dict[tuple[tuple[str, ...], str], WanTerms] = {}
-        self._ring_cache: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
+        self._ring_cache: dict[tuple[str, ...], tuple[_Ring, ...]] = {}
         self._comp_cache: dict[str, CompressorModel] = {}
         self._sync_cache: dict[str, SyncModel] = {}
         self._gossip_cache: dict[tuple[tuple[str, ...], str], WanTerms] = {}
         self._pace_cache: dict[tuple[str, ...], tuple[float, dict[str, int]]] = {}
+        self._edges: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self._intra_rows: dict[str, list[float]] = {}
+        self._modes: dict[tuple[str, str], tuple[int, bool, bool, float, int, int]] = {}
 
     # --- parts -----------------------------------------------------------------------------
 
@@ -215,6 +235,15 @@ class CostModel:
     def intra(self, cluster: str, gpus: int) -> float:
         return ring_allreduce_time(gpus, self.nbytes, ALPHA_INTRA_S, self._intra_bw[cluster])
 
+    def intra_row(self, cluster: str, upto: int) -> list[float]:
+        """`intra(cluster, p)` for p = 1, 2, ... (at least `upto` of them), kept for the plan:
+        every set the search scores reads its members' rows again. Read only."""
+        row = self._intra_rows.get(cluster)
+        if row is None or len(row) < upto:
+            row = [self.intra(cluster, p) for p in range(1, upto + 1)]
+            self._intra_rows[cluster] = row
+        return row
+
     def wan(self, names: tuple[str, ...], compression: str) -> WanTerms:
         """WAN terms for the sorted cluster names `names`; needs every ring edge linked."""
         if len(names) < 2:
@@ -230,19 +259,22 @@ class CostModel:
             rounds, chunk = 2 * (d - 1), payload / d
         else:
             rounds, chunk = d - 1, payload
-        edge = self._edge_costs(names, chunk)
-        ring = min(self._rings(names), key=lambda r: (_ring_key(r, edge), r))
-        worst = max(zip(ring, ring[1:] + ring[:1], strict=True), key=lambda e: edge[e][0])
-        link = self.snapshot.link(*worst)
-        assert link is not None
-        alpha = link.rtt_ms / 2000.0
-        bw = link.bandwidth_gbps * 1e9 / 8
+        rings = self._rings(names)
+        if len(rings) == 1:
+            ring, edges, _ = rings[0]
+        else:  # by `_ring_key` for this chunk, then by names
+            ring, edges, _ = min(
+                rings, key=lambda r: ((max(e[0] + chunk / e[1] for e in r[1]), r[2]), r[0])
+            )
+        times = [e[0] + chunk / e[1] for e in edges]  # the same floats as `_edge_costs`
+        i = max(range(d), key=times.__getitem__)  # the first slowest, as max over the edges
+        worst = (ring[i], ring[(i + 1) % d])
+        alpha, bw = edges[i][0], edges[i][1]
         egress = 0.0
-        for a, b in zip(ring, ring[1:] + ring[:1], strict=True):
-            lk = self.snapshot.link(a, b)
-            assert lk is not None
-            egress += rounds * chunk / 1e9 * lk.egress_price_per_gb
-        overhead = max(cm.overhead_flops_per_param * self.job.params / self.rate[n] for n in names)
+        for e in edges:
+            egress += rounds * chunk / 1e9 * e[2]
+        # x / r falls as r grows, and so does its rounding: the slowest member's is the max
+        overhead = cm.overhead_flops_per_param * self.job.params / self.pace(names)[0]
         terms = WanTerms(
             latency_s=rounds * alpha,
             bandwidth_s=rounds * chunk / bw,
@@ -300,34 +332,67 @@ class CostModel:
         self._gossip_cache[key] = terms
         return terms
 
-    def _rings(self, names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    def _rings(self, names: tuple[str, ...]) -> tuple[_Ring, ...]:
         """Candidate ring orders for a cluster set: the best for the dense payload (bandwidth
         bound) and the best for a vanishing one (latency bound). Each compressor then uses
-        the better of the two for its own chunk size, so a set costs two ring searches."""
+        the better of the two for its own chunk size, so a set costs two ring searches.
+        Each comes with its edges' (a, B, egress) in ring order and their egress sum."""
         hit = self._ring_cache.get(names)
         if hit is None:
-            dense = best_ring(names, self._edge_costs(names, self.nbytes / len(names)))
-            latency = best_ring(names, self._edge_costs(names, 0.0))
-            hit = (dense,) if dense == latency else (dense, latency)
+            d = len(names)
+            if d <= 2:
+                dense = latency = names
+            elif d <= EXACT_RING_MAX:
+                # `best_ring` on `_edge_costs`, from one table of the set's links
+                links = [[self._edge(a, b) if a != b else None for b in names] for a in names]
+                price = [[e[2] if e is not None else 0.0 for e in row] for row in links]
+                chunk = self.nbytes / d
+                dense = _exact_ring(
+                    names,
+                    [[e[0] + chunk / e[1] if e is not None else 0.0 for e in row] for row in links],
+                    price,
+                )
+                latency = _exact_ring(
+                    names,
+                    [[e[0] + 0.0 / e[1] if e is not None else 0.0 for e in row] for row in links],
+                    price,
+                )
+            else:
+                dense = best_ring(names, self._edge_costs(names, self.nbytes / d))
+                latency = best_ring(names, self._edge_costs(names, 0.0))
+            hit = tuple(
+                (ring, edges, sum(e[2] for e in edges))
+                for ring in ((dense,) if dense == latency else (dense, latency))
+                for edges in (
+                    [self._edge(a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True)],
+                )
+            )
             self._ring_cache[names] = hit
+        return hit
+
+    def _edge(self, a: str, b: str) -> tuple[float, float, float]:
+        """(latency a = RTT/2 s, bandwidth B bytes/s, egress $/GB) of the link a -> b, from a
+        per-plan table: the search asks for the same few pairs thousands of times."""
+        hit = self._edges.get((a, b))
+        if hit is None:
+            lk = self.snapshot.link(a, b)
+            if lk is None:
+                raise ValueError(f"clusters {a!r} and {b!r} have no link between them")
+            hit = (lk.rtt_ms / 2000.0, lk.bandwidth_gbps * 1e9 / 8, lk.egress_price_per_gb)
+            self._edges[(a, b)] = hit
         return hit
 
     def _edge_costs(
         self, names: tuple[str, ...], chunk: float
     ) -> dict[tuple[str, str], tuple[float, float]]:
-        """(round time, egress price) per directed edge among `names`."""
+        """(round time a + chunk/B, egress price) per directed edge among `names`."""
         out: dict[tuple[str, str], tuple[float, float]] = {}
         for a in names:
             for b in names:
                 if a == b:
                     continue
-                lk = self.snapshot.link(a, b)
-                if lk is None:
-                    raise ValueError(f"clusters {a!r} and {b!r} have no link between them")
-                out[(a, b)] = (
-                    lk.rtt_ms / 2000.0 + chunk / (lk.bandwidth_gbps * 1e9 / 8),
-                    lk.egress_price_per_gb,
-                )
+                alpha, bw, price = self._edge(a, b)
+                out[(a, b)] = (alpha + chunk / bw, price)
         return out
 
     # --- whole estimate --------------------------------------------------------------------
@@ -406,6 +471,126 @@ class CostModel:
         total = p.eff_steps * p.step
         return total, price_per_hour * total / 3600.0 + p.exchanges * p.wan.egress_cost
 
+    def score_set(
+        self,
+        names: tuple[str, ...],
+        choices: Sequence[tuple[str, str]],
+        allocs: Iterable[tuple[float, float, float, int, float]],
+    ) -> list[list[tuple[float, float]]]:
+        """`score` of every (compressor, sync) in `choices` on each allocation of the set
+        `names` (rate, intra_s, price per hour, GPUs, ahead rate): one list per allocation,
+        in `choices` order.
+
+        The search's hot path (thousands of choices a plan): what does not depend on the GPU
+        split (WAN terms, the sync mode's constants, steps) is worked out once per choice,
+        what depends only on the split (compute, the local part of the step) once per
+        allocation, and the rest is `_parts` and `step_time` written out, term for term in
+        the same order, so the floats are `score`'s bit for bit (the tests hold them to it).
+        """
+        if len(names) < 2:
+            return [
+                [self.score(names, r, i, p, c, s, g, a) for c, s in choices]
+                for r, i, p, g, a in allocs
+            ]
+        extra = self.snapshot.step_overhead_s
+        f = BACKWARD_FRACTION
+        terms: list[_ChoiceTerms] = []
+        wans: dict[tuple[str, bool], WanTerms] = {}
+        for c, s in choices:
+            mode = self._modes.get((c, s))
+            if mode is None:
+                mode = self._mode(c, s)
+            kind, runs_ahead, gossip, eff_steps, period, div = mode
+            wan = wans.get((c, gossip))
+            if wan is None:
+                wan = self.gossip_wan(names, c) if gossip else self.wan(names, c)
+                wans[(c, gossip)] = wan
+            over, wan_s = wan.overhead_s, wan.latency_s + wan.bandwidth_s
+            tail = floor = 0.0
+            if kind == _LOCAL:
+                tail = (over + wan_s) / period
+            elif kind == _STALE:
+                floor, tail = over + wan.bandwidth_s, (over + wan_s) / div
+            # not running ahead, the speedup is 1.0 and x / 1.0 == x: the egress is fixed
+            fixed = (eff_steps / period if kind == _LOCAL else eff_steps) * wan.egress_cost
+            terms.append(
+                _ChoiceTerms(
+                    kind,
+                    runs_ahead,
+                    eff_steps,
+                    over,
+                    wan_s,
+                    tail,
+                    floor,
+                    wan.egress_cost,
+                    fixed,
+                    period,
+                )
+            )
+        slow = self.pace(names)[0]
+        out: list[list[tuple[float, float]]] = []
+        for _, intra_s, price, gpus, ahead in allocs:
+            # equal split per worker: the slowest member's GPUs set the pace of a step
+            even = gpus * slow
+            compute = self.work / even
+            speedup = ahead / even
+            fwd, bwd = _FORWARD_FRACTION * compute, f * compute
+            local = fwd + max(bwd, intra_s)
+            row: list[tuple[float, float]] = []
+            for (
+                kind,
+                runs_ahead,
+                eff_steps,
+                over,
+                wan_s,
+                tail,
+                floor,
+                egress,
+                fixed,
+                period,
+            ) in terms:
+                if kind == _LOCAL:
+                    step = local + tail
+                elif kind == _STALE:
+                    step = max(local, floor, tail)
+                else:
+                    step = fwd + max(bwd, intra_s + over + wan_s)
+                step += extra
+                if runs_ahead:
+                    total = eff_steps * (step / speedup)
+                    x = eff_steps / speedup
+                    if kind == _LOCAL:
+                        x /= period
+                    row.append((total, price * total / 3600.0 + x * egress))
+                else:
+                    total = eff_steps * step
+                    row.append((total, price * total / 3600.0 + fixed))
+            out.append(row)
+        return out
+
+    def _mode(self, compression: str, sync: str) -> tuple[int, bool, bool, float, int, int]:
+        """`score_set`'s constants of one (compressor, sync) on any set: the step formula,
+        whether fast clusters run ahead, gossip, the steps (`_parts`'), the period and
+        staleness + 1. Kept for the plan."""
+        sm = self.sync(sync)
+        if sm.kind == "local-sgd":
+            kind = _LOCAL
+        elif sm.kind == "stale" and sm.staleness >= 1:
+            kind = _STALE
+        else:
+            kind = _EVERY
+        eff_steps = float(self.job.steps) * self.compressor(compression).steps_factor
+        mode = (
+            kind,
+            sm.runs_ahead,
+            sm.neighbours,
+            eff_steps * sm.steps_factor,
+            sm.period,
+            sm.staleness + 1,
+        )
+        self._modes[(compression, sync)] = mode
+        return mode
+
     def _parts(
         self,
         names: tuple[str, ...],
@@ -450,7 +635,27 @@ class _Parts:
     extra: float
 
 
+class _ChoiceTerms(NamedTuple):
+    """`score_set`'s figures of one (compressor, sync) on one set, whatever the GPU split
+    (a tuple: the hot loop unpacks it)."""
+
+    kind: int
+    runs_ahead: bool
+    eff_steps: float
+    overhead_s: float
+    wan_s: float
+    tail: float
+    floor: float
+    egress: float
+    """Egress per exchange."""
+    fixed_egress: float
+    """The run's egress when it does not run ahead."""
+    period: int
+
+
 _EVERY_STEP = sync_model("every-step")
+_EVERY, _LOCAL, _STALE = 0, 1, 2  # `score_set`'s step formulas (`step_time`)
+_FORWARD_FRACTION = 1 - BACKWARD_FRACTION  # `step_time`'s (1 - f): the same float
 
 
 def best_ring(
@@ -461,7 +666,11 @@ def best_ring(
     if d <= 2:
         return names
     if d <= EXACT_RING_MAX:
-        return _exact_ring(names, edge)
+        return _exact_ring(
+            names,
+            [[edge[(a, b)][0] if a != b else 0.0 for b in names] for a in names],
+            [[edge[(a, b)][1] if a != b else 0.0 for b in names] for a in names],
+        )
     return _greedy_ring(names, edge)
 
 
@@ -473,28 +682,51 @@ def _ring_key(
 
 
 def _exact_ring(
-    names: tuple[str, ...], edge: Mapping[tuple[str, str], tuple[float, float]]
+    names: tuple[str, ...], time: list[list[float]], price: list[list[float]]
 ) -> tuple[str, ...]:
-    """Depth-first search over ring orders, pruning paths whose bottleneck is already worse."""
-    start = names[0]
-    rest = names[1:]
-    best: list[tuple[tuple[float, float], tuple[str, ...]]] = []
+    """Depth-first search over ring orders, pruning paths whose bottleneck is already worse;
+    `time[i][j]`, `price[i][j]`: the edge names[i] -> names[j] (index tables, not the edge
+    map: it runs twice for every cluster set a plan scores).
 
-    def dfs(path: list[str], left: list[str], worst: float, price: float) -> None:
-        if best and (worst, price) >= best[0][0]:
-            return
-        if not left:
-            close = edge[(path[-1], start)]
-            key = (max(worst, close[0]), price + close[1])
-            if not best or key < best[0][0]:
-                best[:] = [(key, tuple(path))]
-            return
-        for i, nxt in enumerate(left):
-            e = edge[(path[-1], nxt)]
-            dfs([*path, nxt], left[:i] + left[i + 1 :], max(worst, e[0]), price + e[1])
+    From names[0], the others in index order at every depth; the first of equal keys wins.
+    """
+    d = len(names)
+    if d == 3:  # two orders; the second only if strictly better, as the search finds it
+        t, p = time, price
+        first = (max(t[0][1], t[1][2], t[2][0]), p[0][1] + p[1][2] + p[2][0])
+        if (max(t[0][2], t[2][1], t[1][0]), p[0][2] + p[2][1] + p[1][0]) < first:
+            return (names[0], names[2], names[1])
+        return names
+    path = [0]
+    used = [False] * d
+    best: list[int] = []
+    best_w = best_p = 0.0
 
-    dfs([start], list(rest), 0.0, 0.0)
-    return best[0][1]
+    def dfs(worst: float, paid: float) -> None:
+        nonlocal best, best_w, best_p
+        if best and (worst > best_w or (worst == best_w and paid >= best_p)):
+            return
+        last = path[-1]
+        if len(path) == d:
+            w = time[last][0]
+            w = w if w > worst else worst  # max(worst, w): the first unless the second is more
+            p = paid + price[last][0]
+            if not best or w < best_w or (w == best_w and p < best_p):
+                best, best_w, best_p = path[:], w, p
+            return
+        t_row, p_row = time[last], price[last]
+        for nxt in range(1, d):
+            if used[nxt]:
+                continue
+            used[nxt] = True
+            path.append(nxt)
+            w = t_row[nxt]
+            dfs(w if w > worst else worst, paid + p_row[nxt])
+            path.pop()
+            used[nxt] = False
+
+    dfs(0.0, 0.0)
+    return tuple(names[i] for i in best)
 
 
 def _greedy_ring(

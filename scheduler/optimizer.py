@@ -24,6 +24,7 @@ subsets in full. Every tie is broken by names, so the same input gives the same 
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
@@ -64,11 +65,13 @@ ALL_SIZES_UP_TO = 8  # tau candidates: every cluster size up to this, then doubl
 POOL_SEEDS = 4
 FULL_EVALS = 6  # subsets searched in full after screening
 MAX_VICTIM_SETS = 2000
+ALTERNATIVES = 3  # runner-up cluster sets a plan's explanation names
 
 _INF = float("inf")
 
 
-@dataclass(frozen=True)
+# Not frozen, like _Choice: the search builds several per cluster set it scores.
+@dataclass(slots=True)
 class _Alloc:
     names: tuple[str, ...]
     gpus: tuple[int, ...]
@@ -92,6 +95,8 @@ class _Choice:
 
 class _Search:
     """One planning problem: the model, the rules in force and the best choices seen."""
+
+    prune = True  # skip sets that cannot change the plan (`_subset_unless_beaten`; off: tests)
 
     def __init__(
         self,
@@ -118,6 +123,7 @@ class _Search:
         self._subset_cache: dict[tuple[str, ...], _Choice | None] = {}
         self._quick_cache: dict[tuple[str, ...], _Choice | None] = {}
         self._partial_cache: dict[tuple[str, ...], float] = {}
+        self._least_factor: float | None = None
         multi_c = AUTO_COMPRESSIONS if job.compression == "auto" else (job.compression,)
         multi_s = AUTO_SYNCS if job.sync == "auto" else (job.sync,)
         self.multi = [(c, s) for c in multi_c for s in multi_s]
@@ -183,8 +189,8 @@ class _Search:
         self, names: tuple[str, ...], caps: list[int], quick: bool = False
     ) -> list[_Alloc]:
         m = self.model
-        intra = [[m.intra(n, p) for p in range(1, c + 1)] for n, c in zip(names, caps, strict=True)]
-        sizes = [_sizes(c) for c in caps]
+        # rows read up to each cap: a member's row may be longer (`CostModel.intra_row`)
+        intra = [m.intra_row(n, c) for n, c in zip(names, caps, strict=True)]
         orders = [
             sorted(
                 range(len(names)), key=lambda i: (-m.rate[names[i]], m.price[names[i]], names[i])
@@ -200,13 +206,14 @@ class _Search:
                 )
             )
             targets.append(max(self.gmin, len(names)))
-        if quick:
-            sizes = [_sizes(c, 1) for c in caps]
+        sizes = [_sizes(c, 1 if quick else ALL_SIZES_UP_TO) for c in caps]
         taus = sorted({row[p - 1] for row, ps in zip(intra, sizes, strict=True) for p in ps})
         out: list[_Alloc] = []
         seen: set[tuple[int, ...]] = set()
         for tau in taus:
-            tcaps = [bisect.bisect_right(row, tau) for row in intra]
+            tcaps = [
+                bisect.bisect_right(row, tau, 0, c) for row, c in zip(intra, caps, strict=True)
+            ]
             total = sum(tcaps)
             if total < self.gmin:
                 continue
@@ -226,7 +233,8 @@ class _Search:
                     if tg in seen:
                         continue
                     seen.add(tg)
-                    out.append(self._alloc(names, tg))
+                    tau_g = max(row[x - 1] for row, x in zip(intra, tg, strict=True))
+                    out.append(self._alloc(names, tg, tau_g))
         return out
 
     def _dp_allocs(self, names: tuple[str, ...], caps: list[int]) -> list[_Alloc]:
@@ -241,12 +249,13 @@ class _Search:
         for n, cap in zip(names, caps, strict=True):
             nxt: dict[int, list[tuple[float, float, float, tuple[int, ...]]]] = {}
             r, pr = (slow * ticks[n] if ticks else m.rate[n]), m.price[n]
+            row = m.intra_row(n, cap)
             for used, pts in states.items():
                 for g in range(1, cap + 1):
                     tot = used + g
                     if tot > self.gmax:
                         break
-                    t = m.intra(n, g)
+                    t = row[g - 1]
                     bucket = nxt.setdefault(tot, [])
                     for rate, price, tau, gs in pts:
                         bucket.append((rate + g * r, price + g * pr, max(tau, t), (*gs, g)))
@@ -254,13 +263,18 @@ class _Search:
         final = [p for tot, pts in sorted(states.items()) if tot >= self.gmin for p in pts]
         return [self._alloc(names, gs) for _, _, _, gs in final]
 
-    def _alloc(self, names: tuple[str, ...], gpus: tuple[int, ...]) -> _Alloc:
+    def _alloc(
+        self, names: tuple[str, ...], gpus: tuple[int, ...], intra: float | None = None
+    ) -> _Alloc:
+        """`intra`: the slowest member's all-reduce, when the caller has it already."""
         m = self.model
+        if intra is None:
+            intra = max(m.intra(n, g) for n, g in zip(names, gpus, strict=True))
         return _Alloc(
             names,
             gpus,
             sum(g * m.rate[n] for n, g in zip(names, gpus, strict=True)),
-            max(m.intra(n, g) for n, g in zip(names, gpus, strict=True)),
+            intra,
             sum(g * m.price[n] for n, g in zip(names, gpus, strict=True)),
             m.ahead_rate(names, gpus) if len(names) > 1 else 0.0,
         )
@@ -272,26 +286,62 @@ class _Search:
             return cache[names]
         if quick and names in self._subset_cache:
             return self._subset_cache[names]
-        best: _Choice | None = None
-        best_rank = self.rank(None)
-        combos = self.combos(names)
-        for alloc in self.allocs(names, quick):
-            g = sum(alloc.gpus)
-            for comp, sync in combos:
-                t, c = self.model.score(
-                    names, alloc.rate, alloc.intra, alloc.price, comp, sync, g, alloc.ahead
-                )
-                ch = _Choice(alloc, comp, sync, t, c)
-                self._track(ch)
-                r = self.rank(ch)
-                if r < best_rank:
-                    best, best_rank = ch, r
+        allocs = self.allocs(names, quick)
+        best = self._score(names, allocs) if allocs else None
         if best is not None:
             if not quick:
                 self.runner_up[names] = best
-            if best_rank < self.rank(self.best):
+            if self.rank(best) < self.rank(self.best):
                 self.best = best
         cache[names] = best
+        return best
+
+    def _score(self, names: tuple[str, ...], allocs: list[_Alloc]) -> _Choice | None:
+        """Score every (allocation, compressor, sync) of S; the best by `rank`, keeping the
+        fastest and the cheapest in time as `_track` does.
+
+        The search's hot loop (thousands of choices a plan): it compares the floats first
+        and builds a `_Choice` only for one that wins a comparison, with the same outcome as
+        `_track` and `rank` on every choice: within one S only the GPUs differ after the
+        two measures, and a tie on both is broken by the full keys, as they do.
+        """
+        choices = self.combos(names)
+        scores = self.model.score_set(
+            names, choices, [(a.rate, a.intra, a.price, sum(a.gpus), a.ahead) for a in allocs]
+        )
+        by_time = self.objective == "time"
+        dl, budget = self.deadline, self.budget
+        fastest, cheapest = self.fastest, self.cheapest_in_time
+        best: _Choice | None = None
+        # best's (feasible 0 / not 1, objective, other measure); 2 sorts after any choice
+        b_flag, b_p, b_s = 2, 0.0, 0.0
+        b_gpus: tuple[int, ...] = ()
+        for alloc, row in zip(allocs, scores, strict=True):
+            gpus = alloc.gpus
+            for (comp, sync), (t, c) in zip(choices, row, strict=True):
+                ch: _Choice | None = None
+                if fastest is None or t < fastest.time:
+                    ch = fastest = _Choice(alloc, comp, sync, t, c)
+                elif t == fastest.time:
+                    ch = _Choice(alloc, comp, sync, t, c)
+                    if _time_key(ch) < _time_key(fastest):
+                        fastest = ch
+                in_time = dl is None or t <= dl
+                if in_time and (cheapest is None or c <= cheapest.cost):
+                    if ch is None:
+                        ch = _Choice(alloc, comp, sync, t, c)
+                    # c <= cheapest's: c < it, or a tie that the full key breaks
+                    if cheapest is None or c < cheapest.cost or _cost_key(ch) < _cost_key(cheapest):
+                        cheapest = ch
+                flag = 0 if in_time and (budget is None or c <= budget) else 1
+                p, q = (t, c) if by_time else (c, t)
+                if flag < b_flag or (
+                    flag == b_flag
+                    and (p < b_p or (p == b_p and (q < b_s or (q == b_s and gpus < b_gpus))))
+                ):
+                    best = ch if ch is not None else _Choice(alloc, comp, sync, t, c)
+                    b_flag, b_p, b_s, b_gpus = flag, p, q, gpus
+        self.fastest, self.cheapest_in_time = fastest, cheapest
         return best
 
     def _record(self, ch: _Choice) -> None:
@@ -326,10 +376,74 @@ class _Search:
     def _exhaustive(self, cands: Sequence[str], quick: bool) -> None:
         names = sorted(cands)
         free = {n: self.snapshot.by_name[n].gpus_free for n in names}
+        top: list[float] = []
         for k in range(1, min(len(names), self.max_clusters, self.gmax) + 1):
             for sub in itertools.combinations(names, k):
                 if sum(free[n] for n in sub) >= self.gmin and is_clique(self.snapshot, sub):
-                    self.subset(sub, quick)
+                    if quick or not self.prune:
+                        self.subset(sub, quick)
+                    else:
+                        self._subset_unless_beaten(sub, top)
+
+    def _subset_unless_beaten(self, names: tuple[str, ...], top: list[float]) -> None:
+        """`subset(names)` in full, unless the set cannot change the plan.
+
+        What a plan shows of the sets scored in full is the best one and the next
+        ALTERNATIVES (`_explain`); the fastest and cheapest choices are read only to say why
+        a plan is infeasible. Once 1 + ALTERNATIVES sets have a feasible best, the plan is
+        feasible, and a set whose every choice is worse in the objective (`_floors`) than
+        theirs, or misses the deadline, ranks after all of them: it is skipped. `top`: the
+        objective of the best feasible sets scored in full so far, negated (a heap), which
+        this keeps up to date.
+        """
+        if names in self._subset_cache:
+            return  # scored already, and counted in `top`
+        by_time = self.objective == "time"
+        if len(top) > ALTERNATIVES:
+            t_floor, c_floor = self._floors(names)
+            if (t_floor if by_time else c_floor) > -top[0] or (
+                self.deadline is not None and t_floor > self.deadline
+            ):
+                return
+        ch = self.subset(names)
+        if ch is not None and self.ok(ch):
+            worth = -(ch.time if by_time else ch.cost)
+            if len(top) > ALTERNATIVES:
+                heapq.heappushpop(top, worth)
+            else:
+                heapq.heappush(top, worth)
+
+    def _floors(self, names: tuple[str, ...]) -> tuple[float, float]:
+        """Lower bounds on the total time and on the cost of every choice on `names`, less a
+        margin for rounding and for `pace`'s tolerance; (0, 0) where the set has no allocation.
+
+        Time: the job's steps at the least steps factor of any choice, each as long as its
+        compute alone with the most throughput the set can give the job (a step is never
+        shorter than its compute, and running ahead gains at most the fast GPUs' throughput,
+        `CostModel.ahead_rate`). Cost: GPU-hours alone, the same steps at the least price per
+        FLOP/s of any member (an allocation's price over its throughput is no lower)."""
+        m, snap = self.model, self.snapshot
+        k = len(names)
+        caps = [min(snap.by_name[n].gpus_free, self.gmax - (k - 1)) for n in names]
+        if any(c < 1 for c in caps) or sum(caps) < self.gmin or k > self.gmax:
+            return 0.0, 0.0
+        if self._least_factor is None:
+            # steps factors (>= 1 as modelled; taken as they are, not assumed)
+            factors = [
+                m.compressor(c).steps_factor * m.sync(s).steps_factor
+                for c, s in self.multi + self.hetero + self.sparse
+            ]
+            self._least_factor = min([1.0, *factors])
+        # fastest GPUs first, one each at least, within the job's GPUs: the most throughput
+        left, rate = self.gmax - k, 0.0
+        for r, cap in sorted(zip((m.rate[n] for n in names), caps, strict=True), reverse=True):
+            add = min(left, cap - 1)
+            left -= add
+            rate += (1 + add) * r
+        margin = 1 - 1e-6
+        work = self.job.steps * self._least_factor * m.work
+        per_flop = min(m.price[n] / m.rate[n] for n in names)
+        return work / rate * margin, work * per_flop / 3600.0 * margin
 
     def _finish(self) -> None:
         """Screening used uncapped fills only; search the best subsets it found in full."""
@@ -337,8 +451,19 @@ class _Search:
             (sub for sub, ch in self._quick_cache.items() if ch is not None),
             key=lambda sub: self.rank(self._quick_cache[sub]),
         )
+        if not self.prune:
+            for sub in ranked[:FULL_EVALS]:
+                self.subset(sub)
+            return
+        by_time = self.objective == "time"
+        # the sets scored in full so far: the singles of `_heuristic`
+        top = sorted(
+            -(ch.time if by_time else ch.cost) for ch in self.runner_up.values() if self.ok(ch)
+        )
+        top = top[-(1 + ALTERNATIVES) :]
+        heapq.heapify(top)
         for sub in ranked[:FULL_EVALS]:
-            self.subset(sub)
+            self._subset_unless_beaten(sub, top)
 
     def _surrogate(self, names: tuple[str, ...]) -> tuple[int, tuple[object, ...]]:
         """Screening rank of a subset; subsets short of GPUs rank by how much they have."""
@@ -360,8 +485,10 @@ class _Search:
         intra = max(m.intra(n, g) for n, g in zip(names, gpus, strict=True))
         ahead = m.ahead_rate(names, gpus) if len(names) > 1 else 0.0
         best = min(
-            m.score(names, rate, intra, 0.0, c, s, sum(gpus), ahead)[0]
-            for c, s in self.combos(names)
+            t
+            for t, _ in m.score_set(
+                names, self.combos(names), [(rate, intra, 0.0, sum(gpus), ahead)]
+            )[0]
         )
         self._partial_cache[names] = best
         return best
@@ -371,11 +498,12 @@ class _Search:
         names = sorted(cands)
         eligible = set(names)
         # singles: every cluster that can hold the gang alone is evaluated (cheap, exact)
-        fits = [n for n in names if snap.by_name[n].gpus_free >= self.gmin]
-        cap = {n: min(snap.by_name[n].gpus_free, self.gmax) for n in names}
-
-        def power(n: str) -> tuple[float, str]:
-            return (-cap[n] * m.rate[n], n)
+        by_name, rate, gmax = snap.by_name, m.rate, self.gmax
+        free = [by_name[n].gpus_free for n in names]
+        fits = [n for n, f in zip(names, free, strict=True) if f >= self.gmin]
+        cap = {n: min(f, gmax) for n, f in zip(names, free, strict=True)}
+        # each cluster's key once (two rankings use it; thousands of clusters a plan)
+        power = {n: (-cap[n] * rate[n], n) for n in names}.__getitem__
 
         def value(n: str) -> tuple[float, float, str]:
             return (m.price[n] / m.rate[n], -cap[n], n)
@@ -447,7 +575,8 @@ class _Search:
                 break
 
 
-def _sizes(cap: int, all_up_to: int = ALL_SIZES_UP_TO) -> list[int]:
+@functools.cache  # a pure function of two small ints, asked for every member of every set
+def _sizes(cap: int, all_up_to: int = ALL_SIZES_UP_TO) -> tuple[int, ...]:
     """Cluster sizes whose intra all-reduce time is a tau candidate: all up to `all_up_to`
     (exact there), then doubling, and the cap (the ring time flattens at 2n/B as p grows)."""
     out = list(range(1, min(cap, all_up_to) + 1))
@@ -457,7 +586,7 @@ def _sizes(cap: int, all_up_to: int = ALL_SIZES_UP_TO) -> list[int]:
         p *= 2
     if cap not in out:
         out.append(cap)
-    return out
+    return tuple(out)
 
 
 def _time_key(ch: _Choice) -> tuple[float, float, int, tuple[str, ...], tuple[int, ...]]:
@@ -728,7 +857,7 @@ def _explain(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> t
     alts = sorted(
         (c for n, c in search.runner_up.items() if n != ch.alloc.names),
         key=search.rank,
-    )[:3]
+    )[:ALTERNATIVES]
     for alt in alts:
         word = (
             "as fast"
