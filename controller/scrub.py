@@ -22,8 +22,10 @@ from urllib.parse import urlsplit
 WORKER_CPN_VARS = frozenset({"CPN_CACHE_DIR", "CPN_GLOO_IFNAME"})
 """The CPN_* variables workers use; every other CPN_* variable is withheld from them."""
 
-WITHHELD_VARS = frozenset({"PGPASSWORD", "DATABASE_URL"})
-"""Other variables of the control plane that workers never need."""
+WITHHELD_VARS = frozenset({"PGPASSWORD", "DATABASE_URL", "PROMETHEUS_MULTIPROC_DIR"})
+"""Other variables of the control plane that workers never need (under `cpn serve --workers`
+the last is where its workers keep their counters: Ray's own processes, which use
+prometheus_client too, would write theirs there and show in cpn's /metrics)."""
 
 OBJECT_STORE_PREFIX = "AWS_"
 """The S3 client's settings and credentials (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...): workers

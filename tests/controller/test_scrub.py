@@ -18,6 +18,7 @@ ENV = {
     "RAY_AUTH_TOKEN": "ray-token-0123456789",
     "HOME": "/home/cpn",
     "AWS_SECRET_ACCESS_KEY": "aws-secret-0123456789",
+    "PROMETHEUS_MULTIPROC_DIR": "/tmp/cpn-serve-x/metrics",
 }
 
 
@@ -28,6 +29,7 @@ def test_workers_keep_what_they_use_and_lose_every_other_cpn_variable() -> None:
         "CPN_DATABASE_URL",
         "CPN_RAY_NUM_CPUS",
         "PGPASSWORD",
+        "PROMETHEUS_MULTIPROC_DIR",  # cpn serve --workers: the workers' counters, not Ray's
     ]
     assert "AWS_SECRET_ACCESS_KEY" not in scrub.withheld(ENV, object_store=True)
     # Ray's token is withheld only where Ray's authentication is off (workers need it).
