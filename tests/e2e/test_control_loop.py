@@ -32,8 +32,10 @@ def world(tmp_path: Path) -> Iterator[World]:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """One world (and one Ray) for the tests that leave it whole: each ends with no GPU held.
-    Its admin allows `module:function` tasks under tests.e2e (none are by default)."""
-    w = build_world(tmp_path_factory.mktemp("shared"), CPN_TASK_MODULES="tests.e2e")
+    Its admin allows `module:function` tasks under tests.e2e (none are by default). Its
+    control plane runs two worker processes (`cpn serve --workers 2`), so every request of
+    these tests may land on either, and the controller runs in the one that holds the loops."""
+    w = build_world(tmp_path_factory.mktemp("shared"), workers=2, CPN_TASK_MODULES="tests.e2e")
     yield w
     w.stop()
 

@@ -84,15 +84,18 @@ def build_world(
     database_url: str | None = None,
     clusters: dict[str, dict[str, Any]] | None = None,
     links: list[tuple[str, str, float, float, float]] | None = None,
+    workers: int = 1,
     **settings: str,
 ) -> World:
-    """The world of `clusters` joined by `links` (CLUSTERS and LINKS when not given)."""
+    """The world of `clusters` joined by `links` (CLUSTERS and LINKS when not given), its
+    control plane on `workers` processes."""
     clusters = CLUSTERS if clusters is None else clusters
     env = {**FAST, "CPN_CHECKPOINT_ROOT": str(workdir / "checkpoints"), **settings}
     plane = start_control_plane(
         database_url or f"sqlite:///{workdir / 'cpn.db'}",
         "cpn_admin_e2e-0123456789abcdef0123456789",
         settings=env,
+        workers=workers,
     )
     admin = Client(plane.url, plane.admin_token, timeout=60)
     world = World(plane, admin, admin, "", workdir, env, clusters=dict(clusters))
