@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -66,12 +66,11 @@ class World:
         preemptible: bool,
         placement: tuple[scheduler.Assignment, ...],
     ) -> World:
-        """This world once `placement` is reserved for a job: fewer free GPUs, one more runner."""
-        taken = {a.cluster: a.gpus for a in placement}
-        clusters = tuple(
-            replace(c, gpus_free=c.gpus_free - taken[c.name]) if c.name in taken else c
-            for c in self.snapshot.clusters
-        )
+        """This world once `placement` is reserved for a job: fewer free GPUs, one more runner.
+
+        Only the placement's clusters are touched (`Snapshot.with_free`): rebuilding every
+        cluster was most of a simulated job's time at 10,000 clusters."""
+        taken = {a.cluster: -a.gpus for a in placement}
         running = (
             *self.snapshot.running,
             scheduler.RunningJob(
@@ -82,7 +81,7 @@ class World:
                 preemptible=preemptible,
             ),
         )
-        return World(self.snapshot.reallocated(clusters, running), self.origins)
+        return World(self.snapshot.with_free(taken, running), self.origins)
 
 
 def build_snapshot(

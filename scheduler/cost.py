@@ -42,7 +42,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from grammar.graph import bandwidth_ring, gossip_graph
 from scheduler.calibrate import POOLED
@@ -132,6 +132,34 @@ def step_time(compute_s: float, intra_s: float, wan: WanTerms, sync: SyncModel) 
     return (1 - f) * compute_s + max(f * compute_s, intra_s + wan.overhead_s + wan_s)
 
 
+# a snapshot's per-cluster GPU rate (FLOP/s), GPU-hour price and intra bandwidth (bytes/s)
+_Tables = tuple[dict[str, float], dict[str, float], dict[str, float]]
+
+
+def _cluster_tables(
+    snapshot: Snapshot, qos_class: str | None, efficiency: Mapping[str, float] | None
+) -> _Tables:
+    """Each cluster's rate, price and intra bandwidth. Without calibrated factors a cluster's
+    rate depends only on its model and overrides, so it is worked out once per kind of GPU."""
+    rate: dict[str, float] = {}
+    price: dict[str, float] = {}
+    intra_bw: dict[str, float] = {}
+    kinds: dict[tuple[str, float | None, float | None], float] = {}
+    for c in snapshot.clusters:
+        if efficiency:
+            r = c.peak_tflops * 1e12 * efficiency_of(c, efficiency)
+        else:
+            kind = (c.gpu_model, c.gpu_tflops, c.efficiency)
+            hit = kinds.get(kind)
+            if hit is None:
+                hit = kinds[kind] = c.peak_tflops * 1e12 * efficiency_of(c)
+            r = hit
+        rate[c.name] = r
+        price[c.name] = c.price(qos_class) if c.class_prices else c.price_per_gpu_hour
+        intra_bw[c.name] = c.intra_bandwidth_gbps * 1e9 / 8
+    return rate, price, intra_bw
+
+
 class CostModel:
     """The cost model bound to one snapshot and one job, with caches for the optimizer."""
 
@@ -150,26 +178,22 @@ class CostModel:
         self.job = job
         self.work = job_work_flops(job, efficiency)
         self.nbytes = float(job.params * BYTES_PER_PARAM)
-        self.rate: dict[str, float] = {}
-        self.price: dict[str, float] = {}
-        self._intra_bw: dict[str, float] = {}
-        # one pass over the fleet (thousands of clusters a plan); without calibrated factors
-        # a cluster's rate depends only on its model and overrides, so it is worked out once
-        # per kind of GPU
         qos_class = job.qos.qos_class
-        kinds: dict[tuple[str, float | None, float | None], float] = {}
-        for c in snapshot.clusters:
-            if efficiency:
-                r = c.peak_tflops * 1e12 * efficiency_of(c, efficiency)
-            else:
-                kind = (c.gpu_model, c.gpu_tflops, c.efficiency)
-                hit = kinds.get(kind)
-                if hit is None:
-                    hit = kinds[kind] = c.peak_tflops * 1e12 * efficiency_of(c)
-                r = hit
-            self.rate[c.name] = r
-            self.price[c.name] = c.price(qos_class) if c.class_prices else c.price_per_gpu_hour
-            self._intra_bw[c.name] = c.intra_bandwidth_gbps * 1e9 / 8
+        # one pass over the fleet (thousands of clusters a plan): without calibrated factors
+        # the tables depend on nothing a placement changes, so reallocated copies of the
+        # snapshot share them (`Snapshot.memo`); they are read, never written, after this
+        key = ("cost-model", qos_class)
+        # where this model's tables live in `snapshot.memo` (None: calibrated, not kept), so
+        # that what is derived from them alone can be kept there too
+        self.memo_key: tuple[str, str | None] | None = None if efficiency else key
+        hit = None if efficiency else snapshot.memo.get(key)
+        if hit is None:
+            tables = _cluster_tables(snapshot, qos_class, efficiency)
+            if not efficiency:
+                snapshot.memo[key] = tables
+        else:
+            tables = cast(_Tables, hit)
+        self.rate, self.price, self._intra_bw = tables
         self._wan_cache: dict[tuple[tuple[str, ...], str], WanTerms] = {}
         self._ring_cache: dict[tuple[str, ...], tuple[_Ring, ...]] = {}
         self._comp_cache: dict[str, CompressorModel] = {}

@@ -27,7 +27,7 @@ import bisect
 import functools
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from scheduler.compression import (
@@ -495,27 +495,12 @@ class _Search:
 
     def _heuristic(self, cands: Sequence[str]) -> None:
         snap, m = self.snapshot, self.model
-        names = sorted(cands)
-        eligible = set(names)
+        eligible = set(cands)
+        by_name, gmax = snap.by_name, self.gmax
+        alone, by_power, by_value = self._rankings(eligible)
         # singles: every cluster that can hold the gang alone is evaluated (cheap, exact)
-        by_name, rate, gmax = snap.by_name, m.rate, self.gmax
-        free = [by_name[n].gpus_free for n in names]
-        fits = [n for n, f in zip(names, free, strict=True) if f >= self.gmin]
-        cap = {n: min(f, gmax) for n, f in zip(names, free, strict=True)}
-        # each cluster's key once (two rankings use it; thousands of clusters a plan)
-        power = {n: (-cap[n] * rate[n], n) for n in names}.__getitem__
-
-        def value(n: str) -> tuple[float, float, str]:
-            return (m.price[n] / m.rate[n], -cap[n], n)
-
-        # nsmallest(k, xs, key) is sorted(xs, key=key)[:k], without sorting thousands
-        alone = heapq.nsmallest(
-            4 * POOL_SEEDS, fits, key=power if self.objective == "time" else value
-        )
         for n in alone:
             self.subset((n,))
-        by_power = heapq.nsmallest(POOL_SEEDS, names, key=power)
-        by_value = heapq.nsmallest(POOL_SEEDS, names, key=value)
         seeds: list[str] = []
         for n in [*alone[:POOL_SEEDS], *by_power[:POOL_SEEDS], *by_value[:POOL_SEEDS]]:
             if n not in seeds:
@@ -524,7 +509,8 @@ class _Search:
         for s in seeds[:POOL_SEEDS]:
 
             def closeness(n: str, s: str = s) -> tuple[float, float, str]:
-                return (_link_time(snap, s, n, m.nbytes), -cap[n] * m.rate[n], n)
+                cap = min(by_name[n].gpus_free, gmax)
+                return (_link_time(snap, s, n, m.nbytes), -cap * m.rate[n], n)
 
             linked = snap.neighbours.get(s, frozenset())
             near = heapq.nsmallest(POOL_SEEDS, (n for n in linked if n in eligible), key=closeness)
@@ -550,6 +536,56 @@ class _Search:
                 cur, cur_rank = best_next, best_rank
             self._local_search(cur, pool, limit)
 
+    def _rankings(self, eligible: Set[str]) -> tuple[list[str], list[str], list[str]]:
+        """The seed rankings of `_heuristic`: the 4 x POOL_SEEDS best clusters that fit the
+        gang alone (by power for the time objective, by value otherwise), and the POOL_SEEDS
+        best by power and by value. Power: most GPUs the job may take times their rate;
+        value: price per FLOP/s, then the GPUs; ties by name.
+
+        Read off the snapshot's `_RankIndex` when the model has one: scoring every cluster
+        for these was most of a plan at 10,000 clusters, and the index finds the same lists
+        looking at the few best (`_top_power`, `_top_value`)."""
+        ix = _rank_index(self.model)
+        if ix is None:
+            return self._rankings_scan(eligible)
+        by_name, gmax, gmin = self.snapshot.by_name, self.gmax, self.gmin
+
+        def free(n: str) -> int:
+            return by_name[n].gpus_free
+
+        def fits(n: str) -> bool:
+            return n in eligible and by_name[n].gpus_free >= gmin
+
+        k = 4 * POOL_SEEDS
+        top = _top_power if self.objective == "time" else _top_value
+        return (
+            top(ix, k, fits, free, gmax),
+            _top_power(ix, POOL_SEEDS, eligible.__contains__, free, gmax),
+            _top_value(ix, POOL_SEEDS, eligible.__contains__, free, gmax),
+        )
+
+    def _rankings_scan(self, cands: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
+        """`_rankings` by scoring every candidate (a model with calibrated factors)."""
+        m = self.model
+        names = sorted(cands)
+        by_name, rate, gmax = self.snapshot.by_name, m.rate, self.gmax
+        free = [by_name[n].gpus_free for n in names]
+        fits = [n for n, f in zip(names, free, strict=True) if f >= self.gmin]
+        cap = {n: min(f, gmax) for n, f in zip(names, free, strict=True)}
+        # each cluster's key once (two rankings use it; thousands of clusters a plan)
+        power = {n: (-cap[n] * rate[n], n) for n in names}.__getitem__
+
+        def value(n: str) -> tuple[float, float, str]:
+            return (m.price[n] / m.rate[n], -cap[n], n)
+
+        # nsmallest(k, xs, key) is sorted(xs, key=key)[:k], without sorting thousands
+        alone = heapq.nsmallest(
+            4 * POOL_SEEDS, fits, key=power if self.objective == "time" else value
+        )
+        by_power = heapq.nsmallest(POOL_SEEDS, names, key=power)
+        by_value = heapq.nsmallest(POOL_SEEDS, names, key=value)
+        return alone, by_power, by_value
+
     def _local_search(self, cur: tuple[str, ...], pool: list[str], limit: int) -> None:
         snap = self.snapshot
         cur_rank = self._surrogate(cur)
@@ -573,6 +609,83 @@ class _Search:
                     cur, cur_rank, improved = mv, r, True
             if not improved:
                 break
+
+
+@dataclass(frozen=True, slots=True)
+class _RankIndex:
+    """A snapshot's clusters in the orders `_rankings` reads, which depend only on rates and
+    prices (kept in `Snapshot.memo`, so shared by its reallocated copies).
+
+    `by_rate`: (rate, member names ascending) per distinct GPU rate, fastest first.
+    `by_value`: every cluster by (price / rate, name), with that ratio."""
+
+    by_rate: tuple[tuple[float, tuple[str, ...]], ...]
+    by_value: tuple[tuple[float, str], ...]
+
+
+def _rank_index(model: CostModel) -> _RankIndex | None:
+    """The snapshot's `_RankIndex` for the model's rates and prices; None when the model's
+    tables are its own (calibrated factors)."""
+    if model.memo_key is None:
+        return None
+    memo = model.snapshot.memo
+    key = ("rank-index", *model.memo_key)
+    hit = memo.get(key)
+    if hit is None:
+        rate, price = model.rate, model.price
+        groups: dict[float, list[str]] = {}
+        for n, r in rate.items():
+            groups.setdefault(r, []).append(n)
+        hit = memo[key] = _RankIndex(
+            tuple((r, tuple(sorted(ns))) for r, ns in sorted(groups.items(), reverse=True)),
+            tuple(sorted((price[n] / rate[n], n) for n in rate)),
+        )
+    assert isinstance(hit, _RankIndex)
+    return hit
+
+
+def _top_power(
+    ix: _RankIndex, k: int, ok: Callable[[str], bool], free: Callable[[str], int], gmax: int
+) -> list[str]:
+    """The k clusters passing `ok` with the least (-min(free, gmax) x rate, name), in order.
+
+    Rate groups fastest first; in a group the key falls with min(free, gmax), so its best
+    are the first members by name with gmax free (a short walk), else all are scored. A
+    group whose best possible key, -gmax x rate, is above the k-th found ends the search:
+    every later group's is higher still."""
+    found: list[tuple[float, str]] = []
+    for r, members in ix.by_rate:
+        if len(found) >= k and -gmax * r > heapq.nsmallest(k, found)[-1][0]:
+            break
+        full: list[str] = []
+        for n in members:
+            if ok(n) and free(n) >= gmax:
+                full.append(n)
+                if len(full) == k:
+                    break
+        if len(full) == k:
+            found.extend((-gmax * r, n) for n in full)
+        else:
+            found.extend((-min(free(n), gmax) * r, n) for n in members if ok(n))
+    return [n for _, n in heapq.nsmallest(k, found)]
+
+
+def _top_value(
+    ix: _RankIndex, k: int, ok: Callable[[str], bool], free: Callable[[str], int], gmax: int
+) -> list[str]:
+    """The k clusters passing `ok` with the least (price / rate, -min(free, gmax), name), in
+    order: read by price per FLOP/s up to the end of the group of equal ratio in which the
+    k-th is found (later clusters have a higher ratio)."""
+    found: list[tuple[float, int, str]] = []
+    last = -1.0
+    for q, n in ix.by_value:
+        if q != last:
+            if len(found) >= k:
+                break
+            last = q
+        if ok(n):
+            found.append((q, -min(free(n), gmax), n))
+    return [n for _, _, n in heapq.nsmallest(k, found)]
 
 
 @functools.cache  # a pure function of two small ints, asked for every member of every set
@@ -661,7 +774,10 @@ def _plan_free(model: CostModel, job: JobRequest, objective: Objective) -> PlanR
             )
         gmax = left
     excluded = exclusions(snapshot, job)
-    eligible = [c.name for c in snapshot.clusters if c.name not in excluded]
+    if job.qos.regions is None and job.data_clusters is None:
+        eligible = list(snapshot.open_clusters)  # the same names, kept up to date per copy
+    else:
+        eligible = [c.name for c in snapshot.clusters if c.name not in excluded]
     notes = _exclusion_notes(excluded)
 
     attempts: list[list[str]] = []
