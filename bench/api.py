@@ -415,7 +415,7 @@ def plot(results: list[Result], args: argparse.Namespace, path: Path) -> None:
             ax.legend(fontsize=8, loc="lower right")
         ax.set_xlim(0, max(rates) * 1.9 if rates else 1)
         ax.set_xlabel("requests/s")
-        ax.set_title(f"{title}, {args.concurrency} clients")
+        ax.set_title(f"{title}, {args.concurrency} clients, cpn --workers {args.workers}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
