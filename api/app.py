@@ -263,7 +263,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else:  # one of several workers: the one holding the lock runs them
                 election = workers.ElectedLoops(where, loops.start, loops.stop)
                 election.begin()
-        app.state.loops = election
         try:
             yield
         finally:

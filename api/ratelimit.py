@@ -36,6 +36,7 @@ from api.config import Settings
 from api.deps import get_principal
 from api.metrics import Metrics
 from api.problems import problem
+from api.ui.sessions import SESSION_COOKIE
 from controller.keys import Principal, PrincipalCache, hash_key
 
 AGENT_PREFIX = "/v1/agent/"
@@ -174,16 +175,8 @@ class RateLimits:
         A request without a key passes: it gets its 401 without touching the database."""
         if key_hash is None:
             return None
-        if self.auth_failures is not None and not known_key:
-            wait = self.auth_failures.wait(address, now)
-            if wait > 0:
-                return Refusal(
-                    Limit.AUTH_FAILURES,
-                    wait,
-                    "too many failed authentications from this address (more than "
-                    f"{self.auth_fail_limit} a minute, CPN_AUTH_FAIL_LIMIT); send a valid key "
-                    "after Retry-After seconds",
-                )
+        if not known_key and (refused := self.admit_lookup(address, now)):
+            return refused
         table, limit, rate = (
             (self.agents, Limit.AGENT, self.agent_rate)
             if agent
@@ -201,6 +194,23 @@ class RateLimits:
                 f"{table.burst:g}); slow down and retry after Retry-After seconds",
             )
         return None
+
+    def admit_lookup(self, address: str, now: float) -> Refusal | None:
+        """Whether a credential from `address` may be looked up in the database (a key not
+        cached here, a console session cookie): not once the address is over its limit of
+        failed authentications."""
+        if self.auth_failures is None:
+            return None
+        wait = self.auth_failures.wait(address, now)
+        if wait <= 0:
+            return None
+        return Refusal(
+            Limit.AUTH_FAILURES,
+            wait,
+            "too many failed authentications from this address (more than "
+            f"{self.auth_fail_limit} a minute, CPN_AUTH_FAIL_LIMIT); send a valid key "
+            "after Retry-After seconds",
+        )
 
     def auth_failed(self, address: str, now: float) -> None:
         """Count a presented key that failed to authenticate against its address."""
@@ -256,6 +266,13 @@ def _bearer(scope: Scope) -> str | None:
     return None
 
 
+def _has_session_cookie(scope: Scope) -> bool:
+    return any(
+        name == b"cookie" and SESSION_COOKIE.encode() + b"=" in value
+        for name, value in scope.get("headers", [])
+    )
+
+
 class RateLimitMiddleware:
     """Refuses over-limit requests before routing (so before any key lookup), and counts
     each 401 against the address that earned it."""
@@ -282,22 +299,30 @@ class RateLimitMiddleware:
         key_hash = hash_key(token) if token else None
         client = scope.get("client")
         address = client[0] if client else "unknown"
-        refusal = self.limits.admit(
-            address=address,
-            key_hash=key_hash,
-            known_key=key_hash is not None and self.principals.get(key_hash) is not None,
-            agent=scope.get("path", "").startswith(AGENT_PREFIX),
-            now=self.clock(),
+        # a console session cookie is looked up in the database too, so a junk one counts
+        cookie = token is None and _has_session_cookie(scope)
+        refusal = (
+            self.limits.admit_lookup(address, self.clock())
+            if cookie
+            else self.limits.admit(
+                address=address,
+                key_hash=key_hash,
+                known_key=key_hash is not None and self.principals.get(key_hash) is not None,
+                agent=scope.get("path", "").startswith(AGENT_PREFIX),
+                now=self.clock(),
+            )
         )
         if refusal is not None:
             self.metrics.rate_limited.labels(refusal.limit.value).inc()
             await too_many(refusal, scope.get("path"))(scope, receive, send)
             return
 
+        presented = token is not None or cookie
+
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] == 401:
-                self.metrics.auth_failures.labels("rejected" if token else "missing").inc()
-                if token:  # only presented keys cost a lookup; a missing one costs nothing
+                self.metrics.auth_failures.labels("rejected" if presented else "missing").inc()
+                if presented:  # only what cost a lookup counts; a missing key costs nothing
                     self.limits.auth_failed(address, self.clock())
             await send(message)
 

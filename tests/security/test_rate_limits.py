@@ -269,6 +269,34 @@ def test_a_junk_token_flood_is_refused_before_any_database_query(db_url: str) ->
         assert _sample(live, "cpn_auth_failures_total", reason="missing") == 1
 
 
+def test_a_junk_session_cookie_flood_is_refused_before_any_database_query(db_url: str) -> None:
+    """A console session cookie is looked up in the database: a junk one counts against the
+    address like a junk key, and past the limit no lookup is made."""
+    from api.ui.sessions import SESSION_COOKIE
+
+    _seed(db_url)
+    with _server(db_url, auth_fail_limit=2) as live, httpx.Client(base_url=live.url) as http:
+
+        def junk() -> int:
+            cookie = {"Cookie": f"{SESSION_COOKIE}={uuid.uuid4().hex}"}
+            return http.get("/v1/jobs", headers=cookie).status_code
+
+        codes = [junk() for _ in range(3)]
+        assert codes[:2] == [401, 401] and codes[2] == 429, codes
+        statements: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            statements.append(statement)
+
+        engine = _app(live).state.engine
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            assert [junk() for _ in range(10)] == [429] * 10
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+        assert statements == [], "a refused junk cookie still reached the database"
+
+
 def test_heartbeats_pass_while_a_tenant_key_is_throttled(db_url: str) -> None:
     seeded = _seed(db_url)
     with _server(db_url, key_rate_limit=0.2) as live, httpx.Client(base_url=live.url) as http:
