@@ -329,7 +329,11 @@ def test_cancel_ends_the_run_at_once_and_bills_what_its_last_reports_bring(
     job = finish(plane, handle)
     assert job.state is JobState.CANCELLED
     with plane.sessions() as s:
-        messages = list(s.scalars(select(JobEvent.message).where(JobEvent.job_id == job.id)))
+        messages = list(
+            s.scalars(
+                select(JobEvent.message).where(JobEvent.job_id == job.id).order_by(JobEvent.id)
+            )
+        )
     assert messages[-1] == "workers stopped"
     assert_settled(plane, job.id)
     with plane.sessions() as s:
