@@ -78,6 +78,10 @@ class Peer:
     compression: str = "none"  # cpn
     fragments: int = 1  # torchft: 1 = DiLoCo, >1 = streaming
     note: str = ""
+    period: int | None = None  # H of this row when not the run's `--period`
+
+    def h(self, setup: Setup) -> int:
+        return self.period or setup.period
 
 
 PEERS: tuple[Peer, ...] = (
@@ -85,6 +89,8 @@ PEERS: tuple[Peer, ...] = (
     Peer("(b) DDP + PowerSGD r4", "ddp", hook="powersgd:4"),
     Peer("(c) torchft DiLoCo fp32", "torchft"),
     Peer("(c) torchft streaming DiLoCo fp32", "torchft", fragments=4),
+    Peer("(c) torchft streaming DiLoCo fp32 H=16", "torchft", fragments=4, period=16),
+    Peer("(c) torchft streaming DiLoCo fp32 H=64", "torchft", fragments=4, period=64),
     Peer(
         "(d) hivemind local updates (model averaging, not DiLoCo)",
         "hivemind",
@@ -95,6 +101,13 @@ PEERS: tuple[Peer, ...] = (
     Peer("(e) cpn DiLoCo int8", "cpn", compression="int8"),
     Peer("(e) cpn streaming fp32", "cpn", sync="streaming:{H}"),
     Peer("(e) cpn streaming int8", "cpn", sync="streaming:{H}", compression="int8"),
+    Peer("(e) cpn streaming fp32 H=16", "cpn", sync="streaming:{H}", period=16),
+    Peer("(e) cpn streaming int8 H=16", "cpn", sync="streaming:{H}", compression="int8", period=16),
+    Peer("(e) cpn DiLoCo int8 H=16", "cpn", compression="int8", period=16),
+    Peer("(e) cpn streaming fp32 H=64", "cpn", sync="streaming:{H}", period=64),
+    Peer("(e) cpn DiLoCo int8 H=64", "cpn", compression="int8", period=64),
+    Peer("(e) cpn DiLoCo int4", "cpn", compression="int4"),
+    Peer("(e) cpn DiLoCo int2", "cpn", compression="int2"),
     Peer("(e) cpn DiLoCo top-k 2-bit", "cpn", compression="topk:0.02:m0:c4096:int2"),
     Peer("(e) cpn auto", "cpn", sync="auto", compression="auto"),
 )
@@ -651,8 +664,8 @@ def _group_argv(
             argv += ["--lighthouse", f"http://{HUB_IP}:{LIGHTHOUSE_PORT}"]
             argv += ["--task", setup.task, "--steps", str(steps), "--seed", str(setup.seed)]
             argv += ["--eval-every", str(max(1, steps // setup.evals)), "--out", str(out)]
-            argv += ["--period", str(setup.period), "--fragments", str(peer.fragments)]
-            argv += ["--delay", str(max(0, setup.period // peer.fragments - 1))]
+            argv += ["--period", str(peer.h(setup)), "--fragments", str(peer.fragments)]
+            argv += ["--delay", str(max(0, peer.h(setup) // peer.fragments - 1))]
             argv += ["--outer-lr", str(setup.outer_lr), "--outer-momentum"]
             argv += [str(setup.outer_momentum), "--timeout", str(setup.timeout_s)]
             argv += ["--matchmaking", str(setup.matchmaking_s), "--rundir", str(rundir)]
@@ -706,7 +719,7 @@ def run_peer(bed: Any, setup: Setup, peer: Peer, steps: int) -> dict[str, Any]:
             env["TORCHFT_TIMEOUT_SEC"] = str(int(setup.timeout_s))
             _spawn(argvs, setup.timeout_s, rundir, env)
         else:
-            sync = peer.sync.format(H=setup.period)
+            sync = peer.sync.format(H=peer.h(setup))
             argv = [sys.executable, "-m", "bench.peers", "cpn-driver", "--task", setup.task]
             argv += ["--steps", str(steps), "--seed", str(setup.seed)]
             argv += ["--eval-every", str(eval_every), "--compression", peer.compression]
@@ -955,7 +968,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--peers", default="", help="comma-separated substrings of row names")
+    p.add_argument("--peers", default="", help="comma-separated row names or substrings of them")
     p.add_argument(
         "--merge",
         action="store_true",
@@ -1005,7 +1018,12 @@ def main(argv: list[str] | None = None) -> None:
         a.matchmaking_s,
     )
     wanted = [s.strip() for s in a.peers.split(",") if s.strip()]
-    peers = [q for q in PEERS if not wanted or any(s in q.name for s in wanted)]
+    names = {q.name for q in PEERS}  # a row's whole name picks that row only
+
+    def picked(q: Peer) -> bool:
+        return any(q.name == s if s in names else s in q.name for s in wanted)
+
+    peers = [q for q in PEERS if not wanted or picked(q)]
     earlier = {m: _earlier(m) for m in a.mbit} if a.merge else {}
     if a.target is None and earlier:
         a.target = next((e["target"] for e in earlier.values() if e), None)

@@ -2,18 +2,19 @@
 
 Pure decision code, no I/O. `decide` picks sync mode, period and compressor so that the WAN
 exchange hides under compute at the smallest quality cost: every-step fp32 when its exchange
-already costs little beside compute; else, for each compressor (fp32 first, then int8, int4,
-int2 and chunked top-k as the bytes demand) and period H (shortest first), exact local SGD
-(DiLoCo) when its blocking exchange costs at most the same small share of H steps of compute,
-else streaming DiLoCo when the link keeps up and the waits for fragments that outlast the
-steps they are given cost at most that share too (`OVERHEAD`, one rule for every mode). A
-blocking exchange that is not cheap is paid in full by every worker every H steps (on the
-WAN testbed at 25 Mbit/s auto's local-sgd took 141 s to target against streaming int8's 127 s),
-while streaming overlaps it with compute at the cost of a few steps of delay, so exact local
-SGD is kept only where the blocking costs little. `AutoPolicy` re-decides when the measured
-bandwidth or compute changes by more than a factor for a few rounds in a row (hysteresis), so
-noise does not flap the mode. Every rank calls it with the same all-reduced numbers, so every
-cluster decides the same.
+already costs little beside compute; else local SGD (DiLoCo) at period 32, then 64, sending
+its pseudo-gradients at a near-lossless level (int8, int4), blocking when its exchange costs
+at most a small share of the period's compute, else streaming DiLoCo when the link keeps up
+and the waits for fragments that outlast the steps they are given cost at most that share too
+(`OVERHEAD`, one rule for every mode); only then the lossy levels (int2, chunked top-k). The
+order is measured quality (`NEAR_LOSSLESS`, `PERIODS`), not bytes: blocking DiLoCo ended
+0.7-1.2 points above streaming at the same level, and shorter periods cost more than
+lighter near-lossless levels. A blocking exchange that is not cheap is paid in full by every
+worker every H steps, while streaming overlaps it with compute at the cost of a few steps of
+delay, so exact local SGD is kept only where the blocking costs little. `AutoPolicy`
+re-decides when the measured bandwidth or compute changes by more than a factor for a few
+rounds in a row (hysteresis), so noise does not flap the mode. Every rank calls it with the
+same all-reduced numbers, so every cluster decides the same.
 """
 
 from __future__ import annotations
@@ -30,10 +31,19 @@ LADDER: tuple[str, ...] = ("none", "int8", "int4", "int2", "topk:0.02:m0:c4096:i
 """Compressors, least to most lossy. Top-k without its own momentum (m0): the pseudo-gradient
 already is an update; its error feedback keeps what was not sent."""
 
-PERIODS: tuple[int, ...] = (8, 16, 32, 64)
-"""Local SGD periods tried, shortest (least quality cost) first. None below 8: DiLoCo's outer
-Nesterov step (lr 0.7, momentum 0.9) amplifies a pseudo-gradient of a few inner steps until
-it diverges (local-sgd:2 stays at chance on mnist1d-mlp where local-sgd:8 learns)."""
+NEAR_LOSSLESS: tuple[str, ...] = ("int8", "int4")
+"""Pseudo-gradient levels that cost no measured quality, so local SGD and streaming send at
+them and never at fp32: on the testbed's language model (bench/results/peers-100mbit.md, H=32,
+blocking) fp32 ended at 49.4 %, int8 at 49.5 %, int4 at 49.9 % (both with error feedback and
+stochastic rounding), for 4x and 7.8x fewer bytes. Lighter levels (int2, top-k) come after
+every near-lossless choice: int2 reached the target only at the last evaluation, top-k not."""
+
+PERIODS: tuple[int, ...] = (32, 64)
+"""Local SGD periods tried, 32 first. Not the shortest that hides: with DiLoCo's outer step
+(Nesterov, lr 0.7, momentum 0.9) a short period costs quality, not only bytes. On the
+testbed's language model H=16 ended 1.0-1.3 points below H=32 in all four runs (fp32 and
+int8, blocking and streaming; torchft's streaming the same), while blocking int8 at H=64 kept
+H=32's quality (49.4 %). Below 8 it diverges (local-sgd:2 stays at chance on mnist1d-mlp)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,18 @@ def link_from_exchange(edge_bytes: float, seconds: float, rtt_s: float = 0.0) ->
     return Link(edge_bytes * 8.0 / seconds, rtt_s)
 
 
+def periodic_groups(levels: Sequence[str], fixed: bool) -> list[list[str]]:
+    """The levels local SGD and streaming try, in groups of equal quality cost: within a
+    group, every period blocking then streaming, each at its levels least lossy first. The
+    near-lossless group comes first (fp32 never: it bought nothing over int8), then the
+    lossy levels; a compression the user fixed is one group of its own."""
+    if fixed:
+        return [list(levels)]
+    near = [lv for lv in levels if lv in NEAR_LOSSLESS]
+    lossy = [lv for lv in levels if lv not in NEAR_LOSSLESS and lossiness(lv) > 1]
+    return [g for g in (near, lossy) if g]
+
+
 def decide(
     compute_s: float,
     link: Link | None,
@@ -132,11 +154,14 @@ def decide(
     """Sync and compression so that the exchange hides under compute at the least quality
     cost. `link` is the slowest link (from the link table, or `link_from_exchange`); None or
     one cluster: nothing crosses a WAN, so every-step fp32. Every-step is kept while its
-    synchronous exchange costs at most `overhead` of a step's compute; local-sgd:H while its
-    blocking exchange costs at most `overhead` of H steps' compute (exact DiLoCo, no delay);
-    past that streaming:H, whose delayed fragments cost quality only where blocking would
-    cost time. `fixed_sync` / `fixed_compression` pin what the user gave concretely (a fixed
-    local SGD stays blocking, as long as its exchange fits its period); the rest is picked."""
+    synchronous exchange costs at most `overhead` of a step's compute; then, group by group
+    of `periodic_groups` and period by period of `PERIODS`, local-sgd:H at the first level
+    whose blocking exchange costs at most `overhead` of H steps' compute (exact DiLoCo, no
+    delay), else streaming:H at the first level whose fragments hide. `fixed_sync` /
+    `fixed_compression` pin what the user gave concretely (a fixed local SGD stays blocking,
+    as long as its exchange fits its period); the rest is picked. `compute_s` is the part of
+    a step an exchange can hide under (forward/backward, intra-cluster all-reduce, optimizer
+    step)."""
     compute_s = max(compute_s, 1e-6)
     levels = [fixed_compression] if fixed_compression is not None else list(ladder)
     fixed_kind = fixed_sync.kind if fixed_sync is not None else None
@@ -170,42 +195,46 @@ def decide(
                 return made(fixed_sync or Sync(SyncKind.EVERY_STEP), level, "sync fixed: lightest")
     if fixed_sync is not None and fixed_kind is not SyncKind.LOCAL_SGD:
         return made(fixed_sync, levels[0], f"sync fixed to {fixed_sync}: compression as given")
-    periods = (
-        [fixed_sync.period]
-        if fixed_sync is not None
-        else [h for h in PERIODS if h <= max_period] or [max_period]
-    )
-    for level in levels:
-        t = exchange_time(level, params, clusters, link, crossings)
-        for h in periods:
-            if fixed_sync is not None:  # local SGD fixed: blocking, the period as given
-                if t <= h * compute_s:
-                    return made(
-                        fixed_sync,
-                        level,
-                        f"local-sgd:{h} {level} (sync fixed): exchange {t:.3g}s <= {h} x "
-                        f"compute {compute_s:.3g}s",
-                    )
-                continue
-            if t <= overhead * h * compute_s:
+    if fixed_sync is not None:  # local SGD fixed: blocking, the period as given
+        h = fixed_sync.period
+        for level in levels:
+            t = exchange_time(level, params, clusters, link, crossings)
+            if t <= h * compute_s:
                 return made(
-                    Sync(SyncKind.LOCAL_SGD, period=h),
+                    fixed_sync,
                     level,
-                    f"local-sgd:{h} {level}: blocking exchange {t:.3g}s <= {overhead:g} x {h} x "
+                    f"local-sgd:{h} {level} (sync fixed): exchange {t:.3g}s <= {h} x "
                     f"compute {compute_s:.3g}s",
                 )
-            stream = streaming_form(h)
-            tf = fragment_time(level, stream)
-            if streaming_hides(t, tf, stream, compute_s, overhead):
-                f, d = stream.fragments, stream.delay
-                late = max(0.0, tf - d * compute_s) * f
-                return made(
-                    stream,
-                    level,
-                    f"{stream} {level}: fragment exchange {tf:.3g}s (1/{f} of {t:.3g}s) "
-                    f"against {d} x compute {compute_s:.3g}s, waits {late:.3g}s a period <= "
-                    f"{overhead:g} x {h} x compute; blocking would cost {t:.3g}s",
-                )
+        periods = [h]
+    else:
+        periods = [h for h in PERIODS if h <= max_period] or [max_period]
+        for group in periodic_groups(levels, fixed_compression is not None):
+            for h in periods:
+                for level in group:  # exact local SGD where its blocking costs little
+                    t = exchange_time(level, params, clusters, link, crossings)
+                    if t <= overhead * h * compute_s:
+                        return made(
+                            Sync(SyncKind.LOCAL_SGD, period=h),
+                            level,
+                            f"local-sgd:{h} {level}: blocking exchange {t:.3g}s <= {overhead:g} "
+                            f"x {h} x compute {compute_s:.3g}s",
+                        )
+                stream = streaming_form(h)
+                for level in group:  # else streaming where its fragments hide
+                    t = exchange_time(level, params, clusters, link, crossings)
+                    tf = fragment_time(level, stream)
+                    if streaming_hides(t, tf, stream, compute_s, overhead):
+                        f, d = stream.fragments, stream.delay
+                        late = max(0.0, tf - d * compute_s) * f
+                        return made(
+                            stream,
+                            level,
+                            f"{stream} {level}: fragment exchange {tf:.3g}s (1/{f} of {t:.3g}s) "
+                            f"against {d} x compute {compute_s:.3g}s, waits {late:.3g}s a "
+                            f"period <= {overhead:g} x {h} x compute; blocking would cost "
+                            f"{t:.3g}s",
+                        )
     h = periods[-1]
     sync = fixed_sync or Sync(SyncKind.LOCAL_SGD, period=h)
     t = exchange_time(levels[-1], params, clusters, link, crossings)

@@ -77,6 +77,9 @@ class Collective:
         self.compressors: dict[str, Compressor] = {}
         self.compute_ema = 0.0
         self.last_exchange_s = 0.0
+        self.intra_s = 0.0
+        """Seconds in this rank's intra-cluster gradient all-reduces so far: not WAN time, so
+        part of the step a WAN exchange can hide under (`AutoSync` counts it)."""
 
     @property
     def counters(self) -> ExchangeCounters:
@@ -97,7 +100,9 @@ class Collective:
     def reduce(self, flat: torch.Tensor) -> None:
         """Sum `flat` over the ranks of this cluster, in place."""
         if len(self.cluster_ranks) > 1:
+            start = time.perf_counter()
             dist.all_reduce(flat, group=self.intra)
+            self.intra_s += time.perf_counter() - start
 
     def broadcast(self, flat: torch.Tensor) -> None:
         """The leader's `flat` to every rank of its cluster, in place."""
