@@ -41,9 +41,11 @@ every near-lossless choice: int2 reached the target only at the last evaluation,
 PERIODS: tuple[int, ...] = (32, 64)
 """Local SGD periods tried, 32 first. Not the shortest that hides: with DiLoCo's outer step
 (Nesterov, lr 0.7, momentum 0.9) a short period costs quality, not only bytes. On the
-testbed's language model H=16 ended 1.0-1.3 points below H=32 in all four runs (fp32 and
-int8, blocking and streaming; torchft's streaming the same), while blocking int8 at H=64 kept
-H=32's quality (49.4 %). Below 8 it diverges (local-sgd:2 stays at chance on mnist1d-mlp)."""
+testbed's language model (bench/results/peers-100mbit.md) cpn's three runs at H=16 (streaming
+fp32 and int8, blocking int8) ended 0.9-1.4 points below the same at H=32, while H=64 ended
+level with H=32 (blocking int8 49.4 against 49.5 %, streaming fp32 48.6 against 48.7 %);
+torchft's streaming was level at 16 and 0.5 below at 64. Below 8 it diverges (local-sgd:2
+stays at chance on mnist1d-mlp)."""
 
 
 @dataclass(frozen=True)
