@@ -136,7 +136,7 @@ def periodic_groups(levels: Sequence[str], fixed: bool) -> list[list[str]]:
     if fixed:
         return [list(levels)]
     near = [lv for lv in levels if lv in NEAR_LOSSLESS]
-    lossy = [lv for lv in levels if lv not in NEAR_LOSSLESS and lossiness(lv) > 1]
+    lossy = [lv for lv in levels if lv not in NEAR_LOSSLESS and lv != "none"]
     return [g for g in (near, lossy) if g]
 
 
