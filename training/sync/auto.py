@@ -217,7 +217,9 @@ class AutoSync(SyncStrategy):
         inner = self.inner
         assert inner is not None
         sync = decision.sync
-        if sync.kind is SyncKind.LOCAL_SGD and isinstance(inner, LocalSGDSync):
+        # the warm-up's local SGD is not kept: its outer momentum holds a pseudo-gradient of
+        # `WARMUP` steps, another scale than a period's, so the first mode starts afresh
+        if sync.kind is SyncKind.LOCAL_SGD and isinstance(inner, LocalSGDSync) and self.choices:
             inner.period = sync.period  # keeps the anchor and the outer momentum
         elif isinstance(inner, StreamingSync) and _same_streaming(inner, sync):
             # only the compression changes: exchanges in flight keep the level they left
