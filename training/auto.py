@@ -212,9 +212,10 @@ def decide(
     else:
         periods = [h for h in PERIODS if h <= max_period] or [max_period]
         for group in periodic_groups(levels, fixed_compression is not None):
+            times = {lv: exchange_time(lv, params, clusters, link, crossings) for lv in group}
             for h in periods:
                 for level in group:  # exact local SGD where its blocking costs little
-                    t = exchange_time(level, params, clusters, link, crossings)
+                    t = times[level]
                     if t <= overhead * h * compute_s:
                         return made(
                             Sync(SyncKind.LOCAL_SGD, period=h),
@@ -224,7 +225,7 @@ def decide(
                         )
                 stream = streaming_form(h)
                 for level in group:  # else streaming where its fragments hide
-                    t = exchange_time(level, params, clusters, link, crossings)
+                    t = times[level]
                     tf = fragment_time(level, stream)
                     if streaming_hides(t, tf, stream, compute_s, overhead):
                         f, d = stream.fragments, stream.delay
