@@ -160,6 +160,13 @@ def extrapolate(
     }
 
 
+def final_eval_loss(row: dict[str, Any]) -> float | None:
+    """The last evaluation's loss (rows measured before it was recorded have none)."""
+    hist = row.get("history") or []
+    loss = hist[-1].get("eval_loss") if hist else None
+    return None if loss is None else float(loss)
+
+
 def hidden_ratio(unshaped: dict[str, Any] | None, shaped: dict[str, Any]) -> float | None:
     """Wall time unshaped / wall time shaped, per step (a probe row has fewer steps)."""
     if unshaped is None:
@@ -178,6 +185,7 @@ def table(rows: list[dict[str, Any]], mbit: float, target: float, command: str, 
     base = next((r for r in rows if r["peer"].startswith("(a)")), rows[0])
     tf = [r["ttt"] for r in rows if r["kind"] == "torchft" and r.get("ttt")]
     best_tf = min(tf) if tf else None
+    base_loss = final_eval_loss(base)
     out = [
         f"# cpn vs peers on the testbed, {mbit:g} Mbit/s uplinks",
         "",
@@ -186,9 +194,9 @@ def table(rows: list[dict[str, Any]], mbit: float, target: float, command: str, 
         meta + f" Target: eval accuracy {target:.3f}.",
         "",
         "| peer | how | regime (fp32 exch / compute) | time to target (s) | final acc "
-        "| wall (s) | uplink MB | bytes vs (a) | vs (a): time | vs best torchft: time "
-        "| WAN-hidden | outer syncs |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| final eval loss (vs (a)) | wall (s) | uplink MB | bytes vs (a) | vs (a): time "
+        "| vs best torchft: time | WAN-hidden | outer syncs |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         how = (
@@ -209,10 +217,16 @@ def table(rows: list[dict[str, Any]], mbit: float, target: float, command: str, 
         def ratio(x: float | None, y: float | None) -> str:
             return f"{x / y:.1f}x" if x and y else "-"
 
+        loss = final_eval_loss(r)
+        loss_s = _fmt(loss, ".4f")
+        if loss is not None and base_loss and r is not base:
+            loss_s += f" ({100 * (loss / base_loss - 1):+.1f} %)"
+
         out.append(
             f"| {r['peer']} | {how} | {_fmt(r.get('regime'), '.3g')} | "
             f"{_fmt(ttt, '.1f', 'not reached')} | {_fmt(100 * r.get('final_accuracy', math.nan))}"
-            f" % | {_fmt(r.get('wall_s'))} | {r.get('uplink_bytes_total', 0) / 1e6:,.1f} | "
+            f" % | {loss_s} | {_fmt(r.get('wall_s'))} | "
+            f"{r.get('uplink_bytes_total', 0) / 1e6:,.1f} | "
             f"{ratio(base.get('uplink_bytes_total'), r.get('uplink_bytes_total'))} | "
             f"{ratio(base.get('ttt'), ttt)} | {ratio(best_tf, ttt)} | "
             f"{_fmt(r.get('hidden'), '.2f')} | {syncs_s} |"
@@ -241,19 +255,21 @@ def _task_setup(task_entry: str, seed: int, timeout: float) -> tuple[Any, ...]:
     return task, x, y, xe, ye, task.model()
 
 
-def _evaluate(model: Any, xe: Any, ye: Any) -> float:
+def _evaluate(task: Any, model: Any, xe: Any, ye: Any) -> dict[str, float]:
+    """History fields of one evaluation, as cpn's runner writes them (accuracy, eval_loss)."""
     import torch
 
     from training.tasks import accuracy
 
     model.eval()
+    hits = loss = 0.0
     with torch.no_grad():
-        hits = sum(
-            accuracy(model(xe[i : i + 512]), ye[i : i + 512]) * len(xe[i : i + 512])
-            for i in range(0, len(xe), 512)
-        )
+        for i in range(0, len(xe), 512):
+            out, yb = model(xe[i : i + 512]), ye[i : i + 512]
+            hits += accuracy(out, yb) * len(yb)
+            loss += float(task.loss(out, yb)) * len(yb)
     model.train()
-    return float(hits) / len(xe)
+    return {"accuracy": hits / len(xe), "eval_loss": loss / len(xe)}
 
 
 def _local_group(a: argparse.Namespace) -> None:
@@ -321,7 +337,7 @@ def _train_loop(
                 {
                     "wall_s": time.perf_counter() - start,
                     "step": step + 1,
-                    "accuracy": _evaluate(model, xe, ye),
+                    **_evaluate(task, model, xe, ye),
                 }
             )
         if last:
@@ -536,7 +552,7 @@ def hivemind_worker(a: argparse.Namespace) -> None:
     if lead:  # the last round averages in the background: apply it before the last eval
         opt.state_averager.step(wait_for_delayed_updates=True, apply_delayed_updates=True)
         if res["history"]:
-            res["history"][-1]["accuracy"] = _evaluate(model, xe, ye)
+            res["history"][-1].update(_evaluate(task, model, xe, ye))
             res["history"][-1]["wall_s"] = time.perf_counter() - res["start"]
     dist.barrier()
     wall = time.perf_counter() - res["start"]

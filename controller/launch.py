@@ -331,6 +331,7 @@ def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
         steps=report.steps,
         final_loss=report.final_loss,
         final_accuracy=report.final_accuracy,
+        final_eval_loss=report.final_eval_loss,
         wall_s=report.wall_s,
         compute_s=max(report.stage_compute_s, default=0.0),
         comm_s=max(report.stage_wait_s, default=0.0),

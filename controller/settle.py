@@ -9,6 +9,7 @@ pipeline that lost a cluster has only the stages there re-placed (`controller.re
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,6 +24,7 @@ REPORT_KEYS = (
     "steps",
     "final_loss",
     "final_accuracy",
+    "final_eval_loss",
     "wall_s",
     "compute_s",
     "comm_s",
@@ -111,9 +113,15 @@ def _why(
     if stop is StopReason.COMPLETED:
         assert report is not None
         data = report.to_dict()
+        kept = {
+            k: data[k]
+            for k in REPORT_KEYS
+            # JSON has no NaN (PostgreSQL refuses it): a figure the run never measured is left out
+            if k in data and not (isinstance(data[k], float) and not math.isfinite(data[k]))
+        }
         return (
             f"finished {report.steps} steps: accuracy {report.final_accuracy:.4f}",
-            {"report": {k: data[k] for k in REPORT_KEYS if k in data}},
+            {"report": kept},
         )
     if stop is StopReason.PREEMPTED:
         # Another tenant's job, maybe: the victim's tenant is not told which (the log says).

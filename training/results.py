@@ -138,3 +138,14 @@ class SegmentResult:
     label-split cluster read only its own samples)."""
     auto_decisions: tuple[AutoChoice, ...] = ()
     """Under sync or compression auto: what the runtime's policy decided, in order."""
+    eval_loss: float | None = None
+    """Mean loss over the evaluation set, beside `accuracy` (a language model's quality is
+    its loss more than its next-token accuracy)."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The model on the evaluation set."""
+
+    accuracy: float
+    loss: float

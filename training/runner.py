@@ -213,6 +213,7 @@ def run(
                             "step": step,
                             "loss": last.loss,
                             "accuracy": last.accuracy,  # type: ignore[dict-item]
+                            **({} if last.eval_loss is None else {"eval_loss": last.eval_loss}),
                         }
                     )
                     by_cluster: dict[str, float] = {}
@@ -237,7 +238,8 @@ def run(
                             )
                         )
                 if stopped and last is not None and last.accuracy is None:
-                    last = replace(last, accuracy=ray.get(actors[0].evaluate.remote()))
+                    ev = ray.get(actors[0].evaluate.remote())
+                    last = replace(last, accuracy=ev.accuracy, eval_loss=ev.loss)
                 ray.get([a.close.remote() for a in actors], timeout=60)
                 if pool is not None:
                     pool.give(key, actors)
@@ -305,4 +307,7 @@ def run(
         sync_stats=dict(last.sync_stats) if last is not None else {},
         labels_by_cluster=labels_by_cluster if spec.data == "local" else {},
         auto_decisions=list(last.auto_decisions) if last is not None else [],
+        final_eval_loss=(
+            last.eval_loss if last is not None and last.eval_loss is not None else float("nan")
+        ),
     )

@@ -308,6 +308,9 @@ class TrainReport:
     auto_decisions: list[AutoChoice] = field(default_factory=list)
     """Under sync or compression auto: each decision of the runtime's policy (step, sync,
     compression, why), rank 0's (every rank decides the same)."""
+    final_eval_loss: float = float("nan")
+    """Mean loss over the evaluation set at the end (`final_loss` is the training loss of the
+    last segment); NaN where the run ended before an evaluation."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `cpn train --json` prints): `wan_bytes` as `{"src->dst": bytes}`."""

@@ -27,7 +27,7 @@ from training.checkpoint import FORMAT, check_identity, open_store
 from training.collective import Collective, flatten, split
 from training.data import batch_indices, shard, shard_sizes
 from training.residency import cluster_slice
-from training.results import SegmentResult
+from training.results import Evaluation, SegmentResult
 from training.spec import TrainSpec
 from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy
 from training.tasks import Task, accuracy, as_tensors, load_task
@@ -245,13 +245,14 @@ class Worker:
         return self._stats(evaluate)
 
     def _stats(self, evaluate: bool) -> SegmentResult:
-        acc = self.evaluate() if evaluate else None
+        ev = self.evaluate() if evaluate else None
         loss = self.loss_sum / max(self.loss_n, 1)
         self.loss_sum, self.loss_n = 0.0, 0
         return SegmentResult(
             step=self.step,
             loss=loss,
-            accuracy=acc,
+            accuracy=ev.accuracy if ev is not None else None,
+            eval_loss=ev.loss if ev is not None else None,
             compute_s=self.compute_s,
             comm_s=self.comm_s,
             compression=self.strategy.compression,
@@ -262,15 +263,17 @@ class Worker:
             auto_decisions=self.strategy.decisions(),
         )
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> Evaluation:
         self.model.eval()
         with torch.no_grad():
-            hits, n = 0.0, 0
+            hits, loss, n = 0.0, 0.0, 0
             for i in range(0, len(self.xe), 512):
                 xb, yb = self.xe[i : i + 512].to(self.device), self.ye[i : i + 512].to(self.device)
-                hits += accuracy(self.model(xb), yb) * len(xb)
+                out = self.model(xb)
+                hits += accuracy(out, yb) * len(xb)
+                loss += float(self.task.loss(out, yb)) * len(xb)
                 n += len(xb)
-        return hits / max(n, 1)
+        return Evaluation(accuracy=hits / max(n, 1), loss=loss / max(n, 1))
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -61,12 +61,13 @@ def test_table_marks_extrapolated_failed_and_dropped_syncs() -> None:
     rows = [
         {"peer": "(a) DDP", "kind": "ddp", "extrapolated": True, "probe_steps": 5, "ttt": 200.0,
          "final_accuracy": 0.5, "wall_s": 300.0, "uplink_bytes_total": 30_000_000,
-         "regime": 40.0, "hidden": 0.01},
+         "regime": 40.0, "hidden": 0.01, "history": [{"step": 9, "eval_loss": 2.0}]},
         {"peer": "(c) torchft", "kind": "torchft", "ttt": 20.0, "final_accuracy": 0.5,
          "wall_s": 30.0, "uplink_bytes_total": 3_000_000, "regime": 40.0, "hidden": 0.5,
          "outer_syncs": [2, 3]},
         {"peer": "(e) cpn", "kind": "cpn", "ttt": 10.0, "final_accuracy": 0.5, "wall_s": 15.0,
-         "uplink_bytes_total": 300_000, "regime": 40.0, "hidden": 0.96},
+         "uplink_bytes_total": 300_000, "regime": 40.0, "hidden": 0.96,
+         "history": [{"step": 5, "eval_loss": 3.0}, {"step": 9, "eval_loss": 2.03}]},
         {"peer": "(d) hivemind", "kind": "hivemind", "error": "boom",
          "final_accuracy": float("nan"),
          "uplink_bytes_total": 0, "wall_s": None},
@@ -77,9 +78,12 @@ def test_table_marks_extrapolated_failed_and_dropped_syncs() -> None:
     assert "extrapolated (5 shaped steps" in lines["(a) DDP"]
     assert "2/3 (dropped!)" in lines["(c) torchft"]
     cpn = lines["(e) cpn"].split(" | ")
-    assert cpn[7] == "100.0x"  # bytes vs (a)
-    assert cpn[8] == "20.0x"  # time vs (a)
-    assert cpn[9] == "2.0x"  # time vs best torchft
+    assert cpn[5] == "2.0300 (+1.5 %)"  # the last evaluation's loss, against (a)'s
+    assert lines["(a) DDP"].split(" | ")[5] == "2.0000"
+    assert lines["(c) torchft"].split(" | ")[5] == "-"  # measured before losses were kept
+    assert cpn[8] == "100.0x"  # bytes vs (a)
+    assert cpn[9] == "20.0x"  # time vs (a)
+    assert cpn[10] == "2.0x"  # time vs best torchft
     assert "FAILED: boom" in lines["(d) hivemind"]
 
 

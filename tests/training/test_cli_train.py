@@ -107,5 +107,9 @@ def test_train_json_report_and_plot(tmp_path: Path) -> None:
     assert report["wan_bytes_total"] == sum(report["wan_bytes"].values()) > 0
     assert report["compression_ratio"] > 5
     assert 0.0 <= report["final_accuracy"] <= 1.0
+    # The evaluation set's loss (10 classes: ln 10 = 2.30 at chance), the last evaluation's.
+    assert 0.0 < report["final_eval_loss"] < 5.0
+    assert report["history"][-1]["eval_loss"] == report["final_eval_loss"]
+    assert report["final_eval_loss"] != report["final_loss"]  # not the training loss again
     assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
     assert list((tmp_path / "ck").glob("step-*.pt"))

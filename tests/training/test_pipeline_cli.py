@@ -76,6 +76,7 @@ def test_three_cluster_int8_1f1b_json_report() -> None:
     assert report["bubble_fraction"] == pytest.approx(2 / 6)
     assert len(report["stage_compute_s"]) == 3 and all(c > 0 for c in report["stage_compute_s"])
     assert 0.0 <= report["final_accuracy"] <= 1.0
+    assert 0.0 < report["final_eval_loss"] < 5.0
 
 
 @pytest.mark.usefixtures("ray_session")

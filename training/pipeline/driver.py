@@ -178,6 +178,7 @@ def run_pipeline(
         steps=step,
         final_loss=float(loss) if loss is not None else float("nan"),
         final_accuracy=final[1] if final is not None else float("nan"),
+        final_eval_loss=final[0] if final is not None else float("nan"),
         wall_s=wall,
         stage_compute_s=compute,
         stage_wait_s=wait,

@@ -91,6 +91,8 @@ class PipelineReport:
     history: list[dict[str, float | None]] = field(default_factory=list)
     resumed_from_step: int | None = None
     """The consistent cut (newest step every stage had a shard of) this run resumed from."""
+    final_eval_loss: float = float("nan")
+    """Mean loss over the evaluated samples at the end (`final_loss`: the last step's)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
