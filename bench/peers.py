@@ -257,19 +257,10 @@ def _task_setup(task_entry: str, seed: int, timeout: float) -> tuple[Any, ...]:
 
 def _evaluate(task: Any, model: Any, xe: Any, ye: Any) -> dict[str, float]:
     """History fields of one evaluation, as cpn's runner writes them (accuracy, eval_loss)."""
-    import torch
+    from training.tasks import evaluate
 
-    from training.tasks import accuracy
-
-    model.eval()
-    hits = loss = 0.0
-    with torch.no_grad():
-        for i in range(0, len(xe), 512):
-            out, yb = model(xe[i : i + 512]), ye[i : i + 512]
-            hits += accuracy(out, yb) * len(yb)
-            loss += float(task.loss(out, yb)) * len(yb)
-    model.train()
-    return {"accuracy": hits / len(xe), "eval_loss": loss / len(xe)}
+    ev = evaluate(task, model, xe, ye)
+    return {"accuracy": ev.accuracy, "eval_loss": ev.loss}
 
 
 def _local_group(a: argparse.Namespace) -> None:

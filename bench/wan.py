@@ -88,7 +88,7 @@ def ddp_worker(a: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from training.data import batch_indices, shard
-    from training.tasks import accuracy, as_tensors, load_task
+    from training.tasks import as_tensors, evaluate, load_task
 
     os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
     torch.set_num_threads(1)
@@ -130,16 +130,6 @@ def ddp_worker(a: argparse.Namespace) -> None:
         ddp.register_comm_hook(state, ps.powerSGD_hook)
     opt = task.optimizer.build(ddp.parameters())
 
-    def evaluate() -> float:
-        model.eval()
-        with torch.no_grad():
-            hits = sum(
-                accuracy(model(xe[i : i + 512]), ye[i : i + 512]) * len(xe[i : i + 512])
-                for i in range(0, len(xe), 512)
-            )
-        model.train()
-        return float(hits) / len(xe)
-
     history: list[dict[str, float]] = []
     dist.barrier()
     start = time.perf_counter()
@@ -149,8 +139,14 @@ def ddp_worker(a: argparse.Namespace) -> None:
         task.loss(ddp(x[mine]), y[mine]).backward()
         opt.step()
         if a.rank == 0 and ((step + 1) % a.eval_every == 0 or step + 1 == a.steps):
+            ev = evaluate(task, model, xe, ye)
             history.append(
-                {"wall_s": time.perf_counter() - start, "step": step + 1, "accuracy": evaluate()}
+                {
+                    "wall_s": time.perf_counter() - start,
+                    "step": step + 1,
+                    "accuracy": ev.accuracy,
+                    "eval_loss": ev.loss,
+                }
             )
     dist.barrier()
     wall = time.perf_counter() - start

@@ -141,11 +141,3 @@ class SegmentResult:
     eval_loss: float | None = None
     """Mean loss over the evaluation set, beside `accuracy` (a language model's quality is
     its loss more than its next-token accuracy)."""
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The model on the evaluation set."""
-
-    accuracy: float
-    loss: float

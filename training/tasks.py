@@ -78,6 +78,42 @@ def accuracy(out: torch.Tensor, y: torch.Tensor) -> float:
     return float((out.argmax(dim=-1) == y).float().mean())
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """The model on the evaluation set."""
+
+    accuracy: float
+    loss: float
+    """The task's loss, mean over samples (a language model's quality is its loss more than
+    its next-token accuracy)."""
+
+
+def evaluate(
+    task: Task,
+    model: nn.Module,
+    xe: torch.Tensor,
+    ye: torch.Tensor,
+    device: torch.device | str | None = None,
+    batch: int = 512,
+) -> Evaluation:
+    """`model` on the whole evaluation set, in batches; its train/eval mode is left as found.
+    cpn's workers and the benchmarks' peers measure quality with this one function."""
+    was_training = model.training
+    model.eval()
+    hits = loss = 0.0
+    with torch.no_grad():
+        for i in range(0, len(xe), batch):
+            xb, yb = xe[i : i + batch], ye[i : i + batch]
+            if device is not None:
+                xb, yb = xb.to(device), yb.to(device)
+            out = model(xb)
+            hits += accuracy(out, yb) * len(yb)
+            loss += float(task.loss(out, yb)) * len(yb)
+    model.train(was_training)
+    n = max(len(xe), 1)
+    return Evaluation(accuracy=hits / n, loss=loss / n)
+
+
 # ---------------------------------------------------------------- built-in tasks
 
 

@@ -27,10 +27,10 @@ from training.checkpoint import FORMAT, check_identity, open_store
 from training.collective import Collective, flatten, split
 from training.data import batch_indices, shard, shard_sizes
 from training.residency import cluster_slice
-from training.results import Evaluation, SegmentResult
+from training.results import SegmentResult
 from training.spec import TrainSpec
 from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy
-from training.tasks import Task, accuracy, as_tensors, load_task
+from training.tasks import Evaluation, Task, as_tensors, evaluate, load_task
 from training.wan import LinkTable
 
 CHECKPOINT_VERSION = FORMAT
@@ -264,16 +264,7 @@ class Worker:
         )
 
     def evaluate(self) -> Evaluation:
-        self.model.eval()
-        with torch.no_grad():
-            hits, loss, n = 0.0, 0.0, 0
-            for i in range(0, len(self.xe), 512):
-                xb, yb = self.xe[i : i + 512].to(self.device), self.ye[i : i + 512].to(self.device)
-                out = self.model(xb)
-                hits += accuracy(out, yb) * len(xb)
-                loss += float(self.task.loss(out, yb)) * len(xb)
-                n += len(xb)
-        return Evaluation(accuracy=hits / max(n, 1), loss=loss / max(n, 1))
+        return evaluate(self.task, self.model, self.xe, self.ye, self.device)
 
     # ------------------------------------------------------------------ checkpoints
 
