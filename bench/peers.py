@@ -874,6 +874,17 @@ def merged(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[st
     )
 
 
+NOTES_HEAD = "Run notes"
+
+
+def kept_notes(old_md: str) -> str:
+    """What a person wrote below an earlier table: every line from the first that starts with
+    `NOTES_HEAD` on. A re-run rewrites the table and keeps these."""
+    lines = old_md.splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(NOTES_HEAD)), len(lines))
+    return "".join(lines[start:])
+
+
 def _earlier(mbit: float) -> dict[str, Any] | None:
     path = RESULTS / f"peers-{mbit:g}mbit.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -1061,7 +1072,9 @@ def main(argv: list[str] | None = None) -> None:
             cmd = command
         md = table(rows, float(mbit), target, cmd, meta)
         print(md, flush=True)
-        stem.with_suffix(".md").write_text(md)
+        old_md = stem.with_suffix(".md")
+        notes = kept_notes(old_md.read_text()) if old_md.exists() else ""
+        old_md.write_text(md + ("\n" + notes if notes else ""))
         stem.with_suffix(".json").write_text(
             json.dumps(
                 {

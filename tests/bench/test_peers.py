@@ -10,6 +10,7 @@ from bench.peers import (
     hidden_ratio,
     hivemind_averaging_timeout,
     hivemind_finished,
+    kept_notes,
     regime,
     steps_to,
     table,
@@ -129,3 +130,9 @@ def test_merged_replaces_rerun_rows_and_keeps_peers_order() -> None:
     walls = {r["peer"]: r["wall_s"] for r in rows}
     assert walls["(e) cpn auto"] == 2.0 and walls["(a) DDP flat gloo fp32"] == 3.0
     assert walls["(e) cpn DiLoCo int8"] == 1.0
+
+
+def test_a_rewrite_keeps_the_run_notes_below_the_table() -> None:
+    old = "# table\n\n| a | b |\n\n- auto note\n\nRun notes, today:\n- x\n\nRun notes, older\n"
+    assert kept_notes(old) == "Run notes, today:\n- x\n\nRun notes, older\n"
+    assert kept_notes("# table\n| a |\n- Run notes inside a bullet\n") == ""
