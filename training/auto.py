@@ -2,16 +2,18 @@
 
 Pure decision code, no I/O. `decide` picks sync mode, period and compressor so that the WAN
 exchange hides under compute at the smallest quality cost: every-step fp32 when its exchange
-already costs little beside compute; else local SGD (DiLoCo) at period 32, then 64, sending
-its pseudo-gradients at a near-lossless level (int8, int4), blocking when its exchange costs
-at most a small share of the period's compute, else streaming DiLoCo when the link keeps up
-and the waits for fragments that outlast the steps they are given cost at most that share too
-(`OVERHEAD`, one rule for every mode); only then the lossy levels (int2, chunked top-k). The
-order is measured quality (`NEAR_LOSSLESS`, `PERIODS`), not bytes: blocking DiLoCo ended
-0.7-1.2 points above streaming at the same level, and shorter periods cost more than
-lighter near-lossless levels. A blocking exchange that is not cheap is paid in full by every
-worker every H steps, while streaming overlaps it with compute at the cost of a few steps of
-delay, so exact local SGD is kept only where the blocking costs little. `AutoPolicy`
+already costs little beside compute; else local SGD (DiLoCo) sending its pseudo-gradients at
+a near-lossless level (int8, int4), blocking at period 32 or 64 when its exchange costs at
+most a small share of the period's compute, else streaming DiLoCo at 32 or 64 when the link
+keeps up and the waits for fragments that outlast the steps they are given cost at most that
+share too (`OVERHEAD`, one rule for every mode); only then the lossy levels (int2, chunked
+top-k). The order is measured quality (`NEAR_LOSSLESS`, `PERIODS`), not bytes: blocking
+DiLoCo ended 0.7-1.2 points above streaming at the same level, blocking at H=64 above
+streaming at H=32 (bench/results/peers-25mbit.md: eval loss 1.4 % above synchronous DP's
+against 4.7 %, and sooner to the target), and shorter periods cost more than lighter
+near-lossless levels. A blocking exchange that is not cheap is paid in full by every worker
+every H steps, while streaming overlaps it with compute at the cost of a few steps of delay,
+so exact local SGD is kept only where the blocking costs little. `AutoPolicy`
 re-decides when the measured bandwidth or compute changes by more than a factor for a few
 rounds in a row (hysteresis), so noise does not flap the mode. Every rank calls it with the
 same all-reduced numbers, so every cluster decides the same.
@@ -130,7 +132,8 @@ def link_from_exchange(edge_bytes: float, seconds: float, rtt_s: float = 0.0) ->
 
 def periodic_groups(levels: Sequence[str], fixed: bool) -> list[list[str]]:
     """The levels local SGD and streaming try, in groups of equal quality cost: within a
-    group, every period blocking then streaming, each at its levels least lossy first. The
+    group, blocking at every period, then streaming at every period, each at its levels least
+    lossy first. The
     near-lossless group comes first (fp32 never: it bought nothing over int8), then the
     lossy levels; a compression the user fixed is one group of its own."""
     if fixed:
@@ -157,9 +160,9 @@ def decide(
     cost. `link` is the slowest link (from the link table, or `link_from_exchange`); None or
     one cluster: nothing crosses a WAN, so every-step fp32. Every-step is kept while its
     synchronous exchange costs at most `overhead` of a step's compute; then, group by group
-    of `periodic_groups` and period by period of `PERIODS`, local-sgd:H at the first level
-    whose blocking exchange costs at most `overhead` of H steps' compute (exact DiLoCo, no
-    delay), else streaming:H at the first level whose fragments hide. `fixed_sync` /
+    of `periodic_groups`, local-sgd:H at the first period of `PERIODS` and level whose blocking
+    exchange costs at most `overhead` of H steps' compute (exact DiLoCo, no delay), else
+    streaming:H at the first period and level whose fragments hide. `fixed_sync` /
     `fixed_compression` pin what the user gave concretely (a fixed local SGD stays blocking,
     as long as its exchange fits its period); the rest is picked. `compute_s` is the part of
     a step an exchange can hide under (forward/backward, intra-cluster all-reduce, optimizer
@@ -223,6 +226,7 @@ def decide(
                             f"local-sgd:{h} {level}: blocking exchange {t:.3g}s <= {overhead:g} "
                             f"x {h} x compute {compute_s:.3g}s",
                         )
+            for h in periods:
                 stream = streaming_form(h)
                 for level in group:  # else streaming where its fragments hide
                     t = times[level]

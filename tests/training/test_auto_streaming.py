@@ -22,14 +22,15 @@ from training.runner import WorkerPool
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 MLP = "builtin:mnist1d-mlp"
-FAST, SLOW, RTT = 100_000.0, 3.0, 2.0
+FAST, SLOW, RTT = 100_000.0, 0.5, 2.0
 """Mbit/s and ms. FAST puts the int8 model (23 K parameters, 23 KB) on the link in 2 us, so
 an exchange costs the RTT: blocking local-sgd:32 is cheap (<= 0.1 x 32 steps of compute) for
 any compute above 0.63 ms a step; never every-step below 20 ms (the RTT alone is more than
-0.1 x a step). SLOW takes 64 ms at int8 and 34 ms at int4: blocking would need 20 and 10.5
-ms of compute a step, while streaming's fragments fit their delay from about 0.6 ms (int4
-at H=64) or 1.3 ms (H=32): so it streams over a wide range of compute (mnist1d-mlp's step
-measured 1.3 ms here alone, a few ms on a loaded machine)."""
+0.1 x a step). SLOW takes ~370 ms at int8 and ~190 ms at int4: blocking would need 30 ms
+of compute a step even at int4 and H=64 (auto blocks at any period before it streams), while
+streaming's fragments fit their delay from about 3 ms (int4 at H=64), int2's and top-k's
+below that: so it streams over a wide range of compute (mnist1d-mlp's step measured 1.3 ms
+alone in one session, 6-10 ms in another)."""
 
 
 @pytest.fixture(scope="module")
