@@ -107,6 +107,7 @@ PEERS: tuple[Peer, ...] = (
     Peer("(e) cpn streaming fp32 H=64", "cpn", sync="streaming:{H}", period=64),
     Peer("(e) cpn DiLoCo int8 H=64", "cpn", compression="int8", period=64),
     Peer("(e) cpn DiLoCo int4", "cpn", compression="int4"),
+    Peer("(e) cpn DiLoCo int4 H=64", "cpn", compression="int4", period=64),
     Peer("(e) cpn DiLoCo int2", "cpn", compression="int2"),
     Peer("(e) cpn DiLoCo top-k 2-bit", "cpn", compression="topk:0.02:m0:c4096:int2"),
     Peer("(e) cpn auto", "cpn", sync="auto", compression="auto"),
