@@ -133,9 +133,8 @@ def link_from_exchange(edge_bytes: float, seconds: float, rtt_s: float = 0.0) ->
 def periodic_groups(levels: Sequence[str], fixed: bool) -> list[list[str]]:
     """The levels local SGD and streaming try, in groups of equal quality cost: within a
     group, blocking at every period, then streaming at every period, each at its levels least
-    lossy first. The
-    near-lossless group comes first (fp32 never: it bought nothing over int8), then the
-    lossy levels; a compression the user fixed is one group of its own."""
+    lossy first. The near-lossless group comes first (fp32 never: it bought nothing over
+    int8), then the lossy levels; a compression the user fixed is one group of its own."""
     if fixed:
         return [list(levels)]
     near = [lv for lv in levels if lv in NEAR_LOSSLESS]
