@@ -313,7 +313,8 @@ class _Demo:
         rows = [
             ("placement (final)", placement),
             ("compression / sync", f"{report.get('compression', '?')} / {report.get('sync', '?')}"),
-            ("final accuracy", _accuracy(report.get("final_accuracy"))),
+            ("final accuracy", _measured(report.get("final_accuracy"))),
+            ("final eval loss", _measured(report.get("final_eval_loss"))),
             (
                 "submit to finish",
                 f"{elapsed:.1f} s (training {report.get('wall_s', 0):.1f} s, "
@@ -392,6 +393,6 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
 
 
-def _accuracy(value: object) -> str:
-    """A report's accuracy: JSON has no NaN, so a run that never evaluated stores null."""
+def _measured(value: object) -> str:
+    """A report's accuracy or loss: a run that never evaluated stores none (JSON has no NaN)."""
     return f"{value:.4f}" if isinstance(value, int | float) else "not evaluated"
