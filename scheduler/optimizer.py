@@ -372,6 +372,9 @@ class _Search:
         else:
             self._heuristic(cands)
             self._finish()
+            if self.best is None:  # no set the seeds grew had room: look past the seeds
+                self._reach(cands)
+                self._finish()
 
     def _exhaustive(self, cands: Sequence[str], quick: bool) -> None:
         names = sorted(cands)
@@ -535,6 +538,43 @@ class _Search:
                     break
                 cur, cur_rank = best_next, best_rank
             self._local_search(cur, pool, limit)
+
+    def _reach(self, cands: Sequence[str]) -> None:
+        """Screen one pairwise-linked set with room for the gang, when `_heuristic` found none.
+
+        Its seeds are the clusters with the most power or value alone; a gang larger than any
+        cluster also needs linked neighbours with room, and the seeds' can all be full (a
+        region used up but for one cluster each: 47 gangs of 48 GPUs on 1,000 clusters of 32
+        made every later gang "infeasible" with 29,744 GPUs free). So grow a clique from each
+        candidate, most free GPUs first, along its neighbours with the most free GPUs, and
+        screen the first that reaches `gmin` (then improve it as `_heuristic` does). Greedy, not
+        exhaustive; it runs only when the plan would otherwise be refused."""
+        snap = self.snapshot
+        by_name = snap.by_name
+        eligible = {n for n in cands if by_name[n].gpus_free > 0}
+        if sum(by_name[n].gpus_free for n in eligible) < self.gmin:
+            return
+        limit = min(self.max_clusters, self.gmax)
+
+        def most_free(n: str) -> tuple[int, str]:
+            return (-by_name[n].gpus_free, n)
+
+        for seed in sorted(eligible, key=most_free):
+            near = sorted(
+                (n for n in snap.neighbours.get(seed, ()) if n in eligible), key=most_free
+            )
+            if by_name[seed].gpus_free + sum(by_name[n].gpus_free for n in near) < self.gmin:
+                continue
+            cur, room = [seed], by_name[seed].gpus_free
+            for n in near:
+                if room >= self.gmin or len(cur) >= limit:
+                    break
+                if all(snap.link(n, c) is not None for c in cur):
+                    cur.append(n)
+                    room += by_name[n].gpus_free
+            if room >= self.gmin:
+                self._local_search(tuple(sorted(cur)), sorted([seed, *near]), limit)
+                return
 
     def _rankings(self, eligible: Set[str]) -> tuple[list[str], list[str], list[str]]:
         """The seed rankings of `_heuristic`: the 4 x POOL_SEEDS best clusters that fit the

@@ -81,3 +81,20 @@ def test_heuristic_plans_obey_the_rules(inst: tuple[Snapshot, JobRequest, str]) 
     # evaluate picks the best compression/sync for the placement: never worse than the plan's
     assert getattr(again.estimate, key) == pytest.approx(getattr(got.estimate, key), rel=1e-9)
     assert plan(snap, j, objective) == got  # type: ignore[arg-type]
+
+
+def test_a_gang_larger_than_any_cluster_finds_linked_room_past_stranded_seeds() -> None:
+    """The four clusters the heuristic seeds from (most power alone; ties by name) have room
+    but no linked neighbour with any; five clusters linked to each other have 160 GPUs. A
+    gang of 48 must be placed there, not refused as "no set of pairwise-linked clusters"."""
+    stranded = [cluster(n, 32) for n in ("a", "b", "c", "d")]
+    region = [f"z{i}" for i in range(5)]
+    snap = Snapshot(
+        (*stranded, *(cluster(n, 32) for n in region)),
+        tuple(link(x, y) for x, y in itertools.combinations(region, 2)),
+    )
+    assert len(snap.clusters) > EXACT_MAX_CLUSTERS  # the heuristic's path
+    got = plan(snap, job(48), "time")
+    assert isinstance(got, Plan), got
+    assert {a.cluster for a in got.placement} <= set(region) and got.gpus == 48
+    assert is_clique(snap, [a.cluster for a in got.placement])
