@@ -230,6 +230,7 @@ def submit(
         preemptible=spec.qos.is_preemptible,
         gpus_min=lo,
         gpus_max=hi,
+        run_s=scheduler.reference_run_s(request),
         idempotency_key=idempotency_key,
         request_hash=digest,
         quote_id=spec.quote_id,

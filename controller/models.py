@@ -403,6 +403,8 @@ class Job(Base):
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False)
     gpus_min: Mapped[int] = mapped_column(Integer)
     gpus_max: Mapped[int] = mapped_column(Integer)
+    run_s: Mapped[float | None] = mapped_column(Float)
+    """Its size (`scheduler.reference_run_s`), for the queue order; None before revision 0012."""
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
     request_hash: Mapped[str] = mapped_column(String(64), default="")
     quote_id: Mapped[str | None] = mapped_column(String(36))

@@ -49,13 +49,23 @@ def _queue(
     """The pending jobs, GPUs per tenant and quotas, and the standard class's world they were
     read from (the pass places its first jobs on it rather than read the world again)."""
     rows = session.execute(
-        select(Job.id, Job.tenant_id, Job.gpus_min, granted_priority(), Job.created_at)
+        select(
+            Job.id,
+            Job.tenant_id,
+            Job.gpus_min,
+            granted_priority(),
+            Job.created_at,
+            Job.qos_class,
+            Job.run_s,
+        )
         .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Job.state.in_(QUEUED))
     ).all()
     queue = [
-        scheduler.QueuedJob(id=i, tenant=t, gpus=g, priority=p, submitted_at=c.timestamp())
-        for i, t, g, p, c in rows
+        scheduler.QueuedJob(
+            id=i, tenant=t, gpus=g, priority=p, submitted_at=c.timestamp(), qos_class=q, run_s=r
+        )
+        for i, t, g, p, c, q, r in rows
     ]
     if not queue:
         return [], {}, {}, None
@@ -128,7 +138,7 @@ def place_pending(
     started = time.perf_counter()
     with factory() as session:
         queue, usage, quotas, standard = _queue(session)
-    order = scheduler.order_queue(queue, usage=usage, quotas=quotas)
+    order = scheduler.order_queue(queue, usage=usage, quotas=quotas, now=utcnow().timestamp())
     read_s = time.perf_counter() - started
     held = {q.id: reason for q, reason in order.held}
     placed: list[Placed] = []
@@ -136,6 +146,8 @@ def place_pending(
     placing = time.perf_counter()
     todo = iter(order.order)
     tried, group, done = 0, 1, False
+    blocked: dict[tuple[str, int], int] = {}  # see `_place_one`
+    noted = 0
     while not done:
         batch: list[Placed] = []
         terms: dict[str, budget.Terms] = {}  # tenants locked by this group's transaction
@@ -145,9 +157,18 @@ def place_pending(
                 if queued is None or (tried >= limit and time.perf_counter() - placing >= read_s):
                     done = True
                     break
+                if queued.gpus >= blocked.get((queued.qos_class, queued.priority), queued.gpus + 1):
+                    # cannot fit this pass either: not planned, not counted as tried; its
+                    # reason kept current as a tried job's is, for as many as the pass tries
+                    if noted < limit:
+                        noted += 1
+                        _still_waiting(session, queued.id, queued.gpus)
+                    continue
                 tried += 1
                 try:
-                    result = _place_one(session, queued.id, owner, efficiency, worlds, terms)
+                    result = _place_one(
+                        session, queued.id, owner, efficiency, worlds, terms, blocked
+                    )
                 except CpnError as exc:  # a spec that stopped being valid (e.g. deadline passed)
                     _fail(session, queued.id, exc.detail)
                     continue
@@ -171,9 +192,18 @@ def _place_one(
     efficiency: Mapping[str, float] | None,
     worlds: dict[str, World],
     terms: dict[str, budget.Terms],
+    blocked: dict[tuple[str, int], int],
 ) -> Placed | None:
     """Place one job in the caller's transaction, or leave why it waits. Raises CpnError only
-    before the job's writes (its reservation and state change, made under one savepoint)."""
+    before the job's writes (its reservation and state change, made under one savepoint).
+
+    `blocked[(class, priority)]`: the fewest GPUs that no set of linked clusters had free (or
+    could free by preemption) for a job of that class and priority with no limits of its own
+    (regions, data residency, cluster cap) in this pass. A pass only takes GPUs, and a job
+    later in the order has at most that priority and at most that freedom, so it cannot fit
+    with as many; the pass skips it without counting it against its limit. Otherwise a queue
+    headed by `limit` jobs too large to place (which the response-ratio order puts first: a
+    large gang has the least work per GPU) stopped every pass before the jobs that fit."""
     now = utcnow()
     started = time.perf_counter()
     job = session.scalars(
@@ -188,6 +218,13 @@ def _place_one(
     priority = granted(job.priority, tenant.priority_ceiling) if tenant else job.priority
     result = plan_for(world, job, efficiency, now, priority)
     if isinstance(result, scheduler.Infeasible):
+        spec = spec_of(job)
+        free_to_go = not (
+            spec.qos.regions or spec.qos.max_clusters or spec.data.residency == "local"
+        )
+        if result.constraint in ("capacity", "links") and free_to_go:
+            key = (job.qos_class, priority)
+            blocked[key] = min(blocked.get(key, job.gpus_min), job.gpus_min)
         reason = bounded(f"waiting: {result.reason}", REASON_MAX)
         if job.reason != reason:
             job.reason = reason
@@ -285,6 +322,17 @@ def _request_preemption(session: Session, job: Job, victims: tuple[str, ...]) ->
         log.info("job %s preempts %s", job.id, victim_id)
     # The victims may be other tenants' jobs: their ids stay in the log.
     job.reason = f"waiting: preempting {len(victims)} lower-priority job(s)"
+
+
+def _still_waiting(session: Session, job_id: str, gpus: int) -> None:
+    """The reason of a job the pass skips for want of room, in the group's transaction (a job
+    another replica is placing is left to it)."""
+    job = session.scalars(
+        select(Job).where(Job.id == job_id, Job.state.in_(QUEUED)).with_for_update(skip_locked=True)
+    ).first()
+    reason = f"waiting: no linked clusters have {gpus} free GPUs where the job may run"
+    if job is not None and job.reason != reason:
+        job.reason = reason
 
 
 def _note(factory: sessionmaker[Session], job_id: str, reason: str) -> None:

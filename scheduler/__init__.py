@@ -18,7 +18,7 @@ from scheduler.compression import (
     compressor_model,
     sync_model,
 )
-from scheduler.cost import CostModel, estimate, ring_allreduce_time, step_time
+from scheduler.cost import CostModel, estimate, reference_run_s, ring_allreduce_time, step_time
 from scheduler.gpus import DEFAULT_EFFICIENCY, GPU_PEAK_TFLOPS, peak_tflops
 from scheduler.optimizer import check_placement, evaluate, plan
 from scheduler.rules import (
@@ -86,6 +86,7 @@ __all__ = [
     "plan",
     "preemption_candidates",
     "quota_left",
+    "reference_run_s",
     "ring_allreduce_time",
     "step_time",
     "sync_model",

@@ -54,7 +54,7 @@ from scheduler.compression import (
     compressor_model,
     sync_model,
 )
-from scheduler.gpus import DEFAULT_EFFICIENCY, peak_tflops
+from scheduler.gpus import DEFAULT_EFFICIENCY, GPU_PEAK_TFLOPS, peak_tflops
 from scheduler.types import Assignment, Cluster, Estimate, JobRequest, Placement, Snapshot
 
 BYTES_PER_PARAM = 4
@@ -91,6 +91,17 @@ def job_work_flops(job: JobRequest, factors: Mapping[str, float] | None = None) 
     factors = factors or {}
     eff = factors.get(job.ref_gpu, factors.get(POOLED, DEFAULT_EFFICIENCY))
     return job.step_time_s_ref * peak * 1e12 * eff
+
+
+REFERENCE_GPU = "A100"
+"""The GPU model a job's size is counted on (`reference_run_s`): any fixed one orders alike."""
+
+
+def reference_run_s(job: JobRequest) -> float:
+    """Seconds `job` would compute alone on its fewest GPUs of `REFERENCE_GPU`, without
+    exchanges: its size, which the queue orders a tenant's jobs by (`rules.order_queue`)."""
+    per_gpu = job_work_flops(job) * job.steps / job.min_gpus
+    return per_gpu / (GPU_PEAK_TFLOPS[REFERENCE_GPU] * 1e12 * DEFAULT_EFFICIENCY)
 
 
 @dataclass(frozen=True)

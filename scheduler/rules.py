@@ -98,13 +98,31 @@ def placement_gpus(placement: Placement) -> int:
 
 @dataclass(frozen=True)
 class QueuedJob:
-    """A pending job as the queue sees it: who asks, how much, how urgent."""
+    """A pending job as the queue sees it: who asks, how much, how urgent, how long."""
 
     id: str
     tenant: str
     gpus: int
     priority: int = 0
     submitted_at: float = 0.0
+    qos_class: str = "standard"
+    run_s: float | None = None
+    """Its size: seconds it would compute alone (`scheduler.reference_run_s`); None when
+    unknown, counted as `UNKNOWN_RUN_S`."""
+
+
+UNKNOWN_RUN_S = 3600.0
+"""The size the queue assumes for a job whose size it was not told."""
+
+
+def _lane_key(job: QueuedJob, now: float | None) -> tuple[float, float, str]:
+    """A tenant's jobs by highest response ratio, (waited + size) / size, at `now`: short jobs
+    pass long ones, and a long job's ratio grows as it waits, so none starves. Without `now`,
+    by submission."""
+    if now is None:
+        return (0.0, job.submitted_at, job.id)
+    size = job.run_s if job.run_s is not None and job.run_s > 0 else UNKNOWN_RUN_S
+    return (-(max(0.0, now - job.submitted_at) + size) / size, job.submitted_at, job.id)
 
 
 @dataclass(frozen=True)
@@ -120,16 +138,20 @@ def order_queue(
     usage: Mapping[str, int] | None = None,
     shares: Mapping[str, float] | None = None,
     quotas: Mapping[str, int] | None = None,
+    now: float | None = None,
 ) -> QueueOrder:
     """Strict priority first; within a priority, dominant-share fairness by progressive filling.
 
     Each pick goes to the tenant whose GPUs in use (plus what it was given earlier in this
-    ordering) divided by its share (default 1) is lowest, ties by submission time then id.
+    ordering) divided by its share (default 1) is lowest, ties by the heads' lane order. A
+    tenant's own jobs go by response ratio at `now` (`_lane_key`; by submission without
+    `now`): under contention, first come first served made short jobs wait behind long ones,
+    which set the mean completion time (bench/results/sim-summary.md).
     A job that would take its tenant over its GPU quota is held, not ordered.
 
     O(n log n): a tenant's jobs all share its key's first term, so its next pick is always the
-    head of its own (submitted_at, id) order; a heap over tenants' heads replaces the scan of
-    every pending job per pick, which made a 10,000-job queue cost 10^8 key evaluations.
+    head of its own lane; a heap over tenants' heads replaces the scan of every pending job
+    per pick, which made a 10,000-job queue cost 10^8 key evaluations.
     """
     used = dict(usage or {})
     share = dict(shares or {})
@@ -145,14 +167,12 @@ def order_queue(
     for j in queue:
         by_prio.setdefault(j.priority, {}).setdefault(j.tenant, []).append(j)
     for prio in sorted(by_prio, reverse=True):
-        lanes = {
-            t: sorted(js, key=lambda j: (j.submitted_at, j.id)) for t, js in by_prio[prio].items()
-        }
+        lanes = {t: sorted(js, key=lambda j: _lane_key(j, now)) for t, js in by_prio[prio].items()}
         heads = {t: 0 for t in lanes}
-        heap = [(load(t), js[0].submitted_at, js[0].id, t) for t, js in lanes.items()]
+        heap = [(load(t), _lane_key(js[0], now), t) for t, js in lanes.items()]
         heapq.heapify(heap)
         while heap:
-            _, _, _, tenant = heapq.heappop(heap)
+            _, _, tenant = heapq.heappop(heap)
             lane = lanes[tenant]
             nxt = lane[heads[tenant]]
             heads[tenant] += 1
@@ -163,6 +183,5 @@ def order_queue(
                 used[tenant] = used.get(tenant, 0) + nxt.gpus
                 order.append(nxt)
             if heads[tenant] < len(lane):
-                head = lane[heads[tenant]]
-                heapq.heappush(heap, (load(tenant), head.submitted_at, head.id, tenant))
+                heapq.heappush(heap, (load(tenant), _lane_key(lane[heads[tenant]], now), tenant))
     return QueueOrder(tuple(order), tuple(held))

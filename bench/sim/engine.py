@@ -7,13 +7,15 @@ reconcile loop and the preemption planner use. A job's run time, cost and WAN by
 placement it got come from the scheduler's cost model (`scheduler.estimate`) on the real
 links, for every policy alike.
 
-`cpn` is the reconcile loop's decision path: `scheduler.order_queue` (fair share), then per job
+`cpn` is the reconcile loop's decision path: `scheduler.order_queue` (fair share between
+tenants, response ratio inside each, with the size submission stores), then per job
 in that order `scheduler.plan` with the loop's objective (`controller.reconcile.objective_for`),
 at most `place_pending`'s limit per pass (the loop lets a pass run past it only while its
 database read outweighs its placing, which costs nothing here), passes repeated at one instant
 while a pass fills its limit. Two shortcuts keep it fast without changing a decision: a job
 needing more GPUs than are free, or at least as many as one that just failed for capacity in
-this pass, is not planned (the planner would answer "capacity"). One difference from the
+this pass, is not planned (the planner would answer "capacity"; the loop skips the latter
+too, `controller.reconcile._place_one`'s `blocked`). One difference from the
 loop: a job whose deadline can no longer be met is planned for time and counted as a miss (the
 loop fails it at its deadline), so that every policy runs every job.
 """
@@ -78,17 +80,26 @@ class Cpn(Policy):
         # the blind network's link tables are built once; each plan swaps in the GPUs free now
         self.blind = network.bandwidth_blind() if blind else None
         self.slack = slack
+        self.sizes: dict[str, float] = {}
+
+    def _size(self, job: TraceJob) -> float:
+        """What `controller.jobs.submit` stores as the job's size."""
+        if job.id not in self.sizes:
+            self.sizes[job.id] = scheduler.reference_run_s(request_of(job, job.arrival_s))
+        return self.sizes[job.id]
 
     def schedule(self, now: float, pending: Sequence[TraceJob], world: World) -> list[Decision]:
         by_id = {j.id: j for j in pending}
         queue = [
-            scheduler.QueuedJob(id=j.id, tenant=j.tenant, gpus=j.gpus, submitted_at=j.arrival_s)
+            scheduler.QueuedJob(
+                id=j.id, tenant=j.tenant, gpus=j.gpus, submitted_at=j.arrival_s, run_s=self._size(j)
+            )
             for j in pending
         ]
         out: list[Decision] = []
         while True:
             usage = scheduler.tenant_usage(world.snapshot.running)
-            order = scheduler.order_queue(queue, usage=usage)
+            order = scheduler.order_queue(queue, usage=usage, now=now)
             placed_now = self._pass(now, [by_id[q.id] for q in order.order], world)
             for d in placed_now:
                 world = world.after(d.job.id, d.job.tenant, 0, False, d.placement)

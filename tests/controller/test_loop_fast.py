@@ -25,12 +25,14 @@ from sqlalchemy import select
 from controller import lifecycle
 from controller.db import is_sqlite
 from controller.errors import Conflict
-from controller.jobs import cancel
+from controller.jobs import cancel, job_request
+from controller.jobspec import DataSpec
 from controller.loop import Controller, ReplicaConflict, check_single_replica
 from controller.models import Job, JobEvent, Replica, utcnow
 from controller.policy import Decision, Stop, StopReason
 from controller.settle import settle
 from controller.states import TERMINAL, TRANSITIONS, JobState
+from scheduler import reference_run_s
 from tests.controller.world import MAX_ATTEMPTS, REPLICA, Net, progress, report, spec
 
 
@@ -64,6 +66,54 @@ def test_a_pending_job_is_placed_and_its_gpus_reserved(net: Net) -> None:
     assert net.books().in_use == {"east": 0, "west": 0} | held
     assert net.states(job_id) == [JobState.PENDING, JobState.SCHEDULED]
     assert net.place() == []  # placed once: the next pass has nothing to do
+
+
+@pytest.mark.parametrize(
+    ("long_waited", "first"),
+    [(0.5, "short"), (4.0, "long")],
+    ids=["short-passes-long", "long-has-aged"],
+)
+def test_a_tenants_jobs_go_by_response_ratio(net: Net, long_waited: float, first: str) -> None:
+    """Both need every GPU. The short job (~100 s) has waited its size (ratio 2); the long one
+    (~10,000 s) `long_waited` times its size: the short passes it, unless it has aged past."""
+    tenant = net.tenant("acme")
+    specs = {"long": spec("long", gpus=8, steps=1000, heavy=True)}
+    specs["short"] = spec("short", gpus=8, steps=10, heavy=True)
+    size = {k: reference_run_s(job_request(v, tenant)) for k, v in specs.items()}
+    assert size["long"] > 50 * size["short"]
+    now = utcnow()
+    ids = {
+        "long": net.submit(
+            tenant, specs["long"], at=now - timedelta(seconds=long_waited * size["long"])
+        ),
+        "short": net.submit(tenant, specs["short"], at=now - timedelta(seconds=size["short"])),
+    }
+    assert net.place() == [ids[first]]
+
+
+def test_jobs_too_large_at_the_head_of_the_queue_do_not_stop_the_pass(net: Net) -> None:
+    """70 gangs of 9 GPUs (the network has 8) come first in the order (least work per GPU,
+    waited longest); a pass tries 64 jobs, yet the 1-GPU job behind them is placed: after
+    the first gang fails for capacity, the others of at least its size are not tried."""
+    tenant = net.tenant("acme")
+    gangs = [net.submit(tenant, spec(f"gang-{i}", gpus=9, steps=10)) for i in range(70)]
+    small = net.submit(tenant, spec("small", gpus=1, steps=100_000))
+    assert net.place() == [small]
+    first = net.job(gangs[0])
+    assert first.reason == "waiting: 8 free GPUs where the job may run; it needs 9"
+    assert net.job(gangs[-1]).state is JobState.PENDING
+
+
+def test_a_job_kept_to_its_data_does_not_hold_back_one_free_to_go(net: Net) -> None:
+    """East's 4 GPUs, where the first job's data is, cannot take 6 (a capacity failure); the
+    pass still tries the same size with no such limit."""
+    tenant = net.tenant("acme")
+    local = DataSpec(residency="local", clusters=["east"])
+    kept_spec = spec("kept", gpus=6, steps=10).model_copy(update={"data": local})
+    kept = net.submit(tenant, kept_spec)
+    free = net.submit(tenant, spec("free", gpus=6, steps=100_000))
+    assert net.place() == [free]
+    assert net.job(kept).reason == "waiting: 4 free GPUs where the job may run; it needs 6"
 
 
 def test_a_job_that_does_not_fit_waits_with_the_reason(net: Net) -> None:

@@ -21,11 +21,12 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+import scheduler
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat
 from controller import lifecycle
 from controller.db import make_engine, make_sessionmaker
-from controller.jobs import create_quote
+from controller.jobs import create_quote, job_request
 from controller.jobspec import JobSpec, QoSSpec, Work
 from controller.launcher import Launcher, LauncherConfig
 from controller.leases import LeasePolicy, check_leases
@@ -166,6 +167,7 @@ class Net:
                 preemptible=spec.qos.is_preemptible,
                 gpus_min=lo,
                 gpus_max=hi,
+                run_s=scheduler.reference_run_s(job_request(_timeless(spec), tenant_id)),
                 quote_id=held.quote_id if held else None,
                 held_price=held,
                 reason="waiting for the scheduler",
@@ -323,6 +325,12 @@ class Net:
             ledger_rows=len(ledger),
             charged=sum((Decimal(e.amount) for e in ledger), Decimal(0)),
         )
+
+
+def _timeless(spec: JobSpec) -> JobSpec:
+    """The spec without its deadline: its size as submission stored it (these tests also
+    queue jobs whose deadline has passed, which a submission refuses)."""
+    return spec.model_copy(update={"qos": spec.qos.model_copy(update={"deadline": None})})
 
 
 def spec(

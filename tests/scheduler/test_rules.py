@@ -20,6 +20,7 @@ from scheduler import (
     evaluate,
     order_queue,
     plan,
+    reference_run_s,
 )
 from tests.scheduler.builders import cluster, job, link
 
@@ -220,6 +221,39 @@ def test_fair_share_and_quota_in_queue_order() -> None:
     assert [j.id for j in fair.order] == ["a1", "b1", "b2", "a2"]
     plain = order_queue(q[:4], usage={"bob": 8})
     assert [j.id for j in plain.order] == ["a1", "a2", "b1", "b2"]
+
+
+def test_a_tenants_jobs_go_by_response_ratio_and_long_ones_age() -> None:
+    """(waited + size) / size at `now`: short jobs pass long ones, a long one that has waited
+    passes a short one just come; tenants still alternate by usage; without `now`, by
+    submission."""
+    q = [
+        QueuedJob("long", "alice", 4, submitted_at=0, run_s=10_000),  # ratio 1.1 at 1,000
+        QueuedJob("short", "alice", 4, submitted_at=900, run_s=100),  # ratio 2.0
+        QueuedJob("fresh", "alice", 4, submitted_at=1_000, run_s=10),  # ratio 1.0
+        QueuedJob("b", "bob", 4, submitted_at=500, run_s=1),
+    ]
+    ids = [j.id for j in order_queue(q, now=1_000).order]
+    # both tenants hold nothing: the heads' ratios break the tie (bob's 501); then alice's
+    # short job passes her long one, and the long one, having waited, passes the fresh one
+    assert ids == ["b", "short", "long", "fresh"]
+    assert [j.id for j in order_queue(q).order] == ["long", "b", "short", "fresh"]
+    # a job of unknown size counts as an hour's
+    unknown = [
+        QueuedJob("u", "c", 1, submitted_at=0),
+        QueuedJob("k", "c", 1, submitted_at=0, run_s=3_000),
+    ]
+    assert [j.id for j in order_queue(unknown, now=3_600).order] == ["k", "u"]
+
+
+def test_reference_run_s_is_the_work_per_gpu_on_the_reference_model() -> None:
+    base = reference_run_s(job(8))
+    assert base == pytest.approx(100 * 1e15 / 8 / (312e12 * 0.4))
+    assert reference_run_s(job(8, steps=1000)) == pytest.approx(10 * base)
+    assert reference_run_s(job(4)) == pytest.approx(2 * base)
+    # a step measured on another model counts the same work: 1 s on an H100 = 3.17 s on an A100
+    timed = job(1, flops_per_step=None, step_time_s_ref=1.0, ref_gpu="H100", steps=1)
+    assert reference_run_s(timed) == pytest.approx(989 / 312)
 
 
 def test_calibration_recovers_efficiency_and_changes_estimates() -> None:

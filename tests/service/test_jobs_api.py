@@ -35,6 +35,19 @@ def test_quote_then_submit_holds_the_price(network: Network) -> None:
     assert events[0]["to_state"] == "PENDING"
 
 
+def test_a_submission_stores_the_size_the_queue_orders_by(network: Network) -> None:
+    """Ten times the steps is ten times the size; twice the GPUs, half (`reference_run_s`)."""
+    jobs = [
+        network.tenant.post("/v1/jobs", spec(steps=n, gpus=g))
+        for n, g in ((100, 4), (1000, 4), (1000, 8))
+    ]
+    with make_sessionmaker(make_engine(network.server.database_url))() as s:
+        rows = [s.get(Job, j["id"]) for j in jobs]
+    sizes = [r.run_s for r in rows if r is not None and r.run_s is not None]
+    assert len(sizes) == 3 and all(x > 0 for x in sizes)
+    assert sizes[1] == pytest.approx(10 * sizes[0]) and sizes[2] == pytest.approx(sizes[1] / 2)
+
+
 def test_expired_quote_is_refused(expiring_network: Network) -> None:
     network = expiring_network
     quote = network.tenant.post("/v1/quotes", spec())
