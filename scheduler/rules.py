@@ -117,8 +117,8 @@ UNKNOWN_RUN_S = 3600.0
 
 def _lane_key(job: QueuedJob, now: float | None) -> tuple[float, float, str]:
     """A tenant's jobs by highest response ratio, (waited + size) / size, at `now`: short jobs
-    pass long ones, and a long job's ratio grows as it waits, so none starves. Without `now`,
-    by submission."""
+    pass long ones, and a long job's ratio grows as it waits, so newer ones do not pass it
+    forever. Without `now`, by submission."""
     if now is None:
         return (0.0, job.submitted_at, job.id)
     size = job.run_s if job.run_s is not None and job.run_s > 0 else UNKNOWN_RUN_S
