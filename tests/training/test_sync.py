@@ -116,11 +116,18 @@ def test_streaming_checkpoints_anywhere_and_splits_the_model_evenly() -> None:
     strategy.close()
 
 
-def test_a_delayed_outer_step_keeps_the_progress_made_meanwhile() -> None:
-    """One cluster, H=2, one fragment, delay 1, outer SGD lr 0.5 without momentum: the
-    pseudo-gradient leaves after step 1 and is applied after step 2, on top of step 2's own
-    progress."""
-    spec = TrainSpec(sync="streaming:2:f1:d1", steps=3, outer_lr=0.5, outer_momentum=0.0)
+def test_a_delayed_outer_step_drops_the_progress_made_meanwhile_and_the_end_averages() -> None:
+    """One cluster, H=4, one fragment, delay 1, outer SGD lr 0.5 with momentum 0.5: the
+    pseudo-gradient leaves after step 3 and is applied after step 4, replacing step 4's own
+    progress (torchft's default); the last, partial period is averaged, not pushed through the
+    outer momentum."""
+    spec = TrainSpec(
+        sync="streaming:4:f1:d1",
+        steps=6,
+        outer_lr=0.5,
+        outer_momentum=0.5,
+        outer_nesterov=False,
+    )
     ctx = _context(spec)
     strategy = make_sync_strategy(parse_sync(spec.sync), ctx)
     strategy.load_state_dict(None, None)
@@ -131,15 +138,46 @@ def test_a_delayed_outer_step_keeps_the_progress_made_meanwhile() -> None:
             for p in ctx.params:
                 p.add_(1.0)
 
-    for step in range(3):
+    def assert_at(offset: float) -> None:
+        for p, s0 in zip(ctx.params, start, strict=True):
+            torch.testing.assert_close(p.detach(), s0 + offset)
+
+    for step in range(5):
         inner_step()
         strategy.after_step(step)
-    # anchor: start - 0.5 * (start - (start + 2)) = start + 1; then + 1 (step 2's progress)
+    # pseudo-gradient -4, momentum buffer -4: the anchor is start + 2; step 4's +1 is gone
+    assert_at(2.0)
+    inner_step()
+    strategy.after_step(5)
+    assert_at(3.0)
+    # the final sync: pseudo-gradient -1 averaged, so start + 3 (an outer step would add the
+    # momentum's 0.5 x 0.5 x -4 on top: start + 3.5)
+    strategy.finish()
+    assert_at(3.0)
+    strategy.close()
+
+
+def test_local_sgds_last_partial_period_is_averaged_not_an_outer_step() -> None:
+    """One cluster, H=4, 6 steps, outer SGD lr 0.25 with momentum 0.5: a full period moves the
+    anchor by the outer step, the last two steps' progress is averaged in as it is."""
+    spec = TrainSpec(
+        sync="local-sgd:4", steps=6, outer_lr=0.25, outer_momentum=0.5, outer_nesterov=False
+    )
+    ctx = _context(spec)
+    strategy = make_sync_strategy(parse_sync(spec.sync), ctx)
+    strategy.load_state_dict(None, None)
+    start = [p.detach().clone() for p in ctx.params]
+    for step in range(6):
+        with torch.no_grad():
+            for p in ctx.params:
+                p.add_(1.0)
+        strategy.after_step(step)
+        if step == 3:  # pseudo-gradient -4 at lr 0.25
+            for p, s0 in zip(ctx.params, start, strict=True):
+                torch.testing.assert_close(p.detach(), s0 + 1.0)
+    # + 2 averaged in; an outer step would give start + 1 + 0.25 x (0.5 x 4 + 2) = start + 2
     for p, s0 in zip(ctx.params, start, strict=True):
-        torch.testing.assert_close(p.detach(), s0 + 2.0)
-    strategy.finish()  # the final sync: pseudo-gradient -1, anchor + 0.5, parameters = anchor
-    for p, s0 in zip(ctx.params, start, strict=True):
-        torch.testing.assert_close(p.detach(), s0 + 1.5)
+        torch.testing.assert_close(p.detach(), s0 + 3.0)
     strategy.close()
 
 

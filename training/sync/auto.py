@@ -13,8 +13,8 @@ and `AutoPolicy` switches mode when they moved by more than its factor for a few
 Switches happen only where every cluster holds the same parameters, since the next mode
 takes its anchor (or its every-step replicas) from them: right after a local SGD exchange or
 an every-step step; streaming, whose fragments are at every step in a different state of
-sync, is first drained (what is in flight applied, every fragment synced once more: one
-blocking exchange of the model). Nothing is lost but the outer momentum. Under streaming the
+sync, is first drained (what is in flight applied, every other fragment averaged once more:
+one blocking exchange of the model). Nothing is lost but the outer momentum. Under streaming the
 exchanges run on its background thread; their wall time and bytes land in the same counters
 when each finishes, so a window's measurement misses the fragment still in flight at its end
 and counts it in the next: the bytes over the time stays the link's, and a slower link shows

@@ -15,10 +15,11 @@ from training.sync.outer import make_outer
 
 
 class LocalSGDSync(SyncStrategy):
-    """Inner steps reduce only inside the cluster; every `period` steps (and after the last
-    step) the cluster's pseudo-gradient (anchor - parameters) crosses the WAN, weighted by
-    the cluster's batch share, and an outer SGD (Nesterov momentum by default) moves the anchor,
-    which every rank then copies into its parameters."""
+    """Inner steps reduce only inside the cluster; every `period` steps the cluster's
+    pseudo-gradient (anchor - parameters) crosses the WAN, weighted by the cluster's batch
+    share, and an outer SGD (Nesterov momentum by default) moves the anchor, which every rank
+    then copies into its parameters. After a last step that ends no period, the clusters
+    average instead of taking an outer step."""
 
     exchanges_gradients = False
 
@@ -37,14 +38,20 @@ class LocalSGDSync(SyncStrategy):
         return grad
 
     def after_step(self, step: int) -> None:
-        if (step + 1) % self.period == 0 or step + 1 == self.spec.steps:
+        if (step + 1) % self.period == 0:
             self._outer_step(step)
+        elif step + 1 == self.spec.steps:
+            self._outer_step(step, average=True)
 
     def at_sync_point(self, step: int) -> bool:
         return step % self.period == 0 or step == self.spec.steps
 
-    def _outer_step(self, step: int) -> None:
-        """Average the pseudo-gradients over clusters, take a Nesterov outer step."""
+    def _outer_step(self, step: int, *, average: bool = False) -> None:
+        """Average the pseudo-gradients over clusters, take a Nesterov outer step; or, with
+        `average`, move the anchor by the average alone: a pseudo-gradient of less than a
+        period pushed through momentum built from whole periods overshoots (at the end of a
+        streaming run, where every sync is partial, it cost 2-3 % of the language model's
+        loss: `bench/results/streaming-merge.md`)."""
         params = self.ctx.params
         cur = flatten([p.detach() for p in params])
         delta = flatten(self.anchor) - cur  # cluster copies agree after the intra all-reduce
@@ -53,11 +60,22 @@ class LocalSGDSync(SyncStrategy):
                 share = self.ctx.cluster_share
                 delta = self.comm.wan_sum(delta * share, step, self.compression)
             self.comm.broadcast(delta)
-        for a, g in zip(self.anchor, split(delta, [a.shape for a in self.anchor]), strict=True):
-            a.grad = g.clone()
-        self.outer.step()
+        self._move_anchor(delta, average=average)
+
+    def _move_anchor(self, delta: torch.Tensor, *, average: bool) -> None:
+        """An outer step on the clusters' summed pseudo-gradient `delta` (flat), or with
+        `average` the anchor minus it; then every parameter is the anchor."""
+        parts = split(delta, [a.shape for a in self.anchor])
+        if average:
+            with torch.no_grad():
+                for a, g in zip(self.anchor, parts, strict=True):
+                    a.sub_(g)
+        else:
+            for a, g in zip(self.anchor, parts, strict=True):
+                a.grad = g.clone()
+            self.outer.step()
         with torch.no_grad():
-            for p, a in zip(params, self.anchor, strict=True):
+            for p, a in zip(self.ctx.params, self.anchor, strict=True):
                 p.copy_(a)
 
     def state_dict(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from grammar import Sync
-from training.collective import flatten, split
+from training.collective import flatten
 from training.sync.base import SyncContext
 from training.sync.hetero import steps_per_tick
 from training.sync.local_sgd import LocalSGDSync
@@ -62,7 +62,7 @@ class PartialSync(LocalSGDSync):
         total = sum(raw.values()) or 1.0
         return {c: v / total for c, v in raw.items()}
 
-    def _outer_step(self, step: int) -> None:
+    def _outer_step(self, step: int, *, average: bool = False) -> None:
         params = self.ctx.params
         cur = flatten([p.detach() for p in params])
         delta = flatten(self.anchor) - cur
@@ -91,12 +91,7 @@ class PartialSync(LocalSGDSync):
             delta, mine = both[:-1], int(both[-1].item())
             self.steps[self.comm.cluster] = mine
         self.rounds += 1
-        for a, g in zip(self.anchor, split(delta, [a.shape for a in self.anchor]), strict=True):
-            a.grad = g.clone()
-        self.outer.step()
-        with torch.no_grad():
-            for p, a in zip(params, self.anchor, strict=True):
-                p.copy_(a)
+        self._move_anchor(delta, average=average)
 
     def stats(self) -> dict[str, float]:
         return {

@@ -7,16 +7,18 @@ a fragment is due, every rank takes its pseudo-gradient (anchor - parameters) an
 leader hands it, weighted by the cluster's batch share, to a background thread that
 all-reduces it over the leaders (`Collective.wan_sum`: the compressed ring) while the inner
 steps go on. `delay` (D) steps later, after that step's local update, the outer SGD step is
-applied to the fragment's anchor and the fragment's parameters become the new anchor plus
-the local progress made since the pseudo-gradient left (so no inner step is lost: that
-progress is in the next pseudo-gradient). With F = 1 and D = 0 it is local SGD, bit for bit.
+applied to the fragment's anchor and the fragment's parameters become the new anchor, the
+local progress made during the delay dropped (torchft's default, `fragment_update_alpha` 0;
+keeping it on top of the new anchor cost ~1 % of the language model's loss over three seeds,
+`bench/results/streaming-merge.md`). With F = 1 and D = 0 it is local SGD, bit for bit.
 
 Checkpoints may fall anywhere: a cluster leader first waits for the exchanges in flight and
-keeps their sums (run-wide, the same on every leader) next to each rank's snapshot of the
-fragment (per cluster), so a resumed run applies them at the same steps as an uninterrupted
+keeps their sums (run-wide, the same on every leader) and their schedule, with each cluster's
+own parameters, so a resumed run applies them at the same steps as an uninterrupted
 one. After the last step, what is in flight is applied and every fragment not synced at the
-last step is synced once more, so all clusters end with the same model; `drain` does the
-same mid-run, where auto leaves streaming.
+last step is averaged over the clusters once more (as local SGD's last, partial period), so
+all clusters end with the same model; `drain` does the same mid-run, where auto leaves
+streaming.
 """
 
 from __future__ import annotations
@@ -54,16 +56,16 @@ def fragments_due(step: int, period: int, fragments: int) -> list[int]:
 @dataclass
 class InFlight:
     """A fragment's pseudo-gradient on its way: sent after step `sent`, applied after step
-    `apply_at`."""
+    `apply_at`; `final`: averaged, not an outer step (a sync of less than a period, by
+    `drain`)."""
 
     fragment: int
     sent: int
     apply_at: int
-    snapshot: torch.Tensor
-    """This rank's parameters of the fragment when the pseudo-gradient left."""
     result: Future[torch.Tensor] | torch.Tensor | None
     """The sum over clusters (a future until it arrives); None on ranks that are not leaders,
     which receive it from theirs when it is applied."""
+    final: bool = False
 
 
 class StreamingSync(SyncStrategy):
@@ -114,7 +116,7 @@ class StreamingSync(SyncStrategy):
             for param, a, b, at in self._spans(p):
                 param.data.view(-1)[a:b].copy_(values[at : at + b - a])
 
-    def _send(self, p: int, step: int) -> None:
+    def _send(self, p: int, step: int, *, final: bool = False) -> None:
         """Take fragment p's pseudo-gradient and start its exchange."""
         current = self._read(p)
         delta = self.anchor[p] - current
@@ -125,11 +127,11 @@ class StreamingSync(SyncStrategy):
             shared = delta * self.ctx.cluster_share
             lo = self.bounds[p][0]
             result = self.pool.submit(self.comm.wan_sum, shared, step, self.compression, lo)
-        self.inflight.append(InFlight(p, step, step + self.delay, current, result))
+        self.inflight.append(InFlight(p, step, step + self.delay, result, final))
 
     def _apply(self, item: InFlight) -> None:
-        """The outer step of `item`'s fragment, then its parameters: the new anchor plus
-        what this rank learnt since the pseudo-gradient left."""
+        """The outer step of `item`'s fragment (or, `final`, the average), then its
+        parameters: the new anchor."""
         p = item.fragment
         if self.multi:
             total = torch.zeros_like(self.anchor[p])
@@ -141,10 +143,14 @@ class StreamingSync(SyncStrategy):
         else:
             assert isinstance(item.result, torch.Tensor)
             total = item.result
-        for i, a in enumerate(self.anchor):
-            a.grad = total.clone() if i == p else None
-        self.outer.step()
-        self._write(p, self.anchor[p] + (self._read(p) - item.snapshot))
+        if item.final:
+            with torch.no_grad():
+                self.anchor[p].sub_(total)
+        else:
+            for i, a in enumerate(self.anchor):
+                a.grad = total.clone() if i == p else None
+            self.outer.step()
+        self._write(p, self.anchor[p])
 
     # ------------------------------------------------------------------ the loop
 
@@ -159,17 +165,17 @@ class StreamingSync(SyncStrategy):
             self._apply(self.inflight.popleft())
 
     def drain(self, step: int) -> None:
-        """After `after_step(step)`: apply what is in flight (early, keeping the local progress
-        made since it left), then sync once more every fragment not sent after `step`, so
-        every cluster holds the same parameters, equal to the anchor. Safe mid-run (auto
-        leaves streaming this way): nothing is left in flight, the pool stays usable, and the
-        fragments' schedule goes on from the step after."""
+        """After `after_step(step)`: apply what is in flight (early), then average once more
+        every fragment not sent after `step`, so every cluster holds the same parameters,
+        equal to the anchor. Safe mid-run (auto leaves streaming this way): nothing is left in
+        flight, the pool stays usable, and the fragments' schedule goes on from the step
+        after."""
         while self.inflight:
             self._apply(self.inflight.popleft())
         synced = set(fragments_due(step, self.period, self.fragments))
         for p in range(self.fragments):
             if p not in synced:
-                self._send(p, step)
+                self._send(p, step, final=True)
         while self.inflight:
             self._apply(self.inflight.popleft())
 
@@ -191,7 +197,7 @@ class StreamingSync(SyncStrategy):
         self._await_results()
         model = self.ctx.model
         return {
-            "inflight": [(i.fragment, i.sent, i.apply_at, i.snapshot.cpu()) for i in self.inflight],
+            "inflight": [(i.fragment, i.sent, i.apply_at) for i in self.inflight],
             # clusters' parameters differ until the run's final sync
             "model": None if self.finished else {k: v.cpu() for k, v in model.state_dict().items()},
         }
@@ -230,11 +236,12 @@ class StreamingSync(SyncStrategy):
         saved_inflight = list((cluster_state or {}).get("inflight", []))
         results = list(state.get("results", []))
         self.inflight.clear()
-        for (p, sent, apply_at, snapshot), result in zip(saved_inflight, results, strict=True):
+        for entry, result in zip(saved_inflight, results, strict=True):
+            p, sent, apply_at = entry[:3]  # checkpoints before 2026-11-28 add a snapshot
             mine = result.to(device) if result is not None and self.comm.is_leader else None
             if not self.multi and result is not None:
                 mine = result.to(device)
-            self.inflight.append(InFlight(p, sent, apply_at, snapshot.to(device), mine))
+            self.inflight.append(InFlight(p, sent, apply_at, mine))
 
     def close(self) -> None:
         if self.pool is not None:
