@@ -118,8 +118,7 @@ class StreamingSync(SyncStrategy):
 
     def _send(self, p: int, step: int, *, final: bool = False) -> None:
         """Take fragment p's pseudo-gradient and start its exchange."""
-        current = self._read(p)
-        delta = self.anchor[p] - current
+        delta = self.anchor[p] - self._read(p)
         result: Future[torch.Tensor] | torch.Tensor | None = None
         if not self.multi:
             result = delta
