@@ -3,19 +3,19 @@
 Pure decision code, no I/O. `decide` picks sync mode, period and compressor so that the WAN
 exchange hides under compute at the smallest quality cost: every-step fp32 when its exchange
 already costs little beside compute; else local SGD (DiLoCo) sending its pseudo-gradients at
-a near-lossless level (int8, int4), blocking at period 32 or 64 when its exchange costs at
-most a small share of the period's compute, else streaming DiLoCo at 32 or 64 when the link
+a near-lossless level (int8, int4), period 32 before 64, at each period blocking when its
+exchange costs at most a small share of the period's compute, else streaming when the link
 keeps up and the waits for fragments that outlast the steps they are given cost at most that
 share too (`OVERHEAD`, one rule for every mode); only then the lossy levels (int2, chunked
-top-k). The order is measured quality (`NEAR_LOSSLESS`, `PERIODS`), not bytes: blocking
-DiLoCo ended 0.7-1.2 points above streaming at the same level, blocking at H=64 above
-streaming at H=32 on the language model (bench/results/peers-25mbit.md: eval loss 1.4 % above
-synchronous DP's against 4.7 %, and sooner to the target; on the wide MLP the same pair was
-level in loss and streaming 2.3 points ahead in accuracy, auto-order-wide-mlp.md: the order
-is the language model's), and shorter periods cost more than lighter near-lossless levels.
-A blocking exchange that is not cheap is paid in full by every worker every H steps, while
-streaming overlaps it with compute at the cost of a few steps of delay, so exact local SGD is
-kept only where the blocking costs little. `AutoPolicy`
+top-k). The order is measured quality (`NEAR_LOSSLESS`, `PERIODS`), not bytes: the period
+costs more than streaming does. Over three seeds of the language model
+(bench/results/auto-order-gpt.md) streaming:32 int8 ended level in loss with blocking H=64
+(2.0460 against 2.0430) and 0.3 points above it in accuracy; on the wide MLP 2.3 points above
+it, level in loss (auto-order-wide-mlp.md). At the same period blocking and streaming trade:
+blocking H=32 0.4 points above streaming in accuracy, 0.9 % worse in loss. A blocking exchange
+that is not cheap is paid in full by every worker every H steps, while streaming overlaps it
+with compute at the cost of a few steps of delay, so exact local SGD is kept only where the
+blocking costs little. `AutoPolicy`
 re-decides when the measured bandwidth or compute changes by more than a factor for a few
 rounds in a row (hysteresis), so noise does not flap the mode. Every rank calls it with the
 same all-reduced numbers, so every cluster decides the same.
@@ -46,9 +46,10 @@ PERIODS: tuple[int, ...] = (32, 64)
 """Local SGD periods tried, 32 first. Not the shortest that hides: with DiLoCo's outer step
 (Nesterov, lr 0.7, momentum 0.9) a short period costs quality, not only bytes. On the
 testbed's language model (bench/results/peers-100mbit.md) cpn's three runs at H=16 (streaming
-fp32 and int8, blocking int8) ended 0.9-1.4 points below the same at H=32, while H=64 ended
-level with H=32 (blocking int8 49.4 against 49.5 %, streaming fp32 48.6 against 48.7 %);
-torchft's streaming was level at 16 and 0.5 below at 64. Below 8 it diverges (local-sgd:2
+fp32 and int8, blocking int8) ended 0.9-1.4 points below the same at H=32; over three seeds
+H=64 ended 0.4-0.7 points below H=32 in accuracy, its loss level (streaming int8) or 1 % lower
+(blocking int8; auto-order-gpt.md), and below it in accuracy on the wide MLP; torchft's streaming
+was level at 16 and 0.5 below at 64. Below 8 it diverges (local-sgd:2
 stays at chance on mnist1d-mlp)."""
 
 
@@ -134,9 +135,9 @@ def link_from_exchange(edge_bytes: float, seconds: float, rtt_s: float = 0.0) ->
 
 def periodic_groups(levels: Sequence[str], fixed: bool) -> list[list[str]]:
     """The levels local SGD and streaming try, in groups of equal quality cost: within a
-    group, blocking at every period, then streaming at every period, each at its levels least
-    lossy first. The near-lossless group comes first (fp32 never: it bought nothing over
-    int8), then the lossy levels; a compression the user fixed is one group of its own."""
+    group, period by period, blocking then streaming, each at its levels least lossy first.
+    The near-lossless group comes first (fp32 never: it bought nothing over int8), then the
+    lossy levels; a compression the user fixed is one group of its own."""
     if fixed:
         return [list(levels)]
     near = [lv for lv in levels if lv in NEAR_LOSSLESS]
@@ -161,9 +162,9 @@ def decide(
     cost. `link` is the slowest link (from the link table, or `link_from_exchange`); None or
     one cluster: nothing crosses a WAN, so every-step fp32. Every-step is kept while its
     synchronous exchange costs at most `overhead` of a step's compute; then, group by group
-    of `periodic_groups`, local-sgd:H at the first period of `PERIODS` and level whose blocking
-    exchange costs at most `overhead` of H steps' compute (exact DiLoCo, no delay), else
-    streaming:H at the first period and level whose fragments hide. `fixed_sync` /
+    of `periodic_groups` and period by period of `PERIODS`, local-sgd:H at the first level whose
+    blocking exchange costs at most `overhead` of H steps' compute (exact DiLoCo, no delay),
+    else streaming:H at the first level whose fragments hide. `fixed_sync` /
     `fixed_compression` pin what the user gave concretely (a fixed local SGD stays blocking,
     as long as its exchange fits its period); the rest is picked. `compute_s` is the part of
     a step an exchange can hide under (forward/backward, intra-cluster all-reduce, optimizer
@@ -217,7 +218,7 @@ def decide(
         periods = [h for h in PERIODS if h <= max_period] or [max_period]
         for group in periodic_groups(levels, fixed_compression is not None):
             times = {lv: exchange_time(lv, params, clusters, link, crossings) for lv in group}
-            for h in periods:
+            for h in periods:  # the period first: it costs more quality than streaming does
                 for level in group:  # exact local SGD where its blocking costs little
                     t = times[level]
                     if t <= overhead * h * compute_s:
@@ -227,7 +228,6 @@ def decide(
                             f"local-sgd:{h} {level}: blocking exchange {t:.3g}s <= {overhead:g} "
                             f"x {h} x compute {compute_s:.3g}s",
                         )
-            for h in periods:
                 stream = streaming_form(h)
                 for level in group:  # else streaming where its fragments hide
                     t = times[level]
