@@ -595,7 +595,10 @@ def cpn_driver(a: argparse.Namespace) -> None:
         rtt_ms=0.0 if a.emulate_mbps else None,
     )
     rep = run(spec).to_dict()
-    keep = ("wall_s", "compute_s", "final_accuracy", "history", "auto_decisions", "wan_bytes")
+    keep = (
+        *("wall_s", "compute_s", "final_accuracy", "history", "auto_decisions", "wan_bytes"),
+        "sync_stats",  # streaming's waits for late fragments: what the WAN did not hide
+    )
     print(json.dumps({k: rep.get(k) for k in keep}, default=str))
 
 
@@ -763,6 +766,7 @@ def run_peer(bed: Any, setup: Setup, peer: Peer, steps: int) -> dict[str, Any]:
         "outer_syncs": rep.get("outer_syncs"),
         "local_steps": rep.get("local_steps"),  # hivemind: group 0's own steps
         "auto_decisions": rep.get("auto_decisions"),
+        "sync_stats": rep.get("sync_stats"),
     }
 
 

@@ -84,6 +84,34 @@ def test_auto_streams_on_a_slow_link_and_drains_when_it_recovers(pool: WorkerPoo
         assert torch.equal(models[1][k], v), k
     losses = [h["loss"] for h in report.history]
     assert losses[-1] < losses[0], losses
+    # leaving streaming drained it: one blocking exchange on the slow link (~0.2 s or more)
+    assert report.sync_stats["drain_s"] > 0.05, report.sync_stats
+
+
+def test_streaming_reports_the_waits_the_inner_steps_did_not_hide(pool: WorkerPool) -> None:
+    """With no delay every fragment is applied at the step it left, so each one's whole
+    exchange is waited for: at SLOW, ~0.19 s for half the int8 model (11.6 KB at 0.5 Mbit/s);
+    the same run on the FAST link waits for its RTTs only."""
+
+    def run(mbps: float) -> dict[str, float]:
+        spec = TrainSpec(
+            task=MLP,
+            clusters={"a": 1, "b": 1},
+            steps=32,
+            sync="streaming:8:f2:d0",
+            compression="int8",
+            link_mbps=mbps,
+            rtt_ms=RTT,
+        )
+        return training.run(spec, pool=pool).sync_stats
+
+    slow, fast = run(SLOW), run(FAST)
+    # 2 fragments every 8 steps, each applied when due; the last step's drain sends the
+    # fragment that left 4 steps before the end once more, outside the late ones
+    assert slow["late_fragments"] == 8, slow
+    assert slow["late_wait_s"] >= 8 * 0.15, slow
+    assert slow["drain_s"] >= 0.15, slow
+    assert fast["late_wait_s"] < slow["late_wait_s"] / 4, (fast, slow)
 
 
 def test_a_run_resumed_from_a_streaming_checkpoint_ends_with_equal_clusters(

@@ -74,6 +74,8 @@ class AutoSync(SyncStrategy):
         self.applied_from: float | None = None
         self.mark = self._leader_mark()
         self.choices: list[AutoChoice] = []
+        self.past_stats: dict[str, float] = {}
+        """`stats` of the modes run before the current one, summed."""
 
     # -------------------------------------------------------------- delegation
 
@@ -119,10 +121,19 @@ class AutoSync(SyncStrategy):
         return self.inner.at_sync_point(step)
 
     def stats(self) -> dict[str, float]:
+        """The policy's current period and decisions, and what the modes it ran report
+        (summed over the modes: streaming's waits for late fragments, say)."""
+        assert self.inner is not None
+        out = dict(self.past_stats)
+        for k, v in self.inner.stats().items():
+            out[k] = out.get(k, 0.0) + v
         cur = self.policy.current
-        if cur is None:
-            return {}
-        return {"auto_period": float(cur.sync.period), "auto_decisions": float(len(self.choices))}
+        if cur is not None:
+            out |= {
+                "auto_period": float(cur.sync.period),
+                "auto_decisions": float(len(self.choices)),
+            }
+        return out
 
     def decisions(self) -> tuple[AutoChoice, ...]:
         return tuple(self.choices)
@@ -230,6 +241,8 @@ class AutoSync(SyncStrategy):
             if isinstance(inner, StreamingSync):
                 inner.drain(step - 1)
             inner.close()
+            for k, v in inner.stats().items():
+                self.past_stats[k] = self.past_stats.get(k, 0.0) + v
             new: SyncStrategy
             if sync.kind is SyncKind.LOCAL_SGD:
                 new = LocalSGDSync(sync, self.ctx)

@@ -23,6 +23,7 @@ streaming.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -88,6 +89,9 @@ class StreamingSync(SyncStrategy):
         self.pool = ThreadPoolExecutor(max_workers=1) if leader else None
         self.inflight: deque[InFlight] = deque()
         self.finished = False
+        self.late = 0
+        self.late_wait_s = 0.0
+        self.drain_s = 0.0
 
     @property
     def scope(self) -> Scope:
@@ -128,17 +132,22 @@ class StreamingSync(SyncStrategy):
             result = self.pool.submit(self.comm.wan_sum, shared, step, self.compression, lo)
         self.inflight.append(InFlight(p, step, step + self.delay, result, final))
 
-    def _apply(self, item: InFlight) -> None:
+    def _apply(self, item: InFlight, *, due: bool = True) -> None:
         """The outer step of `item`'s fragment (or, `final`, the average), then its
-        parameters: the new anchor."""
+        parameters: the new anchor. `due`: at its apply step, where a wait for it is the
+        part of its exchange the inner steps did not hide (else `drain` applies it early)."""
         p = item.fragment
         if self.multi:
             total = torch.zeros_like(self.anchor[p])
+            t0 = time.perf_counter()
             if self.comm.is_leader:
                 got = item.result
                 assert got is not None
+                self.late += due and isinstance(got, Future) and not got.done()
                 total = got.result() if isinstance(got, Future) else got
-            self.comm.broadcast(total)
+            self.comm.broadcast(total)  # the cluster's other ranks wait here for the leader
+            if due:
+                self.late_wait_s += time.perf_counter() - t0
         else:
             assert isinstance(item.result, torch.Tensor)
             total = item.result
@@ -169,14 +178,27 @@ class StreamingSync(SyncStrategy):
         equal to the anchor. Safe mid-run (auto leaves streaming this way): nothing is left in
         flight, the pool stays usable, and the fragments' schedule goes on from the step
         after."""
+        t0 = time.perf_counter()
         while self.inflight:
-            self._apply(self.inflight.popleft())
+            self._apply(self.inflight.popleft(), due=False)
         synced = set(fragments_due(step, self.period, self.fragments))
         for p in range(self.fragments):
             if p not in synced:
                 self._send(p, step, final=True)
         while self.inflight:
-            self._apply(self.inflight.popleft())
+            self._apply(self.inflight.popleft(), due=False)
+        self.drain_s += time.perf_counter() - t0
+
+    def stats(self) -> dict[str, float]:
+        """What of the WAN the inner steps did not hide: `late_fragments` (fragments still on
+        the WAN at their apply step, as the leader saw them), `late_wait_s` (this rank's waits
+        for them) and `drain_s` (the blocking exchange at the end, or where auto left
+        streaming)."""
+        return {
+            "late_fragments": float(self.late),
+            "late_wait_s": self.late_wait_s,
+            "drain_s": self.drain_s,
+        }
 
     def finish(self) -> None:
         """`drain` after the last step, so every cluster ends with the same parameters."""
