@@ -74,6 +74,8 @@ def _report_table(report: Any) -> Any:
         rows.append(("data", "local (only model updates crossed the WAN)"))
     for d in getattr(report, "auto_decisions", []):  # --sync/--compression auto
         rows.append((f"auto at step {d.step}", f"{d.sync} {d.compression}: {d.why}"))
+    # what the sync mode says of itself: streaming's late fragments and drain, gossip's degree
+    rows += [(f"sync: {k}", f"{v:.4g}") for k, v in sorted(report.sync_stats.items())]
     for k, v in rows:
         table.add_row(k, v)
     return table

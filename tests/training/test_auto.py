@@ -258,3 +258,20 @@ def test_cpn_train_auto_on_the_emulated_wan_reports_its_decision() -> None:
     assert kind in (SyncKind.STREAMING, SyncKind.LOCAL_SGD) and first["compression"] != "none"
     assert report["final_accuracy"] == report["final_accuracy"]  # a number, not NaN
     assert report["wan_bytes_total"] > 0
+
+
+def test_cpn_train_shows_what_streaming_did_not_hide() -> None:
+    """No delay: every fragment is applied at the step it left, so each one is waited for
+    (2 fragments every 4 steps, 8 steps: 4 late), and the table says so."""
+    code, out, err = _train(
+        *("--clusters", "a:1,b:1", "--sync", "streaming:4:f2:d0", "--compression", "int8"),
+        *("--steps", "8", "--link-mbps", "1", "--rtt-ms", "1"),
+    )
+    assert code == 0, err
+    rows = {
+        cells[0]: cells[1]
+        for line in out.splitlines()
+        if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 2
+    }
+    assert rows["sync: late_fragments"] == "4", out
+    assert float(rows["sync: late_wait_s"]) > 0 and float(rows["sync: drain_s"]) > 0, out
