@@ -596,8 +596,13 @@ def cpn_driver(a: argparse.Namespace) -> None:
     )
     rep = run(spec).to_dict()
     keep = (
-        *("wall_s", "compute_s", "final_accuracy", "history", "auto_decisions", "wan_bytes"),
-        "sync_stats",  # streaming's waits for late fragments: what the WAN did not hide
+        "wall_s",
+        "compute_s",
+        "final_accuracy",
+        "history",
+        "auto_decisions",
+        "wan_bytes",
+        "sync_stats",  # streaming's late fragments and drain: what the WAN did not hide
     )
     print(json.dumps({k: rep.get(k) for k in keep}, default=str))
 

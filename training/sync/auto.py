@@ -124,9 +124,7 @@ class AutoSync(SyncStrategy):
         """The policy's current period and decisions, and what the modes it ran report
         (summed over the modes: streaming's waits for late fragments, say)."""
         assert self.inner is not None
-        out = dict(self.past_stats)
-        for k, v in self.inner.stats().items():
-            out[k] = out.get(k, 0.0) + v
+        out = _summed(self.past_stats, self.inner.stats())
         cur = self.policy.current
         if cur is not None:
             out |= {
@@ -241,8 +239,7 @@ class AutoSync(SyncStrategy):
             if isinstance(inner, StreamingSync):
                 inner.drain(step - 1)
             inner.close()
-            for k, v in inner.stats().items():
-                self.past_stats[k] = self.past_stats.get(k, 0.0) + v
+            self.past_stats = _summed(self.past_stats, inner.stats())
             new: SyncStrategy
             if sync.kind is SyncKind.LOCAL_SGD:
                 new = LocalSGDSync(sync, self.ctx)
@@ -257,6 +254,11 @@ class AutoSync(SyncStrategy):
         assert self.inner is not None
         self.inner.compression = decision.compression
         self.choices.append(AutoChoice(step, str(sync), decision.compression, decision.why))
+
+
+def _summed(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    """Two modes' `stats`, key by key."""
+    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {**a, **b}}
 
 
 def _same_streaming(inner: StreamingSync, sync: Sync) -> bool:

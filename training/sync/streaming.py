@@ -143,7 +143,8 @@ class StreamingSync(SyncStrategy):
             if self.comm.is_leader:
                 got = item.result
                 assert got is not None
-                self.late += due and isinstance(got, Future) and not got.done()
+                if due and isinstance(got, Future) and not got.done():
+                    self.late += 1
                 total = got.result() if isinstance(got, Future) else got
             self.comm.broadcast(total)  # the cluster's other ranks wait here for the leader
             if due:
@@ -191,9 +192,9 @@ class StreamingSync(SyncStrategy):
 
     def stats(self) -> dict[str, float]:
         """What of the WAN the inner steps did not hide: `late_fragments` (fragments still on
-        the WAN at their apply step, as the leader saw them), `late_wait_s` (this rank's waits
-        for them) and `drain_s` (the blocking exchange at the end, or where auto left
-        streaming)."""
+        the WAN at their apply step, as the leader saw them), `late_wait_s` (this rank's time
+        at apply steps: its waits for them, and the cluster's broadcast of every fragment) and
+        `drain_s` (the blocking exchange at the end, or where auto left streaming)."""
         return {
             "late_fragments": float(self.late),
             "late_wait_s": self.late_wait_s,
