@@ -95,6 +95,7 @@ class Controller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpn-controller", daemon=True)
         self._efficiency: dict[str, float] = {}
+        self._waits: dict[str, scheduler.Wait] = {}  # see `place_pending`
         self._observed_upto: int | None = None  # newest StepObservation fitted
         self._ticks = 0
         self.on_placed: Callable[[Placed], None] | None = None
@@ -126,7 +127,7 @@ class Controller:
         self._heartbeat()
         self._adopt_orphans()
         self._recalibrate()
-        placed = place_pending(self.factory, self.id, self._efficiency or None)
+        placed = place_pending(self.factory, self.id, self._efficiency or None, waits=self._waits)
         if self.on_placed is not None:
             for one in placed:
                 self.on_placed(one)

@@ -422,6 +422,9 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    ends_at: Mapped[datetime | None]
+    """When its current placement is expected to end (placed + the plan's run time), for the
+    hold for faster GPUs (`scheduler.waiting`); None before revision 0013."""
     version: Mapped[int] = mapped_column(Integer, default=1)
 
     __mapper_args__ = {"version_id_col": version}

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -117,6 +117,8 @@ def place_pending(
     owner: str,
     efficiency: Mapping[str, float] | None = None,
     limit: int = 64,
+    *,
+    waits: dict[str, scheduler.Wait] | None = None,
 ) -> list[Placed]:
     """One pass over the queue; returns the jobs it placed.
 
@@ -134,11 +136,21 @@ def place_pending(
     job alone, and a job that cannot be placed (an invalid spec) is failed in the group's
     transaction; the first group of a pass is one job, so a lone job is committed and handed
     to the launcher as soon as it is placed.
+
+    `waits` (kept by the caller between passes): job id -> the GPUs it chose to wait for
+    (`scheduler.waiting`). Until they are due, or free sooner, a pass neither plans it nor
+    counts it against its limit: planning a waiting job again at every pass, with GPUs left
+    free for it, was most of a pass's work under load (`bench.sim`). Losing the map costs
+    only replanning.
     """
     started = time.perf_counter()
+    now_s = utcnow().timestamp()
+    if waits is not None:
+        for job_id in [j for j, w in waits.items() if w.at_s <= now_s]:
+            del waits[job_id]
     with factory() as session:
         queue, usage, quotas, standard = _queue(session)
-    order = scheduler.order_queue(queue, usage=usage, quotas=quotas, now=utcnow().timestamp())
+    order = scheduler.order_queue(queue, usage=usage, quotas=quotas, now=now_s)
     read_s = time.perf_counter() - started
     held = {q.id: reason for q, reason in order.held}
     placed: list[Placed] = []
@@ -164,10 +176,12 @@ def place_pending(
                         noted += 1
                         _still_waiting(session, queued.id, queued.gpus)
                     continue
+                if waits is not None and _still_due(waits.get(queued.id), worlds):
+                    continue  # waiting for GPUs not back yet: its reason stands
                 tried += 1
                 try:
                     result = _place_one(
-                        session, queued.id, owner, efficiency, worlds, terms, blocked
+                        session, queued.id, owner, efficiency, worlds, terms, blocked, waits
                     )
                 except CpnError as exc:  # a spec that stopped being valid (e.g. deadline passed)
                     _fail(session, queued.id, exc.detail)
@@ -193,6 +207,7 @@ def _place_one(
     worlds: dict[str, World],
     terms: dict[str, budget.Terms],
     blocked: dict[tuple[str, int], int],
+    waits: dict[str, scheduler.Wait] | None = None,
 ) -> Placed | None:
     """Place one job in the caller's transaction, or leave why it waits. Raises CpnError only
     before the job's writes (its reservation and state change, made under one savepoint).
@@ -216,6 +231,15 @@ def _place_one(
         world = worlds[job.qos_class] = build_world(session, job.qos_class, now)
     tenant = session.get(Tenant, job.tenant_id)
     priority = granted(job.priority, tenant.priority_ceiling) if tenant else job.priority
+    # A job placed by a held quote keeps the quote's clusters; others may wait for faster GPUs
+    # a running job hands back soon, when that finishes them sooner (`scheduler.waiting`).
+    wait = None
+    if job.held_price is None:
+        request = job_request(spec_of(job), job.tenant_id, now)
+        wait = scheduler.soonest_wait(world.snapshot, request, now.timestamp(), efficiency)
+    if wait is not None and wait.beats(now.timestamp(), wait.fastest_now_s):
+        _wait_for(job, wait, now, wait.fastest_now_s, "any GPUs free now", waits)
+        return None
     result = plan_for(world, job, efficiency, now, priority)
     if isinstance(result, scheduler.Infeasible):
         spec = spec_of(job)
@@ -239,6 +263,11 @@ def _place_one(
     if result.victims:
         _request_preemption(session, job, result.victims)
         return None
+    if wait is not None and wait.beats(now.timestamp(), result.estimate.total_time_s):
+        taken = ", ".join(f"{a.cluster}:{a.gpus}" for a in result.placement)
+        run_now = result.estimate.total_time_s
+        _wait_for(job, wait, now, run_now, f"the GPUs free now ({taken})", waits)
+        return None
     slots = [
         Slot(world.origins[a.cluster][0], world.origins[a.cluster][1], a.gpus)
         for a in result.placement
@@ -254,6 +283,8 @@ def _place_one(
         with session.begin_nested():
             reserve(session, job, slots)
             job.placement = placement
+            ends = now + timedelta(seconds=placement.estimate.total_time_s)
+            job.ends_at = ends
             job.owner = owner
             job.preempted_by = None
             lifecycle.transition(
@@ -269,10 +300,41 @@ def _place_one(
         return None
     for qos_class, w in list(worlds.items()):
         worlds[qos_class] = w.after(
-            job.id, job.tenant_id, priority, job.preemptible, result.placement
+            job.id, job.tenant_id, priority, job.preemptible, result.placement, ends.timestamp()
         )
     waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
     return Placed(job.id, placement, waited, time.perf_counter() - started)
+
+
+def _still_due(wait: scheduler.Wait | None, worlds: Mapping[str, World]) -> bool:
+    """Whether the GPUs a job waits for are still held (by this pass's standard world: a
+    job that ended early hands them back before its expected end)."""
+    if wait is None:
+        return False
+    world = worlds.get("standard")
+    cluster = None if world is None else world.snapshot.by_name.get(wait.cluster)
+    return cluster is None or cluster.gpus_free < wait.gpus
+
+
+def _wait_for(
+    job: Job,
+    wait: scheduler.Wait,
+    now: datetime,
+    run_now_s: float,
+    than: str,
+    waits: dict[str, scheduler.Wait] | None,
+) -> None:
+    if waits is not None:
+        waits[job.id] = wait
+    free_at = datetime.fromtimestamp(wait.at_s, tz=UTC).strftime("%H:%M:%S")
+    sooner = now.timestamp() + run_now_s - wait.finish_s
+    reason = bounded(
+        f"waiting: for {wait.gpus} GPUs on {wait.cluster}, expected free at {free_at} UTC: "
+        f"done ~{max(sooner / 60, 1):,.0f} min sooner than on {than}",
+        REASON_MAX,
+    )
+    if job.reason != reason:
+        job.reason = reason
 
 
 def _fit_budget(

@@ -65,6 +65,7 @@ class World:
         priority: int,
         preemptible: bool,
         placement: tuple[scheduler.Assignment, ...],
+        ends_at_s: float | None = None,
     ) -> World:
         """This world once `placement` is reserved for a job: fewer free GPUs, one more runner.
 
@@ -79,6 +80,7 @@ class World:
                 tenant=tenant,
                 priority=priority,
                 preemptible=preemptible,
+                ends_at_s=ends_at_s,
             ),
         )
         return World(self.snapshot.with_free(taken, running), self.origins)
@@ -278,6 +280,7 @@ def running_jobs(session: Session) -> list[scheduler.RunningJob]:
             Job.id,
             Job.tenant_id,
             Job.preemptible,
+            Job.ends_at,
             Allocation.cluster_id,
             Allocation.gpu_model,
             Allocation.gpus,
@@ -289,14 +292,14 @@ def running_jobs(session: Session) -> list[scheduler.RunningJob]:
         .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Allocation.ended_at.is_(None))
     ).all()
-    by_job: dict[str, tuple[str, bool, int, list[scheduler.Assignment]]] = {}
+    by_job: dict[str, tuple[str, bool, int, datetime | None, list[scheduler.Assignment]]] = {}
     models: dict[str, set[str]] = defaultdict(set)
     for row in rows:
         models[row.cluster_id].add(row.gpu_model)
-    for job_id, tenant_id, preemptible, cluster_id, gpu_model, gpus, name, priority in rows:
-        entry = by_job.setdefault(job_id, (tenant_id, bool(preemptible), priority, []))
+    for job_id, tenant_id, preemptible, ends, cluster_id, gpu_model, gpus, name, priority in rows:
+        entry = by_job.setdefault(job_id, (tenant_id, bool(preemptible), priority, ends, []))
         cname = name if len(models[cluster_id]) == 1 else f"{name}/{gpu_model}"
-        entry[3].append(scheduler.Assignment(cname, gpus))
+        entry[4].append(scheduler.Assignment(cname, gpus))
     return [
         scheduler.RunningJob(
             id=job_id,
@@ -304,6 +307,7 @@ def running_jobs(session: Session) -> list[scheduler.RunningJob]:
             tenant=tenant_id,
             priority=priority,  # granted: preemption takes only jobs granted less
             preemptible=preemptible,
+            ends_at_s=None if ends is None else ends.timestamp(),
         )
-        for job_id, (tenant_id, preemptible, priority, assign) in by_job.items()
+        for job_id, (tenant_id, preemptible, priority, ends, assign) in by_job.items()
     ]

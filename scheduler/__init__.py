@@ -46,6 +46,7 @@ from scheduler.types import (
     RunningJob,
     Snapshot,
 )
+from scheduler.waiting import Wait, soonest_wait
 
 __all__ = [
     "AUTO_COMPRESSIONS",
@@ -73,6 +74,7 @@ __all__ = [
     "RunningJob",
     "Snapshot",
     "SyncModel",
+    "Wait",
     "calibrate",
     "check_placement",
     "compressor_model",
@@ -88,6 +90,7 @@ __all__ = [
     "quota_left",
     "reference_run_s",
     "ring_allreduce_time",
+    "soonest_wait",
     "step_time",
     "sync_model",
     "tenant_usage",

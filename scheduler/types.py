@@ -121,6 +121,9 @@ class RunningJob:
     priority: int = 0
     preemptible: bool = False
     preemption_cost: float | None = None
+    ends_at_s: float | None = None
+    """When it is expected to hand its GPUs back (seconds on the caller's clock; None:
+    unknown): what `scheduler.waiting` weighs a wait for them by."""
 
     @property
     def gpus(self) -> int:
@@ -216,6 +219,17 @@ class Snapshot:
         return tuple(c.name for c in self.clusters if c.schedulable and c.gpus_free >= 1)
 
     @cached_property
+    def releases(self) -> dict[str, tuple[tuple[float, int], ...]]:
+        """Per cluster, when its runners are expected to hand GPUs back and how many, in time
+        order (runners with a known `ends_at_s` only): what `scheduler.waiting` weighs."""
+        out: dict[str, list[tuple[float, int]]] = {}
+        for run in self.running:
+            if run.ends_at_s is not None:
+                for a in run.placement:
+                    out.setdefault(a.cluster, []).append((run.ends_at_s, a.gpus))
+        return {name: tuple(sorted(ends)) for name, ends in out.items()}
+
+    @cached_property
     def memo(self) -> dict[object, object]:
         """Derived tables that depend only on what a reallocation keeps (names, models,
         prices, links), shared by every reallocated copy: e.g. the cost model's per-cluster
@@ -249,7 +263,7 @@ class Snapshot:
         out = copy.copy(self)
         object.__setattr__(out, "clusters", clusters)
         object.__setattr__(out, "running", running)
-        for name in ("by_name", "free_gpus", "full", "open_clusters"):
+        for name in ("by_name", "free_gpus", "full", "open_clusters", "releases"):
             out.__dict__.pop(name, None)
         return out
 
@@ -294,6 +308,16 @@ class Snapshot:
             for name in opened:
                 bisect.insort(names, name, key=at)
             out.__dict__["open_clusters"] = tuple(names)
+        out.__dict__.pop("releases", None)
+        if "releases" in self.__dict__ and running[:-1] == self.running:
+            # one runner added (a placement): its ends joined to what was known
+            releases = dict(self.releases)
+            added = running[-1]
+            if added.ends_at_s is not None:
+                for a in added.placement:
+                    ends = (*releases.get(a.cluster, ()), (added.ends_at_s, a.gpus))
+                    releases[a.cluster] = tuple(sorted(ends))
+            out.__dict__["releases"] = releases
         return out
 
     def quota(self, tenant: str) -> int | None:

@@ -9,7 +9,10 @@ links, for every policy alike.
 
 `cpn` is the reconcile loop's decision path: `scheduler.order_queue` (fair share between
 tenants, response ratio inside each, with the size submission stores), then per job
-in that order `scheduler.plan` with the loop's objective (`controller.reconcile.objective_for`),
+in that order the loop's hold for faster GPUs (`scheduler.soonest_wait`: a job waits, and is
+not weighed again until they are due, when GPUs a running job hands back finish it at least
+20 % sooner than its plan now) and `scheduler.plan` with the loop's objective
+(`controller.reconcile.objective_for`),
 at most `place_pending`'s limit per pass (the loop lets a pass run past it only while its
 database read outweighs its placing, which costs nothing here), passes repeated at one instant
 while a pass fills its limit. Two shortcuts keep it fast without changing a decision: a job
@@ -43,6 +46,11 @@ class Decision:
     job: TraceJob
     placement: scheduler.Placement
     estimate: scheduler.Estimate
+
+    def applied(self, world: World, now: float) -> World:
+        """The world with this job running, expected to end when its estimate says."""
+        end = now + self.estimate.total_time_s
+        return world.after(self.job.id, self.job.tenant, 0, False, self.placement, end)
 
 
 def request_of(job: TraceJob, now: float, with_deadline: bool = True) -> scheduler.JobRequest:
@@ -81,6 +89,7 @@ class Cpn(Policy):
         self.blind = network.bandwidth_blind() if blind else None
         self.slack = slack
         self.sizes: dict[str, float] = {}
+        self.waits: dict[str, scheduler.Wait] = {}  # the loop's (`place_pending`'s `waits`)
 
     def _size(self, job: TraceJob) -> float:
         """What `controller.jobs.submit` stores as the job's size."""
@@ -102,7 +111,7 @@ class Cpn(Policy):
             order = scheduler.order_queue(queue, usage=usage, now=now)
             placed_now = self._pass(now, [by_id[q.id] for q in order.order], world)
             for d in placed_now:
-                world = world.after(d.job.id, d.job.tenant, 0, False, d.placement)
+                world = d.applied(world, now)
             out += placed_now
             if len(placed_now) < PASS_LIMIT:
                 return out
@@ -118,10 +127,20 @@ class Cpn(Policy):
                 break
             if job.gpus > free or job.gpus >= too_big:
                 continue
+            wait = self.waits.get(job.id)
+            if wait is not None and wait.at_s > now:
+                held = world.snapshot.by_name.get(wait.cluster)
+                if held is not None and held.gpus_free < wait.gpus:
+                    continue  # the loop's `_still_due`
             view = world.snapshot
             if self.blind is not None:
                 view = self.blind.reallocated(view.clusters, view.running)
             request = request_of(job, now)
+            # the loop's hold for faster GPUs (`controller.reconcile._place_one`)
+            wait = scheduler.soonest_wait(view, request, now)
+            if wait is not None and wait.beats(now, wait.fastest_now_s):
+                self.waits[job.id] = wait
+                continue
             result = scheduler.plan(view, request, objective_for(request))
             if isinstance(result, scheduler.Infeasible) and result.constraint == "deadline":
                 request = request_of(job, now, with_deadline=False)
@@ -140,13 +159,17 @@ class Cpn(Policy):
                 if isinstance(result, scheduler.Infeasible) and result.constraint == "capacity":
                     too_big = min(too_big, job.gpus)
                 continue
+            if wait is not None and wait.beats(now, result.estimate.total_time_s):
+                self.waits[job.id] = wait
+                continue
             est = result.estimate
             if self.blind is not None:  # what it really costs on the real links
                 est = scheduler.estimate(
                     world.snapshot, request, result.placement, result.compression, result.sync
                 )
-            out.append(Decision(job, result.placement, est))
-            world = world.after(job.id, job.tenant, 0, False, result.placement)
+            decision = Decision(job, result.placement, est)
+            out.append(decision)
+            world = decision.applied(world, now)
             free -= job.gpus
         return out
 
@@ -250,7 +273,7 @@ def simulate(policy: Policy, network: Network, trace: Sequence[TraceJob]) -> Out
             i += 1
         decisions = policy.schedule(now, pending, world) if pending else []
         for d in decisions:
-            world = world.after(d.job.id, d.job.tenant, 0, False, d.placement)
+            world = d.applied(world, now)
             running[d.job.id] = world.snapshot.running[-1]
             end = now + d.estimate.total_time_s
             heapq.heappush(finishing, (end, d.job.id))

@@ -32,7 +32,7 @@ from controller.models import Job, JobEvent, Replica, utcnow
 from controller.policy import Decision, Stop, StopReason
 from controller.settle import settle
 from controller.states import TERMINAL, TRANSITIONS, JobState
-from scheduler import reference_run_s
+from scheduler import Wait, reference_run_s
 from tests.controller.world import MAX_ATTEMPTS, REPLICA, Net, progress, report, spec
 
 
@@ -117,8 +117,10 @@ def test_a_job_kept_to_its_data_does_not_hold_back_one_free_to_go(net: Net) -> N
 
 
 def test_a_job_that_does_not_fit_waits_with_the_reason(net: Net) -> None:
-    tenant = net.tenant("acme")
-    first = net.submit(tenant, spec("first", gpus=6))
+    tenant = net.tenant("acme", priority_ceiling=1)
+    # the first goes first and runs for long: what it holds is not worth waiting for
+    # (`scheduler.waiting`), so the third takes what is left rather than wait for it
+    first = net.submit(tenant, spec("first", gpus=6, steps=10**7, qos={"priority": 1}))
     second = net.submit(tenant, spec("second", gpus=4))
     third = net.submit(tenant, spec("third", gpus=2))
     # One pass: the second waits, and the third, which fits, is not held up behind it.
@@ -132,6 +134,51 @@ def test_a_job_that_does_not_fit_waits_with_the_reason(net: Net) -> None:
     # The next pass keeps the reason current.
     assert net.place() == []
     assert net.job(second).reason == "waiting: 0 free GPUs where the job may run; it needs 4"
+
+
+@pytest.mark.parametrize(("first_steps", "worth_waiting"), [(10, True), (10**7, False)])
+def test_a_job_waits_for_fast_gpus_handed_back_soon_rather_than_take_slow_ones(
+    db_url: str, tmp_path: Path, first_steps: int, worth_waiting: bool
+) -> None:
+    """4 H100s and 4 T4s. The first job takes the H100s; the second would run ~15x slower on
+    the T4s than on the H100s: it waits for them when the first is expected to end soon (and
+    takes them once it has), and takes the T4s when the first holds them for ages."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("fast", gpus=4, model="H100", price="3.0")
+        net.cluster("slow", gpus=4, model="T4", price="0.4")
+        tenant = net.tenant("acme")
+        first = net.submit(tenant, spec("first", gpus=4, steps=first_steps, heavy=True))
+        assert net.place() == [first]
+        placed = net.job(first)
+        assert placed.placement is not None and placed.ends_at is not None
+        assert net.held(first) == {"fast": 4}
+        expected = placed.ends_at - placed.updated_at
+        assert expected.total_seconds() == pytest.approx(
+            placed.placement.estimate.total_time_s, abs=1.0
+        )
+        second = net.submit(tenant, spec("second", gpus=4, steps=1000, heavy=True))
+        if not worth_waiting:
+            assert net.place() == [second] and net.held(second) == {"slow": 4}
+            return
+        waits: dict[str, Wait] = {}
+        assert net.place(waits=waits) == []
+        held = net.job(second)
+        assert held.state is JobState.PENDING and net.held(second) == {}
+        assert held.reason.startswith("waiting: for 4 GPUs on fast, expected free at ")
+        assert held.reason.endswith("sooner than on any GPUs free now")
+        assert net.books().in_use == {"fast": 4, "slow": 0}
+        assert waits[second].cluster == "fast"
+        assert waits[second].at_s == pytest.approx(placed.ends_at.timestamp())
+        weighed = waits[second]
+        assert net.place(waits=waits) == []  # not weighed again before the H100s are due...
+        assert waits[second] is weighed
+        # ...unless they come back sooner: the first ends early, the second takes them
+        net.finish(net.start(first), report=report(first_steps, net.held(first)))
+        assert utcnow().timestamp() < waits[second].at_s
+        assert net.place(waits=waits) == [second] and net.held(second) == {"fast": 4}
+    finally:
+        net.close()
 
 
 def test_higher_priority_is_placed_first_as_far_as_it_is_granted(net: Net) -> None:

@@ -189,9 +189,12 @@ class Net:
 
     # ---- the loop ------------------------------------------------------------------------
 
-    def place(self, owner: str = REPLICA) -> list[str]:
-        """One reconcile pass; the ids of the jobs it placed, in the order it placed them."""
-        placed: list[Placed] = place_pending(self.sessions, owner)
+    def place(
+        self, owner: str = REPLICA, waits: dict[str, scheduler.Wait] | None = None
+    ) -> list[str]:
+        """One reconcile pass; the ids of the jobs it placed, in the order it placed them;
+        `waits`: the jobs waiting for faster GPUs, kept between passes as the loop keeps them."""
+        placed: list[Placed] = place_pending(self.sessions, owner, waits=waits)
         return [p.job_id for p in placed]
 
     def start(self, job_id: str) -> RunHandle:

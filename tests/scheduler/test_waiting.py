@@ -1,0 +1,127 @@
+"""The hold for faster GPUs (`scheduler.waiting`): when waiting for GPUs a running job hands
+back finishes a job sooner than the plan it could take now, and when it does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler import Assignment, Plan, QoS, RunningJob, Snapshot, plan, soonest_wait
+from tests.scheduler.builders import cluster, job
+
+NOW = 1_000_000.0
+
+
+def network(ends_in_s: float | None) -> Snapshot:
+    """`fast`: 8 H100s, all held by one job ending in `ends_in_s`; `slow`: 8 free T4s."""
+    ends = None if ends_in_s is None else NOW + ends_in_s
+    busy = RunningJob("busy", (Assignment("fast", 8),), ends_at_s=ends)
+    return Snapshot(
+        clusters=(
+            cluster("fast", gpus=0, gpu_model="H100"),
+            cluster("slow", gpus=8, gpu_model="T4"),
+        ),
+        running=(busy,),
+    )
+
+
+def run_now_s(snapshot: Snapshot, gpus: int = 8) -> float:
+    result = plan(snapshot, job(gpus), "time")
+    assert isinstance(result, Plan), result
+    assert result.placement == (Assignment("slow", gpus),)
+    return result.estimate.total_time_s
+
+
+def test_a_job_waits_for_fast_gpus_handed_back_soon() -> None:
+    snapshot = network(ends_in_s=60.0)
+    now_s = run_now_s(snapshot)
+    wait = soonest_wait(snapshot, job(8), NOW)
+    assert wait is not None
+    assert (wait.cluster, wait.gpus, wait.at_s) == ("fast", 8, NOW + 60.0)
+    # an H100 is ~15x a T4: a minute's wait and the H100s' run beat the T4s' run by far
+    assert wait.finish_s - NOW < 0.25 * now_s
+    assert wait.beats(NOW, now_s)
+
+
+def test_a_job_takes_what_is_free_when_the_fast_gpus_come_back_too_late() -> None:
+    snapshot = network(ends_in_s=None)
+    now_s = run_now_s(snapshot)
+    late = network(ends_in_s=now_s)  # back only when the T4s would be done
+    wait = soonest_wait(late, job(8), NOW)
+    assert wait is not None and not wait.beats(NOW, now_s)
+
+
+@pytest.mark.parametrize("ends_in_s", [None, -1.0], ids=["unknown", "already-past"])
+def test_no_wait_on_an_end_nobody_knows(ends_in_s: float | None) -> None:
+    """An end already past was a wrong estimate: nothing says when those GPUs come back."""
+    assert soonest_wait(network(ends_in_s), job(8), NOW) is None
+
+
+def test_the_margin_keeps_a_job_from_waiting_for_a_small_gain() -> None:
+    snapshot = network(ends_in_s=60.0)
+    wait = soonest_wait(snapshot, job(8), NOW)
+    assert wait is not None
+    took = wait.finish_s - NOW
+    assert wait.beats(NOW, took / 0.79)  # 21 % sooner: waits
+    assert not wait.beats(NOW, took / 0.81)  # 19 % sooner: goes now
+    assert wait.beats(NOW, took / 0.95, margin=0.0)
+
+
+def test_a_wait_keeps_to_the_deadline_regions_and_data() -> None:
+    snapshot = network(ends_in_s=600.0)
+    assert soonest_wait(snapshot, job(8, qos=QoS(deadline_s=300.0)), NOW) is None
+    assert soonest_wait(snapshot, job(8, qos=QoS(regions=("eu",))), NOW) is None
+    assert soonest_wait(snapshot, job(8, data_clusters=("slow",)), NOW) is None
+    assert soonest_wait(snapshot, job(8, qos=QoS(regions=("us",))), NOW) is not None
+
+
+def test_a_cluster_that_can_take_the_job_now_is_not_waited_for() -> None:
+    """Free room is the planner's to use now; a wait is only for GPUs still held."""
+    snapshot = Snapshot(
+        clusters=(
+            cluster("fast", gpus=4, gpu_model="H100"),
+            cluster("slow", gpus=8, gpu_model="T4"),
+        ),
+        running=(RunningJob("busy", (Assignment("fast", 4),), ends_at_s=NOW + 60.0),),
+    )
+    assert soonest_wait(snapshot, job(4), NOW) is None
+    wait = soonest_wait(snapshot, job(8), NOW)  # 4 free + 4 back in a minute
+    assert wait is not None and (wait.cluster, wait.at_s) == ("fast", NOW + 60.0)
+
+
+def test_the_gpus_come_back_when_enough_jobs_have_ended() -> None:
+    snapshot = Snapshot(
+        clusters=(
+            cluster("fast", gpus=0, gpu_model="H100"),
+            cluster("slow", gpus=8, gpu_model="T4"),
+        ),
+        running=(
+            RunningJob("a", (Assignment("fast", 2),), ends_at_s=NOW + 10.0),
+            RunningJob("b", (Assignment("fast", 4),), ends_at_s=NOW + 300.0),
+            RunningJob("c", (Assignment("fast", 2),), ends_at_s=NOW + 20.0),
+        ),
+    )
+    assert soonest_wait(snapshot, job(2), NOW).at_s == NOW + 10.0  # type: ignore[union-attr]
+    assert soonest_wait(snapshot, job(4), NOW).at_s == NOW + 20.0  # type: ignore[union-attr]
+    assert soonest_wait(snapshot, job(8), NOW).at_s == NOW + 300.0  # type: ignore[union-attr]
+
+
+def test_the_releases_kept_through_placements_are_those_counted_afresh() -> None:
+    """`Snapshot.with_free` joins a placed runner's end to the releases it had (a reconcile
+    pass places thousands); a release of runners counts them afresh."""
+    base = network(ends_in_s=60.0)
+    assert base.releases == {"fast": ((NOW + 60.0, 8),)}
+    placed = RunningJob("new", (Assignment("slow", 3),), ends_at_s=NOW + 5.0)
+    unknown = RunningJob("blind", (Assignment("slow", 1),))
+    after = base.with_free({"slow": -3}, (*base.running, placed))
+    after = after.with_free({"slow": -1}, (*after.running, unknown))
+    fresh = Snapshot(clusters=after.clusters, running=after.running)
+    assert (
+        after.releases
+        == fresh.releases
+        == {
+            "fast": ((NOW + 60.0, 8),),
+            "slow": ((NOW + 5.0, 3),),
+        }
+    )
+    gone = after.with_free({"fast": 8}, after.running[1:])
+    assert gone.releases == {"slow": ((NOW + 5.0, 3),)}
