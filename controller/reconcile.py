@@ -145,7 +145,7 @@ def place_pending(
     """
     started = time.perf_counter()
     now_s = utcnow().timestamp()
-    if waits is not None:
+    if waits is not None:  # forget the waits that are due
         for job_id in [j for j, w in waits.items() if w.at_s <= now_s]:
             del waits[job_id]
     with factory() as session:
@@ -176,7 +176,9 @@ def place_pending(
                         noted += 1
                         _still_waiting(session, queued.id, queued.gpus)
                     continue
-                if waits is not None and _still_due(waits.get(queued.id), worlds):
+                wait = None if waits is None else waits.get(queued.id)
+                seen = worlds.get("standard")  # the pass's world, kept current as it places
+                if wait is not None and seen is not None and wait.pending(seen.snapshot, now_s):
                     continue  # waiting for GPUs not back yet: its reason stands
                 tried += 1
                 try:
@@ -304,16 +306,6 @@ def _place_one(
         )
     waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
     return Placed(job.id, placement, waited, time.perf_counter() - started)
-
-
-def _still_due(wait: scheduler.Wait | None, worlds: Mapping[str, World]) -> bool:
-    """Whether the GPUs a job waits for are still held (by this pass's standard world: a
-    job that ended early hands them back before its expected end)."""
-    if wait is None:
-        return False
-    world = worlds.get("standard")
-    cluster = None if world is None else world.snapshot.by_name.get(wait.cluster)
-    return cluster is None or cluster.gpus_free < wait.gpus
 
 
 def _wait_for(

@@ -37,6 +37,12 @@ class Wait:
     the speed of one cluster of the fastest model. Waiting that
     beats this beats every plan now, without planning one."""
 
+    def pending(self, snapshot: Snapshot, now_s: float) -> bool:
+        """Whether the job is still waiting, not to be weighed again: its GPUs are not due
+        yet and still held (a runner that ended early hands them back before its end)."""
+        cluster = snapshot.by_name.get(self.cluster)
+        return now_s < self.at_s and cluster is not None and cluster.gpus_free < self.gpus
+
     def beats(self, now_s: float, run_now_s: float, margin: float = MARGIN) -> bool:
         """Whether waiting finishes sooner than a plan now taking `run_now_s`, by `margin`."""
         return self.finish_s - now_s < (1.0 - margin) * run_now_s

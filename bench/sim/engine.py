@@ -128,10 +128,8 @@ class Cpn(Policy):
             if job.gpus > free or job.gpus >= too_big:
                 continue
             wait = self.waits.get(job.id)
-            if wait is not None and wait.at_s > now:
-                held = world.snapshot.by_name.get(wait.cluster)
-                if held is not None and held.gpus_free < wait.gpus:
-                    continue  # the loop's `_still_due`
+            if wait is not None and wait.pending(world.snapshot, now):
+                continue  # as the loop's `place_pending` skips it
             view = world.snapshot
             if self.blind is not None:
                 view = self.blind.reallocated(view.clusters, view.running)

@@ -125,3 +125,13 @@ def test_the_releases_kept_through_placements_are_those_counted_afresh() -> None
     )
     gone = after.with_free({"fast": 8}, after.running[1:])
     assert gone.releases == {"slow": ((NOW + 5.0, 3),)}
+
+
+def test_a_wait_is_pending_until_its_gpus_are_due_or_back() -> None:
+    """What the loop skips a waiting job by, without weighing it again."""
+    snapshot = network(ends_in_s=60.0)
+    wait = soonest_wait(snapshot, job(8), NOW)
+    assert wait is not None and wait.pending(snapshot, NOW)
+    assert not wait.pending(snapshot, NOW + 60.0)  # due
+    back = snapshot.with_free({"fast": 8}, ())  # the runner ended early
+    assert not wait.pending(back, NOW + 1.0)
