@@ -97,9 +97,9 @@ def soonest_wait(
             continue
         if best is None or finish < best.finish_s:
             best = Wait(name, gpus, at, finish, 0.0)
-    free = [c for c in snapshot.clusters if c.schedulable and c.gpus_free > 0]
-    if best is None or model is None or not free:
+    if best is None or model is None or not snapshot.open_clusters:
         return None  # nothing free: the planner says why the job waits
+    free = [snapshot.by_name[name] for name in snapshot.open_clusters]
     rates = sorted(((model.rate[c.name], c.gpus_free) for c in free), reverse=True)
     top = rates[0][0]
     fastest = {c.intra_bandwidth_gbps: c.name for c in free if model.rate[c.name] == top}
