@@ -334,6 +334,10 @@ class JobOut(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    ends_at: datetime | None = Field(
+        description="When its current placement is expected to end: placed at, plus its plan's "
+        "estimated run time for the steps left (jobs waiting for its GPUs count on it)."
+    )
     version: int
 
     model_config = ConfigDict(from_attributes=True)

@@ -49,6 +49,7 @@ def create_app() -> FastAPI:
             updated_at=now,
             started_at=None,
             finished_at=None,
+            ends_at=None,
             version=1,
         )
         jobs.append(job)

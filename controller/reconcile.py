@@ -239,8 +239,8 @@ def _place_one(
     if job.held_price is None:
         request = job_request(spec_of(job), job.tenant_id, now)
         wait = scheduler.soonest_wait(world.snapshot, request, now.timestamp(), efficiency)
-    if wait is not None and wait.beats(now.timestamp(), wait.fastest_now_s):
-        _wait_for(job, wait, now, wait.fastest_now_s, "any GPUs free now", waits)
+    if wait is not None and wait.beats(now.timestamp()):
+        _wait_for(job, wait, now, None, "any GPUs free now", waits)
         return None
     result = plan_for(world, job, efficiency, now, priority)
     if isinstance(result, scheduler.Infeasible):
@@ -265,10 +265,9 @@ def _place_one(
     if result.victims:
         _request_preemption(session, job, result.victims)
         return None
-    if wait is not None and wait.beats(now.timestamp(), result.estimate.total_time_s):
+    if wait is not None and wait.beats(now.timestamp(), result.estimate):
         taken = ", ".join(f"{a.cluster}:{a.gpus}" for a in result.placement)
-        run_now = result.estimate.total_time_s
-        _wait_for(job, wait, now, run_now, f"the GPUs free now ({taken})", waits)
+        _wait_for(job, wait, now, result.estimate, f"the GPUs free now ({taken})", waits)
         return None
     slots = [
         Slot(world.origins[a.cluster][0], world.origins[a.cluster][1], a.gpus)
@@ -285,7 +284,7 @@ def _place_one(
         with session.begin_nested():
             reserve(session, job, slots)
             job.placement = placement
-            ends = now + timedelta(seconds=placement.estimate.total_time_s)
+            ends = now + timedelta(seconds=placement.estimate.total_time_s * _left(job))
             job.ends_at = ends
             job.owner = owner
             job.preempted_by = None
@@ -308,18 +307,27 @@ def _place_one(
     return Placed(job.id, placement, waited, time.perf_counter() - started)
 
 
+def _left(job: Job) -> float:
+    """The share of the job's steps still to run: a job resumed from a checkpoint ends that
+    much sooner than its plan's run time (which covers all its steps)."""
+    steps = spec_of(job).steps
+    done = job.checkpoint_step or 0
+    return min(max(1.0 - done / steps, 0.0), 1.0) if steps > 0 else 1.0
+
+
 def _wait_for(
     job: Job,
     wait: scheduler.Wait,
     now: datetime,
-    run_now_s: float,
+    plan: scheduler.Estimate | None,
     than: str,
     waits: dict[str, scheduler.Wait] | None,
 ) -> None:
+    """Hold the job for `wait`, saying by how much it beats `plan` (None: any plan now)."""
     if waits is not None:
         waits[job.id] = wait
     free_at = datetime.fromtimestamp(wait.at_s, tz=UTC).strftime("%H:%M:%S")
-    sooner = now.timestamp() + run_now_s - wait.finish_s
+    sooner = wait.sooner_s(now.timestamp(), plan)
     reason = bounded(
         f"waiting: for {wait.gpus} GPUs on {wait.cluster}, expected free at {free_at} UTC: "
         f"done ~{max(sooner / 60, 1):,.0f} min sooner than on {than}",

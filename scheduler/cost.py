@@ -171,6 +171,19 @@ def _cluster_tables(
     return rate, price, intra_bw
 
 
+@dataclass(frozen=True, slots=True)
+class RankIndex:
+    """A snapshot's clusters in the orders the planner's seed rankings (`optimizer._rankings`)
+    and the hold's bound (`waiting`) read, which depend only on rates and prices (kept in
+    `Snapshot.memo`, so shared by its reallocated copies).
+
+    `by_rate`: (rate, member names ascending) per distinct GPU rate, fastest first.
+    `by_value`: every cluster by (price / rate, name), with that ratio."""
+
+    by_rate: tuple[tuple[float, tuple[str, ...]], ...]
+    by_value: tuple[tuple[float, str], ...]
+
+
 class CostModel:
     """The cost model bound to one snapshot and one job, with caches for the optimizer."""
 
@@ -214,6 +227,26 @@ class CostModel:
         self._edges: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._intra_rows: dict[str, list[float]] = {}
         self._modes: dict[tuple[str, str], tuple[int, bool, bool, float, int, int]] = {}
+
+    def rank_index(self) -> RankIndex | None:
+        """The snapshot's `RankIndex` for this model's rates and prices; None when the
+        model's tables are its own (calibrated factors)."""
+        if self.memo_key is None:
+            return None
+        memo = self.snapshot.memo
+        key = ("rank-index", *self.memo_key)
+        hit = memo.get(key)
+        if hit is None:
+            rate, price = self.rate, self.price
+            groups: dict[float, list[str]] = {}
+            for n, r in rate.items():
+                groups.setdefault(r, []).append(n)
+            hit = memo[key] = RankIndex(
+                tuple((r, tuple(sorted(ns))) for r, ns in sorted(groups.items(), reverse=True)),
+                tuple(sorted((price[n] / rate[n], n) for n in rate)),
+            )
+        assert isinstance(hit, RankIndex)
+        return hit
 
     # --- parts -----------------------------------------------------------------------------
 

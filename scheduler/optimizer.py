@@ -37,7 +37,7 @@ from scheduler.compression import (
     AUTO_SYNCS,
     SPEED_BOUND,
 )
-from scheduler.cost import CostModel
+from scheduler.cost import CostModel, RankIndex
 from scheduler.rules import (
     exclusions,
     is_clique,
@@ -582,10 +582,10 @@ class _Search:
         best by power and by value. Power: most GPUs the job may take times their rate;
         value: price per FLOP/s, then the GPUs; ties by name.
 
-        Read off the snapshot's `_RankIndex` when the model has one: scoring every cluster
-        for these was most of a plan at 10,000 clusters, and the index finds the same lists
-        looking at the few best (`_top_power`, `_top_value`)."""
-        ix = _rank_index(self.model)
+        Read off the snapshot's `RankIndex` when the model has one (`CostModel.rank_index`):
+        scoring every cluster for these was most of a plan at 10,000 clusters, and the index
+        finds the same lists looking at the few best (`_top_power`, `_top_value`)."""
+        ix = self.model.rank_index()
         if ix is None:
             return self._rankings_scan(eligible)
         by_name, gmax, gmin = self.snapshot.by_name, self.gmax, self.gmin
@@ -651,41 +651,8 @@ class _Search:
                 break
 
 
-@dataclass(frozen=True, slots=True)
-class _RankIndex:
-    """A snapshot's clusters in the orders `_rankings` reads, which depend only on rates and
-    prices (kept in `Snapshot.memo`, so shared by its reallocated copies).
-
-    `by_rate`: (rate, member names ascending) per distinct GPU rate, fastest first.
-    `by_value`: every cluster by (price / rate, name), with that ratio."""
-
-    by_rate: tuple[tuple[float, tuple[str, ...]], ...]
-    by_value: tuple[tuple[float, str], ...]
-
-
-def _rank_index(model: CostModel) -> _RankIndex | None:
-    """The snapshot's `_RankIndex` for the model's rates and prices; None when the model's
-    tables are its own (calibrated factors)."""
-    if model.memo_key is None:
-        return None
-    memo = model.snapshot.memo
-    key = ("rank-index", *model.memo_key)
-    hit = memo.get(key)
-    if hit is None:
-        rate, price = model.rate, model.price
-        groups: dict[float, list[str]] = {}
-        for n, r in rate.items():
-            groups.setdefault(r, []).append(n)
-        hit = memo[key] = _RankIndex(
-            tuple((r, tuple(sorted(ns))) for r, ns in sorted(groups.items(), reverse=True)),
-            tuple(sorted((price[n] / rate[n], n) for n in rate)),
-        )
-    assert isinstance(hit, _RankIndex)
-    return hit
-
-
 def _top_power(
-    ix: _RankIndex, k: int, ok: Callable[[str], bool], free: Callable[[str], int], gmax: int
+    ix: RankIndex, k: int, ok: Callable[[str], bool], free: Callable[[str], int], gmax: int
 ) -> list[str]:
     """The k clusters passing `ok` with the least (-min(free, gmax) x rate, name), in order.
 
@@ -711,7 +678,7 @@ def _top_power(
 
 
 def _top_value(
-    ix: _RankIndex, k: int, ok: Callable[[str], bool], free: Callable[[str], int], gmax: int
+    ix: RankIndex, k: int, ok: Callable[[str], bool], free: Callable[[str], int], gmax: int
 ) -> list[str]:
     """The k clusters passing `ok` with the least (price / rate, -min(free, gmax), name), in
     order: read by price per FLOP/s up to the end of the group of equal ratio in which the

@@ -8,16 +8,24 @@ cluster's GPUs, free by then, finish it sooner than its plan now by at least `ma
 ends are estimates). This is delay scheduling (Zaharia et al., EuroSys 2010) with the
 expected completion time as its test, as heterogeneous schedulers' minimum-completion-time
 rule has it. The queue order still decides who gets the GPUs when they come back: a waiting
-job is tried again at every pass and holds nothing meanwhile.
+job holds nothing meanwhile.
+
+A job with a deadline waits only when waiting also costs no more than its plan now. It is
+placed for the cheapest plan that meets its deadline (`controller.reconcile.objective_for`):
+held for faster GPUs that cost more, it was held again each time they came back, the planner
+still choosing the cheaper ones (22 plans a job in `bench.sim`, 201 at most). Waiting only to
+run cheaper, up to the deadline, staked the deadline on other jobs' estimated ends (twice the
+misses in `bench.sim`); sooner and no dearer keeps the margin before the deadline, and the
+GPUs waited for are the planner's choice too once back (bench/results/sim-summary.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from scheduler.cost import CostModel
-from scheduler.types import Assignment, JobRequest, Snapshot
+from scheduler.types import Assignment, Estimate, JobRequest, Snapshot
 
 MARGIN = 0.2
 """A job waits only to finish at least this much sooner: the ends it counts on are estimates."""
@@ -26,16 +34,19 @@ MARGIN = 0.2
 @dataclass(frozen=True)
 class Wait:
     """Waiting for `cluster`'s GPUs, expected free at `at_s`, finishes the job at `finish_s`
-    (the caller's clock, seconds)."""
+    (the caller's clock, seconds) at `cost`."""
 
     cluster: str
     gpus: int
     at_s: float
     finish_s: float
-    fastest_now_s: float
-    """No plan now runs the job faster: the fastest GPUs free now, as many as it needs, at
-    the speed of one cluster of the fastest model. Waiting that
-    beats this beats every plan now, without planning one."""
+    cost: float
+    frugal: bool
+    """The job has a deadline (placed for cost within it): it waits only when that costs no
+    more than the plan now too."""
+    floor_s: float
+    """No plan now runs the job faster: a wait that beats this beats every plan now, without
+    planning one."""
 
     def pending(self, snapshot: Snapshot, now_s: float) -> bool:
         """Whether the job is still waiting, not to be weighed again: its GPUs are not due
@@ -43,9 +54,19 @@ class Wait:
         cluster = snapshot.by_name.get(self.cluster)
         return now_s < self.at_s and cluster is not None and cluster.gpus_free < self.gpus
 
-    def beats(self, now_s: float, run_now_s: float, margin: float = MARGIN) -> bool:
-        """Whether waiting finishes sooner than a plan now taking `run_now_s`, by `margin`."""
-        return self.finish_s - now_s < (1.0 - margin) * run_now_s
+    def sooner_s(self, now_s: float, plan: Estimate | None = None) -> float:
+        """How much sooner waiting finishes the job than `plan` now (None: any plan now)."""
+        run_now = self.floor_s if plan is None else plan.total_time_s
+        return run_now - (self.finish_s - now_s)
+
+    def beats(self, now_s: float, plan: Estimate | None = None, margin: float = MARGIN) -> bool:
+        """Whether waiting finishes the job sooner than `plan` now (None: than any plan now)
+        by `margin` of its run time, at no more cost when the job is `frugal` (never without
+        planning: no bound on the cost now is kept)."""
+        if plan is None:
+            return not self.frugal and self.finish_s - now_s < (1.0 - margin) * self.floor_s
+        sooner = self.finish_s - now_s < (1.0 - margin) * plan.total_time_s
+        return sooner and (not self.frugal or self.cost <= plan.cost)
 
 
 def soonest_wait(
@@ -55,8 +76,8 @@ def soonest_wait(
     efficiency: Mapping[str, float] | None = None,
 ) -> Wait | None:
     """The single-cluster placement, on GPUs busy now but expected back, that finishes the job
-    soonest (within the job's deadline, when it has one); None when there is none, or when
-    too few GPUs are free now for the job (nothing to weigh the wait against).
+    soonest, within the job's deadline when it has one; None when there is none, or when too
+    few GPUs are free now for the job (nothing to weigh the wait against).
 
     Only clusters that cannot take the job now are candidates (one that can is the planner's
     choice to make now). The job's own limits that the planner checks (regions, residency,
@@ -64,9 +85,11 @@ def soonest_wait(
     pass, not a placement."""
     gpus = request.min_gpus
     allowed = None if request.qos.regions is None else set(request.qos.regions)
-    deadline = None if request.qos.deadline_s is None else now_s + request.qos.deadline_s
+    data = None if request.data_clusters is None else set(request.data_clusters)
     model: CostModel | None = None
-    runs: dict[tuple[float, float], float] = {}  # (GPU rate, intra-cluster Gbit/s) -> run time
+    frugal = request.qos.deadline_s is not None
+    deadline = None if request.qos.deadline_s is None else now_s + request.qos.deadline_s
+    runs: dict[tuple[float, float, float], Estimate] = {}  # (rate, intra Gbit/s, price) -> run
     best: Wait | None = None
     for name, releases in snapshot.releases.items():
         cluster = snapshot.by_name.get(name)
@@ -74,7 +97,7 @@ def soonest_wait(
             continue
         if allowed is not None and cluster.region not in allowed:
             continue
-        if request.data_clusters is not None and name not in request.data_clusters:
+        if data is not None and name not in data:
             continue
         have, at = cluster.gpus_free, None
         for end, held in releases:
@@ -88,33 +111,60 @@ def soonest_wait(
             continue
         if model is None:
             model = CostModel(snapshot, request, efficiency)
-        key = (model.rate[name], cluster.intra_bandwidth_gbps)
-        if key not in runs:
-            one = (Assignment(name, gpus),)
-            runs[key] = model.estimate(one, "none", "every-step").total_time_s
-        finish = at + runs[key]
+        key = (model.rate[name], cluster.intra_bandwidth_gbps, model.price[name])
+        run = runs.get(key)
+        if run is None:
+            run = runs[key] = model.estimate((Assignment(name, gpus),), "none", "every-step")
+        finish = at + run.total_time_s
         if deadline is not None and finish > deadline:
             continue
         if best is None or finish < best.finish_s:
-            best = Wait(name, gpus, at, finish, 0.0)
-    if best is None or model is None or not snapshot.open_clusters:
-        return None  # nothing free: the planner says why the job waits
-    free = [snapshot.by_name[name] for name in snapshot.open_clusters]
-    rates = sorted(((model.rate[c.name], c.gpus_free) for c in free), reverse=True)
-    top = rates[0][0]
-    fastest = {c.intra_bandwidth_gbps: c.name for c in free if model.rate[c.name] == top}
-    alone = min(
-        model.estimate((Assignment(name, gpus),), "none", "every-step").total_time_s
-        for name in fastest.values()
-    )
-    # a job's step is its work over its GPUs' summed rate: the fastest `gpus` GPUs free now,
-    # wherever they are, are as fast as it can go (the WAN between them only adds)
-    summed, need = 0.0, gpus
-    for rate, n in rates:
-        summed += rate * min(n, need)
-        need -= min(n, need)
-        if need == 0:
-            break
-    if need:
+            best = Wait(name, gpus, at, finish, run.cost, frugal, 0.0)
+    if best is None or model is None:
+        return None
+
+    def usable(name: str) -> bool:
+        return (allowed is None or snapshot.by_name[name].region in allowed) and (
+            data is None or name in data
+        )
+
+    floor = _floor_s(model, usable, request.max_gpus, request.min_gpus)
+    if floor is None:
         return None  # too few GPUs free now: the planner says why the job waits
-    return replace(best, fastest_now_s=alone * gpus * top / summed)
+    return replace(best, floor_s=floor)
+
+
+def _floor_s(
+    model: CostModel, usable: Callable[[str], bool], most: int, fewest: int
+) -> float | None:
+    """No plan now runs the job faster: its steps' work over the summed rate of the fastest
+    `most` GPUs free where it may run, wherever they are (steps factors are at least 1;
+    all-reduces, the WAN and waiting on a peer only add; running ahead gains at most that
+    rate). None when fewer than `fewest` GPUs are free there.
+
+    Read fastest first off the snapshot's `RankIndex` (a walk that stops at the `most`-th
+    GPU): scanning and sorting every free cluster for it was half a simulated job's time at
+    10,000 clusters."""
+    snap = model.snapshot
+    ix = model.rank_index()
+    if ix is not None:
+        groups: Iterable[tuple[float, Iterable[str]]] = ix.by_rate
+    else:  # calibrated rates: the model's own
+        by_rate: dict[float, list[str]] = {}
+        for name in snap.open_clusters:
+            by_rate.setdefault(model.rate[name], []).append(name)
+        groups = sorted(by_rate.items(), reverse=True)
+    summed, need = 0.0, most
+    for rate, names in groups:
+        for name in names:
+            cluster = snap.by_name[name]
+            if cluster.gpus_free < 1 or not cluster.schedulable or not usable(name):
+                continue
+            take = min(cluster.gpus_free, need)
+            summed += rate * take
+            need -= take
+            if need == 0:
+                return model.job.steps * model.work / summed
+    if most - need < fewest:
+        return None
+    return model.job.steps * model.work / summed

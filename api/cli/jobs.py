@@ -213,6 +213,7 @@ def job_table(job: dict[str, Any]) -> Table:
         ("created", job["created_at"][:19]),
         ("started", (job["started_at"] or "-")[:19]),
         ("finished", (job["finished_at"] or "-")[:19]),
+        ("expected end", (job.get("ends_at") or "-")[:19] if not job["finished_at"] else "-"),
     ]
     for name, value in rows:
         table.add_row(name, value)

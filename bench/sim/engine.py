@@ -9,10 +9,10 @@ links, for every policy alike.
 
 `cpn` is the reconcile loop's decision path: `scheduler.order_queue` (fair share between
 tenants, response ratio inside each, with the size submission stores), then per job
-in that order the loop's hold for faster GPUs (`scheduler.soonest_wait`: a job waits, and is
-not weighed again until they are due, when GPUs a running job hands back finish it at least
-20 % sooner than its plan now) and `scheduler.plan` with the loop's objective
-(`controller.reconcile.objective_for`),
+in that order the loop's hold for faster GPUs (`scheduler.soonest_wait`: a job without a
+deadline waits, and is not weighed again until they are due, when GPUs a running job hands
+back finish it at least 20 % sooner than its plan now) and `scheduler.plan` with the loop's
+objective (`controller.reconcile.objective_for`),
 at most `place_pending`'s limit per pass (the loop lets a pass run past it only while its
 database read outweighs its placing, which costs nothing here), passes repeated at one instant
 while a pass fills its limit. Two shortcuts keep it fast without changing a decision: a job
@@ -136,7 +136,7 @@ class Cpn(Policy):
             request = request_of(job, now)
             # the loop's hold for faster GPUs (`controller.reconcile._place_one`)
             wait = scheduler.soonest_wait(view, request, now)
-            if wait is not None and wait.beats(now, wait.fastest_now_s):
+            if wait is not None and wait.beats(now):
                 self.waits[job.id] = wait
                 continue
             result = scheduler.plan(view, request, objective_for(request))
@@ -148,6 +148,10 @@ class Cpn(Policy):
                 and isinstance(result, scheduler.Plan)
                 and request.qos.deadline_s is None
             ):
+                if wait is not None and wait.beats(now, result.estimate):
+                    # beats the fastest plan, so the cheaper one (no faster) too
+                    self.waits[job.id] = wait
+                    continue
                 bound = (1 + self.slack) * result.estimate.total_time_s
                 within = replace(request, qos=replace(request.qos, deadline_s=bound))
                 cheaper = scheduler.plan(view, within, "cost-within-deadline")
@@ -157,7 +161,7 @@ class Cpn(Policy):
                 if isinstance(result, scheduler.Infeasible) and result.constraint == "capacity":
                     too_big = min(too_big, job.gpus)
                 continue
-            if wait is not None and wait.beats(now, result.estimate.total_time_s):
+            if wait is not None and wait.beats(now, result.estimate):
                 self.waits[job.id] = wait
                 continue
             est = result.estimate

@@ -181,6 +181,39 @@ def test_a_job_waits_for_fast_gpus_handed_back_soon_rather_than_take_slow_ones(
         net.close()
 
 
+@pytest.mark.parametrize(("fast_price", "worth_waiting"), [("3.0", True), ("60.0", False)])
+def test_a_job_with_a_deadline_waits_only_when_that_costs_no_more(
+    db_url: str, tmp_path: Path, fast_price: str, worth_waiting: bool
+) -> None:
+    """As the job without one does (above), a job with a deadline waits for the H100s due back
+    when that finishes it sooner, but only at no more cost than the T4s free now: at 3 $/h
+    (~2x less per FLOP than the T4s at 0.4) it waits, at 60 $/h it takes the T4s (placed for
+    cost within its deadline, it was held again each time the H100s came back)."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("fast", gpus=4, model="H100", price=fast_price)
+        net.cluster("slow", gpus=4, model="T4", price="0.4")
+        tenant = net.tenant("acme")
+        first = net.submit(tenant, spec("first", gpus=4, steps=10, heavy=True))
+        assert net.place() == [first] and net.held(first) == {"fast": 4}
+        deadline = {"deadline": utcnow() + timedelta(days=2)}
+        second = net.submit(tenant, spec("second", gpus=4, steps=1000, heavy=True, qos=deadline))
+        waits: dict[str, Wait] = {}
+        if not worth_waiting:
+            assert net.place(waits=waits) == [second] and net.held(second) == {"slow": 4}
+            assert waits == {}
+            return
+        assert net.place(waits=waits) == []
+        held = net.job(second)
+        assert held.reason.startswith("waiting: for 4 GPUs on fast, expected free at ")
+        assert "sooner than on the GPUs free now (slow:4)" in held.reason
+        assert waits[second].frugal
+        net.finish(net.start(first), report=report(10, net.held(first)))
+        assert net.place(waits=waits) == [second] and net.held(second) == {"fast": 4}
+    finally:
+        net.close()
+
+
 def test_higher_priority_is_placed_first_as_far_as_it_is_granted(net: Net) -> None:
     granted = net.tenant("granted", priority_ceiling=5)
     ungranted = net.tenant("ungranted")  # ceiling 0: priority is granted, not chosen
@@ -382,6 +415,11 @@ def test_a_cluster_going_down_moves_its_jobs_and_they_are_placed_on_what_is_left
     assert job.state is JobState.SCHEDULED and net.held(elastic) == {"east": 4}
     assert job.placement is not None and job.placement.gpus == 4
     assert net.states(elastic)[-2:] == [JobState.RESCHEDULING, JobState.SCHEDULED]
+    # it resumes from its checkpoint: expected to end when the steps left are done
+    assert job.checkpoint_step == 40 and job.ends_at is not None
+    assert (job.ends_at - job.updated_at).total_seconds() == pytest.approx(
+        0.6 * job.placement.estimate.total_time_s, abs=1.0
+    )
     assert net.books().in_use == {"east": 4, "west": 0, "south": 2}
 
 

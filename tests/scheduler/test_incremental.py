@@ -11,7 +11,7 @@ import pytest
 
 from scheduler import Assignment, QoS, RunningJob, Snapshot
 from scheduler.cost import CostModel
-from scheduler.optimizer import _rank_index, _Search
+from scheduler.optimizer import _Search
 from scheduler.rules import exclusions, release
 from tests.scheduler.builders import cluster, job, link
 
@@ -109,7 +109,7 @@ def test_indexed_seed_rankings_equal_scoring_every_cluster(seed: int) -> None:
     deadline = 1e9 if objective != "time" else None
     request = job(gmin, max_gpus=gmax, qos=QoS(deadline_s=deadline, regions=regions))
     model = CostModel(snap, request)
-    assert _rank_index(model) is not None
+    assert model.rank_index() is not None
     excluded = exclusions(snap, request)
     cands = [c.name for c in snap.clusters if c.name not in excluded]
     search = _Search(model, request, objective, gmin, gmax)  # type: ignore[arg-type]

@@ -289,10 +289,17 @@ def test_quotes_and_plans_stored_before_the_typed_plan_still_work(network: Netwo
         held = job["held_price"]
         assert held["quote_id"] == quote["id"] and held["price"]["total"] == 1.777778
         assert held["clusters"] == held["placement"] and held["estimate"]["cost"] is None
+        assert job["ends_at"] is None  # not placed yet
         placed = place_pending(make_sessionmaker(engine), "test-replica")
         assert [p.job_id for p in placed] == [job["id"]]
         job = network.tenant.get(f"/v1/jobs/{job['id']}")
         assert job["state"] == "SCHEDULED"
+        # when it is expected to end: placed at, plus its plan's run time
+        run = datetime.fromisoformat(job["ends_at"]) - datetime.fromisoformat(job["updated_at"])
+        assert run.total_seconds() == pytest.approx(
+            job["placement"]["estimate"]["total_time_s"], abs=1.0
+        )
+        assert network.tenant.get("/v1/jobs")["items"][0]["ends_at"] == job["ends_at"]
         assert job["placement"]["clusters"] == [
             {"cluster": "ap-south", "gpus": 8, "gpu_model": "L4"}
         ]

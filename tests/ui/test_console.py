@@ -200,6 +200,9 @@ def test_a_training_jobs_charts_update_live(
         page.goto(f"/ui/jobs/{job['id']}")
         expect(page.locator("#job-state")).to_have_text("RUNNING")
         expect(page.locator("#placement")).to_contain_text("Clusters")
+        ends = page.locator("#summary dt:text-is('Expected end') + dd")  # its `ends_at`
+        expect(ends).not_to_have_text("—")
+        expect(ends).not_to_be_empty()
         for n in range(1, 4):
             step = 100 * n
             handle.on_progress(

@@ -327,6 +327,7 @@ function job() {
       ["Steps", String(j.spec.steps || "")], ["GPUs", j.gpus_min === j.gpus_max ? j.gpus_min : `${j.gpus_min}–${j.gpus_max}`],
       ["Priority / QoS", `${j.priority} / ${j.qos_class}${j.preemptible ? ", preemptible" : ""}`],
       ["Attempts", j.attempts], ["Submitted", when(j.created_at)], ["Started", when(j.started_at)], ["Finished", when(j.finished_at)],
+      ["Expected end", j.finished_at ? "—" : when(j.ends_at)],
     ]);
     const plan = j.placement || j.held_price;
     if (!plan) { dl($("placement"), [["Placement", "not placed yet"]]); return; }
