@@ -531,6 +531,8 @@ class _Search:
                     if n in cur or not all(snap.link(n, c) is not None for c in cur):
                         continue
                     nxt = tuple(sorted((*cur, n)))
+                    if self._cannot_beat(nxt, best_rank):
+                        continue
                     r = self._surrogate(nxt)
                     if r < best_rank:
                         best_next, best_rank = nxt, r
@@ -538,6 +540,21 @@ class _Search:
                     break
                 cur, cur_rank = best_next, best_rank
             self._local_search(cur, pool, limit)
+
+    def _cannot_beat(self, names: tuple[str, ...], rank: tuple[int, tuple[object, ...]]) -> bool:
+        """Whether no choice on `names` can rank before `rank` (a feasible set's screening
+        rank): its floor in the objective is above that set's, or its time floor misses the
+        deadline. Growth and local search move only to a set that ranks before the current
+        one, so screening such a set changed nothing but the screening cache (most of a plan
+        at 100 clusters: a gang that fits one cluster tried every pair around each seed)."""
+        if not self.prune or rank[0] != 0 or names in self._quick_cache:
+            return False
+        t_floor, c_floor = self._floors(names)
+        if self.deadline is not None and t_floor > self.deadline:
+            return True
+        best = rank[1][0]
+        assert isinstance(best, float)
+        return (t_floor if self.objective == "time" else c_floor) > best
 
     def _reach(self, cands: Sequence[str]) -> None:
         """Screen one pairwise-linked set with room for the gang, when `_heuristic` found none.
@@ -642,7 +659,7 @@ class _Search:
                             moves.append(tuple(sorted((*(x for x in cur if x != d), n))))
             improved = False
             for mv in moves:
-                if not is_clique(snap, mv):
+                if not is_clique(snap, mv) or self._cannot_beat(mv, cur_rank):
                     continue
                 r = self._surrogate(mv)
                 if r < cur_rank:
