@@ -6,6 +6,7 @@ included, as scoring every set."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -226,3 +227,36 @@ def test_pruning_keeps_a_set_that_meets_the_deadline() -> None:
         mp.setattr(_Search, "prune", False)
         assert got == plan(snap, j, "cost-within-deadline")
     assert isinstance(got, Plan) and got.placement == (Assignment("z", 1),)
+
+
+def test_screening_skips_sets_that_cannot_beat_the_current_one() -> None:
+    """More clusters than the exact search takes: growing a set around each seed screens
+    only the sets whose floor can still beat the seed (`_Search._cannot_beat`), with the same
+    plan, explanation included. The seeds are the H100 clusters; a set that gives up one of
+    their GPUs for a T4 cannot run this compute-bound job faster than one of them alone."""
+    fast = [cluster(f"h{i:02}", 8, gpu_model="H100") for i in range(4)]
+    slow = [cluster(f"t{i:02}", 8, gpu_model="T4") for i in range(8)]
+    names = [c.name for c in fast + slow]
+    snap = Snapshot(
+        tuple(fast + slow), tuple(link(a, b) for a, b in itertools.combinations(names, 2))
+    )
+    j = job(8, params=1_000_000)
+    scored: list[tuple[str, ...]] = []
+    real = _Search._score
+
+    def spy(self: _Search, names: tuple[str, ...], allocs: list[Any]) -> object:
+        if len(names) > 1:
+            scored.append(names)
+        return real(self, names, allocs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_Search, "_score", spy)
+        pruned = plan(snap, j, "time")
+        with_pruning = list(scored)
+        scored.clear()
+        mp.setattr(_Search, "prune", False)
+        full = plan(snap, j, "time")
+    assert pruned == full
+    assert isinstance(pruned, Plan) and len(pruned.placement) == 1
+    assert with_pruning and all(n.startswith("h") for s in with_pruning for n in s)
+    assert any(n.startswith("t") for s in scored for n in s)
