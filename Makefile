@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install tools browser demo test lint unit bench clean
+.PHONY: install tools browser demo test lint unit bench compile clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,5 +53,10 @@ bench: install
 	$(PY) -m bench.scheduler --quick
 	$(PY) -m bench.compressors
 
+# Optional: the scheduler's decision code compiled by mypyc (the same plans, ~1.7x faster), used
+# only while the sources it was built from are unchanged (scheduler/native.py). Needs gcc.
+compile: install
+	$(PY) -c "from scheduler.native import build; print('compiled into', build())"
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache cpn.egg-info
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache cpn.egg-info scheduler/_native

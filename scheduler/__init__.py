@@ -1,7 +1,14 @@
 """Control-layer decisions: the cost model, placement optimizer and QoS rules.
 
-Pure code (no I/O, database, Ray or web): data in, data out, deterministic.
+Pure code (no I/O, database, Ray or web): data in, data out, deterministic. Compiled by
+mypyc when `make compile` has built it from these sources (`scheduler.native`).
 """
+
+# ruff: noqa: E402 (the modules below are imported after the compiled build is on the path)
+from scheduler.native import enable as _enable
+
+COMPILED = _enable(__path__)
+"""Whether the decision modules below are the compiled build."""
 
 from scheduler.calibrate import (
     POOLED,

@@ -42,7 +42,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple, cast
+from typing import cast
 
 from grammar.graph import bandwidth_ring, gossip_graph
 from scheduler.calibrate import POOLED
@@ -104,17 +104,40 @@ def reference_run_s(job: JobRequest) -> float:
     return per_gpu / (GPU_PEAK_TFLOPS[REFERENCE_GPU] * 1e12 * DEFAULT_EFFICIENCY)
 
 
-@dataclass(frozen=True)
 class WanTerms:
-    """One WAN exchange among a set of clusters with one compressor."""
+    """One WAN exchange among a set of clusters with one compressor.
 
-    latency_s: float
-    bandwidth_s: float
-    overhead_s: float
-    bytes: float
-    egress_cost: float
-    ring: tuple[str, ...]
-    bottleneck: tuple[str, str] | None
+    A plain class, not a dataclass: the search builds one per (cluster set, compressor) it
+    scores, and a dataclass's generated `__init__` runs interpreted even in the compiled build
+    (`scheduler.native`). Nothing mutates one after it is built (they are cached)."""
+
+    __slots__ = (
+        "bandwidth_s",
+        "bottleneck",
+        "bytes",
+        "egress_cost",
+        "latency_s",
+        "overhead_s",
+        "ring",
+    )
+
+    def __init__(
+        self,
+        latency_s: float,
+        bandwidth_s: float,
+        overhead_s: float,
+        bytes: float,
+        egress_cost: float,
+        ring: tuple[str, ...],
+        bottleneck: tuple[str, str] | None,
+    ) -> None:
+        self.latency_s = latency_s
+        self.bandwidth_s = bandwidth_s
+        self.overhead_s = overhead_s
+        self.bytes = bytes
+        self.egress_cost = egress_cost
+        self.ring = ring
+        self.bottleneck = bottleneck
 
 
 NO_WAN = WanTerms(0.0, 0.0, 0.0, 0.0, 0.0, (), None)
@@ -544,22 +567,28 @@ class CostModel:
         names: tuple[str, ...],
         choices: Sequence[tuple[str, str]],
         allocs: Iterable[tuple[float, float, float, int, float]],
-    ) -> list[list[tuple[float, float]]]:
+    ) -> tuple[list[float], list[float]]:
         """`score` of every (compressor, sync) in `choices` on each allocation of the set
-        `names` (rate, intra_s, price per hour, GPUs, ahead rate): one list per allocation,
-        in `choices` order.
+        `names` (rate, intra_s, price per hour, GPUs, ahead rate): the total times and the
+        costs, allocation after allocation, each in `choices` order.
 
         The search's hot path (thousands of choices a plan): what does not depend on the GPU
         split (WAN terms, the sync mode's constants, steps) is worked out once per choice,
         what depends only on the split (compute, the local part of the step) once per
         allocation, and the rest is `_parts` and `step_time` written out, term for term in
         the same order, so the floats are `score`'s bit for bit (the tests hold them to it).
+        Two flat lists, not a pair per choice: building and freeing those pairs was a third
+        of the compiled search (`scheduler.native`).
         """
+        times: list[float] = []
+        costs: list[float] = []
         if len(names) < 2:
-            return [
-                [self.score(names, r, i, p, c, s, g, a) for c, s in choices]
-                for r, i, p, g, a in allocs
-            ]
+            for r, i, p, g, a in allocs:
+                for c, s in choices:
+                    t, cost = self.score(names, r, i, p, c, s, g, a)
+                    times.append(t)
+                    costs.append(cost)
+            return times, costs
         extra = self.snapshot.step_overhead_s
         f = BACKWARD_FRACTION
         terms: list[_ChoiceTerms] = []
@@ -580,31 +609,21 @@ class CostModel:
             elif kind == _STALE:
                 floor, tail = over + wan.bandwidth_s, (over + wan_s) / div
             # not running ahead, the speedup is 1.0 and x / 1.0 == x: the egress is fixed
-            fixed = (eff_steps / period if kind == _LOCAL else eff_steps) * wan.egress_cost
+            per = wan.egress_cost
+            fixed = (eff_steps / period if kind == _LOCAL else eff_steps) * per
             terms.append(
-                _ChoiceTerms(
-                    kind,
-                    runs_ahead,
-                    eff_steps,
-                    over,
-                    wan_s,
-                    tail,
-                    floor,
-                    wan.egress_cost,
-                    fixed,
-                    period,
-                )
+                (kind, runs_ahead, eff_steps, over, wan_s, tail, floor, per, fixed, period)
             )
         slow = self.pace(names)[0]
-        out: list[list[tuple[float, float]]] = []
         for _, intra_s, price, gpus, ahead in allocs:
             # equal split per worker: the slowest member's GPUs set the pace of a step
             even = gpus * slow
             compute = self.work / even
             speedup = ahead / even
             fwd, bwd = _FORWARD_FRACTION * compute, f * compute
-            local = fwd + max(bwd, intra_s)
-            row: list[tuple[float, float]] = []
+            # `max(a, b)` as `b if b > a else a` (the same float, the first of equals): the
+            # builtin boxes its arguments in the compiled build (`scheduler.native`)
+            local = fwd + (intra_s if intra_s > bwd else bwd)
             for (
                 kind,
                 runs_ahead,
@@ -620,21 +639,25 @@ class CostModel:
                 if kind == _LOCAL:
                     step = local + tail
                 elif kind == _STALE:
-                    step = max(local, floor, tail)
+                    step = floor if floor > local else local
+                    if tail > step:
+                        step = tail
                 else:
-                    step = fwd + max(bwd, intra_s + over + wan_s)
+                    exchange = intra_s + over + wan_s
+                    step = fwd + (exchange if exchange > bwd else bwd)
                 step += extra
                 if runs_ahead:
                     total = eff_steps * (step / speedup)
                     x = eff_steps / speedup
                     if kind == _LOCAL:
                         x /= period
-                    row.append((total, price * total / 3600.0 + x * egress))
+                    times.append(total)
+                    costs.append(price * total / 3600.0 + x * egress)
                 else:
                     total = eff_steps * step
-                    row.append((total, price * total / 3600.0 + fixed))
-            out.append(row)
-        return out
+                    times.append(total)
+                    costs.append(price * total / 3600.0 + fixed)
+        return times, costs
 
     def _mode(self, compression: str, sync: str) -> tuple[int, bool, bool, float, int, int]:
         """`score_set`'s constants of one (compressor, sync) on any set: the step formula,
@@ -691,34 +714,34 @@ class CostModel:
         return _Parts(compute, step, eff_steps, exchanges, wan, extra)
 
 
-@dataclass(slots=True)  # not frozen: one per scored choice (see optimizer._Choice)
 class _Parts:
-    """One choice's step time (with the fast clusters' speedup), steps and exchanges."""
+    """One choice's step time (with the fast clusters' speedup), steps and exchanges. A plain
+    class, one per scored choice: see `WanTerms`."""
 
-    compute: float
-    step: float
-    eff_steps: float
-    exchanges: float
-    wan: WanTerms
-    extra: float
+    __slots__ = ("compute", "eff_steps", "exchanges", "extra", "step", "wan")
+
+    def __init__(
+        self,
+        compute: float,
+        step: float,
+        eff_steps: float,
+        exchanges: float,
+        wan: WanTerms,
+        extra: float,
+    ) -> None:
+        self.compute = compute
+        self.step = step
+        self.eff_steps = eff_steps
+        self.exchanges = exchanges
+        self.wan = wan
+        self.extra = extra
 
 
-class _ChoiceTerms(NamedTuple):
-    """`score_set`'s figures of one (compressor, sync) on one set, whatever the GPU split
-    (a tuple: the hot loop unpacks it)."""
-
-    kind: int
-    runs_ahead: bool
-    eff_steps: float
-    overhead_s: float
-    wan_s: float
-    tail: float
-    floor: float
-    egress: float
-    """Egress per exchange."""
-    fixed_egress: float
-    """The run's egress when it does not run ahead."""
-    period: int
+_ChoiceTerms = tuple[int, bool, float, float, float, float, float, float, float, int]
+"""`score_set`'s figures of one (compressor, sync) on one set, whatever the GPU split: kind,
+runs ahead, steps, overhead s, WAN s, tail, floor, egress per exchange, the run's egress when it
+does not run ahead, period. A plain tuple: the hot loop unpacks it, and a NamedTuple is built
+through its interpreted `__new__` even when compiled."""
 
 
 _EVERY_STEP = sync_model("every-step")

@@ -28,7 +28,7 @@ import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from scheduler.compression import (
     AUTO_COMPRESSIONS,
@@ -68,29 +68,44 @@ MAX_VICTIM_SETS = 2000
 ALTERNATIVES = 3  # runner-up cluster sets a plan's explanation names
 
 _INF = float("inf")
+_NONE: frozenset[str] = frozenset()
 
 
-# Not frozen, like _Choice: the search builds several per cluster set it scores.
-@dataclass(slots=True)
+# Plain classes, not dataclasses, for the search's own records (nothing mutates one after it
+# is built): the search builds an _Alloc per GPU split and a _Choice per winning comparison,
+# and a dataclass's `__init__` is generated Python that a compiled build (`scheduler.native`)
+# still calls through the interpreter; a frozen one sets each field through object.__setattr__.
 class _Alloc:
-    names: tuple[str, ...]
-    gpus: tuple[int, ...]
-    rate: float
-    intra: float
-    price: float
-    ahead: float = 0.0  # throughput with fast clusters running ahead (`CostModel.ahead_rate`)
+    __slots__ = ("ahead", "gpus", "intra", "names", "price", "rate")
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        gpus: tuple[int, ...],
+        rate: float,
+        intra: float,
+        price: float,
+        ahead: float = 0.0,
+    ) -> None:
+        self.names = names
+        self.gpus = gpus
+        self.rate = rate
+        self.intra = intra
+        self.price = price
+        self.ahead = ahead  # throughput with fast clusters running ahead (`CostModel.ahead_rate`)
 
 
-# Not frozen: a frozen dataclass sets each field through object.__setattr__, and the search
-# builds one of these per (allocation, compressor, sync) it scores: most of its time at 10
-# clusters. Nothing mutates one after it is built.
-@dataclass(slots=True)
 class _Choice:
-    alloc: _Alloc
-    compression: str
-    sync: str
-    time: float
-    cost: float
+    __slots__ = ("alloc", "compression", "cost", "sync", "time")
+
+    def __init__(
+        self, alloc: _Alloc, compression: str, sync: str, time: float, cost: float
+    ) -> None:
+        self.alloc = alloc
+        self.compression = compression
+        self.sync = sync
+        self.time = time
+        self.cost = cost
 
 
 class _Search:
@@ -210,13 +225,15 @@ class _Search:
         taus = sorted({row[p - 1] for row, ps in zip(intra, sizes, strict=True) for p in ps})
         out: list[_Alloc] = []
         seen: set[tuple[int, ...]] = set()
+        capped: set[tuple[int, ...]] = set()  # the fills depend on tau only through these
         for tau in taus:
-            tcaps = [
-                bisect.bisect_right(row, tau, 0, c) for row, c in zip(intra, caps, strict=True)
-            ]
+            tcaps = tuple(
+                [bisect.bisect_right(row, tau, 0, c) for row, c in zip(intra, caps, strict=True)]
+            )
             total = sum(tcaps)
-            if total < self.gmin:
+            if total < self.gmin or tcaps in capped:
                 continue
+            capped.add(tcaps)
             for order in orders:
                 for target in targets:
                     left = min(target, total) - len(names)
@@ -233,7 +250,10 @@ class _Search:
                     if tg in seen:
                         continue
                     seen.add(tg)
-                    tau_g = max(row[x - 1] for row, x in zip(intra, tg, strict=True))
+                    tau_g = intra[0][tg[0] - 1]  # max over the members, the first of equals
+                    for row, x in zip(intra, tg, strict=True):
+                        if row[x - 1] > tau_g:
+                            tau_g = row[x - 1]
                     out.append(self._alloc(names, tg, tau_g))
         return out
 
@@ -306,7 +326,7 @@ class _Search:
         two measures, and a tie on both is broken by the full keys, as they do.
         """
         choices = self.combos(names)
-        scores = self.model.score_set(
+        times, costs = self.model.score_set(
             names, choices, [(a.rate, a.intra, a.price, sum(a.gpus), a.ahead) for a in allocs]
         )
         by_time = self.objective == "time"
@@ -316,9 +336,12 @@ class _Search:
         # best's (feasible 0 / not 1, objective, other measure); 2 sorts after any choice
         b_flag, b_p, b_s = 2, 0.0, 0.0
         b_gpus: tuple[int, ...] = ()
-        for alloc, row in zip(allocs, scores, strict=True):
+        k = 0
+        for alloc in allocs:
             gpus = alloc.gpus
-            for (comp, sync), (t, c) in zip(choices, row, strict=True):
+            for comp, sync in choices:
+                t, c = times[k], costs[k]
+                k += 1
                 ch: _Choice | None = None
                 if fastest is None or t < fastest.time:
                     ch = fastest = _Choice(alloc, comp, sync, t, c)
@@ -334,7 +357,10 @@ class _Search:
                     if cheapest is None or c < cheapest.cost or _cost_key(ch) < _cost_key(cheapest):
                         cheapest = ch
                 flag = 0 if in_time and (budget is None or c <= budget) else 1
-                p, q = (t, c) if by_time else (c, t)
+                if by_time:
+                    p, q = t, c
+                else:
+                    p, q = c, t
                 if flag < b_flag or (
                     flag == b_flag
                     and (p < b_p or (p == b_p and (q < b_s or (q == b_s and gpus < b_gpus))))
@@ -488,10 +514,7 @@ class _Search:
         intra = max(m.intra(n, g) for n, g in zip(names, gpus, strict=True))
         ahead = m.ahead_rate(names, gpus) if len(names) > 1 else 0.0
         best = min(
-            t
-            for t, _ in m.score_set(
-                names, self.combos(names), [(rate, intra, 0.0, sum(gpus), ahead)]
-            )[0]
+            m.score_set(names, self.combos(names), [(rate, intra, 0.0, sum(gpus), ahead)])[0]
         )
         self._partial_cache[names] = best
         return best
@@ -522,13 +545,14 @@ class _Search:
                     pool.append(n)
         pool.sort()
         limit = min(self.max_clusters, self.gmax)
+        adjacent = snap.neighbours  # linked both ways (`Snapshot.directed_links`)
         for seed in seeds[:POOL_SEEDS]:
             cur: tuple[str, ...] = (seed,)
             cur_rank = self._surrogate(cur)
             while len(cur) < limit:
                 best_next, best_rank = None, cur_rank
                 for n in pool:
-                    if n in cur or not all(snap.link(n, c) is not None for c in cur):
+                    if n in cur or not all(c in adjacent.get(n, _NONE) for c in cur):
                         continue
                     nxt = tuple(sorted((*cur, n)))
                     if self._cannot_beat(nxt, best_rank):

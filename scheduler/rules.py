@@ -53,12 +53,16 @@ def quota_left(snapshot: Snapshot, tenant: str) -> int | None:
 
 
 def is_clique(snapshot: Snapshot, names: Sequence[str]) -> bool:
-    """Every pair linked: two clusters with no link between them cannot share a job."""
-    return all(
-        snapshot.link(a, b) is not None and snapshot.link(b, a) is not None
-        for i, a in enumerate(names)
-        for b in names[i + 1 :]
-    )
+    """Every pair linked: two clusters with no link between them cannot share a job. (Links
+    count both ways, `Snapshot.directed_links`; read off the neighbour index, a set lookup a
+    pair instead of two calls: the planner asks it of every set it screens.)"""
+    near = snapshot.neighbours
+    for i, a in enumerate(names):
+        linked = near.get(a, frozenset())
+        for b in names[i + 1 :]:
+            if b not in linked:
+                return False
+    return True
 
 
 def preemption_candidates(snapshot: Snapshot, job: JobRequest) -> list[RunningJob]:

@@ -30,6 +30,10 @@ def _testbed_prefix(worker: str | None, base: str) -> str:
     return base[: 11 - len(number)] + number
 
 
+# The interpreted scheduler, even after `make compile`: some tests look inside its search
+# (monkeypatching a compiled class does nothing); tests/scheduler/test_native.py checks the
+# compiled build against it. Set before any test imports scheduler.
+os.environ.setdefault("CPN_COMPILED", "0")
 # testbed.layout reads CPN_TESTBED_PREFIX once, at import: set it before any test imports it.
 os.environ["CPN_TESTBED_PREFIX"] = _testbed_prefix(
     os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CPN_TESTBED_PREFIX", "cpntb")

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import scheduler
 from bench.sim.engine import Cpn, Outcome, Policy, gavel_like, kueue, simulate, skypilot
 from bench.sim.metrics import Metrics, measure
 from bench.sim.network import Network, build_network
@@ -30,6 +31,9 @@ POLICIES = (
     "skypilot-cheapest",
     "gavel-fastest",
 )
+PLANNER = "compiled" if scheduler.COMPILED else "interpreted"
+"""Which build of the scheduler decided (`make compile`, `scheduler.native`): the same decisions,
+at different speeds, so every speed figure names it."""
 COST_SLACK = 0.1
 """`cpn-cost`: the cheapest plan at most this much slower than the fastest (`engine.Cpn`)."""
 
@@ -148,20 +152,22 @@ def main(argv: list[str] | None = None) -> None:
         tables.append(table(size, args.jobs, results))
         if not args.json:
             print(tables[-1], flush=True)
-            print(f"({size} clusters simulated in {time.monotonic() - t0:.1f} s)", flush=True)
+            took = time.monotonic() - t0
+            print(f"({size} clusters simulated in {took:.1f} s, planner {PLANNER})", flush=True)
         if not args.json and not args.no_save:
             RESULTS.mkdir(exist_ok=True)
             plot(size, outcomes, RESULTS / f"sim-{size}.png")
     if args.json:
         last = everything[str(sizes[-1])]
-        print(json.dumps({"policies": last, "by_clusters": everything}, allow_nan=True))
+        out = {"policies": last, "by_clusters": everything, "planner": PLANNER}
+        print(json.dumps(out, allow_nan=True))
         return
     if not args.no_save:
         stem = "sim-" + "-".join(str(s) for s in sizes)
         (RESULTS / f"{stem}.json").write_text(json.dumps(everything, indent=1) + "\n")
         (RESULTS / f"{stem}.md").write_text(
             f"# Trace-driven simulation\n\nCommand: `{command}` (load {args.load}, seed "
-            f"{args.seed}).\n\n"
+            f"{args.seed}; planner {PLANNER}: `make compile` builds the compiled one).\n\n"
             + "\n".join(tables)
             + "\nPlots: "
             + ", ".join(f"sim-{s}.png" for s in sizes)
