@@ -59,4 +59,4 @@ compile: install
 	$(PY) -c "from scheduler.native import build; print('compiled into', build())"
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache cpn.egg-info scheduler/_native
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache cpn.egg-info scheduler/_native scheduler/_native.new
