@@ -71,7 +71,9 @@ class Client:
         return response.json()
 
     def get(self, path: str, **params: Any) -> Any:
-        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+        # httpx replaces a path's own query string with `params` when any are given, even {}
+        given = {k: v for k, v in params.items() if v is not None}
+        return self.request("GET", path, params=given or None)
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body)

@@ -33,17 +33,13 @@ def fetch_page(
     stmt: Select[Any],
     page: PageParams,
     count: Select[Any] | None = None,
-    *,
-    rows: bool = False,
 ) -> tuple[Sequence[Any], int]:
     """The page of `stmt`, and how many rows it has in all: counted by `count` when given (a
     plain `SELECT count(*) ... WHERE` an index answers), else over `stmt` as a subquery.
-    Items are the statement's first entity, or with `rows` each row as a column mapping."""
+    Items are the statement's first entity."""
     if count is None:
         count = select(func.count()).select_from(stmt.order_by(None).subquery())
     total = session.scalar(count) or 0
     window = stmt.limit(page.limit).offset(page.offset)
-    if rows:
-        return session.execute(window).mappings().all(), int(total)
     items = session.scalars(window).unique().all()
     return items, int(total)

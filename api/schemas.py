@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Json
 
 from agents.protocol import PROBE_URL_HELP, BoundedUTC, PlainText, ProbeUrl
 from controller.jobspec import QosClass
@@ -341,6 +341,22 @@ class JobOut(BaseModel):
     version: int
 
     model_config = ConfigDict(from_attributes=True)
+
+
+class JobRow(JobOut):
+    """`JobOut` read straight off the `jobs` columns, for the list: the JSON columns as their
+    text and the times as ISO text (`api.routes.jobs._list_columns`), parsed in one pydantic
+    pass instead of by SQLAlchemy's per-value processors and then validated again (a page of
+    50 took 2.2 ms of CPU to fetch where the driver takes 0.3). It answers exactly as
+    `JobOut` does (`tests/api/test_jobs.py`)."""
+
+    spec: Json[dict[str, object]]
+    held_price: Json[HeldPlan | None] | None = Field(
+        description="The quote option the job was submitted with."
+    )
+    placement: Json[JobPlan | None] | None = Field(
+        description="The plan its GPUs are reserved for."
+    )
 
 
 class JobEventOut(BaseModel):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -207,12 +207,34 @@ def submit(
     """Create a PENDING job, or return the job an earlier submission with this key created.
 
     `task_modules`: CPN_TASK_MODULES (default: builtin tasks only); `max_queued`:
-    CPN_MAX_QUEUED_JOBS (0: no cap)."""
+    CPN_MAX_QUEUED_JOBS (0: no cap).
+
+    The key is looked up only when the insert or a check refuses: a first submission (most
+    of them) saves the lookup (a statement of the 8 a submission made, bench.api), and a
+    retry still gets its job whatever would refuse a new one now (the queue cap, an expired
+    quote, a network that shrank)."""
     digest = body_hash(spec)
-    if idempotency_key:
-        existing = _by_key(session, tenant.id, idempotency_key)
-        if existing is not None:
-            return Submitted(_same_body(existing, digest), created=False)
+    try:
+        job = _create(session, spec, tenant, idempotency_key, digest, task_modules, max_queued)
+    except (CpnError, IntegrityError) as exc:
+        if isinstance(exc, IntegrityError):  # the key's job exists: a retry, or a race lost
+            session.rollback()
+        existing = _by_key(session, tenant.id, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        return Submitted(_same_body(existing, digest), created=False)
+    return Submitted(job, created=True)
+
+
+def _create(
+    session: Session,
+    spec: JobSpec,
+    tenant: Tenant,
+    idempotency_key: str | None,
+    digest: str,
+    task_modules: Sequence[str],
+    max_queued: int,
+) -> Job:
     admit(spec, tenant, task_modules)
     now = utcnow()
     request = job_request(spec, tenant.id, now)
@@ -238,17 +260,9 @@ def submit(
         reason=reason or "waiting for the scheduler",
     )
     session.add(job)
-    try:
-        session.flush()
-    except IntegrityError:
-        # Lost a race with a concurrent submission under the same key: answer with its job.
-        session.rollback()
-        existing = _by_key(session, tenant.id, idempotency_key or "")
-        if existing is None:
-            raise
-        return Submitted(_same_body(existing, digest), created=False)
+    session.flush()
     lifecycle.created(session, job, reason or "submitted")
-    return Submitted(job, created=True)
+    return job
 
 
 CAP_SLACK = 1_000
@@ -280,21 +294,28 @@ def _check_queue_cap(session: Session, tenant: Tenant, cap: int) -> None:
         )
 
 
+_PENDING = select(func.count()).select_from(
+    select(Job.tenant_id)
+    .where(Job.tenant_id == bindparam("tenant"), Job.state == JobState.PENDING)
+    .limit(bindparam("upto"))
+    .subquery()
+)
+"""Built once: building and keying a statement for SQLAlchemy's cache costs about what
+running it does, and a submission runs several (bench.api)."""
+
+
 def _pending(session: Session, tenant: Tenant, upto: int) -> int:
     """The tenant's PENDING jobs, counted up to `upto` (an index-only count, cut short)."""
-    rows = (
-        select(Job.tenant_id)
-        .where(Job.tenant_id == tenant.id, Job.state == JobState.PENDING)
-        .limit(upto)
-        .subquery()
-    )
-    return session.scalar(select(func.count()).select_from(rows)) or 0
+    return session.scalar(_PENDING, {"tenant": tenant.id, "upto": upto}) or 0
+
+
+_BY_KEY = select(Job).where(
+    Job.tenant_id == bindparam("tenant"), Job.idempotency_key == bindparam("key")
+)
 
 
 def _by_key(session: Session, tenant_id: str, key: str) -> Job | None:
-    return session.scalars(
-        select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
-    ).first()
+    return session.scalars(_BY_KEY, {"tenant": tenant_id, "key": key}).first()
 
 
 def _same_body(job: Job, digest: str) -> Job:
@@ -381,14 +402,16 @@ def _queue_reason(
     return f"waiting: {result.reason}"
 
 
+_OFFERED = (
+    select(func.coalesce(func.sum(GpuInventory.allocatable), 0))
+    .join(Cluster, Cluster.id == GpuInventory.cluster_id)
+    .where(Cluster.state.in_(("READY", "SUSPECT")), Cluster.cordoned.is_(False))
+)
+
+
 def offered_gpus(session: Session) -> int:
     """GPUs the network offers at all (held or free), on clusters that take new work."""
-    total = session.scalar(
-        select(func.coalesce(func.sum(GpuInventory.allocatable), 0))
-        .join(Cluster, Cluster.id == GpuInventory.cluster_id)
-        .where(Cluster.state.in_(("READY", "SUSPECT")), Cluster.cordoned.is_(False))
-    )
-    return int(total or 0)
+    return int(session.scalar(_OFFERED) or 0)
 
 
 def _held(snap: scheduler.Snapshot, cluster: str) -> int:

@@ -51,13 +51,21 @@ def test_a_submission_stores_the_size_the_queue_orders_by(network: Network) -> N
 def test_expired_quote_is_refused(expiring_network: Network) -> None:
     network = expiring_network
     quote = network.tenant.post("/v1/quotes", spec())
+    held = network.tenant.post("/v1/quotes", spec(name="held"))
+    job = network.tenant.submit(spec(name="held", quote_id=held["id"]), idempotency_key="held")
     expires = datetime.fromisoformat(quote["expires_at"])
     while datetime.now(UTC) <= expires:  # the server's TTL here is 1 s
         time.sleep(0.1)
     with pytest.raises(ApiError) as exc:
         network.tenant.post("/v1/jobs", spec(quote_id=quote["id"]))
     assert exc.value.status == 410 and "new quote" in exc.value.detail
-    assert network.tenant.get("/v1/jobs")["total"] == 0
+    # a retry of the job submitted while its quote was live answers that job, not 410
+    retry = network.tenant.submit(spec(name="held", quote_id=held["id"]), idempotency_key="held")
+    assert retry == job
+    with pytest.raises(ApiError) as exc:  # the same key for another spec is still refused
+        network.tenant.submit(spec(name="other", quote_id=held["id"]), idempotency_key="held")
+    assert exc.value.status == 422 and exc.value.detail.startswith("this Idempotency-Key")
+    assert network.tenant.get("/v1/jobs")["total"] == 1
 
 
 def test_quote_placement_gone_is_refused(network: Network) -> None:
@@ -338,3 +346,57 @@ def test_queued_jobs_are_capped_per_tenant(db_url: str) -> None:
         for c in (net.admin, net.tenant, net.other):
             c.close()
         live.stop()
+
+
+def test_the_job_list_answers_each_job_as_its_own_get_does(network: Network) -> None:
+    """The list reads its rows as the database's text (`JobRow`); every item must be what the
+    job's own GET (the ORM and `JobOut`) answers: held prices, placements, times, states, a
+    JSON column left SQL NULL; filtered by state, by an admin's tenant, and paged."""
+    import sqlalchemy as sa
+
+    from controller.reconcile import place_pending
+
+    quote = network.tenant.post("/v1/quotes", spec())
+    held = network.tenant.post("/v1/jobs", spec(quote_id=quote["id"], quote_option="cost"))
+    plain = [network.tenant.post("/v1/jobs", spec(name=f"plain-{i}", gpus=2)) for i in range(3)]
+    theirs = network.other.post("/v1/jobs", spec(name="theirs"))
+    engine = make_engine(network.server.database_url)
+    try:
+        placed = place_pending(make_sessionmaker(engine), "test-replica")
+        assert held["id"] in {p.job_id for p in placed}
+        jobs = sa.Table("jobs", sa.MetaData(), sa.Column("id", sa.String), sa.Column("held_price"))
+        with engine.begin() as conn:  # SQL NULL, as rows written before the column's JSON null
+            conn.execute(jobs.update().where(jobs.c.id == plain[0]["id"]).values(held_price=None))
+        network.tenant.post(f"/v1/jobs/{plain[1]['id']}/cancel")
+    finally:
+        engine.dispose()
+    late = network.tenant.post("/v1/jobs", spec(name="late", gpus=2))  # PENDING: none placed
+
+    def one(client: Any, job_id: str) -> dict[str, Any]:
+        return dict(client.get(f"/v1/jobs/{job_id}"))
+
+    page = network.tenant.get("/v1/jobs?limit=500")
+    mine = [held["id"], *(j["id"] for j in plain), late["id"]]
+    assert page["total"] == 5 and {j["id"] for j in page["items"]} == set(mine)
+    assert page["items"] == [one(network.tenant, j["id"]) for j in page["items"]]
+    states = {j["state"] for j in page["items"]}
+    assert {"SCHEDULED", "CANCELLED", "PENDING"} <= states
+    by_id = {j["id"]: j for j in page["items"]}
+    assert by_id[held["id"]]["placement"]["clusters"] and by_id[held["id"]]["held_price"]
+    assert by_id[plain[0]["id"]]["held_price"] is None
+    assert by_id[plain[1]["id"]]["finished_at"] is not None
+    assert all(j["created_at"].endswith("Z") for j in page["items"])
+    # newest first, paged
+    firsts = [network.tenant.get(f"/v1/jobs?limit=1&offset={k}")["items"][0] for k in range(5)]
+    assert firsts == page["items"]
+    assert [j["created_at"] for j in firsts] == sorted(
+        (j["created_at"] for j in firsts), reverse=True
+    )
+    cancelled = network.tenant.get("/v1/jobs?state=CANCELLED")
+    assert cancelled["total"] == 1 and cancelled["items"][0]["id"] == plain[1]["id"]
+    assert network.other.get("/v1/jobs")["items"] == [one(network.other, theirs["id"])]
+    everyone = network.admin.get("/v1/jobs?limit=500")
+    assert everyone["total"] == 6
+    assert network.admin.get(f"/v1/jobs?tenant={network.other_tenant_id}")["total"] == 1
+    pending = network.admin.get(f"/v1/jobs?tenant={network.tenant_id}&state=PENDING")
+    assert [j["id"] for j in pending["items"]] == [late["id"]]
