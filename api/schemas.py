@@ -348,7 +348,7 @@ class JobRow(JobOut):
     text and the times as ISO text (`api.routes.jobs._list_columns`), parsed in one pydantic
     pass instead of by SQLAlchemy's per-value processors and then validated again (a page of
     50 took 2.2 ms of CPU to fetch where the driver takes 0.3). It answers exactly as
-    `JobOut` does (`tests/api/test_jobs.py`)."""
+    `JobOut` does (`tests/service/test_jobs_api.py`)."""
 
     spec: Json[dict[str, object]]
     held_price: Json[HeldPlan | None] | None = Field(
