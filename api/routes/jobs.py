@@ -162,7 +162,9 @@ def _list_columns(dialect: str) -> list[ColumnElement[Any]]:
 
 
 @functools.cache
-def _list_statements(dialect: str, by_tenant: bool, by_state: bool) -> tuple[Select[Any], ...]:
+def _list_statements(
+    dialect: str, by_tenant: bool, by_state: bool
+) -> tuple[Select[Any], Select[Any]]:
     """The page and its count, built once per shape (building and keying the statement for
     SQLAlchemy's cache cost as much as running it)."""
     where = []
