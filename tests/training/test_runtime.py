@@ -122,7 +122,10 @@ def test_adaptive_compresses_harder_when_the_link_slows_down() -> None:
         link_mbps=10_000.0,
         rtt_ms=0.0,
         eval_every=4,
-        link_schedule=[(12, 0.5, 20.0)],
+        # 0.05 Mbit/s: int8 (~9.7 kB) needs 1.5 s on the wire, so only a compute step over
+        # 1.5 s could hide it; at 0.5 Mbit/s a loaded CI machine's ~0.16 s steps did, and the
+        # controller rightly kept int8 (CI failure)
+        link_schedule=[(12, 0.05, 20.0)],
     )
     report = training.run(spec, on_progress=lambda p: seen.append((p.step, p.compression)))
     before = [c for s, c in seen if s < 12]  # the level for step s+1 is picked after step s
