@@ -348,12 +348,15 @@ def test_queued_jobs_are_capped_per_tenant(db_url: str) -> None:
         live.stop()
 
 
-def test_the_job_list_answers_each_job_as_its_own_get_does(network: Network) -> None:
+def test_the_job_list_answers_each_job_as_its_own_get_does(
+    network: Network, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The list reads its rows as the database's text (`JobRow`); every item must be what the
     job's own GET (the ORM and `JobOut`) answers: held prices, placements, times, states, a
     JSON column left SQL NULL; filtered by state, by an admin's tenant, and paged."""
     import sqlalchemy as sa
 
+    from api.routes import jobs as jobs_routes
     from controller.reconcile import place_pending
 
     quote = network.tenant.post("/v1/quotes", spec())
@@ -400,3 +403,12 @@ def test_the_job_list_answers_each_job_as_its_own_get_does(network: Network) -> 
     assert network.admin.get(f"/v1/jobs?tenant={network.other_tenant_id}")["total"] == 1
     pending = network.admin.get(f"/v1/jobs?tenant={network.tenant_id}&state=PENDING")
     assert [j["id"] for j in pending["items"]] == [late["id"]]
+    # rendered rows are kept per stored row (`_row_json`): a job changed since it was listed
+    # is listed as it is now, and a row past the cache's size (here: every row) is rendered
+    # all the same
+    network.tenant.post(f"/v1/jobs/{late['id']}/cancel")
+    for most in (jobs_routes.ROW_CACHE_MAX_CHARS, 0):
+        monkeypatch.setattr(jobs_routes, "ROW_CACHE_MAX_CHARS", most)
+        again = network.tenant.get("/v1/jobs?limit=500")
+        assert again["items"] == [one(network.tenant, j["id"]) for j in again["items"]]
+        assert {j["id"]: j["state"] for j in again["items"]}[late["id"]] == "CANCELLED"
