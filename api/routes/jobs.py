@@ -137,10 +137,12 @@ _JOB = TypeAdapter(JobOut)
 _JSON_FIELDS = tuple(
     n for n in _JOB_FIELDS if isinstance(Job.__table__.c[n].type, JSON | ModelJSON)
 )
+_JSON_AT = tuple(_JOB_FIELDS.index(n) for n in _JSON_FIELDS)
 ROW_CACHE_ROWS = 2048
 ROW_CACHE_MAX_CHARS = 8192
 """Rows rendered for the list are kept (least recently used first out) up to this many, each
-at most this many characters of text: the cache's memory has a bound whatever tenants store."""
+with at most this many characters of JSON text (the other columns are bounded strings): the
+cache's memory has a bound whatever tenants store."""
 
 
 def _render_row(row: tuple[Any, ...]) -> bytes:
@@ -161,10 +163,10 @@ _render_cached = functools.lru_cache(maxsize=ROW_CACHE_ROWS)(_render_row)
 
 
 def _row_json(row: tuple[Any, ...]) -> bytes:
-    """`_render_row`, kept per row: the answer is a function of the row's stored text alone,
-    and a list polled again (the console, `cpn jobs --watch`, a tenant's loop) is mostly rows
-    unchanged since (any change to a job changes its row: `version`, `updated_at`)."""
-    if sum(len(v) for v in row if isinstance(v, str)) > ROW_CACHE_MAX_CHARS:
+    """`_render_row`, kept per row: the answer is a function of the row's stored text alone
+    (a job changed in any listed column is another key, never a stale answer), and a list
+    polled again (the console's refresh, a tenant's loop) is mostly rows unchanged since."""
+    if sum(len(row[i] or "") for i in _JSON_AT) > ROW_CACHE_MAX_CHARS:
         return _render_row(row)
     return _render_cached(row)
 
