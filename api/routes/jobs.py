@@ -225,9 +225,9 @@ def list_jobs(
     """Your jobs, newest first (admins: everyone's).
 
     The list is the API's most frequent read: its rows are read as the database's text, each
-    parsed in one pass (`JobRow`) and rendered once per stored version (`_row_json`), and the
-    page is answered as JSON joined here, so neither SQLAlchemy's per-value processors nor
-    FastAPI's second validation run."""
+    parsed in one pass (`JobRow`) and rendered once while its stored text stays the same
+    (`_row_json`), and the page is answered as JSON joined here, so neither SQLAlchemy's
+    per-value processors nor FastAPI's second validation run."""
     scope = _scope(principal)
     if scope is None:  # an admin: everyone's, or the one tenant asked for
         scope = tenant or None
