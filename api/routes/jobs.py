@@ -238,6 +238,7 @@ def list_jobs(
     total = session.scalar(count_stmt, where) or 0
     rows = session.execute(rows_stmt, {**where, "limit": page.limit, "offset": page.offset})
     items = b",".join([_row_json(tuple(row)) for row in rows])
+    # `Page`'s fields, in its order (the schema-conformance fuzz test holds this to Page[JobOut])
     body = b'{"items":[%b],"total":%d,"limit":%d,"offset":%d}' % (
         items,
         total,
