@@ -279,6 +279,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Cross-datacenter compute-network orchestrator",
         description="Admin API over clusters, links, GPUs, tenants and keys; the agent protocol.",
         lifespan=lifespan,
+        openapi_tags=docs.OPENAPI_TAGS,
         **docs.fastapi_urls(settings),
     )
     docs.install(app, settings)
@@ -306,7 +307,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_batch=settings.heartbeat_batch_max,
     )
     problems.install(app)
-    for module in (health, clusters, links, tenants, pricing, jobs, usage, agent):
+    # Routes match in the order included, each router trying its routes in turn: the agent
+    # protocol (every agent's beat) first, then the tenants' jobs. `OPENAPI_TAGS` keeps the
+    # documentation's order.
+    for module in (agent, jobs, health, clusters, links, tenants, pricing, usage):
         # Quotes per tenant need the tenant, so that limit runs after authentication.
         deps = [Depends(ratelimit.limit_tenant_routes)] if module is jobs else None
         app.include_router(module.router, dependencies=deps)

@@ -245,10 +245,12 @@ def postgres_database() -> AbstractContextManager[str]:
 
 
 @contextmanager
-def cpn_server(url: str) -> Iterator[str]:
+def cpn_server(url: str, workers: int = 1) -> Iterator[str]:
     from api.processes import start_control_plane
 
-    plane = start_control_plane(url, ADMIN_TOKEN, migrate=False, settings=SERVER_SETTINGS)
+    plane = start_control_plane(
+        url, ADMIN_TOKEN, migrate=False, settings=SERVER_SETTINGS, workers=workers
+    )
     try:
         yield plane.url
     finally:
@@ -276,7 +278,7 @@ class Result:
 
 
 @contextmanager
-def serving(target: str, agents: list[Agent], peers: int) -> Iterator[str]:
+def serving(target: str, agents: list[Agent], peers: int, workers: int = 1) -> Iterator[str]:
     """A server for `target` on a free port, over a freshly seeded database; yields its URL."""
     if target == "bare":
         with bare_server(peers) as url:
@@ -285,12 +287,12 @@ def serving(target: str, agents: list[Agent], peers: int) -> Iterator[str]:
         with tempfile.TemporaryDirectory(prefix="cpn-bench-") as tmp:
             db = f"sqlite:///{tmp}/cpn.db"
             seed(db, agents)
-            with cpn_server(db) as url:
+            with cpn_server(db, workers) as url:
                 yield url
     elif target == "postgres":
         with postgres_database() as db:
             seed(db, agents)
-            with cpn_server(db) as url:
+            with cpn_server(db, workers) as url:
                 yield url
     else:
         raise ValueError(f"unknown target {target!r}: use bare, sqlite or postgres")
@@ -299,7 +301,7 @@ def serving(target: str, agents: list[Agent], peers: int) -> Iterator[str]:
 def measure(target: str, agents: list[Agent], args: argparse.Namespace) -> Result:
     print(f"-- {target}: {len(agents)} agents", file=sys.stderr, flush=True)
     t = time.monotonic()
-    with serving(target, agents, args.peers) as url:
+    with serving(target, agents, args.peers, args.workers) as url:
         closed, opened = run_load(url, agents, args.closed_seconds, args.rates, args.open_seconds)
     print(f"   done in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
     return Result(target, closed, opened)
@@ -315,12 +317,12 @@ LABELS = {
 }
 
 
-def table(results: list[Result], rates: list[float], n_agents: int) -> None:
+def table(results: list[Result], rates: list[float], n_agents: int, workers: int = 1) -> None:
     from rich.console import Console
     from rich.table import Table
 
     bare = next((r for r in results if r.target == "bare"), None)
-    t = Table(title=f"Heartbeat ingestion, {n_agents:,} agents")
+    t = Table(title=f"Heartbeat ingestion, {n_agents:,} agents, cpn serve --workers {workers}")
     cols = ["target", "closed: reports/s", "of bare", "p50 ms", "p99 ms"]
     for rate in rates:
         cols += [f"open {rate:g}/s: got/s", "p50 ms", "p99 ms"]
@@ -419,18 +421,21 @@ def main() -> None:
     parser.add_argument(
         "--targets", default="bare,sqlite,postgres", help="comma-separated: bare, sqlite, postgres"
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="cpn serve --workers (the bare app keeps one)"
+    )
     parser.add_argument("--plot", type=Path, default=RESULTS / "heartbeats.png")
     args = parser.parse_args()
     try:
         args.rates = sorted(float(r) for r in args.rates.split(",") if r.strip())
     except ValueError:
         parser.error("--rates: give numbers separated by commas, e.g. 200,1000")
-    if args.agents < 1 or not args.rates or min(args.rates) <= 0:
-        parser.error("--agents and --rates must be positive")
+    if args.agents < 1 or not args.rates or min(args.rates) <= 0 or args.workers < 1:
+        parser.error("--agents, --rates and --workers must be positive")
     signal.signal(signal.SIGTERM, _exit_on_term)  # so servers and databases are cleaned up
     agents = make_agents(args.agents, min(args.peers, args.agents))
     results = [measure(t.strip(), agents, args) for t in args.targets.split(",") if t.strip()]
-    table(results, args.rates, len(agents))
+    table(results, args.rates, len(agents), args.workers)
     plot(results, args.rates, len(agents), args.plot)
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import anyio
 import httpx
 import pytest
 from sqlalchemy import event, select, text
+from sqlalchemy.engine.default import CacheStats
 from sqlalchemy.orm import Session, sessionmaker
 
 from agents.protocol import GpuInventory as GpuReport
@@ -23,7 +25,7 @@ from controller.db import make_engine, make_sessionmaker
 from controller.errors import NotFound
 from controller.leases import LeasePolicy
 from controller.models import Cluster, GpuInventory
-from controller.resources import HeartbeatResult, PeerTable
+from controller.resources import RENEW_CHUNK, HeartbeatResult, PeerTable
 from tests.conftest import LiveServer
 
 POLICY = LeasePolicy(heartbeat_interval_s=10, grace_s=40)
@@ -257,3 +259,43 @@ def test_a_mixed_batch_takes_each_report_its_own_way(db_url: str) -> None:
         with sessions() as session:
             url = session.scalar(select(Cluster.probe_url).where(Cluster.name == "c2"))
         assert url == "http://10.0.0.2:7070"
+
+
+def test_a_batch_past_one_renewal_statement_renews_every_cluster(db_url: str) -> None:
+    """More beats than one renewal statement takes (`RENEW_CHUNK`), padded shapes included:
+    every cluster's report is stored, none twice, none lost at a chunk's edge."""
+    n = RENEW_CHUNK + 45
+    with _sessions(db_url, n) as sessions:
+        batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
+        anyio.run(_one_batch, batcher, [_beat(f"c{i}", 2) for i in range(n)])  # -> READY
+        again = [_beat(f"c{i}", 2).model_copy(update={"agent_version": f"v{i}"}) for i in range(n)]
+        results = anyio.run(_one_batch, batcher, again)
+        assert all(isinstance(r, HeartbeatResult) and not r.changed_state for r in results)
+        with sessions() as session:
+            versions = dict(session.execute(select(Cluster.name, Cluster.agent_version)).all())
+        assert versions == {f"c{i}": f"v{i}" for i in range(n)}
+
+
+def test_the_renewal_is_compiled_once_per_shape(db_url: str) -> None:
+    """Batches of 5 and 7 beats share one padded shape: the second runs SQLAlchemy's cached
+    compilation (a `values()` list with data has no cache key: compiled at every batch)."""
+    with _sessions(db_url, 7) as sessions:
+        batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
+        bodies = [_beat(f"c{i}", 2) for i in range(7)]
+        anyio.run(_one_batch, batcher, bodies)  # -> READY
+        engine = sessions.kw["bind"]
+        hits: list[object] = []
+
+        def seen(*args: Any) -> None:
+            if str(args[2]).lstrip().upper().startswith("WITH"):  # the renewal's CTE
+                hits.append(args[4].cache_hit)
+
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            anyio.run(_one_batch, batcher, bodies[:5])
+            anyio.run(_one_batch, batcher, bodies)
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+        assert len(hits) == 2
+        assert hits[1] == CacheStats.CACHE_HIT, hits
+        assert _counts(sessions) == {f"c{i}": 2 for i in range(7)}
