@@ -304,8 +304,8 @@ def ingest_heartbeats(
     their number: on PostgreSQL the round trips, not the work, were a batch's price (two a
     beat). The fast path of `ingest_heartbeat` for all of them at once — one UPDATE over
     their values (`_renewal`, per `RENEW_CHUNK` beats) — and one read of their GPU rows; a
-    cluster it misses (a first beat, a state or probe URL change) takes the one-by-one path. A report the domain refuses is its
-    outcome and writes nothing."""
+    cluster it misses (a first beat, a state or probe URL change) takes the one-by-one path.
+    A report the domain refuses is its outcome and writes nothing."""
     expires = policy.expiry(now)
     outcomes: dict[str, HeartbeatResult | CpnError] = {}
     valid: dict[str, Heartbeat] = {}
