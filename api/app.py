@@ -229,6 +229,12 @@ class BackgroundLoops:
             self.monitor = None
 
 
+ROUTERS = (agent, jobs, health, clusters, links, tenants, pricing, usage)
+"""Included hottest first: FastAPI tries routers in this order and each its routes in turn, so
+every heartbeat matched its path against every admin route first (5 % of its CPU, py-spy)."""
+DOCS_ORDER = (health, clusters, links, tenants, pricing, jobs, usage, agent)
+"""The documentation's sections in reading order, whatever the routing order."""
+
 AGENT_THREADS = 2
 """Threads for agents' key lookups and link reports, apart from the shared pool of 40 that
 tenant requests may fill."""
@@ -279,7 +285,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Cross-datacenter compute-network orchestrator",
         description="Admin API over clusters, links, GPUs, tenants and keys; the agent protocol.",
         lifespan=lifespan,
-        openapi_tags=docs.OPENAPI_TAGS,
+        openapi_tags=[{"name": str(m.router.tags[0])} for m in DOCS_ORDER],
         **docs.fastapi_urls(settings),
     )
     docs.install(app, settings)
@@ -307,10 +313,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_batch=settings.heartbeat_batch_max,
     )
     problems.install(app)
-    # Routes match in the order included, each router trying its routes in turn: the agent
-    # protocol (every agent's beat) first, then the tenants' jobs. `OPENAPI_TAGS` keeps the
-    # documentation's order.
-    for module in (agent, jobs, health, clusters, links, tenants, pricing, usage):
+    for module in ROUTERS:
         # Quotes per tenant need the tenant, so that limit runs after authentication.
         deps = [Depends(ratelimit.limit_tenant_routes)] if module is jobs else None
         app.include_router(module.router, dependencies=deps)

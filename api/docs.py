@@ -20,22 +20,6 @@ from api.routes.health import authenticated
 OPENAPI_URL = "/openapi.json"
 
 
-OPENAPI_TAGS = [
-    {"name": name}
-    for name in (
-        "health",
-        "clusters",
-        "links",
-        "tenants and keys",
-        "pricing",
-        "jobs",
-        "usage and ledger",
-        "agent protocol",
-    )
-]
-"""The documentation's sections in reading order (routes are included hottest first)."""
-
-
 def fastapi_urls(settings: Settings) -> dict[str, Any]:
     """FastAPI's arguments for its documentation routes: off when they are protected."""
     if settings.protect_docs:
