@@ -134,8 +134,15 @@ def serve(settings: Settings, host: str, port: int, log_level: str, workers: int
 def worker_app() -> FastAPI:
     """One worker's app (uvicorn's factory, in the spawned process)."""
     from api.app import create_app
-    from api.cli.serve import LOG_LEVEL_ENV, configure_logging, shield_environment
+    from api.cli.serve import (
+        LOG_LEVEL_ENV,
+        configure_logging,
+        settle_collector,
+        shield_environment,
+    )
 
     configure_logging(os.environ.get(LOG_LEVEL_ENV, "info"))
     shield_environment()
-    return create_app(Settings())
+    app = create_app(Settings())
+    settle_collector()
+    return app

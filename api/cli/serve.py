@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -74,7 +75,9 @@ def serve(
         os.environ[LOG_LEVEL_ENV] = log_level
         several.serve(settings, host, port, log_level, workers)
         return
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    app = create_app(settings)
+    settle_collector()
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
 LOG_LEVEL_ENV = "CPN_SERVE_LOG_LEVEL"
@@ -89,6 +92,25 @@ def configure_logging(log_level: str) -> None:
         level=level if level in logging.getLevelNamesMapping() else logging.DEBUG,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+GC_THRESHOLDS = (50_000, 20, 100)
+"""The cyclic collector's thresholds in a serving process (Python's: 700, 10, 10)."""
+
+
+def settle_collector() -> None:
+    """Freeze what start-up built and collect generation 0 less often.
+
+    A request allocates thousands of container objects (pydantic models, SQLAlchemy rows,
+    ASGI scopes), so Python's threshold of 700 ran a collection every request or two, and
+    each older collection walked the app, its routes, schemas and mappers, which live as long
+    as the process. Frozen, they are never walked again; at 50,000 a collection runs every few
+    dozen requests and holds at most a few MB of cyclic garbage meanwhile. Heartbeats at
+    1,000/s offered, one worker: p99 465 -> 235 and 679 -> 137 ms on SQLite, 5.1 -> 0.17 and
+    4.7 -> 0.32 s on PostgreSQL (bench/results/api-throughput.md)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def shield_environment() -> None:
