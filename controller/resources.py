@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from itertools import zip_longest
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -258,6 +259,8 @@ def ingest_heartbeat(
 RENEW_CHUNK = 256
 """Beats renewed per statement: SQLite refuses a compound SELECT of more than 500 terms."""
 _BEAT_COLUMNS = ("name", "probe_url", "agent_version", "discovery")
+"""A beat's values in the renewal, in this order: cluster, probe URL, agent version, discovery;
+parameter `b_{column}_{row}` (named here once, for `_renewal` and its caller)."""
 
 
 def _padded(n: int) -> int:
@@ -336,10 +339,9 @@ def ingest_heartbeats(
         params: dict[str, Any] = {"b_now": now, "b_expires": expires}
         for i in range(size):  # padding rows name no cluster (NULL = name is never true)
             one = valid[chunk[i]] if i < len(chunk) else None
-            params[f"b_name_{i}"] = one.cluster if one else None
-            params[f"b_probe_url_{i}"] = one.probe_url if one else None
-            params[f"b_agent_version_{i}"] = one.agent_version if one else None
-            params[f"b_discovery_{i}"] = one.discovery if one else None
+            given = (one.cluster, one.probe_url, one.agent_version, one.discovery) if one else ()
+            for column_name, value in zip_longest(_BEAT_COLUMNS, given):
+                params[f"b_{column_name}_{i}"] = value
         rows = session.connection().execute(_renewal(size), params)  # Core: its key memoized
         renewed.update((name, cid) for cid, name in rows)
     held: dict[str, list[Any]] = {cid: [] for cid in renewed.values()}
