@@ -235,8 +235,9 @@ def list_jobs(
         session.get_bind().dialect.name, scope is not None, state is not None
     )
     where = {"tenant": scope, "state": state}
-    total = session.scalar(count_stmt, where) or 0
-    rows = session.execute(rows_stmt, {**where, "limit": page.limit, "offset": page.offset})
+    conn = session.connection()  # Core: columns, not entities, so the ORM has nothing to do
+    total = conn.execute(count_stmt, where).scalar() or 0
+    rows = conn.execute(rows_stmt, {**where, "limit": page.limit, "offset": page.offset})
     items = b",".join([_row_json(tuple(row)) for row in rows])
     # `Page`'s fields, in its order (the schema-conformance fuzz test holds this to Page[JobOut])
     body = b'{"items":[%b],"total":%d,"limit":%d,"offset":%d}' % (
