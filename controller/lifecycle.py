@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from controller.allocations import release
@@ -70,13 +71,24 @@ def transition(
     return event
 
 
-def created(session: Session, job: Job, reason: str) -> JobEvent:
-    """The first event of every job: it entered PENDING."""
-    event = JobEvent(
-        job_id=job.id, kind="state", from_state=None, to_state=JobState.PENDING, message=reason
+_INSERT_EVENT = insert(JobEvent)
+
+
+def created(session: Session, job: Job, reason: str) -> None:
+    """The first event of every job: it entered PENDING. Written at once, as one Core
+    statement (a submission's hot path), so the job's row must be written already."""
+    session.connection().execute(
+        _INSERT_EVENT,
+        {
+            "job_id": job.id,
+            "at": utcnow(),
+            "kind": "state",
+            "from_state": None,
+            "to_state": JobState.PENDING,
+            "message": reason,
+            "data": {},
+        },
     )
-    session.add(event)
-    return event
 
 
 def begin_run(session: Session, job: Job, message: str, clusters: dict[str, int]) -> int:
