@@ -96,13 +96,17 @@ class Network:
     def failpoint_dir(self) -> Path:
         return self.workdir / "failpoints"
 
-    def start(self, failpoints: str = "", migrate: bool = False) -> ControlPlane:
-        """`cpn serve` over the database, with these failpoints armed (none by default)."""
+    def start(
+        self, failpoints: str = "", migrate: bool = False, controller: bool = True
+    ) -> ControlPlane:
+        """`cpn serve` over the database, with these failpoints armed (none by default);
+        without `controller`, the API only (no placement passes)."""
         settings = {
             **SETTINGS,
             "CPN_CHECKPOINT_ROOT": str(self.workdir / "checkpoints"),
             "CPN_FAILPOINTS": failpoints,
             "CPN_FAILPOINT_DIR": str(self.failpoint_dir),
+            "CPN_RUN_CONTROLLER": "true" if controller else "false",
         }
         self.plane = start_control_plane(
             self.database_url, ADMIN_TOKEN, settings=settings, migrate=migrate
