@@ -38,9 +38,10 @@ class Gone(CpnError):
     status, slug, title = 410, "quote-expired", "Quote expired"
 
 
-def body_hash(spec: JobSpec) -> str:
-    """Fingerprint of a submission, to tell a retry from a different job under one key."""
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+def body_hash(stored: dict[str, Any]) -> str:
+    """Fingerprint of a submission (its spec as stored), to tell a retry from a different job
+    under one key."""
+    canonical = json.dumps(stored, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -213,9 +214,12 @@ def submit(
     of them) saves the lookup (a statement of the 8 a submission made, bench.api), and a
     retry still gets its job whatever would refuse a new one now (the queue cap, an expired
     quote, a network that shrank)."""
-    digest = body_hash(spec)
+    stored = spec.model_dump(mode="json")  # once: hashed here, stored by _create
+    digest = body_hash(stored)
     try:
-        job = _create(session, spec, tenant, idempotency_key, digest, task_modules, max_queued)
+        job = _create(
+            session, spec, stored, tenant, idempotency_key, digest, task_modules, max_queued
+        )
     except (CpnError, IntegrityError) as exc:
         if isinstance(exc, IntegrityError):  # the key's job exists: a retry, or a race lost
             session.rollback()
@@ -229,6 +233,7 @@ def submit(
 def _create(
     session: Session,
     spec: JobSpec,
+    stored: dict[str, Any],
     tenant: Tenant,
     idempotency_key: str | None,
     digest: str,
@@ -247,7 +252,7 @@ def _create(
         id=new_id(),
         tenant_id=tenant.id,
         name=spec.name,
-        spec=spec.model_dump(mode="json"),
+        spec=stored,
         state=JobState.PENDING,
         reason=reason or "waiting for the scheduler",
         priority=spec.qos.priority,
