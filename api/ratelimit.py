@@ -329,19 +329,13 @@ class RateLimitMiddleware:
         await self.app(scope, receive, send_wrapper)
 
 
-QUOTE_ROUTES = frozenset({("POST", "/v1/quotes")})
-"""Route templates (method, path) whose calls spend the tenant's quotes."""
-
-
-async def limit_tenant_routes(
+async def limit_quotes(
     request: Request, principal: Annotated[Principal, Depends(get_principal)]
 ) -> None:
-    """A router dependency: after authentication, before the body is validated, a session is
-    opened or the planner runs, spend one of the tenant's quotes on a quote route (429 when
-    there is none)."""
-    route = request.scope.get("route")
-    if (request.method, getattr(route, "path", "")) not in QUOTE_ROUTES:
-        return
+    """The quote route's dependency: after authentication, before the body is validated, a
+    session is opened or the planner runs, spend one of the tenant's quotes (429 when there is
+    none). On that route alone: as a dependency of every jobs route it cost each submission
+    and list read a dependency solve for nothing."""
     if principal.role != "tenant" or principal.scope is None:
         return  # an admin is refused by the route itself (tenants only)
     state = request.app.state

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -12,8 +11,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
-from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import JSON, ColumnElement, Select, Text, bindparam, cast, func, select, type_coerce
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import (
@@ -24,9 +22,11 @@ from api.deps import (
     current_principal,
     require,
 )
+from api.job_list import list_page
 from api.pagination import PageDep, fetch_page
 from api.problems import PROBLEM_BASE, problem
-from api.schemas import JobEventOut, JobMetricOut, JobOut, JobRow, Page, QuoteOut
+from api.ratelimit import limit_quotes
+from api.schemas import JobEventOut, JobMetricOut, JobOut, Page, QuoteOut
 from api.streams import EventStream, StreamSlot, StreamSlots
 from controller import jobs as job_service
 from controller import lifecycle
@@ -37,11 +37,8 @@ from controller.models import (
     Job,
     JobEvent,
     JobMetric,
-    JobStateType,
-    ModelJSON,
     Quote,
     Tenant,
-    UTCDateTime,
 )
 from controller.states import JobState
 
@@ -74,7 +71,12 @@ def _job_response(job: Job, status_code: int = status.HTTP_200_OK) -> Response:
     )
 
 
-@router.post("/quotes", status_code=status.HTTP_201_CREATED, response_model=QuoteOut)
+@router.post(
+    "/quotes",
+    status_code=status.HTTP_201_CREATED,
+    response_model=QuoteOut,
+    dependencies=[Depends(limit_quotes)],  # after authentication, before the body and planner
+)
 def create_quote(
     spec: JobSpec, session: SessionDep, principal: TenantDep, settings: SettingsDep
 ) -> QuoteOut:
@@ -135,91 +137,9 @@ def submit_job(
     return _job_response(result.job, created)
 
 
-_JOB_FIELDS = tuple(JobOut.model_fields)
-_ROW = TypeAdapter(JobRow)
-_JOB = TypeAdapter(JobOut)
-_JSON_FIELDS = tuple(
-    n for n in _JOB_FIELDS if isinstance(Job.__table__.c[n].type, JSON | ModelJSON)
-)
-_JSON_AT = tuple(_JOB_FIELDS.index(n) for n in _JSON_FIELDS)
-ROW_CACHE_ROWS = 2048
-ROW_CACHE_MAX_CHARS = 8192
-"""Rows rendered for the list are kept (least recently used first out) up to this many, each
-with at most this many characters of JSON text (the other columns are bounded strings): the
-cache's memory has a bound whatever tenants store."""
-
-
-def _render_row(row: tuple[Any, ...]) -> bytes:
-    """One job of the list as JSON: the row's text parsed by `JobRow` (one pydantic pass), or
-    for a spec nested deeper than pydantic's JSON parser goes (about 200 levels; a
-    submission's body may nest deeper) its JSON parsed in Python and validated as `JobOut`."""
-    item = dict(zip(_JOB_FIELDS, row, strict=True))
-    try:
-        return _ROW.dump_json(_ROW.validate_python(item))
-    except ValidationError:
-        for name in _JSON_FIELDS:
-            if isinstance(item[name], str):
-                item[name] = json.loads(item[name])
-        return _JOB.dump_json(_JOB.validate_python(item))
-
-
-_render_cached = functools.lru_cache(maxsize=ROW_CACHE_ROWS)(_render_row)
-
-
-def _row_json(row: tuple[Any, ...]) -> bytes:
-    """`_render_row`, kept per row: the answer is a function of the row's stored text alone
-    (a job changed in any listed column is another key, never a stale answer), and a list
-    polled again (the console's refresh, a tenant's loop) is mostly rows unchanged since."""
-    if sum(len(row[i] or "") for i in _JSON_AT) > ROW_CACHE_MAX_CHARS:
-        return _render_row(row)
-    return _render_cached(row)
-
-
-def _list_columns(dialect: str) -> list[ColumnElement[Any]]:
-    """The list's columns as `JobRow` parses them: JSON columns as their text, times as ISO
-    text in UTC (SQLite stores them as UTC 'YYYY-MM-DD HH:MM:SS.ffffff'), states as stored."""
-    cols: list[ColumnElement[Any]] = []
-    for name in _JOB_FIELDS:
-        col = Job.__table__.c[name]
-        if isinstance(col.type, UTCDateTime):
-            iso: ColumnElement[Any]
-            if dialect == "postgresql":
-                iso = func.to_char(func.timezone("UTC", col), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-            else:
-                iso = cast(col, Text) + "Z"
-            cols.append(type_coerce(iso, Text).label(name))
-        elif isinstance(col.type, JSON | ModelJSON):
-            cols.append(cast(col, Text).label(name))
-        elif isinstance(col.type, JobStateType):
-            cols.append(type_coerce(col, Text).label(name))
-        else:
-            cols.append(col)
-    return cols
-
-
-@functools.cache
-def _list_statements(
-    dialect: str, by_tenant: bool, by_state: bool
-) -> tuple[Select[Any], Select[Any]]:
-    """The page and its count, built once per shape (building and keying the statement for
-    SQLAlchemy's cache cost as much as running it)."""
-    where = []
-    if by_tenant:
-        where.append(Job.tenant_id == bindparam("tenant"))
-    if by_state:
-        where.append(Job.state == bindparam("state"))
-    rows = (
-        select(*_list_columns(dialect))
-        .where(*where)
-        .order_by(Job.created_at.desc(), Job.id.desc())
-        .limit(bindparam("limit"))
-        .offset(bindparam("offset"))
-    )
-    return rows, select(func.count()).select_from(Job).where(*where)
-
-
 @router.get("/jobs", response_model=Page[JobOut])
 def list_jobs(
+    request: Request,
     session: SessionDep,
     principal: ReaderDep,
     page: PageDep,
@@ -228,27 +148,19 @@ def list_jobs(
 ) -> Response:
     """Your jobs, newest first (admins: everyone's).
 
-    The list is the API's most frequent read: its rows are read as the database's text, each
-    parsed in one pass (`JobRow`) and rendered once while its stored text stays the same
-    (`_row_json`), and the page is answered as JSON joined here, so neither SQLAlchemy's
-    per-value processors nor FastAPI's second validation run."""
+    Answered as JSON joined by `api.job_list` (the page's keys, then only the rows this
+    replica has not rendered), so neither SQLAlchemy's per-value processors nor FastAPI's
+    second validation run."""
     scope = _scope(principal)
     if scope is None:  # an admin: everyone's, or the one tenant asked for
         scope = tenant or None
-    rows_stmt, count_stmt = _list_statements(
-        session.get_bind().dialect.name, scope is not None, state is not None
-    )
-    where = {"tenant": scope, "state": state}
-    conn = session.connection()  # Core: columns, not entities, so the ORM has nothing to do
-    total = conn.execute(count_stmt, where).scalar() or 0
-    rows = conn.execute(rows_stmt, {**where, "limit": page.limit, "offset": page.offset})
-    items = b",".join([_row_json(tuple(row)) for row in rows])
-    # `Page`'s fields, in its order (the schema-conformance fuzz test holds this to Page[JobOut])
-    body = b'{"items":[%b],"total":%d,"limit":%d,"offset":%d}' % (
-        items,
-        total,
-        page.limit,
-        page.offset,
+    body = list_page(
+        session.connection(),  # Core: columns, not entities, so the ORM has nothing to do
+        request.app.state.rendered_jobs,
+        tenant=scope,
+        state=state,
+        limit=page.limit,
+        offset=page.offset,
     )
     return Response(body, media_type="application/json")
 

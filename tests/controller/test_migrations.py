@@ -110,3 +110,35 @@ def test_upgrading_keeps_every_row(migrated_url: str, tmp_path) -> None:
 
         with scratch_database(PG_URL, "cpn_upgrade") as url:
             check(url)
+
+
+def test_every_update_of_a_job_moves_its_version(db_url: str) -> None:
+    """Revision 0014: an UPDATE of `jobs` that leaves `version` moves it (the job list keeps
+    rendered jobs by (id, version), `api.job_list`); one that sets it keeps what it set, so
+    the ORM's version counter works as before. Fails if a later migration that rebuilds the
+    table (SQLite's batch mode) loses the trigger."""
+    from sqlalchemy import MetaData, text
+
+    engine = make_engine(db_url)
+    meta = MetaData()
+    meta.reflect(engine, only=["tenants", "jobs"])
+    try:
+        with engine.begin() as conn:
+            tenant = _fill(conn, meta.tables["tenants"], {})
+            job = _fill(conn, meta.tables["jobs"], {"tenants": tenant})
+
+        def version() -> int:
+            with engine.connect() as conn:
+                return int(conn.execute(text("SELECT version FROM jobs")).scalar_one())
+
+        assert version() == 1
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE jobs SET reason = 'by hand' WHERE id = :id"), {"id": job})
+        assert version() == 2
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE jobs SET reason = 'orm', version = 7 WHERE id = :id"), {"id": job}
+            )
+        assert version() == 7
+    finally:
+        engine.dispose()
