@@ -29,7 +29,7 @@ from controller.plan import HeldPlan, JobPlan, QuoteOptions, plan_of
 from controller.snapshot import build_snapshot, build_world
 from controller.states import JobState
 from controller.tasks import builtin_work, check_allowed, check_task
-from controller.tenancy import check_grant
+from controller.tenancy import Grant, check_grant, live_grant
 
 QUOTE_TTL = timedelta(minutes=15)
 
@@ -155,7 +155,7 @@ def _infeasible_detail(failure: scheduler.Infeasible) -> str:
     return detail
 
 
-def admit(spec: JobSpec, tenant: Tenant, task_modules: Sequence[str]) -> None:
+def admit(spec: JobSpec, tenant: Grant, task_modules: Sequence[str]) -> None:
     """What a tenant may ask for at all: its task under CPN_TASK_MODULES (or a builtin), else
     422 naming `task`; a QoS class and priority within its grant, else 403 (tenancy)."""
     try:
@@ -173,7 +173,7 @@ def create_quote(
     task_modules: Sequence[str] = (),
 ) -> Quote:
     """Options for `spec`, stored for QUOTE_TTL; `task_modules`: CPN_TASK_MODULES."""
-    tenant = session.get(Tenant, tenant_id)
+    tenant = live_grant(session, tenant_id)
     if tenant is None:
         raise NotFound("the tenant of this key no longer exists; ask an admin", field="tenant")
     admit(spec, tenant, task_modules)
@@ -200,7 +200,7 @@ class Submitted:
 def submit(
     session: Session,
     spec: JobSpec,
-    tenant: Tenant,
+    tenant: Grant,
     idempotency_key: str | None,
     task_modules: Sequence[str] = (),
     max_queued: int = 0,
@@ -234,7 +234,7 @@ def _create(
     session: Session,
     spec: JobSpec,
     stored: dict[str, Any],
-    tenant: Tenant,
+    tenant: Grant,
     idempotency_key: str | None,
     digest: str,
     task_modules: Sequence[str],
@@ -299,7 +299,7 @@ CAP_SLACK = 1_000
 """How far below CPN_MAX_QUEUED_JOBS a submission counts without locking the tenant."""
 
 
-def _check_queue_cap(session: Session, tenant: Tenant, cap: int) -> None:
+def _check_queue_cap(session: Session, tenant: Grant, cap: int) -> None:
     """Refuse a submission past the tenant's cap of PENDING jobs (a retry of a job already
     submitted is answered before this).
 
@@ -334,7 +334,7 @@ _PENDING = select(func.count()).select_from(
 running it does, and a submission runs several (bench.api)."""
 
 
-def _pending(session: Session, tenant: Tenant, upto: int) -> int:
+def _pending(session: Session, tenant: Grant, upto: int) -> int:
     """The tenant's PENDING jobs, counted up to `upto` (an index-only count, cut short)."""
     conn = session.connection()  # Core: a count has no entities for the ORM to load
     return conn.execute(_PENDING, {"tenant": tenant.id, "upto": upto}).scalar() or 0
@@ -359,7 +359,7 @@ def _same_body(job: Job, digest: str) -> Job:
 
 
 def _hold_quote(
-    session: Session, spec: JobSpec, tenant: Tenant, request: scheduler.JobRequest, now: datetime
+    session: Session, spec: JobSpec, tenant: Grant, request: scheduler.JobRequest, now: datetime
 ) -> tuple[HeldPlan | None, str | None]:
     """The held price of the quote named in the spec, if its placement is still possible."""
     if spec.quote_id is None:
@@ -393,7 +393,7 @@ def _hold_quote(
 
 
 def _queue_reason(
-    session: Session, spec: JobSpec, tenant: Tenant, request: scheduler.JobRequest
+    session: Session, spec: JobSpec, tenant: Grant, request: scheduler.JobRequest
 ) -> str | None:
     """Refuse a spec that can never fit; say why a spec its own limits hold back will wait.
 

@@ -10,14 +10,55 @@ tenant's queued and running jobs with it, and a job never outranks what its tena
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, case
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy import ColumnElement, bindparam, case, select
+from sqlalchemy.orm import Session
 
 from controller.errors import Forbidden
 from controller.jobspec import QoSSpec
 from controller.models import Job, Tenant
 
 
-def check_grant(tenant: Tenant, qos: QoSSpec) -> None:
+class Grant(Protocol):
+    """What a quote or a submission reads of its tenant: a `Tenant` row is one."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def gpu_quota(self) -> int | None: ...
+    @property
+    def priority_ceiling(self) -> int: ...
+    @property
+    def qos_classes(self) -> Sequence[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TenantGrant:
+    id: str
+    gpu_quota: int | None
+    priority_ceiling: int
+    qos_classes: tuple[str, ...]
+
+
+_LIVE_GRANT = select(
+    Tenant.id, Tenant.gpu_quota, Tenant.priority_ceiling, Tenant.qos_classes
+).where(Tenant.id == bindparam("id"), Tenant.deleted_at.is_(None))
+
+
+def live_grant(session: Session, tenant_id: str) -> TenantGrant | None:
+    """The grant of a tenant not deleted (None: no such tenant), read as one Core row on the
+    session's connection: the ORM's identity load of the whole row was ~15 % of a
+    submission's CPU (py-spy), and a submission or quote only reads these four values."""
+    row = session.connection().execute(_LIVE_GRANT, {"id": tenant_id}).first()
+    if row is None:
+        return None
+    return TenantGrant(row.id, row.gpu_quota, row.priority_ceiling, tuple(row.qos_classes))
+
+
+def check_grant(tenant: Grant, qos: QoSSpec) -> None:
     """Forbidden (403) naming `qos.qos_class` or `qos.priority` when `qos` asks for more than
     the tenant was granted."""
     allowed = list(tenant.qos_classes)

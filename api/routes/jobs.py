@@ -38,18 +38,18 @@ from controller.models import (
     JobEvent,
     JobMetric,
     Quote,
-    Tenant,
 )
 from controller.states import JobState
+from controller.tenancy import TenantGrant, live_grant
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 TenantDep = Annotated[Principal, Depends(require("tenant"))]
 StateQuery = Annotated[JobState | None, Query(description="Only jobs in this state.")]
 
 
-def _tenant(session: SessionDep, principal: Principal) -> Tenant:
-    tenant = session.get(Tenant, principal.scope or "")
-    if tenant is None or tenant.deleted_at is not None:  # deleted: it cannot submit or quote
+def _tenant(session: SessionDep, principal: Principal) -> TenantGrant:
+    tenant = live_grant(session, principal.scope or "")
+    if tenant is None:  # or deleted: it cannot submit or quote
         raise NotFound("the tenant of this key no longer exists; ask an admin", field="tenant")
     return tenant
 
