@@ -345,7 +345,7 @@ class JobOut(BaseModel):
 
 class JobRow(JobOut):
     """`JobOut` read straight off the `jobs` columns, for the list: the JSON columns as their
-    text and the times as ISO text (`api.routes.jobs._list_columns`), parsed in one pydantic
+    text and the times as ISO text (`api.job_list._columns`), parsed in one pydantic
     pass instead of by SQLAlchemy's per-value processors and then validated again (a page of
     50 took 2.2 ms of CPU to fetch where the driver takes 0.3). It answers exactly as
     `JobOut` does (`tests/service/test_jobs_api.py`)."""
