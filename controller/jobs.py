@@ -29,7 +29,7 @@ from controller.plan import HeldPlan, JobPlan, QuoteOptions, plan_of
 from controller.snapshot import build_snapshot, build_world
 from controller.states import JobState
 from controller.tasks import builtin_work, check_allowed, check_task
-from controller.tenancy import Grant, check_grant, live_grant
+from controller.tenancy import Grant, check_grant, live_grant, live_grants
 
 QUOTE_TTL = timedelta(minutes=15)
 
@@ -197,56 +197,119 @@ class Submitted:
     created: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One job submitted by one tenant, with its Idempotency-Key if it sent one."""
+
+    spec: JobSpec
+    tenant_id: str
+    idempotency_key: str | None = None
+
+
+SubmitOutcome = Submitted | CpnError
+"""What a submission in a batch came to: its job, or the problem it alone was refused with."""
+
+
 def submit(
     session: Session,
-    spec: JobSpec,
-    tenant: Grant,
-    idempotency_key: str | None,
+    item: Submission,
     task_modules: Sequence[str] = (),
     max_queued: int = 0,
 ) -> Submitted:
-    """Create a PENDING job, or return the job an earlier submission with this key created.
+    """Create a PENDING job, or return the job an earlier submission with this key created
+    (also when that submission's commit raced this one's insert); the caller commits.
 
     `task_modules`: CPN_TASK_MODULES (default: builtin tasks only); `max_queued`:
-    CPN_MAX_QUEUED_JOBS (0: no cap).
-
-    The key is looked up only when the insert or a check refuses: a first submission (most
-    of them) saves the lookup (a statement of the 8 a submission made, bench.api), and a
-    retry still gets its job whatever would refuse a new one now (the queue cap, an expired
-    quote, a network that shrank)."""
-    stored = spec.model_dump(mode="json")  # once: hashed here, stored by _create
-    digest = body_hash(stored)
+    CPN_MAX_QUEUED_JOBS (0: no cap)."""
     try:
-        job = _create(
-            session, spec, stored, tenant, idempotency_key, digest, task_modules, max_queued
+        [outcome] = submit_many(session, [item], task_modules, max_queued)
+    except IntegrityError:  # the key's job exists: a retry, or a race lost
+        session.rollback()
+        existing = (
+            _by_key(session, item.tenant_id, item.idempotency_key) if item.idempotency_key else None
         )
-    except (CpnError, IntegrityError) as exc:
-        if isinstance(exc, IntegrityError):  # the key's job exists: a retry, or a race lost
-            session.rollback()
-        existing = _by_key(session, tenant.id, idempotency_key) if idempotency_key else None
         if existing is None:
             raise
+        return Submitted(_same_body(existing, body_hash(item.spec.model_dump(mode="json"))), False)
+    if isinstance(outcome, CpnError):
+        raise outcome
+    return outcome
+
+
+def submit_many(
+    session: Session,
+    items: Sequence[Submission],
+    task_modules: Sequence[str] = (),
+    max_queued: int = 0,
+) -> list[SubmitOutcome]:
+    """Create a PENDING job for each item in the session's transaction (the caller commits);
+    an item refused alone wrote nothing, and one whose key made a job before gets that job.
+
+    What every submission reads is read once for the batch (api.submissions' group commit):
+    the network's offered GPUs, each tenant's grant, and with a queue cap its PENDING jobs,
+    to which those accepted here are added. The jobs and their first events are then written
+    as one insert each. A key is looked up only when a check refuses its item (a first
+    submission, most of them, saves the lookup); a key already taken (stored, or twice in the
+    batch) makes the insert raise `IntegrityError`, with nothing written: `submit` each item
+    alone then, which answers that key's job."""
+    grants = live_grants(session, {item.tenant_id for item in items})
+    offered = offered_gpus(session)
+    queues: dict[str, _Queue] = {}
+    outcomes: list[SubmitOutcome] = []
+    jobs: list[tuple[Job, str]] = []  # each with the reason it waits, its first event
+    for item in items:
+        stored = item.spec.model_dump(mode="json")  # once: hashed here, stored in the job
+        digest = body_hash(stored)
+        try:
+            grant = grants.get(item.tenant_id)
+            if grant is None:  # or deleted: it cannot submit
+                raise NotFound(
+                    "the tenant of this key no longer exists; ask an admin", field="tenant"
+                )
+            job, why = _create(session, item, stored, grant, digest, task_modules, offered)
+            if max_queued:  # last, so a tenant's lock is taken only for what will be written
+                _check_queue_cap(session, grant, max_queued, queues)
+        except CpnError as exc:
+            outcomes.append(_refused(session, item, digest, exc))
+            continue
+        jobs.append((job, why))
+        outcomes.append(Submitted(job, created=True))
+    if jobs:
+        _insert(session, [job for job, _why in jobs])
+        lifecycle.created_many(session, jobs)
+    return outcomes
+
+
+def _refused(session: Session, item: Submission, digest: str, exc: CpnError) -> SubmitOutcome:
+    """A retry still gets its job whatever would refuse a new one now (the queue cap, an
+    expired quote, a network that shrank)."""
+    if item.idempotency_key is None:
+        return exc
+    existing = _by_key(session, item.tenant_id, item.idempotency_key)
+    if existing is None:
+        return exc
+    try:
         return Submitted(_same_body(existing, digest), created=False)
-    return Submitted(job, created=True)
+    except Invalid as mismatch:
+        return mismatch
 
 
 def _create(
     session: Session,
-    spec: JobSpec,
+    item: Submission,
     stored: dict[str, Any],
     tenant: Grant,
-    idempotency_key: str | None,
     digest: str,
     task_modules: Sequence[str],
-    max_queued: int,
-) -> Job:
+    offered: int,
+) -> tuple[Job, str]:
+    """The job `item` makes (not written yet), and the reason it waits, for its first event."""
+    spec = item.spec
     admit(spec, tenant, task_modules)
     now = utcnow()
     request = job_request(spec, tenant.id, now)
     held, reason = _hold_quote(session, spec, tenant, request, now)
-    reason = reason or _queue_reason(session, spec, tenant, request)
-    if max_queued:  # last, so the tenant's lock is held for the insert only, not the planning
-        _check_queue_cap(session, tenant, max_queued)
+    reason = reason or _queue_reason(session, spec, tenant, request, offered)
     lo, hi = spec.gpu_range
     job = Job(
         id=new_id(),
@@ -261,7 +324,7 @@ def _create(
         gpus_min=lo,
         gpus_max=hi,
         run_s=scheduler.reference_run_s(request),
-        idempotency_key=idempotency_key,
+        idempotency_key=item.idempotency_key,
         request_hash=digest,
         quote_id=spec.quote_id,
         held_price=held,
@@ -278,30 +341,42 @@ def _create(
         ends_at=None,
         version=1,
     )
-    _insert(session, job)
-    lifecycle.created(session, job, reason or "submitted")
-    return job
+    return job, reason or "submitted"
 
 
 _INSERT_JOB = insert(Job)
 _JOB_COLUMNS = tuple(c.key for c in Job.__table__.columns)
 
 
-def _insert(session: Session, job: Job) -> None:
-    """Write a new job's row, every column as set on `job`, as one Core statement in the
-    session's transaction; `job` stays detached (the answer's values, not a tracked entity).
-    The ORM's unit of work (change tracking, ordering, version check, the row's fetch-back)
-    cost a third of a submission's CPU and had nothing to decide for one new row."""
-    session.connection().execute(_INSERT_JOB, {k: getattr(job, k) for k in _JOB_COLUMNS})
+def _insert(session: Session, jobs: Sequence[Job]) -> None:
+    """Write new jobs' rows, every column as set on each, as one Core statement in the
+    session's transaction; the jobs stay detached (the answers' values, not tracked
+    entities). The ORM's unit of work (change tracking, ordering, version check, the row's
+    fetch-back) cost a third of a submission's CPU and had nothing to decide for new rows."""
+    rows = [{k: getattr(job, k) for k in _JOB_COLUMNS} for job in jobs]
+    session.connection().execute(_INSERT_JOB, rows)
 
 
 CAP_SLACK = 1_000
 """How far below CPN_MAX_QUEUED_JOBS a submission counts without locking the tenant."""
 
 
-def _check_queue_cap(session: Session, tenant: Grant, cap: int) -> None:
+@dataclass
+class _Queue:
+    """A tenant's PENDING jobs as a batch counts them: read once, then its own accepted."""
+
+    stored: int
+    locked: bool = False
+    accepted: int = 0
+
+    @property
+    def queued(self) -> int:
+        return self.stored + self.accepted
+
+
+def _check_queue_cap(session: Session, tenant: Grant, cap: int, queues: dict[str, _Queue]) -> None:
     """Refuse a submission past the tenant's cap of PENDING jobs (a retry of a job already
-    submitted is answered before this).
+    submitted is answered before this); count it in `queues` (the batch's, per tenant).
 
     Within `CAP_SLACK` of the cap the tenant row is locked first (SQLite: the database's
     write lock), so concurrent submissions count each other and cannot overshoot together.
@@ -310,18 +385,23 @@ def _check_queue_cap(session: Session, tenant: Grant, cap: int) -> None:
     PostgreSQL with two workers, bench.api). A submission counted there can overshoot only by
     staying uncommitted while `CAP_SLACK` others commit, and then by at most the submissions
     in flight at once."""
-    if _pending(session, tenant, cap) < cap - CAP_SLACK:
-        return
-    lock_for_update(session)  # SQLite: its write lock now, or two counts could both pass
-    # NO KEY UPDATE: these serialise, while the jobs' foreign-key checks (KEY SHARE) pass
-    session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update(key_share=True))
-    queued = _pending(session, tenant, cap)
-    if queued >= cap:
+    queue = queues.get(tenant.id)
+    if queue is None:
+        queue = queues[tenant.id] = _Queue(_pending(session, tenant, cap))
+    if not queue.locked and queue.queued >= cap - CAP_SLACK:
+        lock_for_update(session)  # SQLite: its write lock now, or two counts could both pass
+        # NO KEY UPDATE: these serialise, while the jobs' foreign-key checks (KEY SHARE) pass
+        session.execute(
+            select(Tenant.id).where(Tenant.id == tenant.id).with_for_update(key_share=True)
+        )
+        queue.stored, queue.locked = _pending(session, tenant, cap), True
+    if queue.queued >= cap:
         raise TooMany(
-            f"{queued} jobs are queued, the most is {cap} (CPN_MAX_QUEUED_JOBS); wait for some "
-            "to start or cancel some",
+            f"{queue.queued} jobs are queued, the most is {cap} (CPN_MAX_QUEUED_JOBS); wait for "
+            "some to start or cancel some",
             field="tenant",
         )
+    queue.accepted += 1
 
 
 _PENDING = select(func.count()).select_from(
@@ -393,7 +473,7 @@ def _hold_quote(
 
 
 def _queue_reason(
-    session: Session, spec: JobSpec, tenant: Grant, request: scheduler.JobRequest
+    session: Session, spec: JobSpec, tenant: Grant, request: scheduler.JobRequest, total: int
 ) -> str | None:
     """Refuse a spec that can never fit; say why a spec its own limits hold back will wait.
 
@@ -403,8 +483,8 @@ def _queue_reason(
     the reconcile loop, which plans every queued job, keeps each one's waiting reason current
     -- a planner run and an O(queue) commitment sum per submission were half of its time
     (bench/results/api-throughput.md).
+    `total`: the GPUs the network offers (`offered_gpus`, read once for a batch).
     """
-    total = offered_gpus(session)
     lo, _hi = spec.gpu_range
     if lo > total:
         raise Invalid(

@@ -4,6 +4,7 @@ every run ends through `end_run`, which gives the GPUs back and bills them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -75,19 +76,28 @@ _INSERT_EVENT = insert(JobEvent)
 
 
 def created(session: Session, job: Job, reason: str) -> None:
-    """The first event of every job: it entered PENDING. Written at once, as one Core
-    statement (a submission's hot path), so the job's row must be written already."""
+    """The first event of every job: it entered PENDING (`created_many` of one)."""
+    created_many(session, [(job, reason)])
+
+
+def created_many(session: Session, jobs: Sequence[tuple[Job, str]]) -> None:
+    """The first event of each job, with the reason it entered PENDING. Written at once, as
+    one Core statement (a submission's hot path), so the jobs' rows must be written already."""
+    at = utcnow()
     session.connection().execute(
         _INSERT_EVENT,
-        {
-            "job_id": job.id,
-            "at": utcnow(),
-            "kind": "state",
-            "from_state": None,
-            "to_state": JobState.PENDING,
-            "message": reason,
-            "data": {},
-        },
+        [
+            {
+                "job_id": job.id,
+                "at": at,
+                "kind": "state",
+                "from_state": None,
+                "to_state": JobState.PENDING,
+                "message": reason,
+                "data": {},
+            }
+            for job, reason in jobs
+        ],
     )
 
 

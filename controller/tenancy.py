@@ -10,7 +10,7 @@ tenant's queued and running jobs with it, and a job never outranks what its tena
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,19 +43,24 @@ class TenantGrant:
     qos_classes: tuple[str, ...]
 
 
-_LIVE_GRANT = select(
+_LIVE_GRANTS = select(
     Tenant.id, Tenant.gpu_quota, Tenant.priority_ceiling, Tenant.qos_classes
-).where(Tenant.id == bindparam("id"), Tenant.deleted_at.is_(None))
+).where(Tenant.id.in_(bindparam("ids", expanding=True)), Tenant.deleted_at.is_(None))
+
+
+def live_grants(session: Session, tenant_ids: Iterable[str]) -> dict[str, TenantGrant]:
+    """The grants of those tenants not deleted (a tenant missing: none such), read as Core rows
+    on the session's connection: the ORM's identity load of the whole row was ~15 % of a
+    submission's CPU (py-spy), and a submission or quote only reads these four values."""
+    rows = session.connection().execute(_LIVE_GRANTS, {"ids": list(tenant_ids)})
+    return {
+        r.id: TenantGrant(r.id, r.gpu_quota, r.priority_ceiling, tuple(r.qos_classes)) for r in rows
+    }
 
 
 def live_grant(session: Session, tenant_id: str) -> TenantGrant | None:
-    """The grant of a tenant not deleted (None: no such tenant), read as one Core row on the
-    session's connection: the ORM's identity load of the whole row was ~15 % of a
-    submission's CPU (py-spy), and a submission or quote only reads these four values."""
-    row = session.connection().execute(_LIVE_GRANT, {"id": tenant_id}).first()
-    if row is None:
-        return None
-    return TenantGrant(row.id, row.gpu_quota, row.priority_ceiling, tuple(row.qos_classes))
+    """The grant of a tenant not deleted (None: no such tenant)."""
+    return live_grants(session, (tenant_id,)).get(tenant_id)
 
 
 def check_grant(tenant: Grant, qos: QoSSpec) -> None:

@@ -28,9 +28,11 @@ from api.problems import PROBLEM_BASE, problem
 from api.ratelimit import limit_quotes
 from api.schemas import JobEventOut, JobMetricOut, JobOut, Page, QuoteOut
 from api.streams import EventStream, StreamSlot, StreamSlots
+from api.submissions import SubmissionBatcher
 from controller import jobs as job_service
 from controller import lifecycle
 from controller.errors import Invalid, NotFound, PreconditionFailed
+from controller.jobs import Submission
 from controller.jobspec import JobSpec
 from controller.keys import Principal
 from controller.models import (
@@ -40,18 +42,10 @@ from controller.models import (
     Quote,
 )
 from controller.states import JobState
-from controller.tenancy import TenantGrant, live_grant
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 TenantDep = Annotated[Principal, Depends(require("tenant"))]
 StateQuery = Annotated[JobState | None, Query(description="Only jobs in this state.")]
-
-
-def _tenant(session: SessionDep, principal: Principal) -> TenantGrant:
-    tenant = live_grant(session, principal.scope or "")
-    if tenant is None:  # or deleted: it cannot submit or quote
-        raise NotFound("the tenant of this key no longer exists; ask an admin", field="tenant")
-    return tenant
 
 
 def _scope(principal: Principal) -> str | None:
@@ -82,7 +76,7 @@ def create_quote(
 ) -> QuoteOut:
     """Options from the planner over the live network: fastest, cheapest, within the deadline."""
     ttl = timedelta(seconds=settings.quote_ttl_s)
-    # create_quote reads the tenant's grant once (a deleted tenant: the same 404 as _tenant's)
+    # create_quote reads the tenant's grant (a deleted tenant: 404 naming `tenant`)
     tenant_id = principal.scope or ""
     quote = job_service.create_quote(session, spec, tenant_id, ttl, settings.task_prefixes())
     session.commit()
@@ -113,27 +107,21 @@ def get_quote(quote_id: str, session: SessionDep, principal: TenantDep) -> Quote
     response_model=JobOut,
     responses={200: {"model": JobOut, "description": "An earlier submission with this key."}},
 )
-def submit_job(
+async def submit_job(
     spec: JobSpec,
-    session: SessionDep,
+    request: Request,
     principal: TenantDep,
-    settings: SettingsDep,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=128, description="Retries with the same key and body return one job."),
     ] = None,
 ) -> Response:
-    """Submit a job; it starts PENDING, with the reason it waits when it cannot run yet."""
-    tenant = _tenant(session, principal)
-    result = job_service.submit(
-        session,
-        spec,
-        tenant,
-        idempotency_key,
-        settings.task_prefixes(),
-        max_queued=settings.max_queued_jobs,
-    )
-    session.commit()
+    """Submit a job; it starts PENDING, with the reason it waits when it cannot run yet.
+
+    Submissions that arrive together are written in one transaction (`api.submissions`)."""
+    submissions: SubmissionBatcher = request.app.state.submissions
+    item = Submission(spec, principal.scope or "", idempotency_key)
+    result = await submissions.run(item)
     created = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
     return _job_response(result.job, created)
 

@@ -20,12 +20,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat
-from api.heartbeats import BatchFailed, HeartbeatBatcher, latest_per_cluster
+from api.group_commit import BatchFailed
+from api.heartbeats import HeartbeatBatcher, latest_per_cluster
 from controller.db import make_engine, make_sessionmaker
 from controller.errors import NotFound
 from controller.leases import LeasePolicy
 from controller.models import Cluster, GpuInventory
 from controller.resources import RENEW_CHUNK, HeartbeatResult, PeerTable
+from tests.api.batches import one_batch
 from tests.conftest import LiveServer
 
 POLICY = LeasePolicy(heartbeat_interval_s=10, grace_s=40)
@@ -67,23 +69,8 @@ def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
 async def _one_batch(
     batcher: HeartbeatBatcher, bodies: list[Heartbeat]
 ) -> list[HeartbeatResult | Exception]:
-    """Ingest `bodies` concurrently, all in one batch: the one writer is held until every
-    beat has joined (the first leads and waits for it, the rest join its open batch)."""
-    out: list[HeartbeatResult | Exception] = [RuntimeError("unanswered")] * len(bodies)
-
-    async def one(i: int) -> None:
-        try:
-            out[i], _peers = await batcher.ingest(bodies[i])
-        except Exception as exc:
-            out[i] = exc
-
-    await batcher.writers.acquire()
-    async with anyio.create_task_group() as tg:
-        for i in range(len(bodies)):
-            tg.start_soon(one, i)
-        await anyio.wait_all_tasks_blocked()
-        batcher.writers.release()
-    return out
+    """Ingest `bodies` concurrently, all in one batch (`one_batch`); each beat's lease."""
+    return [r if isinstance(r, Exception) else r[0] for r in await one_batch(batcher, bodies)]
 
 
 def test_latest_report_of_a_cluster_wins() -> None:
@@ -98,7 +85,7 @@ def test_a_batch_with_two_reports_for_one_cluster_keeps_the_latest(db_url: str) 
         batcher = HeartbeatBatcher(sessions, POLICY, PeerTable(), workers=1, window_s=0)
         bodies = [_beat("c0", 4), _beat("c1", 2), _beat("c0", 8)]
         results = anyio.run(_one_batch, batcher, bodies)
-        assert batcher.batches == 1 and batcher.beats == 3
+        assert batcher.batches == 1 and batcher.items == 3
         assert all(isinstance(r, HeartbeatResult) and r.state == "READY" for r in results)
         assert results[0] == results[2]  # both reports of c0 answered with the one renewal
         assert _counts(sessions) == {"c0": 8, "c1": 2}

@@ -227,9 +227,8 @@ class GpuBooks(RuleBasedStateMachine):
         )
         try:
             with self.sessions() as s, s.begin():
-                tenant = s.get(Tenant, self.tenant_id)
-                assert tenant is not None
-                self.jobs.append(jobs.submit(s, spec, tenant, None).job.id)
+                item = jobs.Submission(spec, self.tenant_id)
+                self.jobs.append(jobs.submit(s, item).job.id)
         except CpnError:
             pass  # refused at the door (e.g. more GPUs than are offered): nothing to account
         if then_place:

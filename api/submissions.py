@@ -1,0 +1,60 @@
+"""Group commit for job submissions (`api.group_commit`): submissions that arrive together
+are written in one transaction, each answered once its job is durable.
+
+A submission's commit and the reads every submission repeats (the network's offered GPUs,
+its tenant's grant, the tenant's queue) were most of what the database cost it. A batch
+answers each submission on its own (`controller.jobs.submit_many`): one refused (a grant, the
+queue cap, a spec that can never fit) gets its own problem, and the rest are written. A key
+already used makes the batch's insert fail with nothing written; each of its submissions is
+then written alone, as one transaction each, which answers a retry with its key's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.group_commit import GroupCommit
+from controller import jobs
+from controller.errors import CpnError
+from controller.jobs import Submission, SubmitOutcome, Submitted
+
+
+class SubmissionBatcher(GroupCommit[Submission, Submitted]):
+    """Coalesces concurrent job submissions into group commits.
+
+    `task_modules`: CPN_TASK_MODULES; `max_queued`: CPN_MAX_QUEUED_JOBS (0: no cap)."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        task_modules: Sequence[str],
+        max_queued: int,
+        workers: int,
+    ) -> None:
+        super().__init__(self._write, what="job submission", workers=workers)
+        self.sessions = sessions
+        self.task_modules = tuple(task_modules)
+        self.max_queued = max_queued
+
+    def _write(self, items: list[Submission]) -> list[SubmitOutcome]:
+        with self.sessions() as session:
+            try:
+                outcomes = jobs.submit_many(session, items, self.task_modules, self.max_queued)
+                session.commit()
+                return outcomes
+            except IntegrityError:
+                session.rollback()
+        return [self._alone(item) for item in items]
+
+    def _alone(self, item: Submission) -> SubmitOutcome:
+        with self.sessions() as session:
+            try:
+                submitted = jobs.submit(session, item, self.task_modules, self.max_queued)
+            except CpnError as exc:
+                return exc
+            session.commit()
+            return submitted
