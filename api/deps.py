@@ -56,7 +56,8 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
 
     Async so that FastAPI opens it on the event loop (a session connects lazily, on its first
     query, in the route's thread). Closing ends its transaction: in-process on SQLite, a
-    round trip on a server database, so there a session still in one is closed on a thread.
+    round trip on a server database, so there a session still in one is closed on a thread
+    (one that read with `autocommit_read` is in none).
     """
     slots: anyio.Semaphore = request.app.state.db_slots
     try:  # a free slot (the common case) is taken without a cancel scope or a checkpoint
@@ -74,13 +75,31 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         try:
             yield session
         finally:
-            if session.in_transaction() and session.get_bind().dialect.name != "sqlite":
+            if (
+                session.in_transaction()
+                and session.get_bind().dialect.name != "sqlite"
+                and not session.info.get(_NO_TRANSACTION)
+            ):
                 with anyio.CancelScope(shield=True):  # a client gone still frees the connection
                     await anyio.to_thread.run_sync(session.close)
             else:
                 session.close()
     finally:
         slots.release()
+
+
+def autocommit_read(session: Session) -> dict[str, Any]:
+    """Execution options for a read whose statements need no snapshot in common: on a server
+    database, no transaction, so no `BEGIN` and `ROLLBACK` round trips around it (the job
+    list: its keys and count are one statement, and it answers rows read after them as
+    read). SQLite's transactions cost no round trip: none asked there."""
+    if session.get_bind().dialect.name == "sqlite":
+        return {}
+    session.info[_NO_TRANSACTION] = True  # so closing it needs no round trip, nor a thread
+    return {"isolation_level": "AUTOCOMMIT"}
+
+
+_NO_TRANSACTION = "cpn.no_transaction"
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

@@ -18,6 +18,7 @@ from api.deps import (
     ReaderDep,
     SessionDep,
     SettingsDep,
+    autocommit_read,
     caller_key_hash,
     current_principal,
     require,
@@ -144,7 +145,8 @@ def list_jobs(
     if scope is None:  # an admin: everyone's, or the one tenant asked for
         scope = tenant or None
     body = list_page(
-        session.connection(),  # Core: columns, not entities, so the ORM has nothing to do
+        # Core: columns, not entities, so the ORM has nothing to do
+        session.connection(execution_options=autocommit_read(session)),
         request.app.state.rendered_jobs,
         tenant=scope,
         state=state,
