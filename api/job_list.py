@@ -65,12 +65,17 @@ class RenderedJobs:
         self._items: OrderedDict[Key, bytes] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Key) -> bytes | None:
+    def get_many(self, keys: Sequence[Key]) -> dict[str, bytes]:
+        """The kept items of `keys`, by job id: a page's in one hold of the lock (a hold per
+        job was 4 % of a list read's CPU, py-spy)."""
+        found: dict[str, bytes] = {}
         with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
+            for key in keys:
+                item = self._items.get(key)
+                if item is not None:
+                    self._items.move_to_end(key)
+                    found[key[0]] = item
+        return found
 
     def put(self, key: Key, item: bytes) -> None:
         with self._lock:
@@ -158,11 +163,7 @@ def list_page(
     page = conn.execute(keys_stmt, {**where, "limit": limit, "offset": offset}).all()
     total = page[0][2] if page else conn.execute(count_stmt, where).scalar() or 0
     keys: list[Key] = [(i, v) for i, v, _ in page]
-    items: dict[str, bytes] = {}
-    for key in keys:
-        item = rendered.get(key)
-        if item is not None:
-            items[key[0]] = item
+    items = rendered.get_many(keys)
     missing = [i for i, _ in keys if i not in items]
     if missing:
         # Read now, so possibly a version newer than its key's: answered, and kept, as read.
