@@ -6,20 +6,24 @@ its tenant's grant, the tenant's queue) were most of what the database cost it. 
 answers each submission on its own (`controller.jobs.submit_many`): one refused (a grant, the
 queue cap, a spec that can never fit) gets its own problem, and the rest are written. A key
 already used makes the batch's insert fail with nothing written; each of its submissions is
-then written alone, as one transaction each, which answers a retry with its key's job.
+then written alone, as one transaction each, which answers a retry with its key's job (one
+the database still refuses then is a 503 alone: others may be committed already).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.group_commit import GroupCommit
+from api.group_commit import BatchFailed, GroupCommit
 from controller import jobs
 from controller.errors import CpnError
 from controller.jobs import Submission, SubmitOutcome, Submitted
+
+log = logging.getLogger("cpn.api")
 
 
 class SubmissionBatcher(GroupCommit[Submission, Submitted]):
@@ -56,5 +60,12 @@ class SubmissionBatcher(GroupCommit[Submission, Submitted]):
                 submitted = jobs.submit(session, item, self.task_modules, self.max_queued)
             except CpnError as exc:
                 return exc
+            except IntegrityError as exc:  # its key's job gone meanwhile, a tenant deleted
+                # this one alone: the batch's others may be committed already
+                log.error("a job submission failed: %s", exc)
+                return BatchFailed(
+                    "the database could not store this job submission (it was rolled back); "
+                    "retry shortly"
+                )
             session.commit()
             return submitted

@@ -251,13 +251,19 @@ def submit_many(
     as one insert each. A key is looked up only when a check refuses its item (a first
     submission, most of them, saves the lookup); a key already taken (stored, or twice in the
     batch) makes the insert raise `IntegrityError`, with nothing written: `submit` each item
-    alone then, which answers that key's job."""
+    alone then, which answers that key's job.
+
+    Items are taken tenant by tenant (in the order of their ids; a tenant's own in arrival
+    order, which the queue cap counts in), and rows inserted in (tenant, key) order: two
+    batches on PostgreSQL then take tenants' locks and keys' index entries in one order,
+    so they wait on each other but never deadlock."""
     grants = live_grants(session, {item.tenant_id for item in items})
     offered = offered_gpus(session)
     queues: dict[str, _Queue] = {}
-    outcomes: list[SubmitOutcome] = []
+    outcomes: list[SubmitOutcome | None] = [None] * len(items)
     jobs: list[tuple[Job, str]] = []  # each with the reason it waits, its first event
-    for item in items:
+    for at in sorted(range(len(items)), key=lambda i: items[i].tenant_id):
+        item = items[at]
         stored = item.spec.model_dump(mode="json")  # once: hashed here, stored in the job
         digest = body_hash(stored)
         try:
@@ -270,14 +276,15 @@ def submit_many(
             if max_queued:  # last, so a tenant's lock is taken only for what will be written
                 _check_queue_cap(session, grant, max_queued, queues)
         except CpnError as exc:
-            outcomes.append(_refused(session, item, digest, exc))
+            outcomes[at] = _refused(session, item, digest, exc)
             continue
         jobs.append((job, why))
-        outcomes.append(Submitted(job, created=True))
+        outcomes[at] = Submitted(job, created=True)
     if jobs:
+        jobs.sort(key=lambda made: (made[0].tenant_id, made[0].idempotency_key or ""))
         _insert(session, [job for job, _why in jobs])
         lifecycle.created_many(session, jobs)
-    return outcomes
+    return [outcome for outcome in outcomes if outcome is not None]
 
 
 def _refused(session: Session, item: Submission, digest: str, exc: CpnError) -> SubmitOutcome:
