@@ -227,6 +227,9 @@ def cpn_server(database_url: str, workers: int = 1) -> Iterator[tuple[str, int]]
             "CPN_RUN_CONTROLLER": "false",
             "CPN_LEASE_GRACE_S": "86400",
             "CPN_KEY_RATE_LIMIT": "0",
+            # ...and it may queue more than the default cap of 10,000 PENDING jobs (a fast
+            # machine submits that many in 8 s): the cap's check still runs, far from it.
+            "CPN_MAX_QUEUED_JOBS": "1000000",
         },
         workers=workers,
     )
