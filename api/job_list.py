@@ -11,6 +11,9 @@ A key names one stored row: every write to `jobs` moves its `version` (the ORM's
 counter; the Core updates set it; and since revision 0014 a database trigger moves it for any
 other `UPDATE` that leaves it), the invariant its ETag already stands on. So a job changed in
 any column is another key and never answered stale.
+
+Its `total` costs a few rows, not a count of the tenant's jobs: triggers keep each tenant's
+number of jobs in `job_counts` (revision 0015).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import (
     JSON,
+    BigInteger,
     ColumnElement,
     Connection,
     Select,
@@ -37,7 +41,7 @@ from sqlalchemy import (
 )
 
 from api.schemas import JobOut, JobRow
-from controller.models import Job, JobStateType, ModelJSON, UTCDateTime
+from controller.models import Job, JobCount, JobStateType, ModelJSON, UTCDateTime
 
 _FIELDS = tuple(JobOut.model_fields)
 _ROW = TypeAdapter(JobRow)
@@ -126,13 +130,20 @@ def _keys(by_tenant: bool, by_state: bool) -> tuple[Select[str, int, int], Selec
     """The page's keys, each row with the count of all (an uncorrelated subquery both
     backends run once: one statement, not two), and the count alone for a page with no rows.
     Built once per shape: building and keying a statement for SQLAlchemy's cache cost as much
-    as running it."""
+    as running it.
+
+    Without a state the count is the sum of the tenant's (or every tenant's) `job_counts`
+    rows, which triggers keep (revision 0015): a few rows, however many jobs. A state's count
+    still counts its jobs (states change too often to keep counts of)."""
     where = []
     if by_tenant:
         where.append(Job.tenant_id == bindparam("tenant"))
     if by_state:
         where.append(Job.state == bindparam("state"))
-    count = select(func.count()).select_from(Job).where(*where)
+        count = select(func.count()).select_from(Job).where(*where)
+    else:
+        kept = [JobCount.tenant_id == bindparam("tenant")] if by_tenant else []
+        count = select(cast(func.coalesce(func.sum(JobCount.n), 0), BigInteger)).where(*kept)
     keys = (
         select(Job.id, Job.version, count.correlate(None).scalar_subquery())
         .where(*where)

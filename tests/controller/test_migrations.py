@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
@@ -78,7 +79,7 @@ def test_upgrading_keeps_every_row(migrated_url: str, tmp_path) -> None:
 
     SQLite rebuilds a table to alter it; with foreign keys on, dropping the old copy would
     cascade-delete the rows that reference it (a job's events, usage, the ledger)."""
-    from sqlalchemy import MetaData, func, select
+    from sqlalchemy import MetaData, func, select, text
 
     from controller.db import is_sqlite, scratch_database
     from controller.migrate import upgrade
@@ -100,8 +101,10 @@ def test_upgrading_keeps_every_row(migrated_url: str, tmp_path) -> None:
             counts = {
                 t.name: conn.execute(select(func.count()).select_from(t)).scalar() for t in tables
             }
+            kept = conn.execute(text("SELECT sum(n) FROM job_counts")).scalar()
         engine.dispose()
         assert counts == {t.name: 1 for t in tables}
+        assert kept == 1  # revision 0015 counted the job already there
 
     if is_sqlite(migrated_url):
         check(f"sqlite:///{tmp_path / 'old.db'}")
@@ -141,4 +144,92 @@ def test_every_update_of_a_job_moves_its_version(db_url: str) -> None:
             )
         assert version() == 7
     finally:
+        engine.dispose()
+
+
+def _job_counts(engine) -> tuple[dict[str, int], dict[str, int]]:
+    """(kept by the triggers, counted): each tenant's number of jobs."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        kept = conn.execute(text("SELECT tenant_id, sum(n) FROM job_counts GROUP BY tenant_id"))
+        counted = conn.execute(text("SELECT tenant_id, count(*) FROM jobs GROUP BY tenant_id"))
+        return (
+            {t: int(n) for t, n in kept if n},
+            {t: int(n) for t, n in counted},
+        )
+
+
+def test_job_counts_follow_every_write_of_jobs(db_url: str) -> None:
+    """Revision 0015: `job_counts` (the job list's `total`) moves with every insert, delete and
+    change of tenant of `jobs`, in one statement or row by row, whatever writes it; a tenant's
+    hard delete cascades without a foreign-key error. Fails if a later migration that rebuilds
+    `jobs` (SQLite's batch mode) loses the triggers."""
+    from sqlalchemy import MetaData, text
+
+    engine = make_engine(db_url)
+    meta = MetaData()
+    meta.reflect(engine, only=["tenants", "jobs"])
+    tenants, jobs = meta.tables["tenants"], meta.tables["jobs"]
+    try:
+        with engine.begin() as conn:
+            a, b = _fill(conn, tenants, {}), _fill(conn, tenants, {})
+            mine = [_fill(conn, jobs, {"tenants": a}) for _ in range(3)]
+            row = dict(conn.execute(jobs.select().where(jobs.c.id == mine[0])).one()._mapping)
+            many = [
+                {**row, "id": f"many-{i}", "tenant_id": t, "idempotency_key": f"k{i}"}
+                for i, t in enumerate([a, b, a, b, b])
+            ]
+            conn.execute(jobs.insert(), many)  # executemany
+            two = [{**row, "id": f"two-{t}", "tenant_id": t, "idempotency_key": t} for t in (a, b)]
+            conn.execute(jobs.insert().values(two))  # one statement, two rows
+        assert _job_counts(engine) == ({a: 6, b: 4}, {a: 6, b: 4})
+        with engine.begin() as conn:
+            conn.execute(jobs.delete().where(jobs.c.id.in_([mine[0], "many-1"])))
+            conn.execute(
+                text("UPDATE jobs SET tenant_id = :b WHERE id = :id"), {"b": b, "id": mine[1]}
+            )
+            conn.execute(
+                text("UPDATE jobs SET reason = 'same tenant' WHERE id = :id"), {"id": mine[2]}
+            )
+        assert _job_counts(engine) == ({a: 4, b: 4}, {a: 4, b: 4})
+        with engine.begin() as conn:
+            conn.execute(tenants.delete().where(tenants.c.id == b))  # cascades to its jobs
+        assert _job_counts(engine) == ({a: 4}, {a: 4})
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("migrated_url", ["postgres"], indirect=True)
+def test_two_transactions_insert_one_tenants_jobs_at_once(db_url: str) -> None:
+    """On PostgreSQL two open transactions insert one tenant's jobs without the second waiting
+    for the first's commit (each adds to its backend's stripe of `job_counts`); fails with one
+    counter row a tenant (the second's insert times out on the first's row lock)."""
+    from sqlalchemy import MetaData, text
+
+    engine = make_engine(db_url)
+    meta = MetaData()
+    meta.reflect(engine, only=["tenants", "jobs"])
+    tenants, jobs = meta.tables["tenants"], meta.tables["jobs"]
+    conns = []
+    try:
+        with engine.begin() as conn:
+            tenant = _fill(conn, tenants, {})
+            _fill(conn, jobs, {"tenants": tenant})
+            row = dict(conn.execute(jobs.select()).one()._mapping)
+        by_stripe = {}  # two connections whose backends' pids differ modulo 16
+        while len(by_stripe) < 2:
+            conns.append(engine.connect())
+            by_stripe[conns[-1].execute(text("SELECT pg_backend_pid() % 16")).scalar()] = conns[-1]
+        first, second = by_stripe.values()
+        first.execute(jobs.insert().values({**row, "id": "first", "idempotency_key": "first"}))
+        second.execute(text("SET LOCAL lock_timeout = '2s'"))
+        second.execute(jobs.insert().values({**row, "id": "second", "idempotency_key": "second"}))
+        second.commit()
+        first.commit()
+        assert _job_counts(engine) == ({tenant: 3}, {tenant: 3})
+    finally:
+        for conn in conns:
+            conn.close()
         engine.dispose()
