@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,7 +10,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 
 def is_sqlite(url: str) -> bool:
@@ -18,14 +21,28 @@ def is_sqlite(url: str) -> bool:
 
 SQLITE_SYNCHRONOUS = ("FULL", "NORMAL")
 
+PING_AFTER_IDLE_S = 1.0
+"""A pooled server connection that sat idle this long is pinged before use (a round trip);
+one used more recently is not. A ping before every use (SQLAlchemy's `pool_pre_ping`) was
+15-25 % of a PostgreSQL job-list read's CPU under load (`bench/results/api-throughput.md`). A
+connection that died within the window fails its request once, as a disconnect, which makes
+SQLAlchemy replace every connection of the pool; the API answers that request 503."""
 
-def make_engine(url: str, *, sqlite_synchronous: str = "FULL", **kwargs: Any) -> Engine:
+
+def make_engine(
+    url: str,
+    *,
+    sqlite_synchronous: str = "FULL",
+    ping_after_idle_s: float = PING_AFTER_IDLE_S,
+    **kwargs: Any,
+) -> Engine:
     """Create an engine tuned for the backend.
 
     SQLite gets WAL (readers do not block the writer), a busy timeout instead of immediate
     'database is locked' errors, and foreign keys on; the file's folder is created if missing.
     `synchronous=FULL` syncs the WAL at every commit, so an acknowledged job or ledger row
-    survives a power loss; NORMAL (faster) may lose the last commits then.
+    survives a power loss; NORMAL (faster) may lose the last commits then. A server database's
+    pooled connections are pinged before use only after `ping_after_idle_s` idle.
     """
     if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
         raise ValueError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
@@ -59,8 +76,32 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", **kwargs: Any) ->
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 20)
         kwargs.setdefault("max_overflow", 20)
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    _ping_when_idle(engine, ping_after_idle_s)
+    return engine
+
+
+_IDLE_SINCE = "cpn.idle_since"
+
+
+def _ping_when_idle(engine: Engine, after_s: float) -> None:
+    """Ping a connection checked out after `after_s` idle; a dead one is replaced before use
+    (raising `DisconnectionError` in a checkout hook makes the pool connect anew, up to
+    three times). A new connection (no check-in yet) needs none."""
+
+    @event.listens_for(engine, "checkin")
+    def _idle_since(_dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping(dbapi_conn: Any, record: ConnectionPoolEntry, _proxy: Any) -> None:
+        since = record.info.get(_IDLE_SINCE)
+        if since is None or time.monotonic() - since < after_s:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            raise DisconnectionError(f"pooled connection found dead: {exc}") from exc
 
 
 def lock_for_update(session: Session) -> None:
