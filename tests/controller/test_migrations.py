@@ -206,22 +206,24 @@ def test_two_transactions_insert_one_tenants_jobs_at_once(db_url: str) -> None:
     """On PostgreSQL two open transactions insert one tenant's jobs without the second waiting
     for the first's commit (each adds to its backend's stripe of `job_counts`); fails with one
     counter row a tenant (the second's insert times out on the first's row lock)."""
-    from sqlalchemy import MetaData, text
+    from sqlalchemy import Connection, MetaData, text
 
     engine = make_engine(db_url)
     meta = MetaData()
     meta.reflect(engine, only=["tenants", "jobs"])
     tenants, jobs = meta.tables["tenants"], meta.tables["jobs"]
-    conns = []
+    conns: list[Connection] = []
     try:
         with engine.begin() as conn:
             tenant = _fill(conn, tenants, {})
             _fill(conn, jobs, {"tenants": tenant})
             row = dict(conn.execute(jobs.select()).one()._mapping)
-        by_stripe = {}  # two connections whose backends' pids differ modulo 16
+        by_stripe: dict[int, Connection] = {}  # two whose backends' pids differ modulo 16
         while len(by_stripe) < 2:
             conns.append(engine.connect())
-            by_stripe[conns[-1].execute(text("SELECT pg_backend_pid() % 16")).scalar()] = conns[-1]
+            by_stripe[conns[-1].execute(text("SELECT pg_backend_pid() % 16")).scalar_one()] = conns[
+                -1
+            ]
         first, second = by_stripe.values()
         first.execute(jobs.insert().values({**row, "id": "first", "idempotency_key": "first"}))
         second.execute(text("SET LOCAL lock_timeout = '2s'"))
