@@ -438,7 +438,8 @@ class JobCount(Base):
 
     A tenant's count is the sum of its rows: on PostgreSQL each connection adds to its own
     stripe (its backend's pid modulo 16), so two transactions inserting a tenant's jobs
-    at once do not wait on one row until the first commits; SQLite, one writer, uses stripe 0.
+    at once wait on one row until the first commits only when their stripes agree (1 in 16);
+    SQLite, one writer, uses stripe 0.
     A stripe may go negative (a delete counted on another stripe than its insert)."""
 
     __tablename__ = "job_counts"

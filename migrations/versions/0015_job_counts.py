@@ -7,10 +7,11 @@ and delete of `jobs` (and the rare update that moves a job to another tenant) wh
 them, so the list sums a few rows instead (`api.job_list`).
 
 On PostgreSQL an insert adds to the stripe `pg_backend_pid() % 16`, once per statement (a
-transition table): two transactions inserting one tenant's jobs at once then update different
-rows, and neither waits for the other's commit. SQLite has one writer: stripe 0, a row at a
-time. A delete takes from the tenant's lowest stripe and never inserts, so a cascade from a
-deleted tenant (whose counts go with it) cannot fail a foreign key.
+transition table): two transactions inserting one tenant's jobs at once update different
+rows, and neither waits for the other's commit, unless their backends' stripes agree (1 in
+16). SQLite has one writer: stripe 0, a row at a time. A delete takes from the tenant's lowest
+stripe and never inserts, so a cascade from a deleted tenant (whose counts go with it) cannot
+fail a foreign key.
 
 SQLite drops a table's triggers with the table: a later migration that rebuilds `jobs` in
 batch mode must create these again (`tests/controller/test_migrations.py` checks the counts
