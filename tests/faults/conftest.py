@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +22,7 @@ from sqlalchemy import select
 
 from api.client import Client
 from api.processes import ControlPlane, start_control_plane, wait_until
+from bench.pg_server import Postgres, throwaway_postgres, unavailable
 from controller.db import make_engine, make_sessionmaker
 from controller.loop import live_replicas
 from controller.models import Allocation
@@ -272,99 +269,13 @@ def network(tmp_path: Path) -> Iterator[Network]:
 # ---- a throwaway PostgreSQL server -------------------------------------------------------------
 
 
-def _pg_bin() -> Path | None:
-    found = shutil.which("pg_ctl")
-    if found:
-        return Path(found).parent
-    for version in ("17", "16", "15", "14"):
-        path = Path(f"/usr/lib/postgresql/{version}/bin")
-        if (path / "pg_ctl").exists():
-            return path
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Postgres:
-    """A PostgreSQL server of the test's own (initdb into a temporary folder, its own port),
-    run as the `postgres` user when the tests run as root (PostgreSQL refuses root)."""
-
-    bin: Path
-    data: Path
-    port: int
-    user: str | None
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(self.bin / args[0]), *args[1:]],
-            user=self.user,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=self.data.parent,
-        )
-
-    def init(self) -> None:
-        done = self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-N")
-        assert done.returncode == 0, done.stderr
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off"
-        done = self._run(
-            "pg_ctl", "-D", str(self.data), "-l", str(self.data / "log"), "-o", options, "-w",
-            "start",
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr + self.log()
-
-    def postmaster_pid(self) -> int:
-        return int((self.data / "postmaster.pid").read_text().splitlines()[0])
-
-    def log(self) -> str:
-        path = self.data / "log"
-        return path.read_text()[-3000:] if path.exists() else ""
-
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop")
-
-
 @pytest.fixture
 def postgres() -> Iterator[Postgres]:
-    bin_dir = _pg_bin()
-    if bin_dir is None or not (bin_dir / "initdb").exists():
-        pytest.skip("no initdb/pg_ctl on this machine (PostgreSQL server binaries)")
-    user: str | None = None
-    if os.geteuid() == 0:
-        import pwd
-
-        try:
-            pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and no `postgres` user to run a PostgreSQL server as")
-        user = "postgres"
-    root = Path(tempfile.mkdtemp(prefix="cpn-faults-pg-"))
-    root.chmod(0o755)
-    data = root / "data"
-    data.mkdir(mode=0o700)
-    if user is not None:
-        shutil.chown(data, user, user)
-        shutil.chown(root, user, user)
-    server = Postgres(bin_dir, data, _free_port(), user)
-    try:
-        server.init()
-        server.start()
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    with throwaway_postgres() as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def running_steps(url: str) -> dict[str, int]:
