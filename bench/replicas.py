@@ -38,7 +38,7 @@ from pathlib import Path
 from api.processes import wait_until
 from bench.api import ADMIN_TOKEN, RESULTS, Run, build_network, postgres_database, run_load
 from bench.cpu_caps import CpuCap, CpuThrottle, cpu_cap
-from bench.pg_server import throwaway_postgres
+from bench.pg_server import free_port, throwaway_postgres
 
 HAPROXY_CFG = """global
     maxconn 8192
@@ -72,15 +72,9 @@ def haproxy_binary() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def balancer(backends: list[str], workdir: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     servers = "\n".join(
         f"    server r{i} {url.removeprefix('http://')} check" for i, url in enumerate(backends)
     )
