@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +42,16 @@ class CpuThrottle:
         is saturated."""
         return self.throttled / self.periods if self.periods else 0.0
 
+    def __add__(self, other: CpuThrottle) -> CpuThrottle:
+        return CpuThrottle(self.periods + other.periods, self.throttled + other.throttled)
+
     def __sub__(self, other: CpuThrottle) -> CpuThrottle:
         return CpuThrottle(self.periods - other.periods, self.throttled - other.throttled)
+
+
+def total_throttle(caps: Sequence[CpuCap]) -> CpuThrottle:
+    """The periods and throttled periods of `caps` together."""
+    return sum((cap.throttle() for cap in caps), CpuThrottle(0, 0))
 
 
 @dataclass(frozen=True)

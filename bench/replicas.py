@@ -37,7 +37,7 @@ from pathlib import Path
 
 from api.processes import wait_until
 from bench.api import ADMIN_TOKEN, RESULTS, Run, build_network, postgres_database, run_load
-from bench.cpu_caps import CpuCap, CpuThrottle, cpu_cap
+from bench.cpu_caps import CpuCap, cpu_cap, total_throttle
 from bench.pg_server import free_port, throwaway_postgres
 
 HAPROXY_CFG = """global
@@ -142,14 +142,6 @@ class Point:
     replicas_throttled: float | None = None
 
 
-def _throttles(caps: list[CpuCap]) -> CpuThrottle:
-    total = CpuThrottle(0, 0)
-    for cap in caps:
-        t = cap.throttle()
-        total = CpuThrottle(total.periods + t.periods, total.throttled + t.throttled)
-    return total
-
-
 def measure(
     n: int,
     seconds: float,
@@ -169,10 +161,11 @@ def measure(
         balancer(urls, Path(tmp)) as url,
     ):
         token = build_network(url)
-        pg0, rep0 = (postgres.throttle() if postgres else None), _throttles(caps)
+        pg_caps = [postgres] if postgres else []
+        pg_before, caps_before = total_throttle(pg_caps), total_throttle(caps)
         writes, reads = run_load(url, token, seconds, concurrency)
-        pg = (postgres.throttle() - pg0).share if postgres and pg0 else None
-        rep = (_throttles(caps) - rep0).share if caps else None
+        pg = (total_throttle(pg_caps) - pg_before).share if pg_caps else None
+        rep = (total_throttle(caps) - caps_before).share if caps else None
     return Point(n, writes, reads, pg, rep)
 
 

@@ -15,6 +15,8 @@ def test_throttle_share_is_of_the_periods_run_between_two_readings() -> None:
     before, after = CpuThrottle(periods=100, throttled=10), CpuThrottle(periods=300, throttled=190)
     assert (after - before).share == pytest.approx(0.9)
     assert CpuThrottle(0, 0).share == 0.0  # never ran: not saturated
+    # several caps together: the share of all their periods
+    assert (CpuThrottle(100, 90) + CpuThrottle(300, 10)).share == pytest.approx(0.25)
 
 
 def test_a_budget_below_nothing_is_refused() -> None:
