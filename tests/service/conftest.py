@@ -98,8 +98,9 @@ def network(db_url: str) -> Iterator[Network]:
 
 @pytest.fixture
 def expiring_network(db_url: str) -> Iterator[Network]:
-    """Quotes live one second here."""
-    yield from _serve(db_url, quote_ttl_s=1.0)
+    """Quotes live three seconds here: long enough for a quote and the submission it holds to
+    happen within it on a loaded machine, short enough to wait for one to expire."""
+    yield from _serve(db_url, quote_ttl_s=3.0)
 
 
 def spec(**overrides: object) -> dict[str, object]:

@@ -50,11 +50,12 @@ def test_a_submission_stores_the_size_the_queue_orders_by(network: Network) -> N
 
 def test_expired_quote_is_refused(expiring_network: Network) -> None:
     network = expiring_network
-    quote = network.tenant.post("/v1/quotes", spec())
+    # the held quote is used at once, before the other is even asked for
     held = network.tenant.post("/v1/quotes", spec(name="held"))
     job = network.tenant.submit(spec(name="held", quote_id=held["id"]), idempotency_key="held")
+    quote = network.tenant.post("/v1/quotes", spec())
     expires = datetime.fromisoformat(quote["expires_at"])
-    while datetime.now(UTC) <= expires:  # the server's TTL here is 1 s
+    while datetime.now(UTC) <= expires:  # the server's TTL here is 3 s
         time.sleep(0.1)
     with pytest.raises(ApiError) as exc:
         network.tenant.post("/v1/jobs", spec(quote_id=quote["id"]))
