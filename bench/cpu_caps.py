@@ -56,6 +56,8 @@ def total_throttle(caps: Sequence[CpuCap]) -> CpuThrottle:
 
 @dataclass(frozen=True)
 class CpuCap:
+    """A cgroup `cpu_cap` made: its folder, and the cores its processes share."""
+
     path: Path
     cores: float
 
