@@ -34,6 +34,7 @@ from controller.loop import Controller
 from controller.migrate import pending_reason
 from controller.models import ApiKey, utcnow
 from controller.resources import PeerTable
+from controller.table_stats import BurstAnalyzer
 from training.location import absolute
 
 log = logging.getLogger("cpn.api")
@@ -324,6 +325,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         task_modules=settings.task_prefixes(),
         max_queued=settings.max_queued_jobs,
         workers=group_writers(settings.database_url),
+        analyzer=None if is_sqlite(settings.database_url) else BurstAnalyzer(engine),
     )
     problems.install(app)
     for module in ROUTERS:

@@ -22,6 +22,7 @@ from api.group_commit import BatchFailed, GroupCommit
 from controller import jobs
 from controller.errors import CpnError
 from controller.jobs import Submission, SubmitOutcome, Submitted
+from controller.table_stats import BurstAnalyzer
 
 log = logging.getLogger("cpn.api")
 
@@ -29,7 +30,9 @@ log = logging.getLogger("cpn.api")
 class SubmissionBatcher(GroupCommit[Submission, Submitted]):
     """Coalesces concurrent job submissions into group commits.
 
-    `task_modules`: CPN_TASK_MODULES; `max_queued`: CPN_MAX_QUEUED_JOBS (0: no cap)."""
+    `task_modules`: CPN_TASK_MODULES; `max_queued`: CPN_MAX_QUEUED_JOBS (0: no cap);
+    `analyzer`: told of every job created (PostgreSQL), so a tenant's burst gets its list's
+    row estimate updated (`controller.table_stats`)."""
 
     def __init__(
         self,
@@ -38,13 +41,25 @@ class SubmissionBatcher(GroupCommit[Submission, Submitted]):
         task_modules: Sequence[str],
         max_queued: int,
         workers: int,
+        analyzer: BurstAnalyzer | None = None,
     ) -> None:
         super().__init__(self._write, what="job submission", workers=workers)
         self.sessions = sessions
         self.task_modules = tuple(task_modules)
         self.max_queued = max_queued
+        self.analyzer = analyzer
 
     def _write(self, items: list[Submission]) -> list[SubmitOutcome]:
+        outcomes = self._store(items)
+        if self.analyzer is not None:
+            self.analyzer.inserted(
+                item.tenant_id
+                for item, outcome in zip(items, outcomes, strict=True)
+                if isinstance(outcome, Submitted) and outcome.created
+            )
+        return outcomes
+
+    def _store(self, items: list[Submission]) -> list[SubmitOutcome]:
         with self.sessions() as session:
             try:
                 outcomes = jobs.submit_many(session, items, self.task_modules, self.max_queued)
