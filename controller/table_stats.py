@@ -1,11 +1,11 @@
 """Keeping PostgreSQL's statistics of `jobs` current through a tenant's burst of submissions.
 
-The job list reads a tenant's newest page by `ix_jobs_tenant_created` only when PostgreSQL
-expects the tenant to have many jobs. A tenant whose jobs arrived since `jobs` was last
-analyzed is estimated at a row or two, so every read of its list scans and sorts all of them
-(3 ms for 9,000 jobs, against a 50-row index scan), until autovacuum's
-next analyze, up to its naptime (a minute by default) later. Autovacuum counts the table's
-changes, not a tenant's share, so a burst in a large table may not trigger it at all.
+The job list reads a tenant's newest page along an index of `created_at` only when
+PostgreSQL expects the tenant to have many jobs. A tenant whose jobs arrived since `jobs` was
+last analyzed is estimated at a row or two, so every read of its list scans and sorts all of
+them (3 ms for 9,000 jobs, against a 50-row index scan) until autovacuum's next analyze, up to
+its naptime (a minute by default) later. Autovacuum counts the table's changes, not a
+tenant's share, so a burst in a large table may not trigger it at all.
 
 The submission batcher knows each burst as it writes it: `BurstPolicy` (pure) says when a
 tenant has inserted enough jobs since the last analyze this process ran, and `BurstAnalyzer`
@@ -31,7 +31,7 @@ log = logging.getLogger("cpn.controller")
 @dataclass
 class BurstPolicy:
     """When to analyze: a tenant has inserted `min_jobs` since the last analyze, and the last
-    one started at least `min_interval_s` ago (so many busy tenants cost one analyze a
+    one started at least `min_interval_s` ago (so many busy tenants cost one analyze an
     interval, not one each)."""
 
     min_jobs: int = 1_000
@@ -54,9 +54,9 @@ class BurstPolicy:
 
 
 class BurstAnalyzer:
-    """Runs `ANALYZE jobs` when `BurstPolicy` says so (PostgreSQL only: SQLite's planner keeps
-    no row estimates to go stale), on a daemon thread, never two at once; a failed analyze is
-    logged and left to autovacuum."""
+    """Runs `ANALYZE jobs` when `BurstPolicy` says so, on a daemon thread, never two at once;
+    a failed analyze is logged and left to autovacuum. PostgreSQL only: cpn never analyzes a
+    SQLite database, whose planner then goes by fixed rules, not row estimates."""
 
     def __init__(
         self,
