@@ -40,17 +40,23 @@ class BurstPolicy:
     min_interval_s: float = 10.0
     since: Counter[str] = field(default_factory=Counter)
     last_at: float | None = None
+    most: int = 0
+    """The largest count in `since` (counts only grow until cleared): no scan of every tenant
+    on each batch."""
 
     def inserted(self, tenants: Iterable[str], now: float, busy: bool = False) -> bool:
         """Count newly inserted jobs by tenant; whether to analyze now (never while one is
         `busy`). A yes resets the counts: the analyze it starts sees every job inserted
         before it."""
-        self.since.update(tenants)
-        if busy or not self.since or max(self.since.values()) < self.min_jobs:
+        for tenant in tenants:
+            self.since[tenant] += 1
+            self.most = max(self.most, self.since[tenant])
+        if busy or self.most < self.min_jobs:
             return False
         if self.last_at is not None and now - self.last_at < self.min_interval_s:
             return False
         self.since.clear()
+        self.most = 0
         self.last_at = now
         return True
 
