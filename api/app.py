@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 
-from api import docs, problems, ratelimit, workers
+from api import docs, election, problems, ratelimit
 from api.config import Settings, admin_token_problem
 from api.deps import FailureAudit
 from api.heartbeats import HeartbeatBatcher
@@ -27,14 +27,15 @@ from api.routes import agent, clusters, health, jobs, links, pricing, tenants, u
 from api.streams import StreamSlots
 from api.submissions import SubmissionBatcher
 from api.ui import routes as console
-from controller import keys, resources, scrub
-from controller.db import is_sqlite, make_engine, make_sessionmaker
-from controller.leases import LeaseMonitor, LeasePolicy
-from controller.loop import Controller
-from controller.migrate import pending_reason
-from controller.models import ApiKey, utcnow
-from controller.resources import PeerTable
-from controller.table_stats import BurstAnalyzer
+from controller.access import keys, scrub
+from controller.loop.controller import Controller
+from controller.network import resources
+from controller.network.leases import LeaseMonitor, LeasePolicy
+from controller.network.resources import PeerTable
+from controller.store.db import is_sqlite, make_engine, make_sessionmaker
+from controller.store.migrate import pending_reason
+from controller.store.models import ApiKey, utcnow
+from controller.store.table_stats import BurstAnalyzer
 from training.location import absolute
 
 log = logging.getLogger("cpn.api")
@@ -132,7 +133,7 @@ def group_writers(database_url: str) -> int:
     connection of the agents' own pool, sized from this) and of job submissions. SQLite
     takes one writer at a time. On PostgreSQL two: one batch is written while the next
     gathers. A batch is a few statements whatever its size
-    (`controller.resources.ingest_heartbeats`), so more writers only cut beats into smaller
+    (`controller.network.resources.ingest_heartbeats`), so more writers only cut beats into smaller
     batches, each paying those statements and a thread's turn at the GIL: at 1,000 beats/s
     on one worker, 8 writers took 2.2-2.6 ms of server CPU a beat and a p99 of 285-425 ms,
     2 writers 1.6-1.9 ms and 113-185 ms (bench/results/api-throughput.md)."""
@@ -268,19 +269,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if written:
             say_generated(written)
         loops = BackgroundLoops(app, settings, sessions, agent_sessions, policy)
-        election = None
+        elected = None
         if settings.run_controller:
-            where = workers.lock_path(settings)
+            where = election.lock_path(settings)
             if where is None:
                 loops.start()
             else:  # one of several workers: the one holding the lock runs them
-                election = workers.ElectedLoops(where, loops.start, loops.stop)
-                election.begin()
+                elected = election.ElectedLoops(where, loops.start, loops.stop)
+                elected.begin()
         try:
             yield
         finally:
-            if election is not None:
-                election.end()
+            if elected is not None:
+                elected.end()
             else:
                 loops.stop()
             engine.dispose()

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from controller.tasks import parse_task_modules
+from controller.values.tasks import parse_task_modules
 
 DEFAULT_DB_PATH = Path("var") / "cpn.db"
 MIN_ADMIN_TOKEN_CHARS = 32

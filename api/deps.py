@@ -19,9 +19,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.config import Settings
-from api.ui.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
-from controller.keys import Principal, PrincipalCache, authenticate_cached, hash_key
-from controller.models import AuditLog, utcnow
+from api.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
+from controller.access.keys import Principal, PrincipalCache, authenticate_cached, hash_key
+from controller.store.models import AuditLog, utcnow
 
 log = logging.getLogger("cpn.api")
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer cpn_...`")

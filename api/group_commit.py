@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from controller.errors import CpnError
+from controller.values.errors import CpnError
 
 log = logging.getLogger("cpn.api")
 

@@ -16,11 +16,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.protocol import Heartbeat, PeerProbe
 from api.group_commit import GroupCommit
-from controller import resources
-from controller.clock import db_now
-from controller.errors import CpnError
-from controller.leases import LeasePolicy
-from controller.resources import HeartbeatResult, PeerTable
+from controller.network import resources
+from controller.network.leases import LeasePolicy
+from controller.network.resources import HeartbeatResult, PeerTable
+from controller.store.clock import db_now
+from controller.values.errors import CpnError
 
 Outcome = HeartbeatResult | CpnError
 """What one cluster's report came to: its renewed lease, or the problem it was refused with."""

@@ -41,7 +41,7 @@ from sqlalchemy import (
 )
 
 from api.schemas import JobOut, JobRow
-from controller.models import Job, JobCount, JobStateType, ModelJSON, UTCDateTime
+from controller.store.models import Job, JobCount, JobStateType, ModelJSON, UTCDateTime
 
 _FIELDS = tuple(JobOut.model_fields)
 _ROW = TypeAdapter(JobRow)

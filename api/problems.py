@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import get_principal, request_principal
-from controller.errors import CpnError
+from controller.values.errors import CpnError
 
 log = logging.getLogger("cpn.api")
 

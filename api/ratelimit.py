@@ -36,8 +36,8 @@ from api.config import Settings
 from api.deps import get_principal
 from api.metrics import Metrics
 from api.problems import problem
-from api.ui.sessions import SESSION_COOKIE
-from controller.keys import Principal, PrincipalCache, hash_key
+from api.sessions import SESSION_COOKIE
+from controller.access.keys import Principal, PrincipalCache, hash_key
 
 AGENT_PREFIX = "/v1/agent/"
 MAX_ENTRIES = 50_000

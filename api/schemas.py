@@ -8,9 +8,9 @@ from typing import Annotated, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Json
 
 from agents.protocol import PROBE_URL_HELP, BoundedUTC, PlainText, ProbeUrl
-from controller.jobspec import QosClass
-from controller.plan import HeldPlan, JobPlan
-from controller.states import JobState
+from controller.values.plan import HeldPlan, JobPlan
+from controller.values.spec import QosClass
+from controller.values.states import JobState
 
 T = TypeVar("T")
 

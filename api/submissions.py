@@ -3,11 +3,12 @@ are written in one transaction, each answered once its job is durable.
 
 A submission's commit and the reads every submission repeats (the network's offered GPUs,
 its tenant's grant, the tenant's queue) were most of what the database cost it. A batch
-answers each submission on its own (`controller.jobs.submit_many`): one refused (a grant, the
-queue cap, a spec that can never fit) gets its own problem, and the rest are written. A key
-already used makes the batch's insert fail with nothing written; each of its submissions is
-then written alone, as one transaction each, which answers a retry with its key's job (one
-the database still refuses then is a 503 alone: others may be committed already).
+answers each submission on its own (`controller.jobs.service.submit_many`): one refused (a
+grant, the queue cap, a spec that can never fit) gets its own problem, and the rest are
+written. A key already used makes the batch's insert fail with nothing written; each of its
+submissions is then written alone, as one transaction each, which answers a retry with its
+key's job (one the database still refuses then is a 503 alone: others may be committed
+already).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.group_commit import BatchFailed, GroupCommit
-from controller import jobs
-from controller.errors import CpnError
-from controller.jobs import Submission, SubmitOutcome, Submitted
-from controller.table_stats import BurstAnalyzer
+from controller.jobs import service as jobs
+from controller.jobs.service import Submission, SubmitOutcome, Submitted
+from controller.store.table_stats import BurstAnalyzer
+from controller.values.errors import CpnError
 
 log = logging.getLogger("cpn.api")
 
@@ -32,7 +33,7 @@ class SubmissionBatcher(GroupCommit[Submission, Submitted]):
 
     `task_modules`: CPN_TASK_MODULES; `max_queued`: CPN_MAX_QUEUED_JOBS (0: no cap);
     `analyzer`: told of every job created (PostgreSQL), so a tenant's burst gets its list's
-    row estimate updated (`controller.table_stats`)."""
+    row estimate updated (`controller.store.table_stats`)."""
 
     def __init__(
         self,

@@ -208,7 +208,7 @@ def build_network(url: str) -> str:
 
 
 def postgres_database() -> AbstractContextManager[str]:
-    from controller.db import scratch_database
+    from controller.store.db import scratch_database
 
     return scratch_database(PG_SERVER, "cpn_bench")
 

@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import FastAPI, Query, Response, status
 
 from api.schemas import JobOut, Page
-from controller.jobspec import JobSpec
+from controller.values.spec import JobSpec
 
 
 def create_app() -> FastAPI:

@@ -10,7 +10,7 @@
 2. Placement throughput. 100 clusters (registered, one heartbeat each with their agent key,
    no agent processes), prices, links inside each region of 10, and 1,000 pending jobs
    submitted over the API to a `cpn serve` with the controller off. Then the database is copied
-   and placed two ways: (a) `controller.reconcile.place_pending` called in-process until the
+   and placed two ways: (a) `controller.loop.placement.place_pending` called in-process until the
    queue is drained (the loop's placement code alone); (b) a `cpn serve` with
    CPN_LAUNCH_JOBS=false placing them in its own loop (timed from the first to the last
    SCHEDULED event).
@@ -78,7 +78,7 @@ def _ts(value: str) -> float:
 
 def postgres_database(template: str | None = None) -> AbstractContextManager[str]:
     """A throwaway `cpn_bench_<random>` database (optionally a copy of `template`)."""
-    from controller.db import scratch_database
+    from controller.store.db import scratch_database
 
     return scratch_database(PG_SERVER, "cpn_bench", template)
 
@@ -395,9 +395,9 @@ def place_in_process(backend: str, url: str, budget_s: float = 120.0) -> Through
     over the passes done: the queue still held most of its jobs, as a busy loop's would)."""
     from sqlalchemy import func, select
 
-    from controller.db import make_engine, make_sessionmaker
-    from controller.models import Job
-    from controller.reconcile import place_pending
+    from controller.loop.placement import place_pending
+    from controller.store.db import make_engine, make_sessionmaker
+    from controller.store.models import Job
 
     engine = make_engine(url)
     factory = make_sessionmaker(engine)
@@ -451,8 +451,8 @@ def place_by_loop(backend: str, url: str, expect: int, interval: str) -> Through
     from sqlalchemy import func, select
 
     from api.processes import start_control_plane
-    from controller.db import make_engine, make_sessionmaker
-    from controller.models import Job, JobEvent
+    from controller.store.db import make_engine, make_sessionmaker
+    from controller.store.models import Job, JobEvent
 
     plane = start_control_plane(
         url,

@@ -224,10 +224,10 @@ def run_load(
 
 def seed(url: str, agents: list[Agent]) -> None:
     """Migrate, then write one cluster and one agent key per agent, in one transaction."""
-    from controller import keys
-    from controller.db import make_engine, make_sessionmaker
-    from controller.migrate import upgrade
-    from controller.models import Cluster
+    from controller.access import keys
+    from controller.store.db import make_engine, make_sessionmaker
+    from controller.store.migrate import upgrade
+    from controller.store.models import Cluster
 
     upgrade(url)
     engine = make_engine(url)
@@ -239,7 +239,7 @@ def seed(url: str, agents: list[Agent]) -> None:
 
 
 def postgres_database() -> AbstractContextManager[str]:
-    from controller.db import scratch_database
+    from controller.store.db import scratch_database
 
     return scratch_database(PG_SERVER, "cpn_bench")
 

@@ -151,7 +151,7 @@ def measure(
     postgres: CpuCap | None = None,
 ) -> Point:
     """One row: `n` replicas on a new database of `server` (None: `bench.api`'s server)."""
-    from controller.db import scratch_database
+    from controller.store.db import scratch_database
 
     database = postgres_database() if server is None else scratch_database(server, "cpn_bench")
     with (

@@ -171,7 +171,7 @@ def database(backend: str) -> Iterator[str]:
         with tempfile.TemporaryDirectory(prefix="cpn-bench-") as tmp:
             yield f"sqlite:///{tmp}/cpn.db"
     elif backend == "postgres":
-        from controller.db import scratch_database
+        from controller.store.db import scratch_database
 
         with scratch_database(PG_SERVER, "cpn_bench") as url:
             yield url

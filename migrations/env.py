@@ -1,4 +1,4 @@
-"""Alembic environment: runs against the URL that `controller.migrate` passes in."""
+"""Alembic environment: runs against the URL that `controller.store.migrate` passes in."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, Literal
 from alembic import context
 from sqlalchemy import DateTime, pool
 
-from controller.db import make_engine
-from controller.models import Base, UTCDateTime
+from controller.store.db import make_engine
+from controller.store.models import Base, UTCDateTime
 
 config = context.config
 target_metadata = Base.metadata

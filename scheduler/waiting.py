@@ -11,7 +11,7 @@ rule has it. The queue order still decides who gets the GPUs when they come back
 job holds nothing meanwhile.
 
 A job with a deadline waits only when waiting also costs no more than its plan now. It is
-placed for the cheapest plan that meets its deadline (`controller.reconcile.objective_for`):
+placed for the cheapest plan that meets its deadline (`controller.loop.placement.objective_for`):
 held for faster GPUs that cost more, it was held again each time they came back, the planner
 still choosing the cheaper ones (22 plans a job in `bench.sim`, 201 at most). Waiting only to
 run cheaper, up to the deadline, staked the deadline on other jobs' estimated ends (twice the

@@ -131,7 +131,7 @@ def pg_server_url() -> Iterator[str]:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    from controller.db import scratch_database
+    from controller.store.db import scratch_database
 
     with scratch_database(PG_URL, "cpn_test") as url:
         yield url
@@ -140,7 +140,7 @@ def pg_server_url() -> Iterator[str]:
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def migrated_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A database at the newest migration, on each backend."""
-    from controller.migrate import upgrade
+    from controller.store.migrate import upgrade
 
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'cpn.db'}"
@@ -151,8 +151,8 @@ def migrated_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 
 
 def clear_tables(url: str) -> None:
-    from controller.db import make_engine
-    from controller.models import Base
+    from controller.store.db import make_engine
+    from controller.store.models import Base
 
     engine = make_engine(url)
     with engine.begin() as conn:

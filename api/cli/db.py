@@ -13,7 +13,7 @@ def upgrade(
 ) -> None:
     """Apply migrations to CPN_DATABASE_URL (SQLite file by default)."""
     from api.config import Settings
-    from controller.migrate import upgrade as run_upgrade
+    from controller.store.migrate import upgrade as run_upgrade
 
     settings = Settings()
     run_upgrade(settings.database_url, revision)
@@ -24,8 +24,8 @@ def upgrade(
 def current() -> None:
     """Print whether the database is at the newest revision."""
     from api.config import Settings
-    from controller.db import make_engine
-    from controller.migrate import pending_reason
+    from controller.store.db import make_engine
+    from controller.store.migrate import pending_reason
 
     engine = make_engine(Settings().database_url)
     reason = pending_reason(engine)

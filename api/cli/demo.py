@@ -283,7 +283,7 @@ class _Demo:
 
         from rich.table import Table
 
-        from controller.tasks import builtin_work
+        from controller.values.tasks import builtin_work
 
         report: dict[str, Any] = next(
             (

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from api.client import Client
-    from controller.jobspec import JobSpec
+    from controller.values.spec import JobSpec
 
 UrlOpt = typer.Option(None, "--url", envvar="CPN_URL", help="Control plane URL.")
 TokenOpt = typer.Option(None, "--token", envvar="CPN_TOKEN", help="API key (tenant or admin).")
@@ -37,7 +37,7 @@ def load_spec(cmd: str, path: Path) -> JobSpec:
     import yaml
     from pydantic import ValidationError
 
-    from controller.jobspec import JobSpec
+    from controller.values.spec import JobSpec
 
     try:
         text = path.read_text(encoding="utf-8")

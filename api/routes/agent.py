@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from agents.protocol import Heartbeat, HeartbeatAck, LinkReport
 from api.deps import AgentDep
 from api.schemas import LinkReportAck
-from controller import resources
-from controller.errors import Forbidden
+from controller.network import resources
+from controller.values.errors import Forbidden
 
 router = APIRouter(prefix="/v1/agent", tags=["agent protocol"])
 

@@ -20,10 +20,11 @@ from api.schemas import (
     Page,
     TransitionOut,
 )
-from controller import keys, resources
-from controller.errors import Invalid, PreconditionFailed
-from controller.labels import check_labels
-from controller.models import Cluster, ClusterTransition, GpuInventory
+from controller.access import keys
+from controller.network import resources
+from controller.network.labels import check_labels
+from controller.store.models import Cluster, ClusterTransition, GpuInventory
+from controller.values.errors import Invalid, PreconditionFailed
 
 router = APIRouter(prefix="/v1", tags=["clusters"])
 

@@ -11,11 +11,11 @@ from sqlalchemy import func, select
 
 from api.deps import request_principal
 from api.problems import problem
-from controller.keys import Principal
-from controller.lifecycle import STATES
-from controller.migrate import pending_reason
-from controller.models import Cluster, GpuInventory, Job, Link, Usage
-from controller.resources import effective_links
+from controller.access.keys import Principal
+from controller.jobs.lifecycle import STATES
+from controller.network.resources import effective_links
+from controller.store.migrate import pending_reason
+from controller.store.models import Cluster, GpuInventory, Job, Link, Usage
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("cpn.api")

@@ -30,19 +30,19 @@ from api.ratelimit import limit_quotes
 from api.schemas import JobEventOut, JobMetricOut, JobOut, Page, QuoteOut
 from api.streams import EventStream, StreamSlot, StreamSlots
 from api.submissions import SubmissionBatcher
-from controller import jobs as job_service
-from controller import lifecycle
-from controller.errors import Invalid, NotFound, PreconditionFailed
-from controller.jobs import Submission
-from controller.jobspec import JobSpec
-from controller.keys import Principal
-from controller.models import (
+from controller.access.keys import Principal
+from controller.jobs import lifecycle
+from controller.jobs import service as job_service
+from controller.jobs.service import Submission
+from controller.store.models import (
     Job,
     JobEvent,
     JobMetric,
     Quote,
 )
-from controller.states import JobState
+from controller.values.errors import Invalid, NotFound, PreconditionFailed
+from controller.values.spec import JobSpec
+from controller.values.states import JobState
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 TenantDep = Annotated[Principal, Depends(require("tenant"))]

@@ -10,9 +10,9 @@ from sqlalchemy import or_, select
 from api.deps import AdminDep, SessionDep
 from api.pagination import PageDep, PageParams
 from api.schemas import LinkIn, LinkOut, LinkPatch, Page
-from controller import resources
-from controller.errors import Invalid, NotFound
-from controller.models import Link
+from controller.network import resources
+from controller.store.models import Link
+from controller.values.errors import Invalid, NotFound
 
 router = APIRouter(prefix="/v1", tags=["links"])
 

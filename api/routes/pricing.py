@@ -13,10 +13,10 @@ from sqlalchemy import select
 from agents.protocol import in_utc_range
 from api.deps import AdminDep, SessionDep, get_principal
 from api.schemas import EgressPriceIn, EgressPriceOut, GpuPriceIn, GpuPriceOut, PricingOut
-from controller import resources
-from controller.errors import Invalid
-from controller.keys import Principal
-from controller.models import Cluster, EgressPrice, GpuPrice, utcnow
+from controller.access.keys import Principal
+from controller.network import resources
+from controller.store.models import Cluster, EgressPrice, GpuPrice, utcnow
+from controller.values.errors import Invalid
 
 router = APIRouter(prefix="/v1/pricing", tags=["pricing"])
 AnyKey = Annotated[Principal, Depends(get_principal)]

@@ -19,10 +19,11 @@ from api.schemas import (
     TenantOut,
     TenantPatch,
 )
-from controller import keys, resources
-from controller.errors import Conflict, Invalid, NotFound
-from controller.models import ApiKey, AuditLog, Cluster, Job, Tenant, utcnow
-from controller.states import TERMINAL
+from controller.access import keys
+from controller.network import resources
+from controller.store.models import ApiKey, AuditLog, Cluster, Job, Tenant, utcnow
+from controller.values.errors import Conflict, Invalid, NotFound
+from controller.values.states import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["tenants and keys"])
 

@@ -10,10 +10,10 @@ from sqlalchemy import func, select
 from api.deps import ReaderDep, SessionDep
 from api.pagination import PageDep
 from api.schemas import LedgerEntryOut, LedgerOut, UsageOut, UsageRow
-from controller.errors import NotFound
-from controller.keys import Principal
-from controller.metering import tenant_spend
-from controller.models import LedgerEntry, Tenant, Usage
+from controller.access.keys import Principal
+from controller.money.metering import tenant_spend
+from controller.store.models import LedgerEntry, Tenant, Usage
+from controller.values.errors import NotFound
 
 router = APIRouter(prefix="/v1/tenants", tags=["usage and ledger"])
 

@@ -1,4 +1,3 @@
 """The web console at `/ui`: server-rendered page shells whose one script calls the REST API.
 
-Importing this package imports nothing else: `api.deps` reads the console's sessions from
-`api.ui.sessions`, and `api.ui.routes` imports `api.deps`."""
+Its sign-ins are authentication, not UI: they live in `api.sessions`, beside `api.deps`."""

@@ -25,12 +25,12 @@ from pydantic import BaseModel, Field
 
 from api.deps import audit_failure, console_session, current_principal
 from api.problems import problem
-from api.ui.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
-from controller import jobs as job_service
-from controller.errors import NotFound
-from controller.keys import Principal, hash_key
-from controller.models import utcnow
-from controller.states import STATES
+from api.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
+from controller.access.keys import Principal, hash_key
+from controller.jobs import service as job_service
+from controller.store.models import utcnow
+from controller.values.errors import NotFound
+from controller.values.states import STATES
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 STATIC = Path(__file__).parent / "static"

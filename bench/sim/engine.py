@@ -1,7 +1,7 @@
 """The simulated clock and the policies it compares.
 
 Event-driven: at each arrival or completion the policy gets one scheduling instant over the
-pending jobs and the world as it is. The world is `controller.snapshot.World`: placements
+pending jobs and the world as it is. The world is `controller.network.snapshot.World`: placements
 are applied with `World.after` and completions with `scheduler.rules.release`, the code the
 reconcile loop and the preemption planner use. A job's run time, cost and WAN bytes on the
 placement it got come from the scheduler's cost model (`scheduler.estimate`) on the real
@@ -12,13 +12,13 @@ tenants, response ratio inside each, with the size submission stores), then per 
 in that order the loop's hold for faster GPUs (`scheduler.soonest_wait`: a job without a
 deadline waits, and is not weighed again until they are due, when GPUs a running job hands
 back finish it at least 20 % sooner than its plan now) and `scheduler.plan` with the loop's
-objective (`controller.reconcile.objective_for`),
+objective (`controller.loop.placement.objective_for`),
 at most `place_pending`'s limit per pass (the loop lets a pass run past it only while its
 database read outweighs its placing, which costs nothing here), passes repeated at one instant
 while a pass fills its limit. Two shortcuts keep it fast without changing a decision: a job
 needing more GPUs than are free, or at least as many as one that just failed for capacity in
 this pass, is not planned (the planner would answer "capacity"; the loop skips the latter
-too, `controller.reconcile._place_one`'s `blocked`). One difference from the
+too, `controller.loop.placement._place_one`'s `blocked`). One difference from the
 loop: a job whose deadline can no longer be met is planned for time and counted as a miss (the
 loop fails it at its deadline), so that every policy runs every job.
 """
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 import scheduler
 from bench.sim.network import Network
 from bench.sim.trace import REF_GPU, TraceJob
-from controller.reconcile import objective_for, place_pending
-from controller.snapshot import World
+from controller.loop.placement import objective_for, place_pending
+from controller.network.snapshot import World
 from scheduler.rules import release
 
 PASS_LIMIT: int = inspect.signature(place_pending).parameters["limit"].default
@@ -92,7 +92,7 @@ class Cpn(Policy):
         self.waits: dict[str, scheduler.Wait] = {}  # the loop's (`place_pending`'s `waits`)
 
     def _size(self, job: TraceJob) -> float:
-        """What `controller.jobs.submit` stores as the job's size."""
+        """What `controller.jobs.service.submit` stores as the job's size."""
         if job.id not in self.sizes:
             self.sizes[job.id] = scheduler.reference_run_s(request_of(job, job.arrival_s))
         return self.sizes[job.id]
@@ -134,7 +134,7 @@ class Cpn(Policy):
             if self.blind is not None:
                 view = self.blind.reallocated(view.clusters, view.running)
             request = request_of(job, now)
-            # the loop's hold for faster GPUs (`controller.reconcile._place_one`)
+            # the loop's hold for faster GPUs (`controller.loop.placement._place_one`)
             wait = scheduler.soonest_wait(view, request, now)
             if wait is not None and wait.beats(now):
                 self.waits[job.id] = wait

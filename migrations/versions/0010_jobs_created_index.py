@@ -3,7 +3,7 @@
 An admin's `GET /v1/jobs` (every tenant) pages in `created_at DESC, id DESC` order; without an
 index on that order each page sorted the whole table. Tenants' own lists already use
 `ix_jobs_tenant_created`. Every submission counts the tenant's PENDING jobs against
-CPN_MAX_QUEUED_JOBS (`controller.jobs._check_queue_cap`); on `ix_jobs_tenant_id` that read
+CPN_MAX_QUEUED_JOBS (`controller.jobs.service._check_queue_cap`); on `ix_jobs_tenant_id` that read
 every job row of the tenant (6.4 ms at 10,000 queued on SQLite), on (tenant_id, state) it
 counts index entries (0.4 ms).
 

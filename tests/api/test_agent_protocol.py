@@ -290,8 +290,8 @@ def test_a_stored_url_that_fails_the_check_is_not_listed(
     """A URL stored before the check existed reaches no agent, and is logged once."""
     from sqlalchemy import update
 
-    from controller.db import make_engine
-    from controller.models import Cluster
+    from controller.store.db import make_engine
+    from controller.store.models import Cluster
 
     a, b = _agent(live_server, "a"), _agent(live_server, "b")
     a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [], "probe_url": "http://x:1"})
@@ -301,7 +301,7 @@ def test_a_stored_url_that_fails_the_check_is_not_listed(
             update(Cluster).where(Cluster.name == "a").values(probe_url="http://x:1/?steer=1")
         )
     engine.dispose()
-    caplog.set_level("WARNING", logger="controller.resources")
+    caplog.set_level("WARNING", logger="controller.network.resources")
     with live_server.client() as admin:  # any pin change drops the cached peer list
         admin.request("PATCH", "/v1/clusters/a", json={"pinned_probe_url": None})
     for _ in range(2):

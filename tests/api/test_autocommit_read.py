@@ -9,8 +9,8 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from api.deps import autocommit_read
-from controller.db import make_engine, make_sessionmaker
-from controller.models import Tenant
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Tenant
 
 
 def test_an_autocommit_read_leaves_the_next_session_transactional(db_url: str) -> None:

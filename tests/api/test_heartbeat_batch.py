@@ -22,11 +22,11 @@ from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat
 from api.group_commit import BatchFailed
 from api.heartbeats import HeartbeatBatcher, latest_per_cluster
-from controller.db import make_engine, make_sessionmaker
-from controller.errors import NotFound
-from controller.leases import LeasePolicy
-from controller.models import Cluster, GpuInventory
-from controller.resources import RENEW_CHUNK, HeartbeatResult, PeerTable
+from controller.network.leases import LeasePolicy
+from controller.network.resources import RENEW_CHUNK, HeartbeatResult, PeerTable
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Cluster, GpuInventory
+from controller.values.errors import NotFound
 from tests.api.batches import one_batch
 from tests.conftest import LiveServer
 

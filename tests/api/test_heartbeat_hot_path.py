@@ -11,8 +11,8 @@ import time
 import httpx
 from sqlalchemy import update
 
-from controller.db import make_engine
-from controller.models import ApiKey, utcnow
+from controller.store.db import make_engine
+from controller.store.models import ApiKey, utcnow
 from tests.conftest import LiveServer
 
 

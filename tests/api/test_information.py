@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from controller.migrate import upgrade
+from controller.store.migrate import upgrade
 from tests.conftest import ADMIN_TOKEN, LiveServer, start_server
 
 DOCS = ("/docs", "/redoc", "/openapi.json")
@@ -30,7 +30,7 @@ def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
         yield live, "sqlite"
         live.stop()
         return
-    from controller.db import scratch_database
+    from controller.store.db import scratch_database
 
     with scratch_database(request.getfixturevalue("pg_server_url"), "cpn_ready") as url:
         upgrade(url)
@@ -175,7 +175,7 @@ def test_serve_makes_itself_non_dumpable() -> None:
     import sys
 
     code = (
-        "import ctypes; from api.cli.serve import shield_environment; libc = ctypes.CDLL(None);"
+        "import ctypes; from api.process import shield_environment; libc = ctypes.CDLL(None);"
         " before = libc.prctl(3, 0, 0, 0, 0); shield_environment();"
         " print(before, libc.prctl(3, 0, 0, 0, 0))"
     )

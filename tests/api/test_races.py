@@ -21,8 +21,8 @@ from sqlalchemy import Connection, Engine, insert, text
 from sqlalchemy.exc import IntegrityError
 
 from api.problems import violation
-from controller.db import is_sqlite, make_engine
-from controller.models import Job, Tenant, utcnow
+from controller.store.db import is_sqlite, make_engine
+from controller.store.models import Job, Tenant, utcnow
 from tests.conftest import LiveServer, start_server
 
 SPEC = {"name": "j", "task": "builtin:mnist1d-mlp", "gpus": 1, "steps": 100}
@@ -348,7 +348,7 @@ def test_only_a_submission_near_the_queue_cap_waits_for_the_tenants_lock(db_url:
     """Far below CPN_MAX_QUEUED_JOBS a submission counts without the tenant's row lock (it
     would serialise all of a tenant's submissions); within CAP_SLACK of it, it takes the lock,
     so concurrent submissions there cannot overshoot the cap together."""
-    from controller.jobs import CAP_SLACK
+    from controller.jobs.service import CAP_SLACK
     from tests.service.conftest import build_network
 
     if is_sqlite(db_url):

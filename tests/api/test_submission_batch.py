@@ -16,11 +16,11 @@ from sqlalchemy import func, select, text
 
 from api.group_commit import BatchFailed
 from api.submissions import SubmissionBatcher
-from controller.db import make_engine
-from controller.errors import Forbidden, Invalid, NotFound, TooMany
-from controller.jobs import Submission, Submitted
-from controller.models import Job, JobEvent
-from controller.states import JobState
+from controller.jobs.service import Submission, Submitted
+from controller.store.db import make_engine
+from controller.store.models import Job, JobEvent
+from controller.values.errors import Forbidden, Invalid, NotFound, TooMany
+from controller.values.states import JobState
 from tests.api.batches import one_batch
 from tests.controller.world import Net, spec
 

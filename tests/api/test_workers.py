@@ -12,11 +12,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from api.election import ElectedLoops
 from api.processes import start_control_plane, wait_until
-from api.workers import ElectedLoops
-from controller.db import make_engine, make_sessionmaker
-from controller.loop import live_replicas
-from controller.models import ApiKey
+from controller.loop.controller import live_replicas
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import ApiKey
 
 REPLICA_TTL_S = 4.0
 """CPN_REPLICA_TTL_S here: a dead holder's controller counts as live this long."""

@@ -12,7 +12,7 @@ from bench.sim.__main__ import POLICIES, main
 from bench.sim.engine import Cpn, kueue, simulate
 from bench.sim.network import Network, build_network
 from bench.sim.trace import TraceJob, synthetic
-from controller.snapshot import World
+from controller.network.snapshot import World
 from scheduler.rules import QueuedJob, order_queue
 
 KEYS = (

@@ -1,5 +1,5 @@
 """`python -m tests.controller.ray_env_probe DATABASE_URL`: start Ray as the launcher does
-(`controller.launch.RayConnection`) and print, as JSON, what a worker actor sees of its
+(`controller.loop.ray_run.RayConnection`) and print, as JSON, what a worker actor sees of its
 environment: `os.environ`, its own initial environment and its parent's (the raylet's), as
 /proc shows them to any process of the same user."""
 
@@ -31,8 +31,8 @@ class Probe:
 def main(url: str) -> None:
     import ray
 
-    from controller.db import make_engine, make_sessionmaker
-    from controller.launch import LauncherConfig, RayConnection
+    from controller.loop.ray_run import LauncherConfig, RayConnection
+    from controller.store.db import make_engine, make_sessionmaker
     from training import cluster_resource
 
     engine = make_engine(url)

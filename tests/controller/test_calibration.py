@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy.orm import Session
 
 import scheduler
-from controller.db import make_engine
-from controller.models import Job, JobMetric, Tenant, utcnow
-from controller.plan import JobPlan, PlanEstimate, Share
-from controller.snapshot import step_overhead
+from controller.network.snapshot import step_overhead
+from controller.store.db import make_engine
+from controller.store.models import Job, JobMetric, Tenant, utcnow
+from controller.values.plan import JobPlan, PlanEstimate, Share
 from tests.scheduler.builders import cluster, job, link
 
 

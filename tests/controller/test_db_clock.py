@@ -19,12 +19,12 @@ from sqlalchemy import Engine, event, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from agents.protocol import Heartbeat
-from controller.clock import DbClock, clock_of, use_clock
-from controller.db import make_engine, make_sessionmaker
-from controller.leases import LeasePolicy, check_leases
-from controller.loop import Controller, live_replicas
-from controller.models import Cluster, Job, JobEvent, Replica, utcnow
-from controller.resources import ingest_heartbeat
+from controller.loop.controller import Controller, live_replicas
+from controller.network.leases import LeasePolicy, check_leases
+from controller.network.resources import ingest_heartbeat
+from controller.store.clock import DbClock, clock_of, use_clock
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Cluster, Job, JobEvent, Replica, utcnow
 from tests.controller.world import Net, spec
 
 HOUR = timedelta(hours=1)

@@ -1,4 +1,4 @@
-"""Pooled PostgreSQL connections: pinged before use only after sitting idle (`controller.db`).
+"""Pooled PostgreSQL connections: pinged before use only after sitting idle (`controller.store.db`).
 
 A backend is terminated by PostgreSQL itself (`pg_terminate_backend`), the way a server
 restart or an idle timeout kills it, while its connection waits in the pool."""
@@ -10,7 +10,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from api.processes import wait_until
-from controller.db import make_engine
+from controller.store.db import make_engine
 
 pytestmark = pytest.mark.postgres
 

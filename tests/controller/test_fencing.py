@@ -3,7 +3,7 @@ writes nothing, on SQLite and PostgreSQL, without Ray.
 
 Two real controller replicas (`Controller`, the loop's own heartbeat and adoption) share one
 database; each launcher flushes and settles its runs through the real session factory. A
-launch is what `controller.launch` does in its transaction before Ray starts (the fence
+launch is what `controller.loop.ray_run` does in its transaction before Ray starts (the fence
 bumped, the job RUNNING, a handle that remembers the fence); a run's end is what its thread
 hands the loop (see `world.py`).
 """
@@ -21,12 +21,15 @@ import pytest
 from sqlalchemy import event, func, select, text, update
 
 from api.processes import wait_until
-from controller import lifecycle, progress
-from controller.clock import db_now
-from controller.db import is_sqlite, make_engine, make_sessionmaker
-from controller.jobs import cancel
-from controller.loop import Controller
-from controller.models import (
+from controller.jobs import lifecycle
+from controller.jobs.service import cancel
+from controller.loop import progress
+from controller.loop.controller import Controller
+from controller.loop.policy import Stop, StopReason
+from controller.loop.runs import RunHandle
+from controller.store.clock import db_now
+from controller.store.db import is_sqlite, make_engine, make_sessionmaker
+from controller.store.models import (
     Allocation,
     GpuInventory,
     Job,
@@ -36,9 +39,7 @@ from controller.models import (
     Replica,
     Usage,
 )
-from controller.policy import Stop, StopReason
-from controller.runs import RunHandle
-from controller.states import JobState
+from controller.values.states import JobState
 from tests.controller.world import Net, report, spec
 from tests.controller.world import progress as report_at
 
@@ -82,7 +83,7 @@ def holding(net: Net, job_id: str) -> tuple[dict[str, int], int]:
 
 
 def launch(net: Net, replica: Controller, job_id: str) -> RunHandle:
-    """`controller.launch.launch`'s transaction, Ray left out: a new fencing epoch, the job
+    """`controller.loop.ray_run.launch`'s transaction, Ray left out: a new fencing epoch, the job
     RUNNING (an adopted one already is), and a handle with that epoch in the replica's
     launcher."""
     clusters = net.held(job_id)
@@ -323,7 +324,7 @@ def test_the_fence_migration_goes_up_and_down_keeping_jobs(tmp_path: Path) -> No
     from alembic import command
     from sqlalchemy import MetaData, inspect
 
-    from controller.migrate import alembic_config, upgrade
+    from controller.store.migrate import alembic_config, upgrade
     from tests.controller.test_migrations import _fill
 
     url = f"sqlite:///{tmp_path / 'fence.db'}"

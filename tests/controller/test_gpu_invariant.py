@@ -7,7 +7,7 @@ vanishing, shrinking, coming back), submissions, placement passes, cancels, pree
 finished and failed runs, clusters going DOWN and READY again, and controller replica restarts
 (a new engine and session factory over the same database, adopting the old one's jobs)
 through the control plane's own code on SQLite and PostgreSQL, and checks the books after
-every step. Only Ray is left out: a placed job is started as `controller.launch` does before
+every step. Only Ray is left out: a placed job is started as `controller.loop.ray_run` does before
 its actors run, and a run ends when the test says so.
 """
 
@@ -33,13 +33,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat
-from controller import jobs, lifecycle
-from controller.db import is_sqlite, make_engine, make_sessionmaker
-from controller.errors import CpnError
-from controller.jobspec import JobSpec
-from controller.leases import LeasePolicy, check_leases
-from controller.loop import Controller
-from controller.models import (
+from controller.jobs import lifecycle
+from controller.jobs import service as jobs
+from controller.loop.controller import Controller
+from controller.loop.runs import RunHandle
+from controller.network.leases import LeasePolicy, check_leases
+from controller.network.resources import create_cluster, declare_link, ingest_heartbeat
+from controller.store.db import is_sqlite, make_engine, make_sessionmaker
+from controller.store.models import (
     QOS_CLASSES,
     Allocation,
     Cluster,
@@ -50,9 +51,9 @@ from controller.models import (
     Tenant,
     utcnow,
 )
-from controller.resources import create_cluster, declare_link, ingest_heartbeat
-from controller.runs import RunHandle
-from controller.states import ACTIVE, QUEUED, JobState
+from controller.values.errors import CpnError
+from controller.values.spec import JobSpec
+from controller.values.states import ACTIVE, QUEUED, JobState
 from tests.conftest import clear_tables
 from tests.controller.world import report
 
@@ -252,7 +253,8 @@ class GpuBooks(RuleBasedStateMachine):
     @rule()
     def place(self) -> None:
         """A pass of the loop (replica heartbeat, adoption, placement), then the launcher starts
-        what this replica owns and does not run yet, as `controller.launch` does before Ray."""
+        what this replica owns and does not run yet, as `controller.loop.ray_run` does before
+        Ray."""
         self.controller.tick()
         launcher = self.controller.launcher
         with self.sessions() as s, s.begin():

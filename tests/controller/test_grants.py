@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from controller import scrub
-from controller.errors import Forbidden
-from controller.jobspec import QoSSpec
-from controller.models import Job, Tenant
-from controller.states import JobState
-from controller.tenancy import check_grant, granted
+from controller.access import scrub
+from controller.access.tenancy import check_grant, granted
+from controller.store.models import Job, Tenant
+from controller.values.errors import Forbidden
+from controller.values.spec import QoSSpec
+from controller.values.states import JobState
 from tests.controller.world import Net, progress, report, spec
 
 

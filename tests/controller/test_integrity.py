@@ -22,13 +22,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat
-from controller import lifecycle, progress
-from controller.allocations import Slot, release, reserve
-from controller.db import make_engine, make_sessionmaker
-from controller.errors import Invalid
-from controller.labels import check_labels
-from controller.leases import LeasePolicy
-from controller.models import (
+from controller.jobs import lifecycle
+from controller.loop import progress
+from controller.loop.runs import RunHandle
+from controller.network.allocations import Slot, release, reserve
+from controller.network.labels import check_labels
+from controller.network.leases import LeasePolicy
+from controller.network.resources import create_cluster, ingest_heartbeat
+from controller.network.snapshot import build_world
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import (
     ELLIPSIS,
     MESSAGE_MAX,
     REASON_MAX,
@@ -43,10 +46,8 @@ from controller.models import (
     Usage,
     utcnow,
 )
-from controller.resources import create_cluster, ingest_heartbeat
-from controller.runs import RunHandle
-from controller.snapshot import build_world
-from controller.states import JobState
+from controller.values.errors import Invalid
+from controller.values.states import JobState
 from training import Progress, WanBytes
 
 LEASES = LeasePolicy(heartbeat_interval_s=1.0, grace_s=10.0)

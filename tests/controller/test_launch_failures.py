@@ -2,9 +2,9 @@
 
 A launch raises before any worker starts when the job's own part cannot be prepared (here:
 its checkpoint directory cannot be made, as on a read-only root filesystem). The launcher
-settles that as a failed attempt through the policy (`controller.policy.decide`: retry, or
+settles that as a failed attempt through the policy (`controller.loop.policy.decide`: retry, or
 fail on the last attempt), gives the GPUs back, and goes on with the next job. No Ray: the
-failure comes before the launch touches it (`controller.launch.launch`).
+failure comes before the launch touches it (`controller.loop.ray_run.launch`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.models import Job
-from controller.states import JobState
+from controller.store.models import Job
+from controller.values.states import JobState
 from tests.controller.world import MAX_ATTEMPTS, Net, spec
 
 

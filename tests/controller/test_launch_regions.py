@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.jobspec import JobSpec
-from controller.launch import train_spec_of
-from controller.models import Job
+from controller.loop.ray_run import train_spec_of
+from controller.store.models import Job
+from controller.values.spec import JobSpec
 from tests.controller.world import TASK, Net
 from training.sync.hetero import region_groups
 

@@ -22,16 +22,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import lifecycle
-from controller.db import is_sqlite
-from controller.errors import Conflict
-from controller.jobs import cancel, job_request
-from controller.jobspec import DataSpec
-from controller.loop import Controller, ReplicaConflict, check_single_replica
-from controller.models import Job, JobEvent, Replica, utcnow
-from controller.policy import Decision, Stop, StopReason
-from controller.settle import settle
-from controller.states import TERMINAL, TRANSITIONS, JobState
+from controller.jobs import lifecycle
+from controller.jobs.request import job_request
+from controller.jobs.service import cancel
+from controller.loop.controller import Controller, ReplicaConflict, check_single_replica
+from controller.loop.policy import Decision, Stop, StopReason
+from controller.loop.settle import settle
+from controller.store.db import is_sqlite
+from controller.store.models import Job, JobEvent, Replica, utcnow
+from controller.values.errors import Conflict
+from controller.values.spec import DataSpec
+from controller.values.states import TERMINAL, TRANSITIONS, JobState
 from scheduler import Wait, reference_run_s
 from tests.controller.world import MAX_ATTEMPTS, REPLICA, Net, progress, report, spec
 

@@ -10,9 +10,9 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from controller.db import make_engine
-from controller.migrate import pending_reason
-from controller.models import Base, UTCDateTime
+from controller.store.db import make_engine
+from controller.store.migrate import pending_reason
+from controller.store.models import Base, UTCDateTime
 
 
 def _compare_type(ctx, inspected_column, metadata_column, inspected_type, metadata_type):
@@ -81,8 +81,8 @@ def test_upgrading_keeps_every_row(migrated_url: str, tmp_path) -> None:
     cascade-delete the rows that reference it (a job's events, usage, the ledger)."""
     from sqlalchemy import MetaData, func, select, text
 
-    from controller.db import is_sqlite, scratch_database
-    from controller.migrate import upgrade
+    from controller.store.db import is_sqlite, scratch_database
+    from controller.store.migrate import upgrade
 
     def check(url: str) -> None:
         upgrade(url, "0003")

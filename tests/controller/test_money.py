@@ -25,15 +25,21 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import scheduler
 from api.processes import wait_until
-from controller import budget, lifecycle
-from controller.allocations import Slot, reserve
-from controller.db import is_sqlite, make_engine, make_sessionmaker
-from controller.jobs import cancel, spec_of
-from controller.jobspec import JobSpec
-from controller.launch import LauncherConfig, train_spec_of
-from controller.launcher import Launcher
-from controller.metering import tenant_spend, unbilled
-from controller.models import (
+from controller.jobs import lifecycle
+from controller.jobs.request import spec_of
+from controller.jobs.service import cancel
+from controller.loop.launcher import Launcher
+from controller.loop.placement import place_pending, plan_for
+from controller.loop.policy import Decision, Stop, StopReason, decide, next_state, stop_requested
+from controller.loop.ray_run import LauncherConfig, train_spec_of
+from controller.loop.runs import RunHandle
+from controller.money import budget
+from controller.money.metering import tenant_spend, unbilled
+from controller.network.allocations import Slot, reserve
+from controller.network.resources import declare_link
+from controller.network.snapshot import build_world
+from controller.store.db import is_sqlite, make_engine, make_sessionmaker
+from controller.store.models import (
     QOS_CLASSES,
     Allocation,
     Cluster,
@@ -47,13 +53,9 @@ from controller.models import (
     Usage,
     utcnow,
 )
-from controller.plan import plan_of
-from controller.policy import Decision, Stop, StopReason, decide, next_state, stop_requested
-from controller.reconcile import place_pending, plan_for
-from controller.resources import declare_link
-from controller.runs import RunHandle
-from controller.snapshot import build_world
-from controller.states import JobState
+from controller.values.plan import plan_of
+from controller.values.spec import JobSpec
+from controller.values.states import JobState
 from training import Progress, WanBytes
 
 REPLICA = "replica-a"
@@ -172,7 +174,7 @@ def open_allocations(books: Books, job_id: str) -> list[Allocation]:
 
 
 def start(books: Books, job_id: str) -> RunHandle:
-    """What `controller.launch` does before Ray: RUNNING, and a handle for the launcher."""
+    """What `controller.loop.ray_run` does before Ray: RUNNING, and a handle for the launcher."""
     with books.sessions() as s, s.begin():
         row = s.get(Job, job_id)
         assert row is not None and row.state is JobState.SCHEDULED and row.owner == REPLICA

@@ -8,10 +8,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import scheduler
-from controller.db import make_engine
-from controller.models import Job, JobEvent, Quote, Tenant, utcnow
-from controller.plan import HeldPlan, JobPlan, QuoteOptions, Share
-from controller.states import JobState
+from controller.store.db import make_engine
+from controller.store.models import Job, JobEvent, Quote, Tenant, utcnow
+from controller.values.plan import HeldPlan, JobPlan, QuoteOptions, Share
+from controller.values.states import JobState
 
 # What the reconcile loop stored on a job before the plan was typed (no objective, no price).
 OLD_JOB_PLAN: dict[str, Any] = {

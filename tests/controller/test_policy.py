@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.policy import (
+from controller.loop.policy import (
     FAILURES,
     Decision,
     Spare,
@@ -19,7 +19,7 @@ from controller.policy import (
     stop_of,
     stop_requested,
 )
-from controller.states import JobState
+from controller.values.states import JobState
 
 MAX = 3
 

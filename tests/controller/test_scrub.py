@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from controller import scrub
+from controller.access import scrub
 
 ENV = {
     "CPN_ADMIN_TOKEN": "cpn_admin_0123456789abcdef",

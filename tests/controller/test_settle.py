@@ -17,13 +17,15 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controller import lifecycle
-from controller.allocations import Slot, reserve
-from controller.db import make_engine, make_sessionmaker
-from controller.errors import Conflict
-from controller.jobs import cancel
-from controller.launcher import Launcher, LauncherConfig
-from controller.models import (
+from controller.jobs import lifecycle
+from controller.jobs.service import cancel
+from controller.loop.launcher import Launcher, LauncherConfig
+from controller.loop.policy import Decision, Stop, StopReason
+from controller.loop.runs import RunHandle
+from controller.loop.settle import settle
+from controller.network.allocations import Slot, reserve
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import (
     Allocation,
     Cluster,
     GpuInventory,
@@ -35,10 +37,8 @@ from controller.models import (
     Usage,
     utcnow,
 )
-from controller.policy import Decision, Stop, StopReason
-from controller.runs import RunHandle
-from controller.settle import settle
-from controller.states import TERMINAL, TRANSITIONS, JobState
+from controller.values.errors import Conflict
+from controller.values.states import TERMINAL, TRANSITIONS, JobState
 from training import Progress, TrainReport, WanBytes
 
 REPLICA = "replica-1"

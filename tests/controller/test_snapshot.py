@@ -9,11 +9,11 @@ from sqlalchemy import update
 
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat
-from controller.db import make_engine, make_sessionmaker
-from controller.leases import LeasePolicy
-from controller.models import Cluster, GpuPrice, utcnow
-from controller.resources import create_cluster, declare_link, ingest_heartbeat
-from controller.snapshot import build_world
+from controller.network.leases import LeasePolicy
+from controller.network.resources import create_cluster, declare_link, ingest_heartbeat
+from controller.network.snapshot import build_world
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Cluster, GpuPrice, utcnow
 
 LEASES = LeasePolicy(heartbeat_interval_s=1.0, grace_s=10.0)
 

@@ -1,4 +1,4 @@
-"""A tenant's burst of submissions gets `jobs` analyzed (`controller.table_stats`), so its
+"""A tenant's burst of submissions gets `jobs` analyzed (`controller.store.table_stats`), so its
 list reads the newest page by index instead of sorting all of its jobs."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from sqlalchemy import Connection, Engine, insert, text
 
 from api.job_list import _keys
 from api.processes import wait_until
-from controller.db import make_engine, scratch_database
-from controller.migrate import upgrade
-from controller.models import Job, Tenant
-from controller.table_stats import BurstAnalyzer, BurstPolicy
+from controller.store.db import make_engine, scratch_database
+from controller.store.migrate import upgrade
+from controller.store.models import Job, Tenant
+from controller.store.table_stats import BurstAnalyzer, BurstPolicy
 
 
 def test_a_tenants_burst_asks_for_one_analyze_an_interval() -> None:

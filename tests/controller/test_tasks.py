@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.tasks import (
+from controller.values.tasks import (
     BUILTIN_ACTIVATION_BYTES,
     BUILTIN_WORK,
     check_task,

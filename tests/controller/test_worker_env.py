@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.migrate import upgrade
+from controller.store.migrate import upgrade
 
 pytestmark = pytest.mark.slow
 

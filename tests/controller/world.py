@@ -4,7 +4,7 @@ Everything goes through the control plane's own code and its real session factor
 are created and kept alive by agent heartbeats (`ingest_heartbeat`, with an explicit clock so
 a lease can lapse without sleeping), links are declared, the reconcile loop places jobs, the
 launcher's loop stops and settles runs. Only the Ray part of a launch is left out: `start`
-moves a placed job to RUNNING and hands the launcher a `RunHandle`, as `controller.launch`
+moves a placed job to RUNNING and hands the launcher a `RunHandle`, as `controller.loop.ray_run`
 does before its thread starts the actors; `finish` gives that handle what a run's thread gives
 it (a `TrainReport` or an exception) and lets the launcher's next pass settle it.
 """
@@ -24,14 +24,17 @@ from sqlalchemy.orm import Session, sessionmaker
 import scheduler
 from agents.protocol import GpuInventory as GpuReport
 from agents.protocol import Heartbeat
-from controller import lifecycle
-from controller.db import make_engine, make_sessionmaker
-from controller.jobs import create_quote, job_request
-from controller.jobspec import JobSpec, QoSSpec, Work
-from controller.launcher import Launcher, LauncherConfig
-from controller.leases import LeasePolicy, check_leases
-from controller.metering import egress_charge, gpu_charge
-from controller.models import (
+from controller.jobs import lifecycle
+from controller.jobs.request import job_request
+from controller.jobs.service import create_quote
+from controller.loop.launcher import Launcher, LauncherConfig
+from controller.loop.placement import Placed, place_pending
+from controller.loop.runs import RunHandle
+from controller.money.metering import egress_charge, gpu_charge
+from controller.network.leases import LeasePolicy, check_leases
+from controller.network.resources import create_cluster, declare_link, ingest_heartbeat
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import (
     QOS_CLASSES,
     Allocation,
     Cluster,
@@ -44,11 +47,9 @@ from controller.models import (
     Usage,
     utcnow,
 )
-from controller.plan import HeldPlan
-from controller.reconcile import Placed, place_pending
-from controller.resources import create_cluster, declare_link, ingest_heartbeat
-from controller.runs import RunHandle
-from controller.states import JobState
+from controller.values.plan import HeldPlan
+from controller.values.spec import JobSpec, QoSSpec, Work
+from controller.values.states import JobState
 from training import Progress, TrainReport, WanBytes
 
 REPLICA = "replica-a"
@@ -150,7 +151,7 @@ class Net:
         held: HeldPlan | None = None,
         at: datetime | None = None,
     ) -> str:
-        """A PENDING job as `controller.jobs.submit` stores it (admission is the API's to
+        """A PENDING job as `controller.jobs.service.submit` stores it (admission is the API's to
         test); `held`: the quote option it holds. Submissions are one second apart, in the order
         made, unless `at` says when (the time orders the queue within a priority)."""
         if at is None:
@@ -198,7 +199,7 @@ class Net:
         return [p.job_id for p in placed]
 
     def start(self, job_id: str) -> RunHandle:
-        """What `controller.launch` does before Ray: SCHEDULED -> RUNNING, a handle for the
+        """What `controller.loop.ray_run` does before Ray: SCHEDULED -> RUNNING, a handle for the
         launcher sized from the job's open allocations."""
         with self.sessions() as s, s.begin():
             job = s.get(Job, job_id)

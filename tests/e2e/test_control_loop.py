@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controller.db import make_engine
-from controller.models import StepObservation
+from controller.store.db import make_engine
+from controller.store.models import StepObservation
 from tests.e2e.world import World, build_world, wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """A pipeline job that loses a cluster, end to end: real `cpn serve` (its SQLite database, its
 control loop, its local Ray), real agents whose heartbeats keep the clusters' leases. One
 stage's agent is killed after the stages checkpointed; its lease lapses, the cluster goes
-DOWN, and only that stage moves (`controller.restage`); the relaunched run resumes from the
+DOWN, and only that stage moves (`controller.loop.restage`); the relaunched run resumes from the
 stages' checkpoints and the job succeeds."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, func, select, text
 
 from api.client import Client
 from api.processes import ControlPlane, start_control_plane
-from controller.models import Allocation, GpuInventory
+from controller.store.models import Allocation, GpuInventory
 from tests.conftest import clear_tables
 from tests.e2e.world import wait_for
 
@@ -69,7 +69,7 @@ class Invariant(threading.Thread):
 
 
 def test_two_replicas_never_overcommit(pg_server_url: str, tmp_path: Path) -> None:
-    from controller.migrate import upgrade
+    from controller.store.migrate import upgrade
 
     upgrade(pg_server_url)
     clear_tables(pg_server_url)

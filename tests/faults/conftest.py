@@ -23,10 +23,10 @@ from sqlalchemy import select
 from api.client import Client
 from api.processes import ControlPlane, start_control_plane, wait_until
 from bench.pg_server import Postgres, throwaway_postgres, unavailable
-from controller.db import make_engine, make_sessionmaker
-from controller.loop import live_replicas
-from controller.models import Allocation
-from controller.states import TERMINAL
+from controller.loop.controller import live_replicas
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Allocation
+from controller.values.states import TERMINAL
 
 ADMIN_TOKEN = "cpn_admin_faults-0123456789abcdef0123"
 CLUSTERS = {"east": ("A100", 2, 2.5), "west": ("H100", 2, 4.0)}
@@ -282,7 +282,7 @@ def running_steps(url: str) -> dict[str, int]:
     """Each job's newest recorded metric step, straight from the database."""
     from sqlalchemy import func
 
-    from controller.models import JobMetric
+    from controller.store.models import JobMetric
 
     engine = make_engine(url)
     try:

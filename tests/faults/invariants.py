@@ -4,7 +4,7 @@
   negative, never above `count`; no job that is not active holds an open allocation.
 - Money: every usage row (but those of a running job not settled yet) is priced by exactly
   one ledger entry whose amount is the usage times the price in effect for its period
-  (`controller.metering.charge_of`, the formula the audits use), and the ledger's exact total
+  (`controller.money.metering.charge_of`, the formula the audits use), and the ledger's exact total
   is the sum of those charges.
 - Metering: each allocation's GPU time is metered once: a job's GPU usage equals the GPUs of
   its allocations times the time they were billed (from `billed_from` to `metered_until`, less
@@ -24,9 +24,9 @@ from decimal import Decimal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.db import make_engine, make_sessionmaker
-from controller.metering import _seconds, charge_of, exact_total, q6
-from controller.models import (
+from controller.money.metering import _seconds, charge_of, exact_total, q6
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import (
     Allocation,
     Cluster,
     GpuInventory,
@@ -35,7 +35,7 @@ from controller.models import (
     LedgerEntry,
     Usage,
 )
-from controller.states import ACTIVE, TERMINAL, JobState
+from controller.values.states import ACTIVE, TERMINAL, JobState
 
 
 @dataclass

@@ -4,7 +4,7 @@ pysqlite sends BEGIN only before the first write: a SAVEPOINT issued earlier (th
 `begin_nested()` around its GPU reservation) opened the transaction itself, and releasing it
 committed the reservation, so a placement that rolled back (or whose process was killed)
 after reserving left the GPUs reserved for a job still PENDING. Found by the fault test that
-kills the controller at `place.before_commit`; `controller.db.make_engine` now begins the
+kills the controller at `place.before_commit`; `controller.store.db.make_engine` now begins the
 transaction before such a savepoint.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from controller.db import make_engine, make_sessionmaker
+from controller.store.db import make_engine, make_sessionmaker
 
 
 class Crash(Exception):

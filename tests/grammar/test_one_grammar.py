@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from api.plan_files import JobIn
-from controller.jobspec import JobSpec
+from controller.values.spec import JobSpec
 from grammar import (
     COMPRESSION_HELP,
     DOCUMENTED_COMPRESSIONS,

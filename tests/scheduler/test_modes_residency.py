@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 from pydantic import ValidationError
 
-from controller.jobs import job_request
-from controller.jobspec import JobSpec
+from controller.jobs.request import job_request
+from controller.values.spec import JobSpec
 from scheduler import Infeasible, Plan, Snapshot, exclusions, plan, sync_model
 from tests.scheduler.builders import cluster, job, link
 

@@ -24,9 +24,9 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy.orm import Session
 
-from controller.db import make_engine, scratch_database
-from controller.migrate import upgrade
-from controller.models import JobEvent, JobMetric, LedgerEntry, Usage
+from controller.store.db import make_engine, scratch_database
+from controller.store.migrate import upgrade
+from controller.store.models import JobEvent, JobMetric, LedgerEntry, Usage
 from tests.conftest import LiveServer, start_server
 from tests.service.conftest import build_network, spec
 

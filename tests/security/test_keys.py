@@ -30,10 +30,10 @@ from api.app import create_app
 from api.config import MIN_ADMIN_TOKEN_CHARS, Settings
 from api.deps import FailureAudit
 from api.processes import start_control_plane, wait_until
-from controller import keys
-from controller.db import make_engine, scratch_database
-from controller.migrate import upgrade
-from controller.models import ApiKey, AuditLog
+from controller.access import keys
+from controller.store.db import make_engine, scratch_database
+from controller.store.migrate import upgrade
+from controller.store.models import ApiKey, AuditLog
 from tests.conftest import ADMIN_TOKEN
 from tests.security.conftest import assert_problem, call
 

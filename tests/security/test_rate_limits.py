@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session
 from agents.protocol import GpuInventory, Heartbeat
 from api.config import Settings
 from api.ratelimit import BucketTable, Limit, RateLimits, TokenBucket
-from controller import keys
-from controller.db import make_engine
-from controller.models import Cluster, Tenant
+from controller.access import keys
+from controller.store.db import make_engine
+from controller.store.models import Cluster, Tenant
 from tests.conftest import LiveServer, start_server
 from tests.security.conftest import Answer, assert_problem, call
 from tests.service.conftest import build_network, spec
@@ -272,7 +272,7 @@ def test_a_junk_token_flood_is_refused_before_any_database_query(db_url: str) ->
 def test_a_junk_session_cookie_flood_is_refused_before_any_database_query(db_url: str) -> None:
     """A console session cookie is looked up in the database: a junk one counts against the
     address like a junk key, and past the limit no lookup is made."""
-    from api.ui.sessions import SESSION_COOKIE
+    from api.sessions import SESSION_COOKIE
 
     _seed(db_url)
     with _server(db_url, auth_fail_limit=2) as live, httpx.Client(base_url=live.url) as http:

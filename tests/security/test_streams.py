@@ -26,8 +26,8 @@ from agents.protocol import GpuInventory, Heartbeat
 from api.client import ApiError, Client
 from api.processes import wait_until
 from api.streams import StreamSlots
-from controller.db import make_engine
-from controller.models import JobEvent
+from controller.store.db import make_engine
+from controller.store.models import JobEvent
 from tests.conftest import LiveServer, start_server
 from tests.security.conftest import Answer, assert_problem, call
 from tests.service.conftest import build_network, spec

@@ -23,10 +23,10 @@ import pytest
 import yaml
 
 from api.client import ApiError, Client, sse_messages
-from controller.allocations import Slot, reserve
-from controller.db import make_engine, make_sessionmaker
-from controller.lifecycle import transition
-from controller.models import Job, JobEvent, JobMetric
+from controller.jobs.lifecycle import transition
+from controller.network.allocations import Slot, reserve
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Job, JobEvent, JobMetric
 from tests.conftest import start_server
 from tests.service.conftest import Network, build_network, spec
 
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def priced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
     """The priced three-cluster network of conftest on SQLite, served once for this module."""
-    from controller.migrate import upgrade
+    from controller.store.migrate import upgrade
 
     url = f"sqlite:///{tmp_path_factory.mktemp('cli-db') / 'cpn.db'}"
     upgrade(url)
@@ -369,7 +369,7 @@ def test_client_job_methods(network: Network) -> None:
         network.admin.tenant_id()
     quote = client.quote(spec())
     assert quote["options"] and quote["expires_at"] > quote["created_at"]
-    from controller.jobspec import JobSpec
+    from controller.values.spec import JobSpec
 
     job = client.submit(JobSpec.model_validate(spec(quote_id=quote["id"])), "key-1")
     assert client.submit(spec(quote_id=quote["id"]), "key-1")["id"] == job["id"]

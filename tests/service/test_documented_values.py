@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.db import make_engine, make_sessionmaker
-from controller.reconcile import place_pending
+from controller.loop.placement import place_pending
+from controller.store.db import make_engine, make_sessionmaker
 from grammar import DOCUMENTED_COMPRESSIONS, DOCUMENTED_SYNCS, parse_compression, parse_sync
 from tests.service.conftest import Network, spec
 

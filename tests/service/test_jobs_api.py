@@ -13,9 +13,9 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 
 from api.client import ApiError
-from controller.db import make_engine, make_sessionmaker
-from controller.lifecycle import transition
-from controller.models import Job
+from controller.jobs.lifecycle import transition
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Job
 from tests.service.conftest import Network, spec
 
 
@@ -275,7 +275,7 @@ def test_quotes_and_plans_stored_before_the_typed_plan_still_work(network: Netwo
     the reconcile loop (the real one, in-process), and read back over the API."""
     import sqlalchemy as sa
 
-    from controller.reconcile import place_pending
+    from controller.loop.placement import place_pending
     from tests.controller.test_plan import OLD_JOB_PLAN, OLD_QUOTE_OPTION
 
     plain = sa.MetaData()
@@ -358,7 +358,7 @@ def test_the_job_list_answers_each_job_as_its_own_get_does(
     import sqlalchemy as sa
 
     from api import job_list
-    from controller.reconcile import place_pending
+    from controller.loop.placement import place_pending
 
     quote = network.tenant.post("/v1/quotes", spec())
     held = network.tenant.post("/v1/jobs", spec(quote_id=quote["id"], quote_option="cost"))

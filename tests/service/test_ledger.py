@@ -8,13 +8,19 @@ from decimal import Decimal
 
 from sqlalchemy import select
 
-from controller import lifecycle
-from controller.allocations import Slot, release, reserve
-from controller.db import make_engine, make_sessionmaker
-from controller.metering import egress_charge, gpu_charge, meter_allocations, meter_wan, price_usage
-from controller.models import Allocation, Cluster, Job, LedgerEntry, Usage
-from controller.pricing import egress_price_history, gpu_price_history, price_at
-from controller.states import JobState
+from controller.jobs import lifecycle
+from controller.money.metering import (
+    egress_charge,
+    gpu_charge,
+    meter_allocations,
+    meter_wan,
+    price_usage,
+)
+from controller.money.pricing import egress_price_history, gpu_price_history, price_at
+from controller.network.allocations import Slot, release, reserve
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Allocation, Cluster, Job, LedgerEntry, Usage
+from controller.values.states import JobState
 from tests.service.conftest import Network, spec
 
 

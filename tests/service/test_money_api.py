@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import select, text
 
 from api.client import ApiError
-from controller import lifecycle
-from controller.db import make_engine, make_sessionmaker
-from controller.models import Allocation, Job
-from controller.reconcile import place_pending
-from controller.states import JobState
+from controller.jobs import lifecycle
+from controller.loop.placement import place_pending
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Allocation, Job
+from controller.values.states import JobState
 from tests.service.conftest import Network, spec
 
 REPLICA = "replica-test"

@@ -12,7 +12,8 @@ CLUSTERS = {"a": 4, "b": 4, "c": 4, "d": 4}
 def _ensure_session_ray() -> None:
     """Start the session's Ray unless it is the one running. A controller test in the same
     process (under xdist a worker mixes folders) replaces it with a Ray sized to its own
-    clusters (controller.launch re-sizes a local Ray), so this is checked before every test."""
+    clusters (controller.loop.ray_run re-sizes a local Ray), so this is checked before every
+    test."""
     import ray
 
     from training.runner import local_resources

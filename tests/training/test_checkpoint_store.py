@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from api.processes import wait_until
-from controller import scrub
+from controller.access import scrub
 from training import TrainSpec, run
 from training.checkpoint import (
     FORMAT,

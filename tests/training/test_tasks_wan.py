@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from controller.tasks import BUILTIN_WORK
+from controller.values.tasks import BUILTIN_WORK
 from training.tasks import as_tensors, load_task
-from training.tasks_wan import wan_regime
+from training.tasks.wan import wan_regime
 
 
 @pytest.mark.parametrize("entry", ["builtin:gpt-stdlib", "builtin:wide-mlp"])

@@ -221,9 +221,9 @@ def test_adaptive_picks_lightest_level_that_hides_under_compute() -> None:
 def test_mnist1d_is_generated_once_and_a_bad_cache_is_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training.tasks import _mnist1d
+    from training.tasks.datasets import mnist1d_split
 
-    generate = _mnist1d.__wrapped__
+    generate = mnist1d_split.__wrapped__
     monkeypatch.setenv("CPN_CACHE_DIR", str(tmp_path))
     fresh = generate(7)
     (cached,) = tmp_path.glob("mnist1d-*-seed7.pt")

@@ -50,7 +50,7 @@ class Console:
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    from controller.migrate import upgrade
+    from controller.store.migrate import upgrade
 
     url = f"sqlite:///{tmp_path_factory.mktemp('uidb') / 'cpn.db'}"
     upgrade(url)

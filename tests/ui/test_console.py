@@ -183,9 +183,9 @@ def test_a_training_jobs_charts_update_live(
     narrow_tab: Tab, console: Console, tmp_path: Path
 ) -> None:
     """Progress goes through the control plane's own path (a run handle's reports, flushed
-    by `controller.progress.flush` as the loop does), without Ray: the browser must redraw
+    by `controller.loop.progress.flush` as the loop does), without Ray: the browser must redraw
     its charts from the live event stream as each report is stored."""
-    from controller.progress import flush
+    from controller.loop.progress import flush
     from tests.controller.world import Net
     from training import Progress, WanBytes
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.ui.sessions import (
+from api.sessions import (
     CSRF_HEADER,
     SESSION_COOKIE,
     SESSION_TTL_S,
@@ -17,12 +17,12 @@ from api.ui.sessions import (
     ConsoleSessions,
     csrf_ok,
 )
-from controller.keys import hash_key
+from controller.access.keys import hash_key
 from tests.conftest import LiveServer, start_server
 
 
 def _store(url: str, **kwargs: float) -> ConsoleSessions:
-    from controller.db import make_engine, make_sessionmaker
+    from controller.store.db import make_engine, make_sessionmaker
 
     return ConsoleSessions(make_sessionmaker(make_engine(url)), **kwargs)  # type: ignore[arg-type]
 
@@ -55,7 +55,7 @@ def test_sessions_expire_and_a_keys_oldest_go_first(db_url: str) -> None:
 def test_the_table_holds_neither_the_cookie_nor_the_key(db_url: str) -> None:
     from sqlalchemy import select
 
-    from controller.models import ConsoleSignIn
+    from controller.store.models import ConsoleSignIn
 
     store = _store(db_url)
     key_hash = hash_key("cpn_tenant_secret")
@@ -81,7 +81,7 @@ def test_only_reads_pass_without_the_csrf_token() -> None:
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[LiveServer]:
-    from controller.migrate import upgrade
+    from controller.store.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'cpn.db'}"
     upgrade(url)
@@ -117,7 +117,7 @@ def test_a_sign_in_holds_on_every_replica_and_a_sign_out_ends_it_everywhere(
     replicas behind a balancer): a browser's requests may land on either."""
     import re
 
-    from controller.migrate import upgrade
+    from controller.store.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'cpn.db'}"
     upgrade(url)

@@ -4,7 +4,7 @@ stage's cluster like data-parallel workers, stepped in segments, summed into a r
 With a checkpoint root, every stage saves its own shard (`training.pipeline.checkpoint`) and a
 run resumes from the newest step all stages have. No restarts inside a run: a lost stage
 fails it, and the control plane re-places the stage and launches the run again, which
-resumes from the stage checkpoints (`controller.restage`)."""
+resumes from the stage checkpoints (`controller.loop.restage`)."""
 
 from __future__ import annotations
 

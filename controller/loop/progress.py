@@ -1,0 +1,159 @@
+"""Progress flushing: a run's reports become metrics, events, WAN metering and calibration data.
+
+The run's thread queues reports on its handle; the loop writes a batch per job per pass in one
+transaction (no per-step transactions). The batch is fenced: its first write is a conditional
+UPDATE on the job's fencing epoch, so a run that was superseded (its job adopted by another
+replica, or launched again) writes nothing, whichever commits first. A batch whose
+transaction fails for a passing reason (a lock, a lost connection) is kept, in order, for the
+next pass: reports are not lost to a race or a database hiccup.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import update
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+
+from controller.loop.policy import Stop, StopReason
+from controller.loop.runs import RunHandle
+from controller.money.metering import meter_wan
+from controller.network.snapshot import normalize_gpu_model
+from controller.store.models import Job, JobEvent, JobMetric, StepObservation, utcnow
+from training import Progress
+
+log = logging.getLogger("cpn.progress")
+
+Compute = tuple[int, dict[str, float]]
+"""The last (step, compute seconds per cluster) a run reported."""
+
+TRANSIENT = (OperationalError, InterfaceError, PoolTimeout, StaleDataError)
+"""Errors after which the same batch may well commit on the next pass (a lock or a deadlock,
+a lost connection, an exhausted pool, a row changed meanwhile)."""
+
+
+def flush(factory: sessionmaker[Session], handle: RunHandle) -> None:
+    """Write the run's queued progress: metrics, progress events, new WAN bytes (metered),
+    per-cluster compute times, and the step to resume from. A superseded run's batch is
+    dropped and the run asked to stop."""
+    batch = handle.take()
+    if not batch:
+        return
+    try:
+        current = _write(factory, handle, batch)
+    except TRANSIENT:
+        with handle.lock:  # back in front of what arrived meanwhile, for the next pass
+            handle.pending[:0] = batch
+        raise
+    except Exception:
+        # The database refused the batch itself: kept, it would fail every pass after this one.
+        log.error("job %s: %d progress reports refused and dropped", handle.job_id, len(batch))
+        raise
+    if not current:
+        log.warning(
+            "job %s: run of fence %s superseded (or its job is gone); %d reports dropped",
+            handle.job_id,
+            handle.fence,
+            len(batch),
+        )
+        handle.request_stop(Stop(StopReason.SUPERSEDED))
+
+
+def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progress]) -> bool:
+    """Write `batch` in one transaction; False (nothing written) when the job's fencing epoch
+    is no longer the run's or the job is gone. The handle's counters move only once it
+    committed."""
+    now = utcnow()
+    wan_seen = dict(handle.wan_seen)
+    last_compute = handle.last_compute
+    deltas: dict[tuple[str, str], int] = {}
+    with factory() as session, session.begin():
+        # First write, so it holds the row until commit: an adoption waits or has won.
+        fence = () if handle.fence is None else (Job.fence == handle.fence,)
+        fenced = session.execute(
+            update(Job)
+            .where(Job.id == handle.job_id, *fence)
+            .values(checkpoint_step=batch[-1].step, version=Job.version + 1)
+            .execution_options(synchronize_session=False)
+        )
+        if fenced.rowcount != 1:  # type: ignore[attr-defined]
+            return False
+        job = session.get(Job, handle.job_id)
+        assert job is not None  # the row was just updated in this transaction
+        for p in batch:
+            steps_done = p.step
+            step_time = p.wall_s / steps_done if steps_done else None
+            session.add(
+                JobMetric(
+                    job_id=job.id,
+                    step=p.step,
+                    loss=p.loss,
+                    accuracy=p.accuracy,
+                    step_time_s=step_time,
+                    compute_time_s=p.compute_s,
+                    comm_time_s=p.comm_s,
+                    wan_bytes=p.wan_bytes_total,
+                )
+            )
+            session.add(
+                JobEvent(
+                    job_id=job.id,
+                    kind="progress",
+                    message=f"step {p.step}/{p.total_steps}",
+                    data={
+                        "step": p.step,
+                        "steps": p.total_steps,
+                        "loss": p.loss,
+                        "accuracy": p.accuracy,
+                        "wan_bytes": p.wan_bytes_total,
+                        "compression": p.compression,
+                        "compression_ratio": p.compression_ratio,
+                        "compute_s": p.compute_s,
+                        "comm_s": p.comm_s,
+                        "wall_s": p.wall_s,
+                    },
+                )
+            )
+            for link, total in p.wan_bytes.items():
+                delta = total - wan_seen.get(link, 0)
+                if delta > 0:
+                    deltas[link] = deltas.get(link, 0) + delta
+                    wan_seen[link] = total
+            last_compute = _observe(session, handle, p, last_compute)
+        if deltas:
+            meter_wan(session, job, deltas, handle.wan_since, now)
+    handle.wan_seen = wan_seen
+    handle.last_compute = last_compute
+    if deltas:
+        handle.wan_since = now
+    return True
+
+
+def _observe(session: Session, handle: RunHandle, p: Progress, previous: Compute | None) -> Compute:
+    """Compute time per step of each cluster's GPUs: the calibration data of the cost model.
+    Every worker gets an equal share of the global batch, so each cluster's slowest rank
+    measures its GPU model on flops_per_step / workers. Returns the report's counters, the
+    `previous` of the next report."""
+    latest = (p.step, dict(p.compute_by_cluster))
+    if previous is None or p.step <= previous[0] or not handle.flops_per_step:
+        return latest
+    workers = sum(handle.clusters.values())
+    for cluster, total in p.compute_by_cluster.items():
+        per_step = (total - previous[1].get(cluster, total)) / (p.step - previous[0])
+        model = handle.gpu_models.get(cluster)
+        if per_step <= 0 or model is None:  # a restart resets the counters
+            continue
+        session.add(
+            StepObservation(
+                job_id=handle.job_id,
+                gpu_model=normalize_gpu_model(model) or model,
+                gpus=1,
+                flops=handle.flops_per_step / workers,
+                compute_s=per_step,
+                predicted_s=handle.predicted_step_s,
+            )
+        )
+    return latest

@@ -1,0 +1,405 @@
+"""Launching: a placed job becomes a run of Ray actors (through `training.run`, or
+`training.pipeline.run_pipeline` for a pipeline or hybrid plan) on a thread.
+
+Ray is started (or joined) once per controller, never per job; a local Ray gets one custom
+resource per cluster, sized from the inventory, so each worker is pinned to its cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from controller.access import scrub
+from controller.jobs import lifecycle
+from controller.jobs.request import spec_of
+from controller.loop.runs import RunHandle
+from controller.network.resources import effective_links
+from controller.store.models import Allocation, Cluster, Job, Link, utcnow
+from controller.values.spec import JobSpec
+from controller.values.states import ACTIVE
+from controller.values.tasks import builtin_work
+from training import LinkSpec, Progress, TrainReport, TrainSpec, WanBytes
+from training.location import child, is_object_store
+
+if TYPE_CHECKING:
+    from training.pipeline.spec import PipelineReport, PipelineSpec, StageResult
+
+log = logging.getLogger("cpn.launcher")
+
+
+@dataclass
+class LauncherConfig:
+    replica_id: str
+    checkpoint_root: str | Path
+    """A directory every worker reaches (a shared mount) or an object-store URI (s3://...)."""
+    ray_address: str | None = None
+    max_attempts: int = 3
+    emulate_wan: bool = True
+    ray_num_cpus: int | None = None
+
+
+class RayConnection:
+    """This controller's Ray: an operator's (`ray_address`) or a local one it starts."""
+
+    def __init__(self, factory: sessionmaker[Session], config: LauncherConfig) -> None:
+        self.factory = factory
+        self.config = config
+        self.resources: dict[str, float] = {}
+
+    def ensure(self, needed: dict[str, int], busy: bool) -> bool:
+        """Connect to Ray (once); False when a local Ray lacks a cluster and jobs still run."""
+        import ray
+
+        from training import cluster_resource
+
+        want = {cluster_resource(c): float(n) for c, n in needed.items()}
+        if ray.is_initialized():
+            have = ray.cluster_resources()
+            if all(have.get(k, 0.0) >= v for k, v in want.items()):
+                return True
+            if self.config.ray_address or busy:
+                return False  # an operator's Ray, or busy: wait for capacity
+            ray.shutdown()  # local Ray sized before this cluster existed: size it again
+        # Tenant code runs in the workers: they get none of the control plane's secrets.
+        object_store = is_object_store(self.config.checkpoint_root)  # workers write there
+        runtime_env = {"env_vars": scrub.worker_env_vars(object_store=object_store)}
+        if self.config.ray_address:
+            ray.init(address=self.config.ray_address, log_to_driver=False, runtime_env=runtime_env)
+            return True
+        with self.factory() as session:
+            inventory = {
+                c.name: sum(g.allocatable for g in c.gpus) for c in session.scalars(select(Cluster))
+            }
+        resources = {cluster_resource(n): float(max(g, 1)) for n, g in inventory.items()}
+        for k, v in want.items():
+            resources[k] = max(resources.get(k, 0.0), v)
+        with scrub.scrubbed_environ(object_store):  # the local Ray's processes inherit it
+            ray.init(
+                num_cpus=self.config.ray_num_cpus or os.cpu_count() or 1,
+                resources=resources,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env=runtime_env,
+            )
+        self.resources = resources
+        log.info("started a local Ray with %s", resources)
+        return True
+
+    def shutdown(self) -> None:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        except Exception:  # shutting down: nothing more to do
+            log.exception("ray shutdown failed")
+
+
+def launch(
+    factory: sessionmaker[Session],
+    config: LauncherConfig,
+    ray: RayConnection,
+    job_id: str,
+    busy: bool,
+) -> RunHandle | None:
+    """Start the run of a SCHEDULED (or adopted RUNNING) job owned by this replica; None when
+    it is not this replica's to start now (the job's `reason` says so when it waits)."""
+    with factory() as session, session.begin():
+        job = session.get(Job, job_id)
+        if job is None or job.owner != config.replica_id or job.state not in ACTIVE:
+            return None
+        allocs = session.execute(
+            select(Cluster.name, Allocation.gpu_model, Allocation.gpus)
+            .join(Cluster, Cluster.id == Allocation.cluster_id)
+            .where(Allocation.job_id == job.id, Allocation.ended_at.is_(None))
+        ).all()
+        clusters: dict[str, int] = {}
+        models: dict[str, str] = {}
+        for name, model, gpus in allocs:
+            clusters[name] = clusters.get(name, 0) + gpus
+            models[name] = model
+        if not clusters:
+            return None
+        # the job's own part first: what fails here is the job's, before Ray is touched
+        spec = spec_of(job)
+        train_spec = train_spec_of(session, config, job, spec, clusters)
+        pipeline = pipeline_spec_of(job, spec, train_spec)
+        if pipeline is not None:
+            train_spec = pipeline.train
+        if not ray.ensure(clusters, busy):
+            job.reason = "waiting for Ray capacity"
+            return None
+        train_spec.epoch = job.fence + 1  # what lifecycle.begin_run makes it below
+        handle = RunHandle(
+            job_id=job.id,
+            clusters=clusters,
+            gpu_models=models,
+            # a stage does a share of the step's work: no per-GPU calibration from it (yet)
+            flops_per_step=_work(spec) if pipeline is None else 0.0,
+            predicted_step_s=job.placement.estimate.compute_s if job.placement else None,
+            fence=train_spec.epoch,
+        )
+        message = (
+            f"launched {sum(clusters.values())} "
+            + ("workers" if pipeline is None else f"stage workers ({_stages_text(pipeline)})")
+            + " on "
+            + ", ".join(f"{c}:{n}" for c, n in clusters.items())
+            + f" ({train_spec.compression}, {train_spec.sync}"
+            + (", WAN emulated" if train_spec.emulated else "")
+            + (", resuming from checkpoint" if train_spec.resume and pipeline is None else "")
+            + ")"
+        )
+        lifecycle.begin_run(session, job, message, clusters)
+    thread = threading.Thread(
+        target=_run, args=(handle, train_spec, pipeline), name=f"cpn-job-{job_id[:8]}", daemon=True
+    )
+    thread.start()
+    log.info("job %s: %s", job_id, message)
+    return handle
+
+
+def _work(spec: JobSpec) -> float:
+    if spec.work is not None and spec.work.flops_per_step is not None:
+        return spec.work.flops_per_step
+    if spec.task.startswith("builtin:"):
+        return builtin_work(spec.task).flops_per_step
+    return 0.0
+
+
+def train_spec_of(
+    session: Session, config: LauncherConfig, job: Job, spec: JobSpec, clusters: dict[str, int]
+) -> TrainSpec:
+    """What the workers are asked to do: the spec's task and arguments, the plan's compression
+    and sync (unless the spec fixed them), the links to emulate, each cluster's region (so
+    `async-ps` runs a server per region when the placement spans regions), where to
+    checkpoint."""
+    from training.checkpoint import open_store
+
+    plan = job.placement
+    compression = spec.compression
+    if compression == "auto":
+        compression = plan.compression if plan else "none"
+    sync = spec.sync
+    if sync == "auto":
+        sync = plan.sync if plan else "every-step"
+    checkpoint = child(config.checkpoint_root, job.id)
+    store = open_store(checkpoint)
+    store.prepare()
+    resume = bool(store.steps())
+    links: list[LinkSpec] = []
+    if config.emulate_wan and not config.ray_address and len(clusters) > 1:
+        ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())
+        wanted = {ids[c] for c in clusters}
+        rows = (
+            session.scalars(
+                select(Link).where(Link.src_cluster_id.in_(wanted), Link.dst_cluster_id.in_(wanted))
+            )
+            .unique()
+            .all()
+        )
+        seen: set[frozenset[str]] = set()
+        for link in effective_links(rows):
+            pair = frozenset((link.src.name, link.dst.name))
+            if pair in seen:
+                continue
+            seen.add(pair)
+            links.append(
+                LinkSpec(link.src.name, link.dst.name, link.bandwidth_gbps * 1000, link.rtt_ms)
+            )
+    regions = dict(
+        session.execute(
+            select(Cluster.name, Cluster.region).where(Cluster.name.in_(list(clusters)))
+        ).all()
+    )
+    every = spec.args.checkpoint_every
+    return TrainSpec(
+        task=spec.task,
+        clusters=dict(clusters),
+        compression=compression,
+        sync=sync,
+        steps=spec.steps,
+        links=links,
+        checkpoint=checkpoint,
+        checkpoint_every=max(1, spec.steps // 10) if every is None else every,
+        resume=resume,
+        run_id=job.id,  # a resume reads only this job's checkpoints
+        epoch=job.fence,  # the run's fencing epoch; `launch` sets the one it takes
+        max_restarts=2,
+        data=spec.data.residency,
+        regions=regions,
+        **spec.args.runtime(),  # typed and bounded by the spec (controller.values.spec.TrainArgs)
+    )
+
+
+def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> PipelineSpec | None:
+    """The pipeline run of a job whose plan (`JobPlan.parallel`) says pipeline or hybrid;
+    None for data parallelism. The stages are the plan's; the spec's fixed cut points apply
+    when they make that many stages. `compression` compresses the activations (auto: none);
+    the stages' replicas synchronise every step. Every stage checkpoints under the job's
+    root (`training.pipeline.checkpoint`), and a relaunch (retry, lost cluster, preemption)
+    resumes from the newest step all stages saved, wherever the stages are placed now."""
+    from grammar.parallel import parse_stages
+    from training.pipeline.schedule import Schedule
+    from training.pipeline.spec import PipelineSpec
+    from training.pipeline.split import Placement
+
+    parallel = job.placement.parallel if job.placement is not None else None
+    if parallel is None or parallel.mode == "data" or not parallel.stages:
+        return None
+    placement = Placement(tuple(s.cluster for s in parallel.stages), parallel.stages[0].replicas)
+    split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
+    cuts = split.cuts if split is not None and split.count == placement.stages else None
+    activations = "none" if spec.compression == "auto" else spec.compression
+    train = replace(
+        train_spec,
+        compression=activations,
+        sync="every-step",
+        resume=True,  # from the stages' consistent cut when there is one, else from step 0
+    )
+    return PipelineSpec(
+        train,
+        placement,
+        micro_batches=parallel.micro_batches or spec.pipeline.micro_batches,
+        schedule=Schedule(spec.pipeline.schedule),
+        cuts=cuts,
+        activations=activations,
+    )
+
+
+def _stages_text(spec: PipelineSpec) -> str:
+    p = spec.placement
+    mode = "hybrid" if p.replicas > 1 else "pipeline"
+    return f"{mode}: {p.stages} stages, {spec.micro_batches} micro-batches, {spec.schedule}"
+
+
+def stage_progress(
+    spec: PipelineSpec,
+    step: int,
+    results: list[StageResult],
+    wall_s: float,
+    last_loss: float = 0.0,
+) -> Progress:
+    """A segment of a pipeline run as the controller's progress report: the activation bytes
+    so far per link are what `controller.loop.progress` meters, like a data-parallel run's WAN
+    bytes; compute and wait are the slowest stage replica's. The loss is the last stage's;
+    without it, `last_loss` (the previous report's: JSON columns refuse NaN)."""
+    wan = WanBytes()
+    raw = 0
+    compute: dict[str, float] = {}
+    for r in results:
+        wan = wan + r.wan
+        raw += r.raw_bytes
+        compute[r.cluster] = max(compute.get(r.cluster, 0.0), r.compute_s)
+    loss = next((r.loss for r in results if r.loss is not None), None)
+    return Progress(
+        step=step,
+        total_steps=spec.train.steps,
+        loss=last_loss if loss is None else loss,
+        accuracy=None,
+        wall_s=wall_s,
+        compute_s=max((r.compute_s for r in results), default=0.0),
+        comm_s=max((r.wait_s for r in results), default=0.0),
+        wan_bytes=wan,
+        wan_bytes_total=wan.total,
+        compression_ratio=raw / wan.total if wan.total else 1.0,
+        compression=spec.activations,
+        compute_by_cluster=compute,
+    )
+
+
+def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
+    """A pipeline run's report in the data-parallel report's shape (what settlement stores);
+    the pipeline's own figures go in `sync_stats`."""
+    wan = report.activation_bytes
+    clusters: dict[str, int] = {}
+    for c in report.stage_clusters:
+        clusters[c] = clusters.get(c, 0) + report.replicas
+    return TrainReport(
+        task=report.task,
+        clusters=clusters,
+        compression=report.activations,
+        sync=spec.train.sync,
+        steps=report.steps,
+        final_loss=report.final_loss,
+        final_accuracy=report.final_accuracy,
+        final_eval_loss=report.final_eval_loss,
+        wall_s=report.wall_s,
+        compute_s=max(report.stage_compute_s, default=0.0),
+        comm_s=max(report.stage_wait_s, default=0.0),
+        wan_s=0.0,
+        wan_bytes=wan,
+        wan_bytes_total=wan.total,
+        compression_ratio=report.compression_ratio,
+        wan_emulated=report.wan_emulated,
+        links=[],
+        restarts=0,
+        resumed_from_step=report.resumed_from_step,
+        stopped=report.steps < spec.train.steps,
+        history=[{k: v for k, v in h.items() if v is not None} for h in report.history],
+        sync_stats={
+            "stages": float(len(report.stage_clusters)),
+            "replicas": float(report.replicas),
+            "micro_batches": float(report.micro_batches),
+            "bubble_fraction": report.bubble_fraction,
+            "measured_bubble": report.measured_bubble,
+        },
+    )
+
+
+def _run_pipeline(handle: RunHandle, spec: PipelineSpec) -> TrainReport:
+    from training.pipeline import run_pipeline
+
+    t0 = time.perf_counter()
+    last = [0.0]
+
+    def segment(step: int, results: list[StageResult]) -> None:
+        p = stage_progress(spec, step, results, time.perf_counter() - t0, last[0])
+        last[0] = p.loss
+        handle.on_progress(p)
+
+    report = run_pipeline(spec, on_results=segment, should_stop=handle.should_stop)
+    out = report_of(spec, report)
+    # the final evaluation's forward pass crossed the links too: metered with the rest
+    handle.on_progress(
+        Progress(
+            step=out.steps,
+            total_steps=spec.train.steps,
+            loss=last[0] if math.isnan(out.final_loss) else out.final_loss,
+            accuracy=None if math.isnan(out.final_accuracy) else out.final_accuracy,
+            wall_s=out.wall_s,
+            compute_s=out.compute_s,
+            comm_s=out.comm_s,
+            wan_bytes=out.wan_bytes,
+            wan_bytes_total=out.wan_bytes_total,
+            compression_ratio=out.compression_ratio,
+            compression=out.compression,
+        )
+    )
+    return out
+
+
+def _run(handle: RunHandle, train_spec: TrainSpec, pipeline: PipelineSpec | None = None) -> None:
+    try:
+        from training import run
+
+        if pipeline is not None:
+            handle.report = _run_pipeline(handle, pipeline)
+        else:
+            handle.report = run(
+                train_spec, on_progress=handle.on_progress, should_stop=handle.should_stop
+            )
+    except BaseException as exc:  # reported to the loop, which settles it
+        handle.error = exc
+    finally:
+        handle.ended_at = utcnow()
+        handle.done.set()

@@ -1,0 +1,60 @@
+"""A run in this controller: what its thread hands to the loop, and what the loop asks of it.
+
+The run's thread (`controller.loop.ray_run`) only appends progress and sets `report` or `error`;
+the controller loop is the only writer to the database: it flushes the progress
+(`controller.loop.progress`), asks the run to stop (`stop`), and settles it once it is done
+(`controller.loop.settle`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from controller.loop.policy import Stop
+from controller.store.models import utcnow
+from training import Progress, TrainReport
+
+
+@dataclass
+class RunHandle:
+    """A job's run: its unflushed progress, why it should stop, how it ended."""
+
+    job_id: str
+    clusters: dict[str, int]
+    gpu_models: dict[str, str]
+    flops_per_step: float
+    predicted_step_s: float | None
+    fence: int | None = None
+    """The job's fencing epoch this run was launched with (`Job.fence`): once the job's moves
+    on (adopted, launched again), this run's progress and settlement are refused. None: no
+    run was launched (a launch that failed is settled as its job's attempt, unfenced)."""
+    stop: Stop | None = None
+    pending: list[Progress] = field(default_factory=list)
+    wan_seen: dict[tuple[str, str], int] = field(default_factory=dict)
+    wan_since: datetime = field(default_factory=utcnow)
+    last_compute: tuple[int, dict[str, float]] | None = None
+    report: TrainReport | None = None
+    error: BaseException | None = None
+    ended_at: datetime | None = None
+    """When the run's workers stopped: billing ends there, however late it is settled."""
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def should_stop(self) -> bool:
+        return self.stop is not None
+
+    def request_stop(self, stop: Stop) -> None:
+        """Ask the run to stop, unless it was asked already (the first cause is kept)."""
+        if self.stop is None:
+            self.stop = stop
+
+    def on_progress(self, progress: Progress) -> None:
+        with self.lock:
+            self.pending.append(progress)
+
+    def take(self) -> list[Progress]:
+        with self.lock:
+            out, self.pending = self.pending, []
+        return out

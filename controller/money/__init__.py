@@ -1,0 +1,1 @@
+"""Money: the effective-dated price catalogue, metering into the ledger, and budgets."""

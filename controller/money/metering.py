@@ -1,0 +1,272 @@
+"""Metering and the ledger.
+
+GPU use is metered from allocation records (GPUs x seconds held), WAN use from the workers'
+reports (bytes per link). Metering splits every period at price changes, so each usage row has
+exactly one price; pricing turns each row into one append-only ledger entry. Totals then
+reconcile with usage times prices to the last decimal, across any price change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
+
+from controller.money.pricing import (
+    egress_price_history,
+    gpu_price_history,
+    price_at,
+    require,
+    spans,
+)
+from controller.store.models import Allocation, Cluster, Job, LedgerEntry, Usage, utcnow
+from controller.values.errors import NotFound
+
+MICRO = Decimal("0.000001")
+SECONDS_PER_HOUR = Decimal(3600)
+BYTES_PER_GB = Decimal(10**9)
+
+
+def q6(value: Decimal) -> Decimal:
+    """Money and quantities are kept to 6 decimals, rounded half-even (banker's rounding)."""
+    return value.quantize(MICRO, rounding=ROUND_HALF_EVEN)
+
+
+def _seconds(start: datetime, end: datetime) -> Decimal:
+    delta = end - start
+    return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 10**6
+
+
+def gpu_charge(gpu_seconds: Decimal, price_per_gpu_hour: Decimal) -> tuple[Decimal, Decimal]:
+    """(GPU-hours, amount) for a usage row: the one formula both ledger and audits use."""
+    return q6(gpu_seconds / SECONDS_PER_HOUR), q6(
+        gpu_seconds * price_per_gpu_hour / SECONDS_PER_HOUR
+    )
+
+
+def egress_charge(nbytes: Decimal, price_per_gb: Decimal) -> tuple[Decimal, Decimal]:
+    """(GB, amount) for a WAN usage row."""
+    return q6(nbytes / BYTES_PER_GB), q6(nbytes * price_per_gb / BYTES_PER_GB)
+
+
+def meter_allocations(session: Session, job: Job, until: datetime | None = None) -> list[Usage]:
+    """Meter GPU-seconds of the job's allocations up to `until` (or their end), per price span,
+    from when the job ran on them (`billed_from`): GPUs held while a job waits to launch are
+    not billed."""
+    until = until or utcnow()
+    made: list[Usage] = []
+    allocations = session.scalars(
+        select(Allocation).where(Allocation.job_id == job.id).order_by(Allocation.id)
+    ).all()
+    for alloc in allocations:
+        start = alloc.metered_until or alloc.billed_from
+        if start is None:
+            continue  # reserved for a run that never started: nothing to bill
+        end = min(alloc.ended_at or until, until, alloc.paused_at or until)
+        if end <= start:
+            continue
+        cluster = session.get(Cluster, alloc.cluster_id)
+        name = cluster.name if cluster else alloc.cluster_id
+        history = gpu_price_history(session, alloc.cluster_id, alloc.gpu_model, alloc.qos_class)
+        try:
+            parts = spans(history, start, end)
+        except LookupError:
+            require(None, f"{alloc.gpu_model} on {name} ({alloc.qos_class})")
+            raise
+        for part in parts:
+            usage = Usage(
+                tenant_id=job.tenant_id,
+                job_id=job.id,
+                kind="gpu_seconds",
+                cluster=name,
+                gpu_model=alloc.gpu_model,
+                qos_class=alloc.qos_class,
+                quantity=q6(Decimal(alloc.gpus) * _seconds(part.start, part.end)),
+                period_start=part.start,
+                period_end=part.end,
+            )
+            session.add(usage)
+            made.append(usage)
+        alloc.metered_until = end
+    session.flush()
+    return made
+
+
+def meter_wan(
+    session: Session,
+    job: Job,
+    bytes_by_link: Mapping[tuple[str, str], int],
+    period_start: datetime,
+    period_end: datetime,
+) -> list[Usage]:
+    """Record WAN bytes that crossed each (src, dst) link during a reporting period."""
+    made = []
+    for (src, dst), nbytes in sorted(bytes_by_link.items()):
+        if nbytes <= 0:
+            continue
+        usage = Usage(
+            tenant_id=job.tenant_id,
+            job_id=job.id,
+            kind="wan_bytes",
+            cluster=src,
+            dst_cluster=dst,
+            quantity=Decimal(int(nbytes)),
+            period_start=period_start,
+            period_end=period_end,
+        )
+        session.add(usage)
+        made.append(usage)
+    session.flush()
+    return made
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one usage row costs at the price in effect for its period."""
+
+    kind: str  # gpu | egress
+    description: str
+    quantity: Decimal  # GPU-hours or GB
+    unit_price: Decimal
+    amount: Decimal
+
+
+def charge_of(session: Session, usage: Usage, ids: Mapping[str, str]) -> Charge:
+    """The charge of a usage row (`ids`: cluster name -> id); NotFound when a GPU has no price."""
+    if usage.kind == "gpu_seconds":
+        assert usage.gpu_model and usage.qos_class
+        what = f"{usage.gpu_model} on {usage.cluster} ({usage.qos_class})"
+        history = gpu_price_history(
+            session, ids.get(usage.cluster, ""), usage.gpu_model, usage.qos_class
+        )
+        unit = require(price_at(history, usage.period_start), what)
+        quantity, amount = gpu_charge(Decimal(usage.quantity), unit)
+        return Charge("gpu", what, quantity, unit, amount)
+    assert usage.dst_cluster
+    history = egress_price_history(
+        session, ids.get(usage.cluster, ""), ids.get(usage.dst_cluster, "")
+    )
+    unit = price_at(history, usage.period_start) or Decimal(0)
+    quantity, amount = egress_charge(Decimal(usage.quantity), unit)
+    return Charge("egress", f"WAN {usage.cluster} -> {usage.dst_cluster}", quantity, unit, amount)
+
+
+def price_usage(session: Session, job_id: str | None = None) -> list[LedgerEntry]:
+    """Turn every unpriced usage row into one ledger entry at the price in effect for it."""
+    stmt = select(Usage).where(Usage.priced.is_(False)).order_by(Usage.id)
+    if job_id:
+        stmt = stmt.where(Usage.job_id == job_id)
+    rows = session.scalars(stmt.with_for_update(skip_locked=True)).all()
+    ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())
+    entries = []
+    for usage in rows:
+        charge = charge_of(session, usage, ids)
+        entry = LedgerEntry(
+            tenant_id=usage.tenant_id,
+            job_id=usage.job_id,
+            usage_id=usage.id,
+            kind=charge.kind,
+            description=charge.description,
+            quantity=charge.quantity,
+            unit_price=charge.unit_price,
+            amount=charge.amount,
+            period_start=usage.period_start,
+            period_end=usage.period_end,
+        )
+        session.add(entry)
+        usage.priced = True
+        entries.append(entry)
+    session.flush()
+    return entries
+
+
+def exact_total(
+    session: Session, column: InstrumentedAttribute[Any], *where: ColumnElement[bool]
+) -> Decimal:
+    """The exact sum of a money column. PostgreSQL sums NUMERIC exactly; SQLite stores it as
+    a float and would sum floats, so there the rows are read (each exact to 6 places) and added
+    as decimals."""
+    if session.get_bind().dialect.name == "sqlite":
+        return sum(
+            (q6(Decimal(v)) for v in session.scalars(select(column).where(*where))), Decimal(0)
+        )
+    return Decimal(session.scalar(select(func.coalesce(func.sum(column), 0)).where(*where)) or 0)
+
+
+def tenant_spend(session: Session, tenant_id: str) -> Decimal:
+    """What the tenant was charged in all: its ledger's exact total."""
+    return exact_total(session, LedgerEntry.amount, LedgerEntry.tenant_id == tenant_id)
+
+
+def start_billing(session: Session, job: Job, at: datetime) -> None:
+    """The job runs from `at`: its GPUs held for this run are billed from then on (a paused
+    allocation resumes, the pause counted in `paused_s`)."""
+    for alloc in session.scalars(
+        select(Allocation).where(Allocation.job_id == job.id, Allocation.ended_at.is_(None))
+    ):
+        if alloc.billed_from is None:
+            alloc.billed_from = at
+        elif alloc.paused_at is not None:
+            resumed = max(at, alloc.paused_at)
+            alloc.paused_s = q6(Decimal(alloc.paused_s) + _seconds(alloc.paused_at, resumed))
+            alloc.metered_until = resumed
+            alloc.paused_at = None
+
+
+def pause_billing(session: Session, job: Job, at: datetime) -> None:
+    """No run of the job is alive since `at` (its replica died): meter its GPUs up to then
+    and bill nothing more until `start_billing` resumes it at the relaunch. The tenant does
+    not pay for the control plane's failure."""
+    meter_allocations(session, job, until=at)
+    for alloc in session.scalars(
+        select(Allocation).where(
+            Allocation.job_id == job.id,
+            Allocation.ended_at.is_(None),
+            Allocation.billed_from.is_not(None),
+            Allocation.paused_at.is_(None),
+        )
+    ):
+        alloc.paused_at = max(at, alloc.metered_until or alloc.billed_from or at)
+
+
+def unbilled(session: Session, job: Job, now: datetime) -> Decimal:
+    """What the job's run has cost so far and is not yet in the ledger: GPU time since its
+    allocations were last metered, and usage not priced yet (WAN bytes of its latest reports).
+    Read-only: the budget checks see spend as it accrues, the books are written by `end_run`."""
+    total = Decimal(0)
+    for alloc in session.scalars(
+        select(Allocation).where(
+            Allocation.job_id == job.id,
+            Allocation.ended_at.is_(None),
+            Allocation.billed_from.is_not(None),
+            Allocation.paused_at.is_(None),
+        )
+    ):
+        start = alloc.metered_until or alloc.billed_from
+        assert start is not None
+        if now <= start:
+            continue
+        history = gpu_price_history(session, alloc.cluster_id, alloc.gpu_model, alloc.qos_class)
+        try:
+            parts = spans(history, start, now)
+        except LookupError:  # unpriced GPUs cannot be placed; settling will say so
+            continue
+        for part in parts:
+            gpu_seconds = q6(Decimal(alloc.gpus) * _seconds(part.start, part.end))
+            total += gpu_charge(gpu_seconds, part.price)[1]
+    rows = session.scalars(
+        select(Usage).where(Usage.job_id == job.id, Usage.priced.is_(False))
+    ).all()
+    if rows:
+        ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())
+        for usage in rows:
+            try:
+                total += charge_of(session, usage, ids).amount
+            except NotFound:
+                continue
+    return total

@@ -1,0 +1,314 @@
+"""The scheduler's view of the world, read from the database at one instant."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, aliased
+
+import scheduler
+from controller.access.tenancy import granted_priority
+from controller.money import pricing
+from controller.network import labels, resources
+from controller.store.models import (
+    Allocation,
+    Cluster,
+    GpuInventory,
+    Job,
+    JobMetric,
+    Link,
+    Tenant,
+    utcnow,
+)
+from controller.values.plan import PlanEstimate
+from controller.values.states import JobState
+
+DEFAULT_INTRA_GBPS = 100.0
+OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
+
+
+def normalize_gpu_model(reported: str) -> str | None:
+    """Map a reported name ('A100-80GB', 'NVIDIA H100 80GB HBM3') to the scheduler's table."""
+    if scheduler.peak_tflops(reported) is not None:
+        return reported
+    key = reported.upper().replace("NVIDIA", "").replace("_", "-")
+    tokens = key.replace(" ", "-").split("-")
+    matches = [
+        name
+        for name in scheduler.GPU_PEAK_TFLOPS
+        if name.upper() in tokens or key.strip("- ").startswith(name.upper())
+    ]
+    return max(matches, key=len) if matches else None
+
+
+def snapshot_name(cluster: str, gpu_model: str, models_in_cluster: int) -> str:
+    """One scheduler cluster per (cluster, GPU model); plain name when it has one model."""
+    return cluster if models_in_cluster == 1 else f"{cluster}/{gpu_model}"
+
+
+@dataclass(frozen=True)
+class World:
+    """A snapshot plus where each of its clusters came from: (cluster name, inventory model)."""
+
+    snapshot: scheduler.Snapshot
+    origins: dict[str, tuple[str, str]]
+
+    def after(
+        self,
+        job_id: str,
+        tenant: str,
+        priority: int,
+        preemptible: bool,
+        placement: tuple[scheduler.Assignment, ...],
+        ends_at_s: float | None = None,
+    ) -> World:
+        """This world once `placement` is reserved for a job: fewer free GPUs, one more runner.
+
+        Only the placement's clusters are touched (`Snapshot.with_free`): rebuilding every
+        cluster was most of a simulated job's time at 10,000 clusters."""
+        taken = {a.cluster: -a.gpus for a in placement}
+        running = (
+            *self.snapshot.running,
+            scheduler.RunningJob(
+                id=job_id,
+                placement=placement,
+                tenant=tenant,
+                priority=priority,
+                preemptible=preemptible,
+                ends_at_s=ends_at_s,
+            ),
+        )
+        return World(self.snapshot.with_free(taken, running), self.origins)
+
+
+def build_snapshot(
+    session: Session, qos_class: str, at: datetime | None = None
+) -> scheduler.Snapshot:
+    return build_world(session, qos_class, at).snapshot
+
+
+def build_world(session: Session, qos_class: str, at: datetime | None = None) -> World:
+    """Clusters with free GPUs and the price of `qos_class` now; effective links; running jobs.
+
+    A (cluster, model) without a price for the class is left out: nothing runs unpriced.
+    """
+    at = at or utcnow()
+    gpu_prices = pricing.current_gpu_prices(session, at)
+    egress = pricing.current_egress_prices(session, at)
+    # Columns, not ORM rows: with a thousand clusters and their links, loading Cluster and
+    # Link objects (each link joined to both its clusters) was most of a reconcile pass's read.
+    inventory: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for cluster_id, inv_model, inv_allocatable, inv_in_use in session.execute(
+        select(
+            GpuInventory.cluster_id,
+            GpuInventory.model,
+            GpuInventory.allocatable,
+            GpuInventory.in_use,
+        ).order_by(GpuInventory.cluster_id, GpuInventory.model)
+    ):
+        inventory[cluster_id].append((inv_model, inv_allocatable, inv_in_use))
+    clusters = session.execute(
+        select(
+            Cluster.id,
+            Cluster.name,
+            Cluster.region,
+            Cluster.labels,
+            Cluster.state,
+            Cluster.cordoned,
+        )
+    ).all()
+    out: list[scheduler.Cluster] = []
+    names: dict[str, list[str]] = {}
+    origins: dict[str, tuple[str, str]] = {}
+    for c in clusters:
+        offered = [g for g in inventory.get(c.id, ()) if g[1] > 0]
+        intra = labels.number(c.labels, "intra_bandwidth_gbps", c.name) or DEFAULT_INTRA_GBPS
+        names[c.id] = []
+        for gpu_model, allocatable, in_use in offered:
+            price = gpu_prices.get((c.id, gpu_model, qos_class))
+            if price is None:
+                continue
+            model = normalize_gpu_model(gpu_model)
+            tflops = labels.number(c.labels, "gpu_tflops", c.name)
+            if model is None and tflops is None:
+                continue
+            name = snapshot_name(c.name, gpu_model, len(offered))
+            names[c.id].append(name)
+            origins[name] = (c.name, gpu_model)
+            state = c.state if c.state in ("READY", "SUSPECT", "DOWN") else "DOWN"
+            out.append(
+                scheduler.Cluster(
+                    name=name,
+                    region=c.region,
+                    gpu_model=model or gpu_model,
+                    gpus_free=max(0, allocatable - in_use),
+                    intra_bandwidth_gbps=intra,
+                    price_per_gpu_hour=float(price),
+                    state=state,  # type: ignore[arg-type]
+                    cordoned=c.cordoned,
+                    gpu_tflops=tflops,
+                )
+            )
+    snapshot = scheduler.Snapshot(
+        clusters=tuple(out),
+        links=_scheduler_links(session, names, egress),
+        running=tuple(running_jobs(session)),
+        quotas=tuple(
+            (tenant_id, quota)
+            for tenant_id, quota in session.execute(
+                select(Tenant.id, Tenant.gpu_quota).where(Tenant.gpu_quota.is_not(None))
+            )
+            if quota is not None
+        ),
+        step_overhead_s=step_overhead(session),
+    )
+    return World(snapshot, origins)
+
+
+@dataclass(frozen=True)
+class _LinkTable:
+    """The scheduler's links and what they were made from."""
+
+    rows: Sequence[Any]
+    names: dict[str, list[str]]
+    egress: dict[tuple[str, str], Decimal]
+    links: tuple[scheduler.Link, ...]
+
+
+_last_table: _LinkTable | None = None
+"""The last pass's links: the next pass usually reads the very same rows (links change when an
+admin or an agent's measurement changes them), and turning 9,000 rows into scheduler links was
+a tenth of a placement at 1,000 clusters. One slot, replaced whole: safe across threads."""
+
+
+def _scheduler_links(
+    session: Session, names: dict[str, list[str]], egress: dict[tuple[str, str], Decimal]
+) -> tuple[scheduler.Link, ...]:
+    """Every effective link between priced (cluster, model) pairs, at the egress price now."""
+    global _last_table
+    rows = _link_rows(session)
+    last = _last_table
+    if last is not None and last.rows == rows and last.names == names and last.egress == egress:
+        return last.links
+    links: list[scheduler.Link] = []
+    for link in _effective_links(rows):
+        price = egress.get((link.src_cluster_id, link.dst_cluster_id))
+        if price is None:
+            price = Decimal(str(link.egress_price_per_gb))
+        for a in names.get(link.src_cluster_id, []):
+            for b in names.get(link.dst_cluster_id, []):
+                links.append(scheduler.Link(a, b, link.bandwidth_gbps, link.rtt_ms, float(price)))
+    _last_table = _LinkTable(rows, names, egress, tuple(links))
+    return _last_table.links
+
+
+def _link_rows(session: Session) -> Sequence[Any]:
+    src, dst = aliased(Cluster), aliased(Cluster)
+    return session.execute(
+        select(
+            Link.src_cluster_id,
+            Link.dst_cluster_id,
+            Link.source,
+            Link.pinned,
+            Link.bandwidth_gbps,
+            Link.rtt_ms,
+            Link.egress_price_per_gb,
+            src.name.label("src_name"),
+            dst.name.label("dst_name"),
+        )
+        .join(src, src.id == Link.src_cluster_id)
+        .join(dst, dst.id == Link.dst_cluster_id)
+    ).all()
+
+
+def _effective_links(rows: Iterable[Any]) -> list[Any]:
+    """`controller.network.resources.winning_links` over columns, sorted by cluster names."""
+    return sorted(resources.winning_links(rows), key=lambda k: (k.src_name, k.dst_name))
+
+
+def step_overhead(session: Session) -> float:
+    """Per-step time the cost model missed on the last finished multi-worker jobs: observed
+    step minus observed compute minus what their estimate gave communication."""
+    jobs = session.execute(
+        select(Job.id, Job.placement)
+        .where(Job.state == JobState.SUCCEEDED, Job.placement.is_not(None))
+        .order_by(Job.finished_at.desc())
+        .limit(OVERHEAD_JOBS)
+    ).all()
+    estimates: dict[str, PlanEstimate] = {}
+    for job_id, plan in jobs:
+        if plan is None:
+            continue
+        est = plan.estimate
+        if plan.gpus > 1 and est.compute_s:
+            estimates[job_id] = est
+    if not estimates:
+        return 0.0
+    last = (
+        select(JobMetric.job_id, func.max(JobMetric.step).label("step"))
+        .where(JobMetric.job_id.in_(estimates))
+        .group_by(JobMetric.job_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(
+            JobMetric.job_id, JobMetric.step, JobMetric.step_time_s, JobMetric.compute_time_s
+        ).join(last, (JobMetric.job_id == last.c.job_id) & (JobMetric.step == last.c.step))
+    ).all()
+    residuals = []
+    for job_id, step, step_s, compute_total in rows:
+        if not step or step_s is None or compute_total is None:
+            continue
+        est = estimates[job_id]
+        assert est.compute_s is not None
+        modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
+        residuals.append(step_s - compute_total / step - modelled_comm)
+    return scheduler.fit_step_overhead(residuals)
+
+
+def running_jobs(session: Session) -> list[scheduler.RunningJob]:
+    """Jobs holding GPUs now, for quotas and preemption."""
+    # Columns, not Job rows: loading each running job's JSON spec and placement made this
+    # most of a reconcile pass's fixed cost with thousands of jobs running.
+    rows = session.execute(
+        select(
+            Job.id,
+            Job.tenant_id,
+            Job.preemptible,
+            Job.ends_at,
+            Allocation.cluster_id,
+            Allocation.gpu_model,
+            Allocation.gpus,
+            Cluster.name,
+            granted_priority(),
+        )
+        .join(Allocation, Allocation.job_id == Job.id)
+        .join(Cluster, Cluster.id == Allocation.cluster_id)
+        .join(Tenant, Tenant.id == Job.tenant_id)
+        .where(Allocation.ended_at.is_(None))
+    ).all()
+    by_job: dict[str, tuple[str, bool, int, datetime | None, list[scheduler.Assignment]]] = {}
+    models: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        models[row.cluster_id].add(row.gpu_model)
+    for job_id, tenant_id, preemptible, ends, cluster_id, gpu_model, gpus, name, priority in rows:
+        entry = by_job.setdefault(job_id, (tenant_id, bool(preemptible), priority, ends, []))
+        cname = name if len(models[cluster_id]) == 1 else f"{name}/{gpu_model}"
+        entry[4].append(scheduler.Assignment(cname, gpus))
+    return [
+        scheduler.RunningJob(
+            id=job_id,
+            placement=tuple(assign),
+            tenant=tenant_id,
+            priority=priority,  # granted: preemption takes only jobs granted less
+            preemptible=preemptible,
+            ends_at_s=None if ends is None else ends.timestamp(),
+        )
+        for job_id, (tenant_id, preemptible, priority, ends, assign) in by_job.items()
+    ]

@@ -1,0 +1,472 @@
+"""The plan: what the planner decided for a job, as one typed value.
+
+One model serves every place a decision travels: each option of a quote, the option a
+submission holds (`HeldPlan`), the placement the reconcile loop reserved GPUs for (stored on
+the job), and what the launcher reads back (compression, sync, the predicted step). Its JSON
+form is what the REST API shows and what the database stores; rows stored before this model
+existed parse with defaults (a quote option named its shares `placement`; a job's plan had
+no objective and no price).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+
+import scheduler
+from controller.values.spec import CompressionValue, JobSpec, SyncValue
+from controller.values.tasks import BUILTIN_ACTIVATION_BYTES, builtin_work
+from grammar.parallel import parse_stages
+from scheduler.gpus import DEFAULT_EFFICIENCY
+from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
+from scheduler.pipeline_cost import StageWork, estimate_pipeline
+from training.pipeline.split import Placement, place
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Share(_Value):
+    """GPUs of one cluster in a plan."""
+
+    cluster: str = Field(description="Cluster name.")
+    gpus: int
+    gpu_model: str | None = Field(
+        default=None,
+        description="GPU model, as the cluster's inventory names it (absent in older quotes).",
+    )
+
+
+class PlanEstimate(_Value):
+    """What the cost model predicts for the plan (seconds, bytes, money)."""
+
+    step_time_s: float = Field(description="Seconds per optimiser step.")
+    total_time_s: float = Field(description="Seconds for all steps.")
+    wan_bytes: int = Field(description="Bytes the job sends over WAN links in all.")
+    cost: float | None = Field(default=None, description="Total price; absent in older quotes.")
+    compute_s: float | None = Field(default=None, description="Compute seconds per step.")
+    intra_s: float | None = Field(default=None, description="In-cluster all-reduce per step.")
+    wan_s: float | None = Field(default=None, description="WAN exchange seconds per step.")
+    overhead_s: float | None = None
+    effective_steps: float | None = Field(
+        default=None, description="Steps times the compressor's and sync mode's efficiency."
+    )
+    ring: tuple[str, ...] = Field(default=(), description="Order of clusters on the WAN ring.")
+    step_overhead_s: float = Field(
+        default=0.0, description="Observed per-step overhead included in step_time_s."
+    )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def wan_gb(self) -> float:
+        return self.wan_bytes / 1e9
+
+
+class GpuCharge(_Value):
+    cluster: str
+    gpu_model: str | None = None
+    gpus: int
+    gpu_hours: float
+    price_per_gpu_hour: float
+    amount: float
+
+
+class EgressCharge(_Value):
+    src: str
+    dst: str
+    gb: float
+    price_per_gb: float
+    amount: float
+
+
+class PriceBreakdown(_Value):
+    """The estimated price, by cluster (GPU-hours) and by WAN link (egress)."""
+
+    total: float
+    gpu: tuple[GpuCharge, ...] = ()
+    egress: tuple[EgressCharge, ...] = ()
+    currency: str = "USD"
+
+
+class StageShare(_Value):
+    """One pipeline stage: its cluster and how many data-parallel replicas it has there."""
+
+    cluster: str
+    replicas: int = 1
+
+
+class Parallel(_Value):
+    """How the model is spread over the plan's GPUs, and why."""
+
+    mode: Literal["data", "pipeline", "hybrid"] = "data"
+    stages: tuple[StageShare, ...] = Field(
+        default=(), description="Pipeline stages in order (absent for data parallelism)."
+    )
+    micro_batches: int | None = None
+    bubble: float | None = Field(
+        default=None, description="The schedule's idle share, (S-1)/(M+S-1)."
+    )
+    model_gb: float | None = Field(
+        default=None,
+        description="Parameters, gradients and optimizer state of the whole model (GB).",
+    )
+    gpu_gb: dict[str, float] = Field(
+        default_factory=dict, description="Usable memory of one GPU per cluster (GB)."
+    )
+    reason: str = ""
+
+
+class JobPlan(_Value):
+    """Clusters and GPUs, compression, sync mode, parallelism, estimate, price, and why."""
+
+    objective: scheduler.Objective | None = Field(
+        default=None, description="What the planner optimised (absent in older job plans)."
+    )
+    clusters: tuple[Share, ...] = Field(description="GPUs per cluster.")
+    compression: CompressionValue
+    sync: SyncValue
+    estimate: PlanEstimate
+    price: PriceBreakdown | None = Field(
+        default=None, description="Estimated price; absent in older job plans."
+    )
+    explanation: tuple[str, ...] = Field(default=(), description="Why the planner chose this.")
+    parallel: Parallel = Field(
+        default_factory=Parallel,
+        description="Data, pipeline or hybrid parallelism (data in older plans).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_quote_shape(cls, data: Any) -> Any:
+        """Quote options stored before this model named their shares `placement`."""
+        if isinstance(data, dict) and "clusters" not in data and "placement" in data:
+            return {**data, "clusters": data["placement"]}
+        return data
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="The same shares as `clusters`, under the name quote options first used."
+    )
+    @property
+    def placement(self) -> tuple[Share, ...]:
+        return self.clusters
+
+    @property
+    def gpus(self) -> int:
+        return sum(s.gpus for s in self.clusters)
+
+    def assignments(
+        self, origins: Mapping[str, tuple[str, str]]
+    ) -> tuple[scheduler.Assignment, ...]:
+        """The plan in the scheduler's names: `origins` maps a snapshot cluster to its
+        (cluster, GPU model); a share without a GPU model already has the snapshot's name. A
+        share whose GPUs the snapshot no longer offers gets a name the planner refuses."""
+        names = {origin: name for name, origin in origins.items()}
+        return tuple(
+            scheduler.Assignment(
+                names.get((s.cluster, s.gpu_model), f"{s.cluster}/{s.gpu_model}")
+                if s.gpu_model
+                else s.cluster,
+                s.gpus,
+            )
+            for s in self.clusters
+        )
+
+
+class HeldPlan(JobPlan):
+    """The quote option a job was submitted with: its placement and price are held."""
+
+    quote_id: str
+
+
+class QuoteOptions(_Value):
+    """A quote's options, as stored: fastest, cheapest, cheapest within the deadline."""
+
+    options: tuple[JobPlan, ...]
+
+
+def keep_stages(clusters: Mapping[str, int], stages: int) -> Placement | None:
+    """`stages` stages over `clusters` (in their order, consecutive stages together, several
+    on one cluster when it has the GPUs), every stage with the most replicas the clusters'
+    GPUs allow it equally; None when they have fewer GPUs than stages.
+
+    What a pipeline or hybrid placed again (a lost cluster, a retry, a preemption) runs: its
+    stage count, hence its layer split, stays as it was. Its stage checkpoints are shards of
+    that split (`training.pipeline.checkpoint` refuses any other), and each stage's memory,
+    which fitted its GPU, stays the same; fewer, larger stages might fit no GPU at all."""
+    total = sum(clusters.values())
+    for width in range(total // stages, 0, -1):
+        slots = [c for c, n in clusters.items() for _ in range(n // width)]
+        if len(slots) >= stages:
+            return Placement(tuple(slots[:stages]), width)
+    return None
+
+
+def parallel_of(
+    spec: JobSpec,
+    shares: tuple[Share, ...],
+    snapshot: scheduler.Snapshot,
+    origins: Mapping[str, tuple[str, str]],
+    keep: int | None = None,
+) -> Parallel:
+    """The parallelism of a job on `shares`: the spec's when it fixes one; under `auto`, the
+    memory model's (`scheduler.memory`): data parallel when the whole model (parameters,
+    gradients, Adam state) fits one GPU of some share, else a pipeline of one stage per GPU.
+    A hybrid whose shares cannot give every stage equal replicas runs as that pipeline.
+
+    `keep`: the stage count of the job's earlier pipeline or hybrid plan. A job placed again
+    keeps it (`keep_stages`), on however many clusters it lands, so its run resumes from
+    its stage checkpoints instead of failing on a split they do not match."""
+    params = spec.work.params if spec.work is not None else builtin_work(spec.task).params
+    whole = memory(ModelProfile((Layer("model", params, 0.0, 0.0, 0.0),)), 0, 1, 1, 1).total
+    names = {origin: name for name, origin in origins.items()}
+    gpu: dict[str, float] = {}
+    for s in shares:
+        c = snapshot.by_name.get(names.get((s.cluster, s.gpu_model or ""), s.cluster))
+        if c is not None:
+            with suppress(ValueError):  # a GPU model of unknown memory: no memory verdict
+                gpu[s.cluster] = round(gpu_memory_bytes(c) / 1e9, 3)
+    model_gb = round(whole / 1e9, 6)
+    mode = spec.parallelism
+    reason = f"the spec asks for {mode} parallelism"
+    if mode == "auto" and keep:
+        mode = "pipeline"
+        reason = f"its earlier plan split it into {keep} stages"
+    elif mode == "auto":
+        fits = [c for c, gb in gpu.items() if whole <= gb * 1e9]
+        gpus = sum(s.gpus for s in shares)
+        if fits or len(gpu) < len(shares) or gpus < 2:
+            mode = "data"
+            reason = (
+                f"the whole model needs {model_gb:.3g} GB a GPU, which fits "
+                f"{', '.join(fits) or 'no known GPU model'}: data parallel moves no activations"
+            )
+        else:
+            mode = "pipeline"
+            reason = (
+                f"the whole model needs {model_gb:.3g} GB a GPU, more than the largest "
+                f"({max(gpu.values()):.3g} GB usable): a pipeline of {gpus} stages, one a GPU"
+            )
+    if mode == "data":
+        return Parallel(mode="data", model_gb=model_gb, gpu_gb=gpu, reason=reason)
+    clusters: dict[str, int] = {}
+    for s in shares:
+        clusters[s.cluster] = clusters.get(s.cluster, 0) + s.gpus
+    split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
+    layout = keep_stages(clusters, keep) if keep else None
+    if layout is not None:
+        mode = "hybrid" if layout.replicas > 1 else "pipeline"
+        reason += (
+            f"; keeps its {keep} stages ({layout.replicas} GPU(s) each, several on a cluster "
+            "where needed), so the run resumes from its stage checkpoints"
+        )
+    else:
+        try:
+            layout = place(clusters, split.count if split else None, mode == "hybrid")
+        except ValueError as exc:  # hybrid's equal widths not met by these shares
+            layout = place(clusters, None, False)
+            mode = "pipeline"
+            reason += f"; as a pipeline of one stage a GPU, since {exc}"
+    stages = tuple(StageShare(cluster=c, replicas=layout.replicas) for c in layout.stage_clusters)
+    micro = spec.pipeline.micro_batches
+    return Parallel(
+        mode="hybrid" if mode == "hybrid" else "pipeline",
+        stages=stages,
+        micro_batches=micro,
+        bubble=round((len(stages) - 1) / (micro + len(stages) - 1), 6),
+        model_gb=model_gb,
+        gpu_gb=gpu,
+        reason=reason,
+    )
+
+
+def _step_s(spec: JobSpec, c: scheduler.Cluster) -> float:
+    """Seconds one GPU of `c` takes for a whole step (the global batch, forward and back)."""
+    work = spec.work
+    if work is not None and work.step_time_s_ref is not None:
+        ref = scheduler.peak_tflops(work.ref_gpu or "") or c.peak_tflops
+        return work.step_time_s_ref * ref / c.peak_tflops
+    flops = (work.flops_per_step if work else None) or builtin_work(spec.task).flops_per_step
+    return flops / (c.peak_tflops * 1e12 * (c.efficiency or DEFAULT_EFFICIENCY))
+
+
+def pipeline_estimate(
+    spec: JobSpec,
+    parallel: Parallel,
+    shares: Sequence[Share],
+    snapshot: scheduler.Snapshot,
+    origins: Mapping[str, tuple[str, str]],
+    qos_class: str,
+) -> tuple[PlanEstimate, PriceBreakdown, str] | None:
+    """A pipeline or hybrid plan's time, WAN bytes and price (`scheduler.pipeline_cost`), so
+    the stored plan is the one that runs, not the data-parallel estimate of its GPUs; with
+    the line that says how it was made. None for data parallelism, or when a stage's cluster
+    or a link between stages is not in the snapshot.
+
+    The control plane knows a task's parameters and FLOPs, not its layers: the stages share
+    the step's work evenly, each of a stage's R replicas does 1/R of it, in M micro-batches;
+    a boundary carries the task's activation bytes a sample (`BUILTIN_ACTIVATION_BYTES`; a
+    task of the tenant's own has none known, so its WAN term is left out)."""
+    if parallel.mode == "data" or not parallel.stages:
+        return None
+    names = {origin: name for name, origin in origins.items()}
+    model = {s.cluster: s.gpu_model or "" for s in shares}
+    snap = {st.cluster: names.get((st.cluster, model.get(st.cluster, "")), st.cluster)
+            for st in parallel.stages}  # fmt: skip
+    if any(n not in snapshot.by_name for n in snap.values()):
+        return None
+    s_count, micro = len(parallel.stages), parallel.micro_batches or spec.pipeline.micro_batches
+    act = BUILTIN_ACTIVATION_BYTES.get(spec.task, 0) if spec.work is None else 0
+    batch = spec.args.batch_size or (builtin_work(spec.task).batch_size if act else 1)
+    work = [
+        StageWork(
+            snap[st.cluster],
+            _step_s(spec, snapshot.by_name[snap[st.cluster]]) / (s_count * st.replicas * micro),
+            0.0 if i == s_count - 1 else act * batch / micro,
+            st.replicas,
+        )
+        for i, st in enumerate(parallel.stages)
+    ]
+    try:
+        est = estimate_pipeline(
+            work, snapshot.by_name, snapshot.directed_links, micro, spec.steps, qos_class
+        )
+    except ValueError:  # no link between two stages' clusters
+        return None
+    real = {name: origin[0] for name, origin in origins.items()}
+    per_step = sum(n for _, _, n in est.wan_bytes_per_step)
+    hours = est.total_time_s / 3600
+    gpus: dict[str, int] = {}
+    for st in parallel.stages:
+        gpus[snap[st.cluster]] = gpus.get(snap[st.cluster], 0) + st.replicas
+    gpu = tuple(
+        GpuCharge(
+            cluster=real.get(n, n),
+            gpu_model=origins.get(n, (n, None))[1],
+            gpus=k,
+            gpu_hours=round(k * hours, 6),
+            price_per_gpu_hour=snapshot.by_name[n].price(qos_class),
+            amount=round(k * hours * snapshot.by_name[n].price(qos_class), 6),
+        )
+        for n, k in gpus.items()
+    )
+    egress = []
+    for a, b, nbytes in est.wan_bytes_per_step:
+        link = snapshot.link(a, b)
+        price_gb = link.egress_price_per_gb if link else 0.0
+        gb = nbytes * est.steps / 1e9
+        egress.append(
+            EgressCharge(src=real.get(a, a), dst=real.get(b, b), gb=round(gb, 9),
+                         price_per_gb=price_gb, amount=round(gb * price_gb, 6))
+        )  # fmt: skip
+    compute = max(w.compute_s for w in work)
+    estimate = PlanEstimate(
+        step_time_s=est.step_s,
+        total_time_s=est.total_time_s,
+        wan_bytes=round(est.wan_bytes),
+        cost=round(est.cost, 6),
+        compute_s=compute * (micro + s_count - 1),
+        wan_s=max(est.link_s, default=0.0) * (micro + s_count - 1) if est.link_s else 0.0,
+        effective_steps=float(spec.steps),
+    )
+    why = (
+        f"priced as a {parallel.mode} of {s_count} stages: step {est.step_s:.4g} s "
+        f"({micro + s_count - 1} x the slowest stage or link, {est.bottleneck_s:.4g} s), "
+        f"{per_step / 1e6:.4g} MB of activations and gradients over the WAN a step"
+        + ("" if act else " (activation size unknown: WAN not counted)")
+    )
+    return estimate, PriceBreakdown(total=round(est.cost, 6), gpu=gpu, egress=tuple(egress)), why
+
+
+def plan_of(
+    result: scheduler.Plan,
+    snapshot: scheduler.Snapshot,
+    origins: Mapping[str, tuple[str, str]],
+    qos_class: str,
+    spec: JobSpec | None = None,
+    keep: int | None = None,
+) -> JobPlan:
+    """The typed plan of a planner decision, priced by cluster and by WAN link.
+
+    `origins` maps the snapshot's cluster names to (cluster, GPU model): a cluster offering
+    several GPU models is one scheduler cluster per model. With the job's `spec`, the plan
+    records its parallelism (`parallel_of`; `keep`: the stage count of its earlier plan),
+    and a pipeline or hybrid is estimated and priced as one (`pipeline_estimate`).
+    """
+    est = result.estimate
+    hours = est.total_time_s / 3600
+
+    def origin(name: str) -> tuple[str, str | None]:
+        return origins.get(name, (name, None))
+
+    gpu = []
+    shares = []
+    for a in result.placement:
+        cluster, model = origin(a.cluster)
+        price = snapshot.by_name[a.cluster].price(qos_class)
+        shares.append(Share(cluster=cluster, gpus=a.gpus, gpu_model=model))
+        gpu.append(
+            GpuCharge(
+                cluster=cluster,
+                gpu_model=model,
+                gpus=a.gpus,
+                gpu_hours=round(a.gpus * hours, 6),
+                price_per_gpu_hour=price,
+                amount=round(a.gpus * hours * price, 6),
+            )
+        )
+    egress = []
+    ring = est.ring
+    if len(ring) > 1 and est.wan_bytes:
+        per_edge = est.wan_bytes / len(ring)
+        for a_name, b_name in zip(ring, [*ring[1:], ring[0]], strict=True):
+            link = snapshot.link(a_name, b_name)
+            price_gb = link.egress_price_per_gb if link else 0.0
+            egress.append(
+                EgressCharge(
+                    src=origin(a_name)[0],
+                    dst=origin(b_name)[0],
+                    gb=round(per_edge / 1e9, 9),
+                    price_per_gb=price_gb,
+                    amount=round(per_edge / 1e9 * price_gb, 6),
+                )
+            )
+    parallel = (
+        Parallel() if spec is None else parallel_of(spec, tuple(shares), snapshot, origins, keep)
+    )
+    staged = (
+        None
+        if spec is None
+        else pipeline_estimate(spec, parallel, shares, snapshot, origins, qos_class)
+    )
+    estimate = PlanEstimate(
+        step_time_s=est.step_time_s,
+        total_time_s=est.total_time_s,
+        wan_bytes=est.wan_bytes,
+        cost=est.cost,
+        compute_s=est.compute_s,
+        intra_s=est.intra_s,
+        wan_s=est.wan_s,
+        overhead_s=est.overhead_s,
+        effective_steps=est.effective_steps,
+        ring=tuple(est.ring),
+        step_overhead_s=est.step_overhead_s,
+    )
+    breakdown = PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress))
+    explanation = (*result.explanation, *((parallel.reason,) if parallel.mode != "data" else ()))
+    if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
+        estimate, breakdown, why = staged
+        explanation = (*explanation, why)
+    return JobPlan(
+        objective=result.objective,
+        clusters=tuple(shares),
+        parallel=parallel,
+        compression=result.compression,
+        sync=result.sync,
+        estimate=estimate,
+        price=breakdown,
+        explanation=explanation,
+    )
