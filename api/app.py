@@ -27,6 +27,7 @@ from api.routes import agent, clusters, health, jobs, links, pricing, tenants, u
 from api.streams import StreamSlots
 from api.submissions import SubmissionBatcher
 from api.ui import routes as console
+from api.version import VERSION
 from controller.access import keys, scrub
 from controller.loop.controller import Controller
 from controller.network import resources
@@ -289,7 +290,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="cpn",
-        version="0.1.0",
+        version=VERSION,
         summary="Cross-datacenter compute-network orchestrator",
         description="Admin API over clusters, links, GPUs, tenants and keys; the agent protocol.",
         lifespan=lifespan,

@@ -429,7 +429,7 @@ def driver(a: argparse.Namespace) -> None:
 
     spec = TrainSpec(
         task=a.task,
-        clusters={c: WORKERS for c in a.dcs.split(",")},
+        clusters=dict.fromkeys(a.dcs.split(","), WORKERS),
         compression="auto",
         sync="auto",
         steps=a.steps,

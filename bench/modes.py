@@ -103,7 +103,7 @@ def run_all(setup: Setup, only: frozenset[str] = frozenset()) -> tuple[list[dict
                     )
                     t = time.perf_counter()
                     r = training.run(spec, pool=pool)
-                    local = dict(r.steps_by_cluster) or {c: r.steps for c in CLUSTERS}
+                    local = dict(r.steps_by_cluster) or dict.fromkeys(CLUSTERS, r.steps)
                     # rank 0 (cluster a, never slowed) measures compute per local step; the
                     # slowest cluster's step is that times its slowdown
                     per_step = r.compute_s / max(1, local.get("a", r.steps))

@@ -581,7 +581,7 @@ def cpn_driver(a: argparse.Namespace) -> None:
 
     spec = TrainSpec(
         task=a.task,
-        clusters={c: WORKERS for c in a.dcs.split(",")},
+        clusters=dict.fromkeys(a.dcs.split(","), WORKERS),
         compression=a.compression,
         sync=a.sync,
         steps=a.steps,

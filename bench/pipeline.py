@@ -102,7 +102,7 @@ def plan(profile: Any, speed: float, batch: int, mbps: float, rtt_ms: float) -> 
         for name in CLUSTERS
     ]
     links = [Link("a", "b", mbps / 1000, rtt_ms)]
-    got = plan_parallelism(profile, clusters, links, batch, {c: gb for c in CLUSTERS})
+    got = plan_parallelism(profile, clusters, links, batch, dict.fromkeys(CLUSTERS, gb))
     return got, whole, gb
 
 

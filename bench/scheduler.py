@@ -344,7 +344,7 @@ def main() -> None:
     print("| clusters | instances | feasible | within 2 % | worst ratio | mean ratio |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     rows: dict[str, list[float]] = {"3-8 (exact search)": [], "9-10 (heuristic)": []}
-    counts = {k: 0 for k in rows}
+    counts = dict.fromkeys(rows, 0)
     for i in range(quality_n):
         n = 3 + i % 8
         snap, job = small_instance(rng, n)

@@ -172,7 +172,7 @@ def order_queue(
         by_prio.setdefault(j.priority, {}).setdefault(j.tenant, []).append(j)
     for prio in sorted(by_prio, reverse=True):
         lanes = {t: sorted(js, key=lambda j: _lane_key(j, now)) for t, js in by_prio[prio].items()}
-        heads = {t: 0 for t in lanes}
+        heads = dict.fromkeys(lanes, 0)
         heap = [(load(t), _lane_key(js[0], now), t) for t, js in lanes.items()]
         heapq.heapify(heap)
         while heap:

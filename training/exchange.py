@@ -226,7 +226,7 @@ class LeaderExchange:
             for p, t in zip(pieces, m.tensors, strict=True):
                 total[p.lo : p.hi] += t.reshape(-1).float()
         rounds = len(self.clusters) - 1
-        sent = {edge: rounds * block for edge in ring_edges(self.clusters)}
+        sent = dict.fromkeys(ring_edges(self.clusters), rounds * block)
         self._finish(start, need, sent, flat.numel())
         infos = [m.info for m in messages]
         return Exchanged(total, compression, infos, rounds * block)

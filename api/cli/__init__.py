@@ -30,9 +30,9 @@ def _root() -> None:
 @app.command("version")
 def version() -> None:
     """Print the installed cpn version."""
-    from importlib.metadata import version as dist_version
+    from api.version import VERSION
 
-    print(dist_version("cpn"))
+    print(VERSION)
 
 
 for module in (serve, db, agent, admin, apply, jobs, plan, train, demo, testbed):

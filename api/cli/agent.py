@@ -67,12 +67,9 @@ def _token(value: str) -> str:
 
 
 def _agent_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from api.version import VERSION
 
-    try:
-        return version("cpn")
-    except PackageNotFoundError:
-        return ""
+    return VERSION
 
 
 def agent(

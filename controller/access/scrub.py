@@ -72,7 +72,7 @@ def worker_env_vars(
     Workers inherit the environment of the raylet that starts them, not the driver's; this
     covers a Ray whose nodes were started with the secrets in their environment."""
     env = os.environ if environ is None else environ
-    return {name: "" for name in withheld(env, object_store)}
+    return dict.fromkeys(withheld(env, object_store), "")
 
 
 @contextmanager

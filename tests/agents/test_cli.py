@@ -189,7 +189,7 @@ def test_bad_flags_give_one_line_and_exit_2(args, expected, tmp_path, capsys, mo
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpus: [{model: A100, memory_gib: 80, count: -2}]")
     flags = {"--cluster": "east", "--controller": "http://127.0.0.1:9", "--token": "t"}
-    flags.update({k: v for k, v in zip(args[::2], args[1::2], strict=True)})
+    flags.update(dict(zip(args[::2], args[1::2], strict=True)))
     argv = ["agent"]
     for k, v in flags.items():
         if v is not None:

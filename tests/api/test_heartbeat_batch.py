@@ -58,12 +58,12 @@ def _counts(sessions: sessionmaker[Session]) -> dict[str, int]:
                 GpuInventory, GpuInventory.cluster_id == Cluster.id
             )
         ).all()
-    return {name: count for name, count in rows}
+    return dict(rows)
 
 
 def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
     with sessions() as session:
-        return {n: s for n, s in session.execute(select(Cluster.name, Cluster.state))}
+        return dict(session.execute(select(Cluster.name, Cluster.state)))
 
 
 async def _one_batch(

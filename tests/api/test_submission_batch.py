@@ -47,7 +47,7 @@ def _stored(net: Net) -> dict[str, int]:
             .join(JobEvent, JobEvent.job_id == Job.id)
             .group_by(Job.name)
         )
-        return {name: n for name, n in rows}
+        return dict(rows)
 
 
 def test_each_submission_of_a_batch_is_answered_on_its_own(net: Net) -> None:

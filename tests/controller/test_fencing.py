@@ -94,7 +94,7 @@ def launch(net: Net, replica: Controller, job_id: str) -> RunHandle:
     handle = RunHandle(
         job_id=job_id,
         clusters=clusters,
-        gpu_models={c: "A100" for c in clusters},
+        gpu_models=dict.fromkeys(clusters, "A100"),
         flops_per_step=1e9,
         predicted_step_s=None,
         fence=fence,

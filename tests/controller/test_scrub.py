@@ -34,7 +34,7 @@ def test_workers_keep_what_they_use_and_lose_every_other_cpn_variable() -> None:
     assert "AWS_SECRET_ACCESS_KEY" not in scrub.withheld(ENV, object_store=True)
     # Ray's token is withheld only where Ray's authentication is off (workers need it).
     assert "RAY_AUTH_TOKEN" in scrub.withheld({**ENV, "RAY_AUTH_MODE": "disabled"})
-    assert scrub.worker_env_vars(ENV) == {name: "" for name in scrub.withheld(ENV)}
+    assert scrub.worker_env_vars(ENV) == dict.fromkeys(scrub.withheld(ENV), "")
 
 
 def test_the_environment_is_scrubbed_while_ray_starts_and_restored_after(

@@ -383,7 +383,7 @@ def progress(step: int, clusters: dict[str, int], total_steps: int = 100) -> Pro
         wan_bytes_total=sum(wan.values()),
         compression_ratio=1.0,
         compression="none",
-        compute_by_cluster={c: 0.005 * step for c in names},
+        compute_by_cluster=dict.fromkeys(names, 0.005 * step),
     )
 
 

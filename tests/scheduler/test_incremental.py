@@ -115,7 +115,7 @@ def test_indexed_seed_rankings_equal_scoring_every_cluster(seed: int) -> None:
     search = _Search(model, request, objective, gmin, gmax)  # type: ignore[arg-type]
     assert search._rankings(set(cands)) == search._rankings_scan(cands)
     # and again on a copy after a placement: the index is shared, the free GPUs are new
-    taken = {n: -1 for n in rng.sample(cands, min(5, len(cands)))}
+    taken = dict.fromkeys(rng.sample(cands, min(5, len(cands))), -1)
     later = snap.with_free(taken, ())
     model = CostModel(later, request)
     assert model.rate is CostModel(snap, request).rate

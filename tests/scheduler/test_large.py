@@ -72,7 +72,7 @@ def test_heuristic_plans_obey_the_rules(inst: tuple[Snapshot, JobRequest, str]) 
     names = [a.cluster for a in got.placement]
     assert j.min_gpus <= got.gpus <= j.max_gpus
     assert all(snap.by_name[a.cluster].gpus_free >= a.gpus >= 1 for a in got.placement)
-    assert {n for n in names} <= {c.name for c in allowed}
+    assert set(names) <= {c.name for c in allowed}
     assert j.qos.max_clusters is None or len(names) <= j.qos.max_clusters
     assert is_clique(snap, names)
     again = evaluate(snap, j, got.placement, objective)  # type: ignore[arg-type]

@@ -180,7 +180,7 @@ def test_bytes_per_leader_stay_flat_as_clusters_are_added() -> None:
     )
     model = 4 * params
     for n in (2, 3, 4):
-        clusters = {c: 1 for c in "abcd"[:n]}
+        clusters = dict.fromkeys("abcd"[:n], 1)
         report = training.run(
             TrainSpec(task="builtin:mnist1d-mlp", clusters=clusters, steps=steps, eval_every=steps)
         )

@@ -42,7 +42,7 @@ class PartialSync(LocalSGDSync):
 
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
         super().__init__(sync, ctx)
-        self.steps: dict[str, int] = {c: 1 for c in self.comm.clusters}
+        self.steps: dict[str, int] = dict.fromkeys(self.comm.clusters, 1)
         self.times: list[float] = []  # the last WINDOW local step times
         self.rounds = 0
 
