@@ -41,7 +41,7 @@ from sqlalchemy import (
 )
 
 from api.schemas import JobOut, JobRow
-from controller.store.models import Job, JobCount, JobStateType, ModelJSON, UTCDateTime
+from controller.store.models import Job, JobCount, ModelJSON, StateType, UTCDateTime
 
 _FIELDS = tuple(JobOut.model_fields)
 _ROW = TypeAdapter(JobRow)
@@ -118,7 +118,7 @@ def _columns(dialect: str) -> list[ColumnElement[Any]]:
             cols.append(type_coerce(iso, Text).label(name))
         elif isinstance(col.type, JSON | ModelJSON):
             cols.append(cast(col, Text).label(name))
-        elif isinstance(col.type, JobStateType):
+        elif isinstance(col.type, StateType):
             cols.append(type_coerce(col, Text).label(name))
         else:
             cols.append(col)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grammar import canonical_compression, canonical_sync
+from grammar.cluster import ClusterState
 from scheduler import (
     Assignment,
     Cluster,
@@ -64,7 +65,7 @@ class ClusterIn(_Edge):
             gpus_free=self.gpus_free,
             intra_bandwidth_gbps=self.intra_bandwidth_gbps,
             price_per_gpu_hour=self.price_per_gpu_hour,
-            state=self.state,
+            state=ClusterState(self.state),
             cordoned=self.cordoned,
             gpu_tflops=self.gpu_tflops,
             efficiency=self.efficiency,

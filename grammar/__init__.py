@@ -5,6 +5,7 @@ so a value one layer accepts every other accepts too. Pure standard library: `sc
 and `training/` may import it without importing each other.
 """
 
+from grammar.cluster import LIVE, ClusterState
 from grammar.compression import (
     COMPRESSION_HELP,
     DOCUMENTED_COMPRESSIONS,
@@ -26,7 +27,9 @@ __all__ = [
     "COMPRESSION_HELP",
     "DOCUMENTED_COMPRESSIONS",
     "DOCUMENTED_SYNCS",
+    "LIVE",
     "SYNC_HELP",
+    "ClusterState",
     "Compression",
     "CompressionKind",
     "Sync",

@@ -30,6 +30,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
 
+from grammar.cluster import ClusterState
 from scheduler.compression import (
     AUTO_COMPRESSIONS,
     AUTO_HETERO_SYNCS,
@@ -1164,7 +1165,7 @@ def check_placement(snapshot: Snapshot, job: JobRequest, pl: Placement) -> Infea
         seen.add(a.cluster)
         if a.gpus < 1:
             return Infeasible("placement", f"cluster {a.cluster!r}: gpus must be >= 1")
-        if c.state == "DOWN":
+        if c.state == ClusterState.DOWN:
             return Infeasible("cluster_state", f"cluster {a.cluster!r} is DOWN")
         if c.cordoned:
             return Infeasible("cluster_state", f"cluster {a.cluster!r} is cordoned")

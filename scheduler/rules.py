@@ -7,6 +7,7 @@ import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from grammar.cluster import ClusterState
 from scheduler.types import JobRequest, Placement, RunningJob, Snapshot
 
 
@@ -23,7 +24,7 @@ def exclusions(snapshot: Snapshot, job: JobRequest) -> dict[str, str]:
     out: dict[str, str] = {}
     allowed = set(job.qos.regions) if job.qos.regions is not None else None
     for c in snapshot.clusters:
-        if c.state == "DOWN":
+        if c.state == ClusterState.DOWN:
             out[c.name] = "DOWN"
         elif c.cordoned:
             out[c.name] = "cordoned"

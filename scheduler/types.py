@@ -11,9 +11,9 @@ from functools import cached_property
 from typing import Literal
 
 from grammar import canonical_compression, canonical_sync
+from grammar.cluster import ClusterState
 from scheduler.gpus import peak_tflops
 
-ClusterState = Literal["READY", "SUSPECT", "DOWN"]
 Objective = Literal["time", "cost", "cost-within-deadline"]
 OBJECTIVES: tuple[Objective, ...] = ("time", "cost", "cost-within-deadline")
 
@@ -33,7 +33,7 @@ class Cluster:
     gpus_free: int
     intra_bandwidth_gbps: float
     price_per_gpu_hour: float
-    state: ClusterState = "READY"
+    state: ClusterState = ClusterState.READY
     cordoned: bool = False
     gpu_tflops: float | None = None
     efficiency: float | None = None
@@ -67,7 +67,7 @@ class Cluster:
     @property
     def schedulable(self) -> bool:
         """DOWN and cordoned clusters take no new work."""
-        return self.state != "DOWN" and not self.cordoned
+        return self.state != ClusterState.DOWN and not self.cordoned
 
     def price(self, qos_class: str | None) -> float:
         """GPU-hour price for a QoS class (falls back to the list price)."""
@@ -202,7 +202,7 @@ class Snapshot:
         """Clusters that take no new work, and why ("DOWN" or "cordoned"): the same in every
         reallocated copy (shared)."""
         return {
-            c.name: "DOWN" if c.state == "DOWN" else "cordoned"
+            c.name: "DOWN" if c.state == ClusterState.DOWN else "cordoned"
             for c in self.clusters
             if not c.schedulable
         }

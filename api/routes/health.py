@@ -16,6 +16,7 @@ from controller.jobs.lifecycle import STATES
 from controller.network.resources import effective_links
 from controller.store.migrate import pending_reason
 from controller.store.models import Cluster, GpuInventory, Job, Link, Usage
+from grammar.cluster import ClusterState
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("cpn.api")
@@ -89,9 +90,7 @@ def metrics(request: Request) -> Response:
             .where(Usage.kind == "wan_bytes")
             .group_by(Usage.cluster, Usage.dst_cluster)
         ).all()
-    m.cluster_states.set_all(
-        {(s,): counts.get(s, 0) for s in ("PENDING", "READY", "SUSPECT", "DOWN")}
-    )
+    m.cluster_states.set_all({(s,): counts.get(s, 0) for s in ClusterState})
     m.jobs.set_all({(s,): jobs.get(s, 0) for s in STATES})
     m.gpus.set_all(
         {

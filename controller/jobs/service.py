@@ -29,6 +29,7 @@ from controller.values.plan import HeldPlan, JobPlan, QuoteOptions, plan_of
 from controller.values.spec import JobSpec
 from controller.values.states import JobState
 from controller.values.tasks import check_allowed
+from grammar.cluster import LIVE
 
 QUOTE_TTL = timedelta(minutes=15)
 
@@ -456,7 +457,7 @@ def _queue_reason(
 _OFFERED = (
     select(func.coalesce(func.sum(GpuInventory.allocatable), 0))
     .join(Cluster, Cluster.id == GpuInventory.cluster_id)
-    .where(Cluster.state.in_(("READY", "SUSPECT")), Cluster.cordoned.is_(False))
+    .where(Cluster.state.in_(LIVE), Cluster.cordoned.is_(False))
 )
 
 

@@ -21,6 +21,7 @@ from controller.loop.runs import RunHandle
 from controller.loop.settle import settle
 from controller.money import budget
 from controller.store.models import Allocation, Cluster, Job, utcnow
+from grammar.cluster import ClusterState
 
 __all__ = ["Launcher", "LauncherConfig", "RunHandle"]
 
@@ -104,7 +105,7 @@ class Launcher:
                 .where(
                     Allocation.job_id.in_(ids),
                     Allocation.ended_at.is_(None),
-                    Cluster.state == "DOWN",
+                    Cluster.state == ClusterState.DOWN,
                 )
             ).all():
                 down.setdefault(job_id, cluster)

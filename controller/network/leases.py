@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from controller.store.clock import clock_of
 from controller.store.models import Cluster, ClusterTransition
+from grammar.cluster import LIVE, ClusterState
 
 log = logging.getLogger("cpn.leases")
 
@@ -34,16 +35,18 @@ class LeasePolicy:
     def expiry(self, heartbeat_at: datetime) -> datetime:
         return heartbeat_at + timedelta(seconds=self.grace_s)
 
-    def state_at(self, now: datetime, last_heartbeat: datetime | None, current: str) -> str:
+    def state_at(
+        self, now: datetime, last_heartbeat: datetime | None, current: ClusterState
+    ) -> ClusterState:
         """The state a cluster should be in at `now`; PENDING stays until a first heartbeat."""
         if last_heartbeat is None:
             return current
         silent = (now - last_heartbeat).total_seconds()
         if silent > self.grace_s:
-            return "DOWN"
+            return ClusterState.DOWN
         if silent > self.heartbeat_interval_s * MISSED_BEAT_FACTOR:
-            return "SUSPECT"
-        return "READY"
+            return ClusterState.SUSPECT
+        return ClusterState.READY
 
 
 def check_leases(
@@ -59,16 +62,16 @@ def check_leases(
         now = now or clock_of(session).now(session)
         rows = session.execute(
             select(Cluster.id, Cluster.name, Cluster.state, Cluster.last_heartbeat_at).where(
-                Cluster.state.in_(("READY", "SUSPECT"))
+                Cluster.state.in_(LIVE)
             )
         ).all()
     for cid, name, state, last in rows:
         target = policy.state_at(now, last, state)
-        if target == state or target == "READY":
+        if target == state or target == ClusterState.READY:
             continue
         silent = (now - last).total_seconds() if last else 0.0
         reason = f"no heartbeat for {silent:.1f}s" + (
-            f" (lease grace {policy.grace_s:g}s expired)" if target == "DOWN" else ""
+            f" (lease grace {policy.grace_s:g}s expired)" if target == ClusterState.DOWN else ""
         )
         with factory() as session, session.begin():
             result = session.execute(

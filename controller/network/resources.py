@@ -47,6 +47,7 @@ from controller.store.models import (
     utcnow,
 )
 from controller.values.errors import Conflict, CpnError, Invalid, NotFound
+from grammar.cluster import LIVE, ClusterState
 
 log = logging.getLogger(__name__)
 _L = TypeVar("_L")
@@ -134,7 +135,7 @@ class PeerTable:
         url = func.coalesce(Cluster.pinned_probe_url, Cluster.probe_url)
         rows = session.execute(
             select(Cluster.name, url)
-            .where(url.is_not(None), Cluster.state.in_(("READY", "SUSPECT")))
+            .where(url.is_not(None), Cluster.state.in_(LIVE))
             .order_by(Cluster.name)
         ).all()
         peers = [PeerProbe(cluster=n, probe_url=u) for n, u in rows if self._usable(n, u)]
@@ -161,7 +162,7 @@ class PeerTable:
 @dataclass(frozen=True)
 class HeartbeatResult:
     cluster: str
-    state: str
+    state: ClusterState
     lease_expires_at: datetime
     changed_state: bool
 
@@ -176,7 +177,7 @@ _RENEW = (
     update(Cluster)
     .where(
         Cluster.name == bindparam("b_name"),
-        Cluster.state == "READY",
+        Cluster.state == ClusterState.READY,
         Cluster.probe_url.is_not_distinct_from(bindparam("b_probe_url", type_=String())),
     )
     .values(
@@ -252,7 +253,7 @@ def ingest_heartbeat(
     ).first()
     if renewed is not None:
         _sync_gpus(session, renewed[0], hb.gpus)
-        return HeartbeatResult(hb.cluster, "READY", expires, False)
+        return HeartbeatResult(hb.cluster, ClusterState.READY, expires, False)
     return _ingest_slow(session, hb, now, expires)
 
 
@@ -287,7 +288,7 @@ def _renewal(rows: int) -> Update:
         update(Cluster)
         .where(
             Cluster.name == beat.c.name,
-            Cluster.state == "READY",
+            Cluster.state == ClusterState.READY,
             Cluster.probe_url.is_not_distinct_from(beat.c.probe_url),
         )
         .values(
@@ -355,7 +356,7 @@ def ingest_heartbeats(
         try:
             if cid is not None:
                 _sync_gpus(session, cid, hb.gpus, {r.model: r for r in held[cid]})
-                outcomes[name] = HeartbeatResult(name, "READY", expires, False)
+                outcomes[name] = HeartbeatResult(name, ClusterState.READY, expires, False)
             else:
                 outcomes[name] = _ingest_slow(session, hb, now, expires)
         except CpnError as refused:  # raised before this report wrote anything
@@ -380,7 +381,7 @@ def _ingest_slow(
     values: dict[str, Any] = {
         "last_heartbeat_at": now,
         "lease_expires_at": expires,
-        "state": "READY",
+        "state": ClusterState.READY,
         "agent_version": hb.agent_version,
         "discovery": hb.discovery,
         "probe_url": hb.probe_url,
@@ -402,15 +403,20 @@ def _ingest_slow(
             .values(version=Cluster.version + 1, **values)
             .execution_options(synchronize_session=False)
         )
-    changed = state != "READY"
+    changed = state != ClusterState.READY
     if changed:
         session.add(
             ClusterTransition(
-                cluster_id=cid, from_state=state, to_state="READY", reason="heartbeat received"
+                cluster_id=cid,
+                from_state=state,
+                to_state=ClusterState.READY,
+                reason="heartbeat received",
             )
         )
     _sync_gpus(session, cid, hb.gpus)
-    return HeartbeatResult(hb.cluster, "READY", expires, changed or probe_url != hb.probe_url)
+    return HeartbeatResult(
+        hb.cluster, ClusterState.READY, expires, changed or probe_url != hb.probe_url
+    )
 
 
 def check_gpus(reported: Sequence[GpuReport]) -> None:

@@ -28,6 +28,7 @@ from controller.store.models import (
 )
 from controller.values.plan import PlanEstimate
 from controller.values.states import JobState
+from grammar.cluster import LIVE, ClusterState
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -141,7 +142,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
             name = snapshot_name(c.name, gpu_model, len(offered))
             names[c.id].append(name)
             origins[name] = (c.name, gpu_model)
-            state = c.state if c.state in ("READY", "SUSPECT", "DOWN") else "DOWN"
+            state = c.state if c.state in LIVE else ClusterState.DOWN  # PENDING takes no work
             out.append(
                 scheduler.Cluster(
                     name=name,
@@ -150,7 +151,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     gpus_free=max(0, allocatable - in_use),
                     intra_bandwidth_gbps=intra,
                     price_per_gpu_hour=float(price),
-                    state=state,  # type: ignore[arg-type]
+                    state=state,
                     cordoned=c.cordoned,
                     gpu_tflops=tflops,
                 )

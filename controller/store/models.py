@@ -8,7 +8,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from sqlalchemy import (
@@ -32,6 +33,7 @@ from sqlalchemy.types import TypeDecorator
 
 from controller.values.plan import HeldPlan, JobPlan, QuoteOptions
 from controller.values.states import JobState
+from grammar.cluster import ClusterState
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -53,17 +55,25 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class JobStateType(TypeDecorator[JobState]):
-    """A job state, stored as its name (a plain string column) and read back as `JobState`."""
+S = TypeVar("S", bound=StrEnum)
+
+
+class StateType(TypeDecorator[S]):
+    """A state (`JobState`, `ClusterState`), stored as its name in a plain string column and
+    read back as the enum; a name the enum does not know is refused on the way in."""
 
     impl = String
     cache_ok = True
 
-    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
-        return None if value is None else JobState(value).value
+    def __init__(self, enum: type[S], length: int = 16) -> None:
+        super().__init__(length)
+        self.enum = enum
 
-    def process_result_value(self, value: str | None, dialect: Any) -> JobState | None:
-        return None if value is None else JobState(value)
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: str | None, dialect: Any) -> S | None:
+        return None if value is None else self.enum(value)
 
 
 class ModelJSON(TypeDecorator[Any]):
@@ -141,7 +151,9 @@ class Cluster(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     region: Mapped[str] = mapped_column(String(63))
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    state: Mapped[str] = mapped_column(String(16), default="PENDING", index=True)
+    state: Mapped[ClusterState] = mapped_column(
+        StateType(ClusterState), default=ClusterState.PENDING, index=True
+    )
     cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
     draining: Mapped[bool] = mapped_column(Boolean, default=False)
     lease_expires_at: Mapped[datetime | None]
@@ -171,8 +183,8 @@ class ClusterTransition(Base):
     cluster_id: Mapped[str] = mapped_column(
         ForeignKey("clusters.id", ondelete="CASCADE"), index=True
     )
-    from_state: Mapped[str] = mapped_column(String(16))
-    to_state: Mapped[str] = mapped_column(String(16))
+    from_state: Mapped[ClusterState] = mapped_column(StateType(ClusterState))
+    to_state: Mapped[ClusterState] = mapped_column(StateType(ClusterState))
     reason: Mapped[str] = mapped_column(BoundedString(256))
     at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -397,7 +409,7 @@ class Job(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(128))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    state: Mapped[JobState] = mapped_column(JobStateType(16), default=JobState.PENDING)
+    state: Mapped[JobState] = mapped_column(StateType(JobState), default=JobState.PENDING)
     reason: Mapped[str] = mapped_column(BoundedString(REASON_MAX), default="")
     priority: Mapped[int] = mapped_column(Integer, default=0)
     qos_class: Mapped[str] = mapped_column(String(16), default="standard")
@@ -460,8 +472,8 @@ class JobEvent(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     at: Mapped[datetime] = mapped_column(default=utcnow)
     kind: Mapped[str] = mapped_column(String(16))  # state | progress | error | info
-    from_state: Mapped[JobState | None] = mapped_column(JobStateType(16))
-    to_state: Mapped[JobState | None] = mapped_column(JobStateType(16))
+    from_state: Mapped[JobState | None] = mapped_column(StateType(JobState))
+    to_state: Mapped[JobState | None] = mapped_column(StateType(JobState))
     message: Mapped[str] = mapped_column(BoundedString(MESSAGE_MAX), default="")
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 

@@ -39,6 +39,7 @@ from controller.store.models import (
 )
 from controller.values.errors import Conflict
 from controller.values.states import TERMINAL, TRANSITIONS, JobState
+from grammar.cluster import ClusterState
 from training import Progress, TrainReport, WanBytes
 
 REPLICA = "replica-1"
@@ -305,7 +306,7 @@ def test_a_cluster_going_down_places_the_job_again(plane: Plane) -> None:
     handle = running_job(plane)
     with plane.sessions() as s, s.begin():
         cluster = s.scalars(select(Cluster).where(Cluster.name == "b")).one()
-        cluster.state = "DOWN"
+        cluster.state = ClusterState.DOWN
     plane.launcher.tick()
     assert handle.stop == Stop(StopReason.CLUSTER_DOWN, "b")
     job = finish(plane, handle)
