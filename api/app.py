@@ -19,11 +19,12 @@ from sqlalchemy.pool import QueuePool
 
 from api import docs, election, problems, ratelimit
 from api.config import Settings, admin_token_problem
-from api.deps import FailureAudit
+from api.deps import AppState, FailureAudit
 from api.heartbeats import HeartbeatBatcher
 from api.job_list import RenderedJobs
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import agent, clusters, health, jobs, links, pricing, tenants, usage
+from api.sessions import ConsoleSessions
 from api.streams import StreamSlots
 from api.submissions import SubmissionBatcher
 from api.ui import routes as console
@@ -214,10 +215,11 @@ class BackgroundLoops:
         self.controller: Controller | None = None
 
     def start(self) -> None:
-        metrics: Metrics = self.app.state.metrics
+        state: AppState = self.app.state.cpn
+        metrics = state.metrics
 
         def on_moved(moved: list[tuple[str, str, str]]) -> None:
-            self.app.state.peers.invalidate()
+            state.peers.invalidate()
             for _name, _from, to in moved:
                 metrics.lease_transitions.labels(to).inc()
 
@@ -300,40 +302,45 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     docs.install(app, settings)
     # Error text a tenant may read (worker errors in job events) masks these too.
     scrub.remember(settings.admin_token, settings.database_url)
-    app.state.settings = settings
-    app.state.engine = engine
-    app.state.sessions = sessions
-    app.state.agent_engine = agent_engine
-    app.state.agent_sessions = agent_sessions
-    app.state.agent_threads = anyio.CapacityLimiter(AGENT_THREADS)
-    app.state.db_slots = anyio.Semaphore(request_slots(settings, engine))
-    app.state.streams = StreamSlots(settings.max_streams_per_key, settings.stream_max_s)
-    app.state.failure_audit = FailureAudit()
-    app.state.metrics = metrics
-    app.state.lease_policy = policy
-    app.state.peers = PeerTable()
-    app.state.principals = keys.PrincipalCache()
-    app.state.rendered_jobs = RenderedJobs()
-    app.state.heartbeats = HeartbeatBatcher(
-        agent_sessions,
-        policy,
-        app.state.peers,
-        workers=group_writers(settings.database_url),
-        window_s=settings.heartbeat_batch_window_s,
-        max_batch=settings.heartbeat_batch_max,
-    )
-    app.state.submissions = SubmissionBatcher(
-        sessions,
-        task_modules=settings.task_prefixes(),
-        max_queued=settings.max_queued_jobs,
-        workers=group_writers(settings.database_url),
-        analyzer=None if is_sqlite(settings.database_url) else BurstAnalyzer(engine),
+    peers = PeerTable()
+    app.state.cpn = AppState(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        agent_engine=agent_engine,
+        agent_sessions=agent_sessions,
+        agent_threads=anyio.CapacityLimiter(AGENT_THREADS),
+        db_slots=anyio.Semaphore(request_slots(settings, engine)),
+        streams=StreamSlots(settings.max_streams_per_key, settings.stream_max_s),
+        failure_audit=FailureAudit(),
+        metrics=metrics,
+        lease_policy=policy,
+        peers=peers,
+        principals=keys.PrincipalCache(),
+        rendered_jobs=RenderedJobs(),
+        heartbeats=HeartbeatBatcher(
+            agent_sessions,
+            policy,
+            peers,
+            workers=group_writers(settings.database_url),
+            window_s=settings.heartbeat_batch_window_s,
+            max_batch=settings.heartbeat_batch_max,
+        ),
+        console_sessions=ConsoleSessions(sessions),
+        rate_limits=ratelimit.RateLimits.from_settings(settings),
+        submissions=SubmissionBatcher(
+            sessions,
+            task_modules=settings.task_prefixes(),
+            max_queued=settings.max_queued_jobs,
+            workers=group_writers(settings.database_url),
+            analyzer=None if is_sqlite(settings.database_url) else BurstAnalyzer(engine),
+        ),
     )
     problems.install(app)
     for module in ROUTERS:
         app.include_router(module.router)
     console.install(app)  # the web console at /ui
     app.add_middleware(problems.BodySizeLimit, limit=settings.max_body_bytes)
-    ratelimit.install(app, ratelimit.RateLimits.from_settings(settings), metrics)
+    ratelimit.install(app, app.state.cpn.rate_limits, metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

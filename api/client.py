@@ -7,10 +7,12 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx
+
+from wire import JobMetricOut, JobOut, JobSpec, QuoteOut
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -114,36 +116,46 @@ class Client:
         return list(self.paginate("/v1/gpus"))
 
     # Tenant helpers: quotes, jobs, their events and metrics, usage and the ledger.
-    def quote(self, spec: Any) -> Any:
+    def quote(self, spec: JobSpec | Mapping[str, Any]) -> QuoteOut:
         """Price options for a spec (dict or JobSpec): fastest, cheapest, within the deadline."""
-        return self.post("/v1/quotes", _spec_body(spec))
+        return QuoteOut.model_validate(self.post("/v1/quotes", _spec_body(spec)))
 
-    def submit(self, spec: Any, idempotency_key: str | None = None, *, retries: int = 2) -> Any:
+    def submit(
+        self,
+        spec: JobSpec | Mapping[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        retries: int = 2,
+    ) -> JobOut:
         """Submit a job; transport failures are retried under one Idempotency-Key, so at most
         one job is created (a key is generated when none is given)."""
         key = idempotency_key or f"cpn-{uuid.uuid4()}"
         body = _spec_body(spec)
         for attempt in range(retries + 1):
             try:
-                return self.request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
+                answer = self.request(
+                    "POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key}
+                )
+                return JobOut.model_validate(answer)
             except ApiError as exc:
                 if exc.status not in (0, 502, 503, 504) or attempt == retries:
                     raise
                 time.sleep(0.2 * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def jobs(self, state: str | None = None, limit: int | None = None) -> list[Any]:
+    def jobs(self, state: str | None = None, limit: int | None = None) -> list[JobOut]:
         """Your jobs (an admin: everyone's), newest first; at most `limit` of them."""
         pages = self.paginate("/v1/jobs", page_size=min(limit or 500, 500), state=state)
-        return list(itertools.islice(pages, limit))
+        return [JobOut.model_validate(j) for j in itertools.islice(pages, limit)]
 
-    def job(self, job_id: str) -> Any:
-        return self.get(f"/v1/jobs/{job_id}")
+    def job(self, job_id: str) -> JobOut:
+        return JobOut.model_validate(self.get(f"/v1/jobs/{job_id}"))
 
-    def cancel(self, job_id: str, version: int | None = None) -> Any:
+    def cancel(self, job_id: str, version: int | None = None) -> JobOut:
         """Cancel a job; with `version` (its ETag) only if nobody changed it since."""
         headers = {"If-Match": f'"{version}"'} if version is not None else {}
-        return self.request("POST", f"/v1/jobs/{job_id}/cancel", headers=headers)
+        answer = self.request("POST", f"/v1/jobs/{job_id}/cancel", headers=headers)
+        return JobOut.model_validate(answer)
 
     def events(
         self, job_id: str, after: int | None = None, *, reconnects: int = 3, busy_retries: int = 10
@@ -198,9 +210,9 @@ class Client:
                 raise ApiError(0, "unreachable", f"event stream of job {job_id} broke: {reason}")
             time.sleep(min(0.25 * 2**failures, 2.0))
 
-    def metrics(self, job_id: str) -> list[Any]:
+    def metrics(self, job_id: str) -> list[JobMetricOut]:
         """Progress reports: step, loss, accuracy, step time, WAN bytes."""
-        return list(self.paginate(f"/v1/jobs/{job_id}/metrics"))
+        return [JobMetricOut.model_validate(m) for m in self.paginate(f"/v1/jobs/{job_id}/metrics")]
 
     def pricing(self) -> Any:
         """The prices that apply now, per cluster, GPU model and QoS class, and per link."""
@@ -243,11 +255,11 @@ class Client:
         return {**first, "items": items, "limit": len(items), "offset": 0}
 
 
-def _spec_body(spec: Any) -> Any:
-    """A JobSpec (or any pydantic model) as JSON, only the fields that were given."""
-    if hasattr(spec, "model_dump"):
+def _spec_body(spec: JobSpec | Mapping[str, Any]) -> Any:
+    """A JobSpec as JSON, only the fields that were given; a mapping as it is."""
+    if isinstance(spec, JobSpec):
         return spec.model_dump(mode="json", exclude_unset=True)
-    return spec
+    return dict(spec)
 
 
 def _problem(response: httpx.Response) -> ApiError:

@@ -10,22 +10,69 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import anyio
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Engine
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.config import Settings
+from api.heartbeats import HeartbeatBatcher
+from api.job_list import RenderedJobs
+from api.metrics import Metrics
 from api.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
+from api.streams import StreamSlots
+from api.submissions import SubmissionBatcher
 from controller.access.keys import Principal, PrincipalCache, authenticate_cached, hash_key
+from controller.network.leases import LeasePolicy
+from controller.network.resources import PeerTable
 from controller.store.models import AuditLog, utcnow
+
+if TYPE_CHECKING:
+    from api.ratelimit import RateLimits
 
 log = logging.getLogger("cpn.api")
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer cpn_...`")
 AGENT_PATHS = "/v1/agent/"
+
+
+@dataclass(eq=False)
+class AppState:
+    """What one app holds for its requests, typed: built once by `api.app.create_app`, kept
+    as `app.state.cpn` (the only attribute there) and read through `app_state`."""
+
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    agent_engine: Engine
+    """The agents' own pool (module docstring)."""
+    agent_sessions: sessionmaker[Session]
+    agent_threads: anyio.CapacityLimiter
+    db_slots: anyio.Semaphore
+    """The replica's database slots a request takes before it opens a session."""
+    streams: StreamSlots
+    failure_audit: FailureAudit
+    metrics: Metrics
+    lease_policy: LeasePolicy
+    peers: PeerTable
+    principals: PrincipalCache
+    rendered_jobs: RenderedJobs
+    heartbeats: HeartbeatBatcher
+    submissions: SubmissionBatcher
+    console_sessions: ConsoleSessions
+    rate_limits: RateLimits
+
+
+def app_state(request: Request) -> AppState:
+    """The app's typed state (a dependency, and a plain function for middleware)."""
+    return cast(AppState, request.app.state.cpn)
+
+
+StateDep = Annotated[AppState, Depends(app_state)]
 
 
 def is_agent_path(path: str) -> bool:
@@ -34,16 +81,12 @@ def is_agent_path(path: str) -> bool:
 
 def sessions_for(request: Request) -> sessionmaker[Session]:
     """The agents' pool for the agent protocol, the shared one for everything else."""
-    state = request.app.state
-    factory: sessionmaker[Session] = (
-        state.agent_sessions if is_agent_path(request.url.path) else state.sessions
-    )
-    return factory
+    state = app_state(request)
+    return state.agent_sessions if is_agent_path(request.url.path) else state.sessions
 
 
 async def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+    return app_state(request).settings
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
@@ -59,11 +102,11 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     round trip on a server database, so there a session still in one is closed on a thread
     (one that read with `autocommit_read` is in none).
     """
-    slots: anyio.Semaphore = request.app.state.db_slots
+    slots = app_state(request).db_slots
     try:  # a free slot (the common case) is taken without a cancel scope or a checkpoint
         slots.acquire_nowait()
     except anyio.WouldBlock:
-        timeout = request.app.state.settings.db_pool_timeout_s
+        timeout = app_state(request).settings.db_pool_timeout_s
         with anyio.move_on_after(timeout) as waited:
             await slots.acquire()
         if waited.cancelled_caught:
@@ -156,9 +199,9 @@ async def caller_key_hash(request: Request) -> str | None:
 async def console_session(request: Request) -> ConsoleSession | None:
     """The live console sign-in named by the request's session cookie, if any (a database
     read on a worker thread; none without a cookie)."""
-    store: ConsoleSessions | None = getattr(request.app.state, "console_sessions", None)
+    store = app_state(request).console_sessions
     sid = request.cookies.get(SESSION_COOKIE)
-    if store is None or not sid:
+    if not sid:
         return None
     return await anyio.to_thread.run_sync(store.get, sid, utcnow())
 
@@ -177,9 +220,9 @@ async def console_key_hash(request: Request) -> str | None:
         )
     # The rate-limit middleware tells keys apart by their bearer header; a console request has
     # none, so its key's bucket is taken here (the same bucket its bearer calls take from).
-    limits = getattr(request.app.state, "rate_limits", None)
+    limits = app_state(request).rate_limits
     address = request.client.host if request.client else "unknown"
-    refusal = limits and limits.admit(
+    refusal = limits.admit(
         address=address,
         key_hash=session.key_hash,
         known_key=True,
@@ -187,7 +230,7 @@ async def console_key_hash(request: Request) -> str | None:
         now=time.monotonic(),
     )
     if refusal:
-        request.app.state.metrics.rate_limited.labels(refusal.limit.value).inc()
+        app_state(request).metrics.rate_limited.labels(refusal.limit.value).inc()
         raise HTTPException(429, refusal.detail, headers={"Retry-After": refusal.retry_after()})
     return session.key_hash
 
@@ -195,8 +238,8 @@ async def console_key_hash(request: Request) -> str | None:
 async def current_principal(request: Request, key_hash: str) -> Principal | None:
     """The live principal of the key with hash `key_hash` now (None: unknown, revoked or
     expired). Open event streams ask again every second, so a revoked key's streams end."""
-    state = request.app.state
-    cache: PrincipalCache = state.principals
+    state = app_state(request)
+    cache = state.principals
     principal = None if cache.stale() else cache.get(key_hash)
     if principal is None:
         agent = is_agent_path(request.url.path)
@@ -238,7 +281,7 @@ class FailureAudit:
 async def audit_failure(request: Request) -> None:
     """Write the audit row of a presented key that failed, when `FailureAudit` says so (the
     count goes to `cpn_auth_failures_total` in the rate-limit middleware). Never the key."""
-    state = request.app.state
+    state = app_state(request)
     address = request.client.host if request.client else "unknown"
     failures = state.failure_audit.record(address, anyio.current_time())
     if failures is None:

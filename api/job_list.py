@@ -40,8 +40,9 @@ from sqlalchemy import (
     type_coerce,
 )
 
-from api.schemas import JobOut, JobRow
+from api.schemas import JobRow
 from controller.store.models import Job, JobCount, ModelJSON, StateType, UTCDateTime
+from wire.jobs import JobOut
 
 _FIELDS = tuple(JobOut.model_fields)
 _ROW = TypeAdapter(JobRow)

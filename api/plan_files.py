@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grammar import canonical_compression, canonical_sync
-from grammar.cluster import ClusterState
+from grammar.states import ClusterState
 from scheduler import (
     Assignment,
     Cluster,

@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.config import Settings
-from api.deps import get_principal
+from api.deps import app_state, get_principal
 from api.metrics import Metrics
 from api.problems import problem
 from api.sessions import SESSION_COOKIE
@@ -338,7 +338,7 @@ async def limit_quotes(
     and list read a dependency solve for nothing."""
     if principal.role != "tenant" or principal.scope is None:
         return  # an admin is refused by the route itself (tenants only)
-    state = request.app.state
+    state = app_state(request)
     refusal = state.rate_limits.admit_quote(principal.scope, time.monotonic())
     if refusal is not None:
         state.metrics.rate_limited.labels(refusal.limit.value).inc()
@@ -346,9 +346,9 @@ async def limit_quotes(
 
 
 def install(app: FastAPI, limits: RateLimits, metrics: Metrics) -> None:
-    """Keep `limits` on the app, answer `TooManyRequests` as a 429 problem, add the middleware
-    (call it where it should sit: outside body parsing, inside request metrics)."""
-    app.state.rate_limits = limits
+    """Answer `TooManyRequests` as a 429 problem and add the middleware over `limits` (the
+    app's own, `AppState.rate_limits`; call it where it should sit: outside body parsing,
+    inside request metrics)."""
 
     async def _too_many(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, TooManyRequests)
@@ -356,5 +356,5 @@ def install(app: FastAPI, limits: RateLimits, metrics: Metrics) -> None:
 
     app.add_exception_handler(TooManyRequests, _too_many)
     app.add_middleware(
-        RateLimitMiddleware, limits=limits, principals=app.state.principals, metrics=metrics
+        RateLimitMiddleware, limits=limits, principals=app.state.cpn.principals, metrics=metrics
     )

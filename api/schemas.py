@@ -8,9 +8,9 @@ from typing import Annotated, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Json
 
 from agents.protocol import PROBE_URL_HELP, BoundedUTC, PlainText, ProbeUrl
-from controller.values.plan import HeldPlan, JobPlan
-from controller.values.spec import QosClass
-from controller.values.states import JobState
+from wire.jobs import JobOut
+from wire.plan import HeldPlan, JobPlan
+from wire.spec import QosClass
 
 T = TypeVar("T")
 
@@ -307,42 +307,6 @@ class PricingOut(BaseModel):
     egress: list[EgressPriceOut]
 
 
-class QuoteOut(BaseModel):
-    id: str
-    created_at: datetime
-    expires_at: datetime
-    options: list[JobPlan] = Field(description="One plan per objective, priced.")
-
-
-class JobOut(BaseModel):
-    id: str
-    tenant_id: str
-    name: str
-    state: JobState
-    reason: str
-    priority: int
-    qos_class: str
-    preemptible: bool
-    gpus_min: int
-    gpus_max: int
-    spec: dict[str, object]
-    quote_id: str | None
-    held_price: HeldPlan | None = Field(description="The quote option the job was submitted with.")
-    placement: JobPlan | None = Field(description="The plan its GPUs are reserved for.")
-    attempts: int
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    ends_at: datetime | None = Field(
-        description="When its current placement is expected to end: placed at, plus its plan's "
-        "estimated run time for the steps left (jobs waiting for its GPUs count on it)."
-    )
-    version: int
-
-    model_config = ConfigDict(from_attributes=True)
-
-
 class JobRow(JobOut):
     """`JobOut` read straight off the `jobs` columns, for the list: the JSON columns as their
     text and the times as ISO text (`api.job_list._columns`), parsed in one pydantic
@@ -350,38 +314,15 @@ class JobRow(JobOut):
     50 took 2.2 ms of CPU to fetch where the driver takes 0.3). It answers exactly as
     `JobOut` does (`tests/service/test_jobs_api.py`)."""
 
-    spec: Json[dict[str, object]]
+    spec: Json[dict[str, object]]  # type: ignore[assignment]
+    """The stored spec's JSON, handed through unparsed: a stored spec is `JobSpec`'s own dump,
+    so the answer is the one `JobOut` gives, without validating every row's spec again."""
     held_price: Json[HeldPlan | None] | None = Field(
         description="The quote option the job was submitted with."
     )
     placement: Json[JobPlan | None] | None = Field(
         description="The plan its GPUs are reserved for."
     )
-
-
-class JobEventOut(BaseModel):
-    id: int
-    at: datetime
-    kind: str
-    from_state: JobState | None
-    to_state: JobState | None
-    message: str
-    data: dict[str, object]
-
-    model_config = ConfigDict(from_attributes=True)
-
-
-class JobMetricOut(BaseModel):
-    step: int
-    at: datetime
-    loss: float | None
-    accuracy: float | None
-    step_time_s: float | None
-    compute_time_s: float | None
-    comm_time_s: float | None
-    wan_bytes: int
-
-    model_config = ConfigDict(from_attributes=True)
 
 
 class UsageRow(BaseModel):

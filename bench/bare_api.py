@@ -17,8 +17,9 @@ from typing import Annotated
 
 from fastapi import FastAPI, Query, Response, status
 
-from api.schemas import JobOut, Page
-from controller.values.spec import JobSpec
+from api.schemas import Page
+from wire.jobs import JobOut
+from wire.spec import JobSpec
 
 
 def create_app() -> FastAPI:

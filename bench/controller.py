@@ -159,7 +159,7 @@ def demo_jobs(backend: str, workdir: Path, steps: int, n_jobs: int) -> list[JobT
                         label = "cold Ray" if i == 0 else "warm Ray"
                         print(f"   {backend}: demo job {i + 1} ({label})", file=sys.stderr)
                         job = tenant.submit(demo_job_spec(f"bench-{i}", steps))
-                        out.append(_follow(tenant, job["id"], backend, label))
+                        out.append(_follow(tenant, job.id, backend, label))
         finally:
             for agent in agents:
                 agent.stop()
@@ -169,7 +169,11 @@ def demo_jobs(backend: str, workdir: Path, steps: int, n_jobs: int) -> list[JobT
 
 def _follow(tenant: Any, job_id: str, backend: str, label: str) -> JobTiming:
     done = wait_until(
-        lambda: (j := tenant.job(job_id))["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") and j,
+        lambda: (
+            (j := tenant.job(job_id).model_dump(mode="json"))["state"]
+            in ("SUCCEEDED", "FAILED", "CANCELLED")
+            and j
+        ),
         600,
         f"job {job_id} to finish",
         every=0.2,

@@ -90,7 +90,7 @@ def _setup(url: str, n_keys: int) -> tuple[str, str, list[str]]:
         a.post("/v1/agent/heartbeat", BEAT)
     with Client(url, tokens[0], timeout=60) as t:
         job = t.submit(JOB)
-    return agent, job["id"], tokens
+    return agent, job.id, tokens
 
 
 async def _hold(

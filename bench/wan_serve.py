@@ -159,9 +159,9 @@ def run_job(
     """Submit the demo job, follow it to the end, and compare estimate with observation."""
     before = bed.uplink_bytes()
     spec = job_spec(f"wan-serve-{n}", a.steps)
-    job = client.submit({**spec, "gpus": a.gpus or spec["gpus"]})
+    job = client.submit({**spec, "gpus": a.gpus or spec["gpus"]}).model_dump(mode="json")
     done = wait_until(
-        lambda: (j := client.job(job["id"]))["state"] in TERMINAL and j,
+        lambda: (j := client.job(job["id"]).model_dump(mode="json"))["state"] in TERMINAL and j,
         a.timeout,
         f"job {n}",
         every=1.0,
@@ -169,7 +169,7 @@ def run_job(
     after = bed.uplink_bytes()
     if done["state"] != "SUCCEEDED":
         raise RuntimeError(f"job {n} ended {done['state']}: {done.get('reason')}")
-    last = max(client.metrics(job["id"]), key=lambda m: m["step"])
+    last = max(client.metrics(job["id"]), key=lambda m: m.step).model_dump()
     steps = last["step"]
     est = done["placement"]["estimate"]
     sync = done["placement"]["sync"]

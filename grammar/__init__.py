@@ -5,7 +5,6 @@ so a value one layer accepts every other accepts too. Pure standard library: `sc
 and `training/` may import it without importing each other.
 """
 
-from grammar.cluster import LIVE, ClusterState
 from grammar.compression import (
     COMPRESSION_HELP,
     DOCUMENTED_COMPRESSIONS,
@@ -14,6 +13,7 @@ from grammar.compression import (
     canonical_compression,
     parse_compression,
 )
+from grammar.states import LIVE, ClusterState
 from grammar.sync import (
     DOCUMENTED_SYNCS,
     SYNC_HELP,

@@ -30,7 +30,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
 
-from grammar.cluster import ClusterState
+from grammar.states import ClusterState
 from scheduler.compression import (
     AUTO_COMPRESSIONS,
     AUTO_HETERO_SYNCS,

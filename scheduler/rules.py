@@ -7,7 +7,7 @@ import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from grammar.cluster import ClusterState
+from grammar.states import ClusterState
 from scheduler.types import JobRequest, Placement, RunningJob, Snapshot
 
 

@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import Literal
 
 from grammar import canonical_compression, canonical_sync
-from grammar.cluster import ClusterState
+from grammar.states import ClusterState
 from scheduler.gpus import peak_tflops
 
 Objective = Literal["time", "cost", "cost-within-deadline"]

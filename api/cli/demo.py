@@ -185,9 +185,7 @@ class _Demo:
         from rich.table import Table
 
         quote = self.tenant.quote(demo_job_spec("mnist1d-mlp", self.steps))
-        table = Table(
-            title=f"Quote {quote['id'][:8]} (valid until {quote['expires_at'][11:19]} UTC)"
-        )
+        table = Table(title=f"Quote {quote.id[:8]} (valid until {quote.expires_at:%H:%M:%S} UTC)")
         for col in (
             "option",
             "placement",
@@ -198,26 +196,26 @@ class _Demo:
             "price $",
         ):
             table.add_column(col)
-        for o in quote["options"]:
+        for o in quote.options:
             table.add_row(
-                o["objective"],
-                ", ".join(f"{p['cluster']}:{p['gpus']}" for p in o["placement"]),
-                o["compression"],
-                o["sync"],
-                f"{o['estimate']['total_time_s']:.1f}",
-                f"{o['estimate']['wan_bytes'] / 1e6:.1f}",
-                f"{o['price']['total']:.4f}",
+                o.objective or "",
+                ", ".join(f"{p.cluster}:{p.gpus}" for p in o.clusters),
+                o.compression,
+                o.sync,
+                f"{o.estimate.total_time_s:.1f}",
+                f"{o.estimate.wan_bytes / 1e6:.1f}",
+                f"{o.price.total:.4f}" if o.price else "",
             )
         self.console.print(table)
         job = self.tenant.submit(
             {
                 **demo_job_spec("mnist1d-mlp", self.steps),
-                "quote_id": quote["id"],
+                "quote_id": quote.id,
                 "quote_option": "time",
             }
         )
-        self.console.print(f"submitted job [bold]{job['id'][:8]}[/] with the quote's price held")
-        done = self._follow(job["id"], "job 1", self.steps)
+        self.console.print(f"submitted job [bold]{job.id[:8]}[/] with the quote's price held")
+        done = self._follow(job.id, "job 1", self.steps)
         self._report(done)
         return done
 
@@ -226,11 +224,11 @@ class _Demo:
     def _second_job(self) -> dict[str, Any]:
         steps = self.steps * 6  # long enough to outlive the dead agent's lease
         job = self.tenant.submit(demo_job_spec("mnist1d-mlp-2", steps))
-        self.console.print(f"submitted job [bold]{job['id'][:8]}[/]; an agent dies while it trains")
+        self.console.print(f"submitted job [bold]{job.id[:8]}[/]; an agent dies while it trains")
         running = self._wait(
             lambda: (
-                (j := self.tenant.job(job["id"]))["state"] == "RUNNING"
-                and any(m["step"] >= self.steps // 5 for m in self.tenant.metrics(job["id"]))
+                (j := self.tenant.job(job.id)).state == "RUNNING"
+                and any(m.step >= self.steps // 5 for m in self.tenant.metrics(job.id))
                 and j
             ),
             "job 2 to make progress",
@@ -238,7 +236,7 @@ class _Demo:
         victim = running["placement"]["clusters"][0]["cluster"]
         self.agents[victim].kill(signal.SIGKILL)
         self.console.print(f"[red]SIGKILL[/] the agent of [bold]{victim}[/]: its lease will expire")
-        done = self._follow(job["id"], "job 2", steps)
+        done = self._follow(job.id, "job 2", steps)
         self._report(done, lost=victim)
         return done
 
@@ -272,9 +270,9 @@ class _Demo:
                             f"  {e['at'][11:19]} {e['to_state'] or e['kind']}: {e['message']}"
                         )
                 seen_events += len(events["items"])
-                if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                    progress.update(bar, info=job["state"])
-                    return dict(job)
+                if job.state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                    progress.update(bar, info=job.state)
+                    return job.model_dump(mode="json")
                 time.sleep(0.5)
         raise TimeoutError(f"{label} did not finish within {self.timeout:g}s")
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from api.client import Client
-    from controller.values.spec import JobSpec
+    from wire.spec import JobSpec
 
 UrlOpt = typer.Option(None, "--url", envvar="CPN_URL", help="Control plane URL.")
 TokenOpt = typer.Option(None, "--token", envvar="CPN_TOKEN", help="API key (tenant or admin).")
@@ -37,7 +37,7 @@ def load_spec(cmd: str, path: Path) -> JobSpec:
     import yaml
     from pydantic import ValidationError
 
-    from controller.values.spec import JobSpec
+    from wire.spec import JobSpec
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -250,7 +250,7 @@ def quote(
     """Price a job: the fastest, the cheapest and (with a deadline) the cheapest in time."""
     spec = load_spec("quote", file)
     with connected("quote", url, token) as client:
-        answer = client.quote(spec)
+        answer = client.quote(spec).model_dump(mode="json")
     _show(as_json, answer, quote_table)
     if not as_json:
         print(f"hold this price: cpn submit {file} --quote {answer['id']} --option <option>")
@@ -286,7 +286,7 @@ def submit(
         )
     key = idempotency_key or f"cpn-{uuid.uuid4()}"
     with connected("submit", url, token) as client:
-        job = client.submit(spec, key)
+        job = client.submit(spec, key).model_dump(mode="json")
         if not as_json:
             print(
                 f"job {job['id']} {job['state']}: {job['reason']} (idempotency key {key})",
@@ -333,8 +333,7 @@ def follow(client: Client, job: dict[str, Any]) -> dict[str, Any]:
             progress.update(bar, description=f"{job['name']} {state}{detail}")
             if state == "SUCCEEDED":
                 progress.update(bar, completed=progress.tasks[0].total or 0)
-    final: dict[str, Any] = client.job(job["id"])
-    return final
+    return client.job(job["id"]).model_dump(mode="json")
 
 
 def jobs(
@@ -348,7 +347,10 @@ def jobs(
     if state is not None and state.upper() not in STATES:
         raise fail("jobs", "--state", f"use one of {', '.join(STATES)}")
     with connected("jobs", url, token) as client:
-        rows = client.jobs(state.upper() if state else None, limit=limit)
+        rows = [
+            j.model_dump(mode="json")
+            for j in client.jobs(state.upper() if state else None, limit=limit)
+        ]
     tenants = {j["tenant_id"] for j in rows}
     _show(as_json, rows, lambda r: jobs_table(r, with_tenant=len(tenants) > 1))
 
@@ -362,7 +364,7 @@ def job(
 ) -> None:
     """Show one job and its most recent events."""
     with connected("job", url, token) as client:
-        detail = client.job(job_id)
+        detail = client.job(job_id).model_dump(mode="json")
         recent: list[Any] = []
         if events:
             total = client.get(f"/v1/jobs/{job_id}/events", limit=1)["total"]
@@ -386,7 +388,7 @@ def cancel(
 ) -> None:
     """Cancel a job that has not ended; its GPUs are released at once."""
     with connected("cancel", url, token) as client:
-        done = client.cancel(job_id)
+        done = client.cancel(job_id).model_dump(mode="json")
     if as_json:
         emit(done)
     else:

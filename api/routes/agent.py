@@ -8,7 +8,7 @@ import anyio
 from fastapi import APIRouter, Request
 
 from agents.protocol import Heartbeat, HeartbeatAck, LinkReport
-from api.deps import AgentDep
+from api.deps import AgentDep, app_state
 from api.schemas import LinkReportAck
 from controller.network import resources
 from controller.values.errors import Forbidden
@@ -36,7 +36,7 @@ async def heartbeat(body: Heartbeat, request: Request, agent: AgentDep) -> Heart
     """
     _bound(agent.scope, body.cluster)
     resources.check_gpus(body.gpus)  # refused alone, before it joins a batch
-    state = request.app.state
+    state = app_state(request)
     result, peers = await state.heartbeats.ingest(body)
     state.metrics.heartbeats.inc()
     settings = state.settings
@@ -62,6 +62,6 @@ def _store_links(state: Any, body: LinkReport) -> int:
 async def links(body: LinkReport, request: Request, agent: AgentDep) -> LinkReportAck:
     """Store the reporting cluster's measured links (the agents' threads and pool, as beats)."""
     _bound(agent.scope, body.cluster)
-    state = request.app.state
+    state = app_state(request)
     stored = await anyio.to_thread.run_sync(_store_links, state, body, limiter=state.agent_threads)
     return LinkReportAck(stored=stored)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from api.deps import AdminDep, SessionDep
+from api.deps import AdminDep, SessionDep, app_state
 from api.pagination import PageDep, fetch_page
 from api.schemas import (
     ClusterIn,
@@ -113,7 +113,7 @@ def patch_cluster(
     resources.audit(session, admin.key_id, "cluster.update", "cluster", name, **changes)
     session.commit()
     if pinned:  # agents' next acks must list the new URL, not the cached one
-        request.app.state.peers.invalidate()
+        app_state(request).peers.invalidate()
     session.refresh(cluster)
     return _out(cluster, response)
 

@@ -9,14 +9,14 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
-from api.deps import request_principal
+from api.deps import app_state, request_principal
 from api.problems import problem
 from controller.access.keys import Principal
 from controller.jobs.lifecycle import STATES
 from controller.network.resources import effective_links
 from controller.store.migrate import pending_reason
 from controller.store.models import Cluster, GpuInventory, Job, Link, Usage
-from grammar.cluster import ClusterState
+from grammar.states import ClusterState
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("cpn.api")
@@ -34,7 +34,7 @@ def readyz(request: Request) -> JSONResponse:
 
     Unauthenticated, so it says only ready or not: why not (a database error names hosts
     and users) goes to the log."""
-    reason = pending_reason(request.app.state.engine)
+    reason = pending_reason(app_state(request).engine)
     if reason:
         log.warning("not ready: %s", reason)
         return problem(
@@ -55,7 +55,7 @@ async def authenticated(request: Request) -> Principal:
 
 async def metrics_reader(request: Request) -> None:
     """With CPN_PROTECT_METRICS, only admin keys read /metrics; otherwise anyone."""
-    if not request.app.state.settings.protect_metrics:
+    if not app_state(request).settings.protect_metrics:
         return
     principal = await authenticated(request)
     if principal.role != "admin":
@@ -66,7 +66,7 @@ async def metrics_reader(request: Request) -> None:
 def metrics(request: Request) -> Response:
     """Prometheus exposition: HTTP, heartbeats, clusters and jobs by state, GPUs by model,
     placement latency, link bandwidth and RTT, WAN bytes metered per link."""
-    state = request.app.state
+    state = app_state(request)
     m = state.metrics
     with state.sessions() as session:
         counts = dict(

@@ -18,6 +18,7 @@ from api.deps import (
     ReaderDep,
     SessionDep,
     SettingsDep,
+    app_state,
     autocommit_read,
     caller_key_hash,
     current_principal,
@@ -27,7 +28,7 @@ from api.job_list import list_page
 from api.pagination import PageDep, fetch_page
 from api.problems import PROBLEM_BASE, problem
 from api.ratelimit import limit_quotes
-from api.schemas import JobEventOut, JobMetricOut, JobOut, Page, QuoteOut
+from api.schemas import Page
 from api.streams import EventStream, StreamSlot, StreamSlots
 from api.submissions import SubmissionBatcher
 from controller.access.keys import Principal
@@ -41,8 +42,9 @@ from controller.store.models import (
     Quote,
 )
 from controller.values.errors import Invalid, NotFound, PreconditionFailed
-from controller.values.spec import JobSpec
-from controller.values.states import JobState
+from grammar.states import JobState
+from wire.jobs import JobEventOut, JobMetricOut, JobOut, QuoteOut
+from wire.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 TenantDep = Annotated[Principal, Depends(require("tenant"))]
@@ -120,7 +122,7 @@ async def submit_job(
     """Submit a job; it starts PENDING, with the reason it waits when it cannot run yet.
 
     Submissions that arrive together are written in one transaction (`api.submissions`)."""
-    submissions: SubmissionBatcher = request.app.state.submissions
+    submissions: SubmissionBatcher = app_state(request).submissions
     item = Submission(spec, principal.scope or "", idempotency_key)
     result = await submissions.run(item)
     created = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
@@ -147,7 +149,7 @@ def list_jobs(
     body = list_page(
         # Core: columns, not entities, so the ORM has nothing to do
         session.connection(execution_options=autocommit_read(session)),
-        request.app.state.rendered_jobs,
+        app_state(request).rendered_jobs,
         tenant=scope,
         state=state,
         limit=page.limit,
@@ -240,7 +242,7 @@ def job_events(
     A stream ends with `event: end` once the job has ended and every event is sent; with
     `event: resume` after CPN_STREAM_MAX_S (reconnect with `Last-Event-ID`: nothing is lost);
     with `event: error` (a problem) when its key is revoked or expires."""
-    state = request.app.state
+    state = app_state(request)
     with state.sessions() as session:  # closed before any stream starts
         job_service.get_job(session, job_id, _scope(principal))
         if not (stream or (accept or "").startswith("text/event-stream")):
@@ -288,7 +290,7 @@ async def _sse(
 ) -> AsyncIterator[str]:
     """Poll the events table and forward new rows; end once the job has ended and all is sent,
     when the stream's lifetime is up (`resume`), or when its key stops being live (`error`)."""
-    state = request.app.state
+    state = app_state(request)
     started = checked = time.monotonic()
     wrote, wait = 0.0, POLL_S
     try:

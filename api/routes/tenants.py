@@ -23,7 +23,7 @@ from controller.access import keys
 from controller.network import resources
 from controller.store.models import ApiKey, AuditLog, Cluster, Job, Tenant, utcnow
 from controller.values.errors import Conflict, Invalid, NotFound
-from controller.values.states import TERMINAL
+from grammar.states import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["tenants and keys"])
 

@@ -23,14 +23,14 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
-from api.deps import audit_failure, console_session, current_principal
+from api.deps import app_state, audit_failure, console_session, current_principal
 from api.problems import problem
 from api.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
 from controller.access.keys import Principal, hash_key
 from controller.jobs import service as job_service
 from controller.store.models import utcnow
 from controller.values.errors import NotFound
-from controller.values.states import STATES
+from grammar.states import STATES
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 STATIC = Path(__file__).parent / "static"
@@ -195,7 +195,7 @@ async def sign_in(
     a browser in with their own key (a cross-origin form or fetch cannot send it)."""
     if not csrf:
         return sign_in_refused(request, f"sign in from the console's page (it sends {CSRF_HEADER})")
-    state = request.app.state
+    state = app_state(request)
     key_hash = hash_key(body.key)
     address = request.client.host if request.client else "unknown"
     refusal = state.rate_limits.admit(
@@ -245,7 +245,7 @@ async def sign_out(
             slug="forbidden",
             instance=request.url.path,
         )
-    sessions: ConsoleSessions = request.app.state.console_sessions
+    sessions: ConsoleSessions = app_state(request).console_sessions
     await run_in_threadpool(sessions.close, request.cookies.get(SESSION_COOKIE))
     response = Response(status_code=204)
     response.delete_cookie(SESSION_COOKIE, path="/")
@@ -253,7 +253,7 @@ async def sign_out(
 
 
 def _visible_job(request: Request, job_id: str, scope: str | None) -> bool:
-    with request.app.state.sessions() as session:
+    with app_state(request).sessions() as session:
         try:
             job_service.get_job(session, job_id, scope)
         except NotFound:
@@ -289,6 +289,5 @@ async def page(request: Request, path: str) -> Response:
 
 def install(app: FastAPI) -> None:
     """Serve the console at /ui: its sessions, its pages and its static files."""
-    app.state.console_sessions = ConsoleSessions(app.state.sessions)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
     app.include_router(router)

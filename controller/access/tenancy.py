@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from controller.store.models import Job, Tenant
 from controller.values.errors import Forbidden
-from controller.values.spec import QoSSpec
+from wire.spec import QoSSpec
 
 
 class Grant(Protocol):

@@ -1,5 +1,5 @@
 """The job state machine at work: every state change goes through `transition`, which refuses
-what `controller.values.states.TRANSITIONS` does not allow and records the change with its reason;
+what `grammar.states.TRANSITIONS` does not allow and records the change with its reason;
 every run ends through `end_run`, which gives the GPUs back and bills them."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from controller.money.metering import meter_allocations, price_usage, start_bill
 from controller.network.allocations import release
 from controller.store.models import REASON_MAX, Job, JobEvent, bounded, utcnow
 from controller.values.errors import Conflict
-from controller.values.states import (
+from grammar.states import (
     ACTIVE,
     QUEUED,
     STATES,

@@ -14,8 +14,8 @@ from typing import Any
 import scheduler
 from controller.store.models import Job
 from controller.values.errors import Invalid
-from controller.values.spec import JobSpec, stored_spec
 from controller.values.tasks import builtin_work, check_task
+from wire.spec import JobSpec, stored_spec
 
 _SPECS_KEPT = 4096
 _specs: OrderedDict[str, JobSpec] = OrderedDict()

@@ -25,11 +25,11 @@ from controller.network.snapshot import build_snapshot, build_world
 from controller.store.db import lock_for_update
 from controller.store.models import Cluster, GpuInventory, Job, Quote, Tenant, new_id, utcnow
 from controller.values.errors import Conflict, CpnError, Invalid, NotFound, TooMany
-from controller.values.plan import HeldPlan, JobPlan, QuoteOptions, plan_of
-from controller.values.spec import JobSpec
-from controller.values.states import JobState
+from controller.values.plan import plan_of
 from controller.values.tasks import check_allowed
-from grammar.cluster import LIVE
+from grammar.states import LIVE, JobState
+from wire.plan import HeldPlan, JobPlan, QuoteOptions
+from wire.spec import JobSpec
 
 QUOTE_TTL = timedelta(minutes=15)
 

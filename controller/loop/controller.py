@@ -29,7 +29,7 @@ from controller.loop.placement import Placed, place_pending
 from controller.money.metering import pause_billing
 from controller.store.clock import DbClock, clock_of
 from controller.store.models import Job, JobEvent, Replica, StepObservation
-from controller.values.states import ACTIVE
+from grammar.states import ACTIVE
 
 log = logging.getLogger("cpn.controller")
 

@@ -21,7 +21,7 @@ from controller.loop.runs import RunHandle
 from controller.loop.settle import settle
 from controller.money import budget
 from controller.store.models import Allocation, Cluster, Job, utcnow
-from grammar.cluster import ClusterState
+from grammar.states import ClusterState
 
 __all__ = ["Launcher", "LauncherConfig", "RunHandle"]
 

@@ -29,8 +29,9 @@ from controller.network.snapshot import World, build_world
 from controller.store import failpoints
 from controller.store.models import REASON_MAX, Job, Tenant, bounded, utcnow
 from controller.values.errors import Conflict, CpnError, Invalid
-from controller.values.plan import JobPlan, plan_of
-from controller.values.states import ACTIVE, QUEUED, JobState
+from controller.values.plan import plan_of
+from grammar.states import ACTIVE, QUEUED, JobState
+from wire.plan import JobPlan
 
 log = logging.getLogger("cpn.reconcile")
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controller.values.states import JobState
+from grammar.states import JobState
 from scheduler.memory import ModelProfile, memory
 
 

@@ -25,11 +25,11 @@ from controller.jobs.request import spec_of
 from controller.loop.runs import RunHandle
 from controller.network.resources import effective_links
 from controller.store.models import Allocation, Cluster, Job, Link, utcnow
-from controller.values.spec import JobSpec
-from controller.values.states import ACTIVE
 from controller.values.tasks import builtin_work
+from grammar.states import ACTIVE
 from training import LinkSpec, Progress, TrainReport, TrainSpec, WanBytes
 from training.location import child, is_object_store
+from wire.spec import JobSpec
 
 if TYPE_CHECKING:
     from training.pipeline.spec import PipelineReport, PipelineSpec, StageResult
@@ -237,7 +237,7 @@ def train_spec_of(
         max_restarts=2,
         data=spec.data.residency,
         regions=regions,
-        **spec.args.runtime(),  # typed and bounded by the spec (controller.values.spec.TrainArgs)
+        **spec.args.runtime(),  # typed and bounded by the spec (wire.spec.TrainArgs)
     )
 
 

@@ -35,10 +35,11 @@ from controller.network.allocations import Slot, reserve
 from controller.network.snapshot import build_world
 from controller.store.models import REASON_MAX, Allocation, Cluster, Job, bounded, utcnow
 from controller.values.errors import Conflict
-from controller.values.plan import JobPlan, Share, StageShare, pipeline_estimate
-from controller.values.states import JobState
+from controller.values.plan import pipeline_estimate
 from controller.values.tasks import builtin_work
+from grammar.states import JobState
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes
+from wire.plan import JobPlan, Share, StageShare
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from sqlalchemy.orm import Session
 
 from controller.money.metering import exact_total, q6, tenant_spend, unbilled
 from controller.store.models import Allocation, Job, LedgerEntry, Tenant
-from controller.values.plan import JobPlan
-from controller.values.states import ACTIVE
+from grammar.states import ACTIVE
+from wire.plan import JobPlan
 
 # ---- pure ------------------------------------------------------------------------------------
 

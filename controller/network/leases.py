@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from controller.store.clock import clock_of
 from controller.store.models import Cluster, ClusterTransition
-from grammar.cluster import LIVE, ClusterState
+from grammar.states import LIVE, ClusterState
 
 log = logging.getLogger("cpn.leases")
 

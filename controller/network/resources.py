@@ -47,7 +47,7 @@ from controller.store.models import (
     utcnow,
 )
 from controller.values.errors import Conflict, CpnError, Invalid, NotFound
-from grammar.cluster import LIVE, ClusterState
+from grammar.states import LIVE, ClusterState
 
 log = logging.getLogger(__name__)
 _L = TypeVar("_L")

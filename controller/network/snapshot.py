@@ -26,9 +26,8 @@ from controller.store.models import (
     Tenant,
     utcnow,
 )
-from controller.values.plan import PlanEstimate
-from controller.values.states import JobState
-from grammar.cluster import LIVE, ClusterState
+from grammar.states import LIVE, ClusterState, JobState
+from wire.plan import PlanEstimate
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over

@@ -31,9 +31,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from controller.values.plan import HeldPlan, JobPlan, QuoteOptions
-from controller.values.states import JobState
-from grammar.cluster import ClusterState
+from grammar.states import ClusterState, JobState
+from wire.plan import HeldPlan, JobPlan, QuoteOptions
 
 
 class UTCDateTime(TypeDecorator[datetime]):

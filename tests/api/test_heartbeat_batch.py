@@ -63,7 +63,7 @@ def _counts(sessions: sessionmaker[Session]) -> dict[str, int]:
 
 def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
     with sessions() as session:
-        return dict(session.execute(select(Cluster.name, Cluster.state)))
+        return dict(session.execute(select(Cluster.name, Cluster.state)).all())
 
 
 async def _one_batch(

@@ -221,7 +221,7 @@ def test_an_exhausted_pool_answers_503_with_retry_after(db_url: str) -> None:
         assert ok.status_code == 200  # the admin key is now cached: auth needs no connection
         app = live.server.config.app
         assert isinstance(app, FastAPI)
-        engine: Engine = app.state.engine
+        engine: Engine = app.state.cpn.engine
         with engine.connect():  # a slow request holds the only connection
             r = httpx.get(f"{live.url}/v1/tenants", headers=_auth(live))
         assert r.status_code == 503, r.text

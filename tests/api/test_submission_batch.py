@@ -20,7 +20,7 @@ from controller.jobs.service import Submission, Submitted
 from controller.store.db import make_engine
 from controller.store.models import Job, JobEvent
 from controller.values.errors import Forbidden, Invalid, NotFound, TooMany
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.api.batches import one_batch
 from tests.controller.world import Net, spec
 
@@ -47,7 +47,7 @@ def _stored(net: Net) -> dict[str, int]:
             .join(JobEvent, JobEvent.job_id == Job.id)
             .group_by(Job.name)
         )
-        return dict(rows)
+        return dict(rows.all())
 
 
 def test_each_submission_of_a_batch_is_answered_on_its_own(net: Net) -> None:

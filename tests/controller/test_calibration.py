@@ -13,8 +13,8 @@ import scheduler
 from controller.network.snapshot import step_overhead
 from controller.store.db import make_engine
 from controller.store.models import Job, JobMetric, Tenant, utcnow
-from controller.values.plan import JobPlan, PlanEstimate, Share
 from tests.scheduler.builders import cluster, job, link
+from wire.plan import JobPlan, PlanEstimate, Share
 
 
 def _finished(

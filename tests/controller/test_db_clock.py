@@ -137,7 +137,7 @@ def test_a_skewed_replica_neither_looks_dead_nor_declares_the_others_dead(
     wrong.tick()  # adopts the silent replica's job, and only that one
     right.tick()  # adopts nothing: the skewed replica is alive
     with net.sessions() as s:
-        owners = dict(s.execute(select(Job.id, Job.owner)))
+        owners = dict(s.execute(select(Job.id, Job.owner)).all())
         adoptions = s.scalars(
             select(JobEvent.job_id).where(JobEvent.message.startswith("adopted by"))
         ).all()

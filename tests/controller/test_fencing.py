@@ -39,7 +39,7 @@ from controller.store.models import (
     Replica,
     Usage,
 )
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.controller.world import Net, report, spec
 from tests.controller.world import progress as report_at
 

@@ -52,10 +52,10 @@ from controller.store.models import (
     utcnow,
 )
 from controller.values.errors import CpnError
-from controller.values.spec import JobSpec
-from controller.values.states import ACTIVE, QUEUED, JobState
+from grammar.states import ACTIVE, QUEUED, JobState
 from tests.conftest import clear_tables
 from tests.controller.world import report
+from wire.spec import JobSpec
 
 CLUSTERS = ("east", "west")
 MODELS = ("A100", "H100")

@@ -13,9 +13,9 @@ from controller.access import scrub
 from controller.access.tenancy import check_grant, granted
 from controller.store.models import Job, Tenant
 from controller.values.errors import Forbidden
-from controller.values.spec import QoSSpec
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.controller.world import Net, progress, report, spec
+from wire.spec import QoSSpec
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ from controller.store.models import (
     utcnow,
 )
 from controller.values.errors import Invalid
-from controller.values.states import JobState
+from grammar.states import JobState
 from training import Progress, WanBytes
 
 LEASES = LeasePolicy(heartbeat_interval_s=1.0, grace_s=10.0)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from controller.store.models import Job
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.controller.world import MAX_ATTEMPTS, Net, spec
 
 

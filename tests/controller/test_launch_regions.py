@@ -12,9 +12,9 @@ import pytest
 
 from controller.loop.ray_run import train_spec_of
 from controller.store.models import Job
-from controller.values.spec import JobSpec
 from tests.controller.world import TASK, Net
 from training.sync.hetero import region_groups
+from wire.spec import JobSpec
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from controller.network.leases import MISSED_BEAT_FACTOR, LeasePolicy
-from grammar.cluster import ClusterState
+from grammar.states import ClusterState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 POLICY = LeasePolicy(heartbeat_interval_s=10, grace_s=40)

@@ -31,10 +31,10 @@ from controller.loop.settle import settle
 from controller.store.db import is_sqlite
 from controller.store.models import Job, JobEvent, Replica, utcnow
 from controller.values.errors import Conflict
-from controller.values.spec import DataSpec
-from controller.values.states import TERMINAL, TRANSITIONS, JobState
+from grammar.states import TERMINAL, TRANSITIONS, JobState
 from scheduler import Wait, reference_run_s
 from tests.controller.world import MAX_ATTEMPTS, REPLICA, Net, progress, report, spec
+from wire.spec import DataSpec
 
 
 @pytest.fixture

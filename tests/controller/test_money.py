@@ -54,9 +54,9 @@ from controller.store.models import (
     utcnow,
 )
 from controller.values.plan import plan_of
-from controller.values.spec import JobSpec
-from controller.values.states import JobState
+from grammar.states import JobState
 from training import Progress, WanBytes
+from wire.spec import JobSpec
 
 REPLICA = "replica-a"
 GPU_PRICE = Decimal("2.5")

@@ -22,11 +22,11 @@ from sqlalchemy import select, update
 from controller.loop.ray_run import pipeline_spec_of, report_of, stage_progress, train_spec_of
 from controller.store.models import Cluster, Job, JobEvent, Usage
 from controller.values.plan import keep_stages
-from controller.values.spec import JobSpec, Work, stored_spec
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.controller.world import Net, progress, report
 from training.pipeline.spec import PipelineReport, StageResult
 from training.results import WanBytes
+from wire.spec import JobSpec, Work, stored_spec
 
 TASK = "builtin:char-transformer"
 

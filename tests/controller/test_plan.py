@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 import scheduler
 from controller.store.db import make_engine
 from controller.store.models import Job, JobEvent, Quote, Tenant, utcnow
-from controller.values.plan import HeldPlan, JobPlan, QuoteOptions, Share
-from controller.values.states import JobState
+from grammar.states import JobState
+from wire.plan import HeldPlan, JobPlan, QuoteOptions, Share
 
 # What the reconcile loop stored on a job before the plan was typed (no objective, no price).
 OLD_JOB_PLAN: dict[str, Any] = {

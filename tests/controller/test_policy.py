@@ -19,7 +19,7 @@ from controller.loop.policy import (
     stop_of,
     stop_requested,
 )
-from controller.values.states import JobState
+from grammar.states import JobState
 
 MAX = 3
 

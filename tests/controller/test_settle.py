@@ -38,8 +38,7 @@ from controller.store.models import (
     utcnow,
 )
 from controller.values.errors import Conflict
-from controller.values.states import TERMINAL, TRANSITIONS, JobState
-from grammar.cluster import ClusterState
+from grammar.states import TERMINAL, TRANSITIONS, ClusterState, JobState
 from training import Progress, TrainReport, WanBytes
 
 REPLICA = "replica-1"

@@ -47,10 +47,10 @@ from controller.store.models import (
     Usage,
     utcnow,
 )
-from controller.values.plan import HeldPlan
-from controller.values.spec import JobSpec, QoSSpec, Work
-from controller.values.states import JobState
+from grammar.states import JobState
 from training import Progress, TrainReport, WanBytes
+from wire.plan import HeldPlan
+from wire.spec import JobSpec, QoSSpec, Work
 
 REPLICA = "replica-a"
 MAX_ATTEMPTS = 3

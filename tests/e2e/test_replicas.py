@@ -137,7 +137,7 @@ def test_two_replicas_never_overcommit(pg_server_url: str, tmp_path: Path) -> No
 
         def submit(i: int) -> str:
             with Client(planes[i % 2].url, tenants[i % 2], timeout=120) as c:
-                return str(c.submit(specs[i], idempotency_key=f"k{i}")["id"])
+                return str(c.submit(specs[i], idempotency_key=f"k{i}").id)
 
         with ThreadPoolExecutor(max_workers=32) as pool:
             ids = list(pool.map(submit, range(200)))

@@ -26,7 +26,7 @@ from bench.pg_server import Postgres, throwaway_postgres, unavailable
 from controller.loop.controller import live_replicas
 from controller.store.db import make_engine, make_sessionmaker
 from controller.store.models import Allocation
-from controller.values.states import TERMINAL
+from grammar.states import TERMINAL
 
 ADMIN_TOKEN = "cpn_admin_faults-0123456789abcdef0123"
 CLUSTERS = {"east": ("A100", 2, 2.5), "west": ("H100", 2, 4.0)}
@@ -164,7 +164,7 @@ class Network:
                             "args": {"checkpoint_every": max(1, steps // 4)},
                         },
                         idempotency_key=f"fault-job-{i}",
-                    )["id"]
+                    ).id
                 )
                 for i in range(count)
             ]
@@ -211,7 +211,7 @@ class Network:
         with self.admin() as admin:
 
             def ended() -> dict[str, dict[str, Any]] | None:
-                jobs = {j: dict(admin.job(j)) for j in job_ids}
+                jobs = {j: admin.job(j).model_dump(mode="json") for j in job_ids}
                 return jobs if all(j["state"] in TERMINAL for j in jobs.values()) else None
 
             return wait_until(ended, timeout, f"jobs {job_ids} to end", every=0.3)

@@ -35,7 +35,7 @@ from controller.store.models import (
     LedgerEntry,
     Usage,
 )
-from controller.values.states import ACTIVE, TERMINAL, JobState
+from grammar.states import ACTIVE, TERMINAL, JobState
 
 
 @dataclass
@@ -83,7 +83,7 @@ def assert_books(url: str) -> Books:
 def _check(s: Session) -> Books:
     books = Books()
     broken = books.broken
-    books.states = dict(s.execute(select(Job.id, Job.state)))
+    books.states = dict(s.execute(select(Job.id, Job.state)).all())
 
     # GPUs
     held: dict[tuple[str, str], int] = {
@@ -134,7 +134,7 @@ def _check(s: Session) -> Books:
     by_usage: dict[int, list[LedgerEntry]] = defaultdict(list)
     for entry in entries:
         by_usage[entry.usage_id].append(entry)
-    ids = dict(s.execute(select(Cluster.name, Cluster.id)))
+    ids = dict(s.execute(select(Cluster.name, Cluster.id)).all())
     for row in usage:
         priced = by_usage.get(row.id, [])
         if not row.priced and not priced and books.states.get(row.job_id) in set(ACTIVE):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.faults.conftest import Network
 from tests.faults.invariants import assert_books
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from api.processes import wait_until
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.faults.conftest import ADMIN_TOKEN, Network, Postgres, running_steps
 from tests.faults.invariants import assert_books
 

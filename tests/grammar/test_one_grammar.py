@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from api.plan_files import JobIn
-from controller.values.spec import JobSpec
 from grammar import (
     COMPRESSION_HELP,
     DOCUMENTED_COMPRESSIONS,
@@ -29,6 +28,7 @@ from grammar import (
 from scheduler import JobRequest, compressor_model, sync_model
 from training.compression import make_compressor
 from training.spec import TrainSpec
+from wire.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

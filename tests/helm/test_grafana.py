@@ -169,7 +169,7 @@ def test_the_controller_times_each_placement(db_url: str) -> None:
         assert _placements(live.url) == 0
         job = net.tenant.submit(spec(gpus=2))
         wait_until(lambda: _placements(live.url) >= 1, 60, "a placement counted in /metrics")
-        assert net.tenant.job(job["id"])["state"] in ("SCHEDULED", "RUNNING")
+        assert net.tenant.job(job.id).state in ("SCHEDULED", "RUNNING")
         for c in (net.admin, net.tenant, net.other):
             c.close()
     finally:

@@ -9,9 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from controller.jobs.request import job_request
-from controller.values.spec import JobSpec
 from scheduler import Infeasible, Plan, Snapshot, exclusions, plan, sync_model
 from tests.scheduler.builders import cluster, job, link
+from wire.spec import JobSpec
 
 A, B, C = cluster("a", 8), cluster("b", 8), cluster("c", 8)
 SNAP = Snapshot((A, B, C), (link("a", "b"), link("b", "c"), link("a", "c")))

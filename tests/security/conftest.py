@@ -385,7 +385,7 @@ def _build(live: LiveServer, backend: str, http: httpx.Client) -> World:
         backend=backend,
         url=live.url,
         database_url=live.database_url,
-        max_body_bytes=app.state.settings.max_body_bytes,
+        max_body_bytes=app.state.cpn.settings.max_body_bytes,
         openapi=_ok(call(http, "GET", "/openapi.json"), 200),
         app=app,
         admin=admin,

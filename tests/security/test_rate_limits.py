@@ -176,7 +176,7 @@ def _app(live: LiveServer) -> FastAPI:
 
 
 def _sample(live: LiveServer, name: str, **labels: str) -> float:
-    registry = _app(live).state.metrics.registry
+    registry = _app(live).state.cpn.metrics.registry
     return float(registry.get_sample_value(name, labels) or 0.0)
 
 
@@ -243,8 +243,8 @@ def test_a_junk_token_flood_is_refused_before_any_database_query(db_url: str) ->
         def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
             statements.append(statement)
 
-        state = _app(live).state
-        engines = [e for e in (state.engine, getattr(state, "agent_engine", None)) if e]
+        state = _app(live).state.cpn
+        engines = [state.engine, state.agent_engine]
         for engine in engines:  # every pool the app has: tenants' and agents'
             event.listen(engine, "before_cursor_execute", count)
         try:
@@ -288,7 +288,7 @@ def test_a_junk_session_cookie_flood_is_refused_before_any_database_query(db_url
         def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
             statements.append(statement)
 
-        engine = _app(live).state.engine
+        engine = _app(live).state.cpn.engine
         event.listen(engine, "before_cursor_execute", count)
         try:
             assert [junk() for _ in range(10)] == [429] * 10

@@ -118,7 +118,7 @@ def stage(db_url: str, keys: int = 1, **settings: Any) -> Iterator[Stage]:
         minted = [net.admin.create_api_key("tenant", net.tenant_id) for _ in range(keys)]
         job = Client(live.url, minted[0]["token"]).submit(spec(name="streamed"))
         agent = net.admin.create_api_key("agent", "us-east")["token"]
-        yield Stage(live, net.tenant_id, minted, job["id"], agent)
+        yield Stage(live, net.tenant_id, minted, job.id, agent)
     finally:
         for c in (net.admin, net.tenant, net.other):
             c.close()
@@ -363,9 +363,9 @@ def test_heartbeats_need_nothing_from_the_pool_tenants_use(db_url: str) -> None:
         ExitStack() as stack,
     ):
         app: Any = s.live.server.config.app
-        assert app.state.agent_engine is not app.state.engine
+        assert app.state.cpn.agent_engine is not app.state.cpn.engine
         for _ in range(2):
-            stack.enter_context(app.state.engine.connect())
+            stack.enter_context(app.state.cpn.engine.connect())
         beats = [_beat(http, s.agent_token) for _ in range(10)]
         assert [b.status for b in beats] == [200] * 10, [str(b) for b in beats if b.status != 200]
         assert_problem(call(http, "GET", f"/v1/jobs/{s.job_id}", s.keys[0]["token"]), 503)

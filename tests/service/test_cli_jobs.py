@@ -124,7 +124,7 @@ def test_resubmit_with_the_same_key_returns_the_same_job(net: Network, tmp_path:
     assert again.returncode == 0, again.stderr
     job_id = json.loads(again.stdout)["id"]
     assert first.stdout.split()[1] == job_id
-    assert [j["id"] for j in net.tenant.jobs()] == [job_id]
+    assert [j.id for j in net.tenant.jobs()] == [job_id]
     # Without a key each run is a new job (its own generated key).
     fresh = cpn(net, net.tenant, "submit", job_file, "--json")
     assert fresh.returncode == 0 and json.loads(fresh.stdout)["id"] != job_id
@@ -148,31 +148,31 @@ def test_jobs_job_and_cancel(net: Network) -> None:
     b = net.tenant.submit(spec(name="beta", gpus=None, min_gpus=2, max_gpus=4))
     table = cpn(net, net.tenant, "jobs")
     assert table.returncode == 0, table.stderr
-    assert table.stdout.index(b["id"]) < table.stdout.index(a["id"])  # newest first
+    assert table.stdout.index(b.id) < table.stdout.index(a.id)  # newest first
     assert "beta" in table.stdout and "2-4" in table.stdout
 
-    cancelled = cpn(net, net.tenant, "cancel", a["id"])
+    cancelled = cpn(net, net.tenant, "cancel", a.id)
     assert cancelled.returncode == 0, cancelled.stderr
-    assert cancelled.stdout.startswith(f"job {a['id']} CANCELLED")
-    assert net.tenant.job(a["id"])["state"] == "CANCELLED"
+    assert cancelled.stdout.startswith(f"job {a.id} CANCELLED")
+    assert net.tenant.job(a.id).state == "CANCELLED"
     only = cpn(net, net.tenant, "jobs", "--state", "cancelled", "--json")
-    assert [j["id"] for j in json.loads(only.stdout)] == [a["id"]]
+    assert [j["id"] for j in json.loads(only.stdout)] == [a.id]
 
-    shown = cpn(net, net.tenant, "job", a["id"], "--json")
+    shown = cpn(net, net.tenant, "job", a.id, "--json")
     assert shown.returncode == 0, shown.stderr
     detail = json.loads(shown.stdout)
     assert detail["job"]["state"] == "CANCELLED"
     assert [e["to_state"] for e in detail["events"]] == ["PENDING", "CANCELLED"]
-    last = cpn(net, net.tenant, "job", a["id"], "--events", "1")
+    last = cpn(net, net.tenant, "job", a.id, "--events", "1")
     assert "alpha" in last.stdout and "PENDING -> CANCELLED" in last.stdout
     assert "- -> PENDING" not in last.stdout  # only the most recent event
 
-    twice = cpn(net, net.tenant, "cancel", a["id"])
+    twice = cpn(net, net.tenant, "cancel", a.id)
     assert twice.returncode == 1 and one_line(twice.stderr).startswith("cpn cancel: error: 409 ")
     # Another tenant neither sees nor cancels it: a 404, the same as a job that does not exist.
-    hidden = cpn(net, net.other, "cancel", b["id"])
+    hidden = cpn(net, net.other, "cancel", b.id)
     assert hidden.returncode == 1 and one_line(hidden.stderr).startswith("cpn cancel: error: 404 ")
-    assert net.tenant.job(b["id"])["state"] == "PENDING"
+    assert net.tenant.job(b.id).state == "PENDING"
 
 
 def test_usage_matches_the_ledger(net: Network, tmp_path: Path) -> None:
@@ -184,14 +184,14 @@ def test_usage_matches_the_ledger(net: Network, tmp_path: Path) -> None:
     job = net.tenant.submit(spec(gpus=4))
     engine = make_engine(net.server.database_url)
     with make_sessionmaker(engine)() as s, s.begin():  # what the scheduler would reserve
-        row = s.get(Job, job["id"])
+        row = s.get(Job, job.id)
         assert row is not None
         reserve(s, row, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
         transition(s, row, "SCHEDULED", "placed")
         transition(s, row, "RUNNING", "launched")  # billed from here on
     engine.dispose()
     time.sleep(0.5)  # the job runs on its GPUs for a measurable while before it is cancelled
-    assert cpn(net, net.tenant, "cancel", job["id"]).returncode == 0  # meters and prices it
+    assert cpn(net, net.tenant, "cancel", job.id).returncode == 0  # meters and prices it
 
     mine = cpn(net, net.tenant, "usage", "--json")
     assert mine.returncode == 0, mine.stderr
@@ -201,7 +201,7 @@ def test_usage_matches_the_ledger(net: Network, tmp_path: Path) -> None:
     from decimal import Decimal
 
     entries = data["ledger"]["entries"]
-    assert {e["job_id"] for e in entries} == {job["id"]} and len(entries) == 2
+    assert {e["job_id"] for e in entries} == {job.id} and len(entries) == 2
     assert Decimal(data["ledger"]["total"]) == sum(Decimal(e["amount"]) for e in entries) > 0
     as_admin = json.loads(cpn(net, net.admin, "usage", "--tenant", net.tenant_id, "--json").stdout)
     assert as_admin == data
@@ -355,7 +355,7 @@ def test_submit_wait_follows_progress_to_success(net: Network, tmp_path: Path) -
     states = [line.split()[1].rstrip(":") for line in err.splitlines() if line[:2].isdigit()]
     assert states == ["PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED"], err
     assert "40/40" in err
-    assert [m["step"] for m in net.tenant.metrics(job_id)] == [10, 20, 30, 40]
+    assert [m.step for m in net.tenant.metrics(job_id)] == [10, 20, 30, 40]
 
 
 # ---- the client, on both backends --------------------------------------------------------
@@ -368,34 +368,34 @@ def test_client_job_methods(network: Network) -> None:
     with pytest.raises(LookupError, match="admin"):
         network.admin.tenant_id()
     quote = client.quote(spec())
-    assert quote["options"] and quote["expires_at"] > quote["created_at"]
-    from controller.values.spec import JobSpec
+    assert quote.options and quote.expires_at > quote.created_at
+    from wire.spec import JobSpec
 
-    job = client.submit(JobSpec.model_validate(spec(quote_id=quote["id"])), "key-1")
-    assert client.submit(spec(quote_id=quote["id"]), "key-1")["id"] == job["id"]
+    job = client.submit(JobSpec.model_validate(spec(quote_id=quote.id)), "key-1")
+    assert client.submit(spec(quote_id=quote.id), "key-1").id == job.id
     assert client.tenant_id() == network.tenant_id
-    assert [j["id"] for j in client.jobs(state="PENDING")] == [job["id"]]
+    assert [j.id for j in client.jobs(state="PENDING")] == [job.id]
     assert client.jobs(state="RUNNING") == []
     second = client.submit(spec(name="second"))
-    assert [j["id"] for j in client.jobs(limit=1)] == [second["id"]]
+    assert [j.id for j in client.jobs(limit=1)] == [second.id]
     with pytest.raises(ApiError) as stale:
-        client.cancel(job["id"], version=job["version"] + 1)
+        client.cancel(job.id, version=job.version + 1)
     assert stale.value.status == 412
-    assert client.cancel(job["id"], version=job["version"])["state"] == "CANCELLED"
-    events = list(client.events(job["id"]))  # ends by itself: the job has ended
+    assert client.cancel(job.id, version=job.version).state == "CANCELLED"
+    events = list(client.events(job.id))  # ends by itself: the job has ended
     assert [(e["kind"], e["to_state"]) for e in events] == [
         ("state", "PENDING"),
         ("state", "CANCELLED"),
     ]
-    assert [e["id"] for e in client.events(job["id"], after=events[0]["id"])] == [events[1]["id"]]
-    assert client.metrics(job["id"]) == []
+    assert [e["id"] for e in client.events(job.id, after=events[0]["id"])] == [events[1]["id"]]
+    assert client.metrics(job.id) == []
     assert client.usage()["tenant_id"] == network.tenant_id
     ledger = client.ledger()
     assert ledger["tenant_id"] == network.tenant_id and ledger["total"] == "0.000000"
     prices = client.pricing()
     assert {g["cluster"] for g in prices["gpu"]} == {"us-east", "eu-west", "ap-south"}
     with pytest.raises(ApiError) as hidden:
-        list(network.other.events(job["id"]))
+        list(network.other.events(job.id))
     assert hidden.value.status == 404
 
 

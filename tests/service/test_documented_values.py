@@ -24,23 +24,23 @@ def test_documented_value_is_quoted_and_placed(network: Network, field: str, val
     # and the value's model (bytes, steps factor) is what the planner weighs
     body = spec(gpus=20, steps=200, qos={"max_clusters": 2}, **{field: value})
     quote = network.tenant.quote(body)
-    assert quote["options"], quote
-    for option in quote["options"]:
-        chosen = option[field]
+    assert quote.options, quote
+    for option in quote.options:
+        chosen = getattr(option, field)
         parsed = parse_compression(chosen) if field == "compression" else parse_sync(chosen)
         assert not parsed.is_auto
         if value != "auto":
             assert chosen == value
-        assert len(option["clusters"]) == 2
+        assert len(option.clusters) == 2
 
     job = network.tenant.submit(body)
     engine = make_engine(network.server.database_url)
     try:
         placed = place_pending(make_sessionmaker(engine), owner="test-replica")
-        assert [p.job_id for p in placed] == [job["id"]]
+        assert [p.job_id for p in placed] == [job.id]
     finally:
         engine.dispose()
-    got = network.tenant.get(f"/v1/jobs/{job['id']}")
+    got = network.tenant.get(f"/v1/jobs/{job.id}")
     assert got["state"] == "SCHEDULED", got
     if value != "auto":
         assert got["placement"][field] == value

@@ -339,9 +339,9 @@ def test_queued_jobs_are_capped_per_tenant(db_url: str) -> None:
         raw = net.tenant._http.post("/v1/jobs", json=spec(gpus=1))
         assert raw.status_code == 429 and int(raw.headers["Retry-After"]) >= 1
         assert raw.headers["content-type"].startswith("application/problem+json")
-        assert net.tenant.submit(spec(gpus=1), idempotency_key="first")["id"] == first["id"]
+        assert net.tenant.submit(spec(gpus=1), idempotency_key="first").id == first.id
         net.other.submit(spec(gpus=1))  # another tenant's queue is its own
-        net.tenant.cancel(first["id"])
+        net.tenant.cancel(first.id)
         net.tenant.submit(spec(gpus=1))
     finally:
         for c in (net.admin, net.tenant, net.other):

@@ -20,7 +20,7 @@ from controller.money.pricing import egress_price_history, gpu_price_history, pr
 from controller.network.allocations import Slot, release, reserve
 from controller.store.db import make_engine, make_sessionmaker
 from controller.store.models import Allocation, Cluster, Job, LedgerEntry, Usage
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.service.conftest import Network, spec
 
 

@@ -19,7 +19,7 @@ from controller.jobs import lifecycle
 from controller.loop.placement import place_pending
 from controller.store.db import make_engine, make_sessionmaker
 from controller.store.models import Allocation, Job
-from controller.values.states import JobState
+from grammar.states import JobState
 from tests.service.conftest import Network, spec
 
 REPLICA = "replica-test"
@@ -58,12 +58,12 @@ def test_a_tenant_with_a_tiny_budget_waits_and_is_never_placed(network: Network)
     token = admin.create_api_key("tenant", poor["id"])["token"]
     with network.server.client(token) as tenant:
         job = tenant.submit(spec(name="big", gpus=8, steps=10**9))
-        assert job["state"] == "PENDING"  # the budget is held at placement, not at submission
+        assert job.state == "PENDING"  # the budget is held at placement, not at submission
         for _ in range(3):
             assert place(network) == []
-            now = tenant.job(job["id"])
-            assert now["state"] == "PENDING" and now["placement"] is None
-            assert "has 0.01 of its budget of 0.01 left" in now["reason"]
+            now = tenant.job(job.id)
+            assert now.state == "PENDING" and now.placement is None
+            assert "has 0.01 of its budget of 0.01 left" in now.reason
     assert all(g["in_use"] == 0 for c in admin.clusters() for g in c["gpus"])
     # The job's own QoS budget is a separate, per-job limit and stays as it was.
     with network.server.client(token) as tenant:
@@ -76,15 +76,15 @@ def test_deleting_a_tenant_with_live_jobs_is_a_409_and_without_a_soft_delete(
 ) -> None:
     admin, tenant, tid = network.admin, network.tenant, network.tenant_id
     job = tenant.submit(spec(name="billed", gpus=2, steps=100))
-    assert place(network) == [job["id"]]
-    run(network, job["id"])
+    assert place(network) == [job.id]
+    run(network, job.id)
 
     err = refused(lambda: admin.request("DELETE", f"/v1/tenants/{tid}"), 409)
-    assert job["id"] in err.detail and "cancel them" in err.detail
+    assert job.id in err.detail and "cancel them" in err.detail
     assert err.errors == [{"field": "tenant_id", "message": err.detail}]
     assert admin.get(f"/v1/tenants/{tid}")["id"] == tid  # nothing changed
 
-    tenant.cancel(job["id"])  # ends the run: GPUs back, usage metered and charged
+    tenant.cancel(job.id)  # ends the run: GPUs back, usage metered and charged
     ledger = admin.get(f"/v1/tenants/{tid}/ledger")
     usage = admin.get(f"/v1/tenants/{tid}/usage")
     assert ledger["total_items"] >= 1 and Decimal(ledger["total"]) > 0
@@ -103,7 +103,7 @@ def test_deleting_a_tenant_with_live_jobs_is_a_409_and_without_a_soft_delete(
     # ...and its money trail stays, readable by admins.
     assert admin.get(f"/v1/tenants/{tid}/ledger") == ledger
     assert admin.get(f"/v1/tenants/{tid}/usage") == usage
-    assert admin.job(job["id"])["state"] == "CANCELLED"
+    assert admin.job(job.id).state == "CANCELLED"
     # The other tenant is untouched and cannot read it.
     refused(lambda: network.other.get(f"/v1/tenants/{tid}/ledger"), 404)
 
@@ -137,13 +137,13 @@ def test_job_args_the_spec_as_a_whole_refuses(network: Network) -> None:
     job = network.tenant.submit(
         spec(args={"lr": 0.05, "eval_every": 10, "outer_lr": 1.0, "outer_momentum": 0.0})
     )
-    assert job["spec"]["args"] == {
+    assert job.spec.args.model_dump(mode="json") == {
         "lr": 0.05,
         "eval_every": 10,
         "outer_lr": 1.0,
         "outer_momentum": 0.0,
     }
-    assert network.tenant.submit(spec(name="plain"))["spec"]["args"] == {}
+    assert network.tenant.submit(spec(name="plain")).spec.args.model_dump(mode="json") == {}
 
 
 def test_a_stored_job_with_old_free_form_args_still_reads_and_places(network: Network) -> None:
@@ -160,17 +160,19 @@ def test_a_stored_job_with_old_free_form_args_still_reads_and_places(network: Ne
         with engine.begin() as conn:
             conn.execute(
                 text("UPDATE jobs SET spec = :spec WHERE id = :id"),
-                {"spec": json.dumps(old_spec), "id": job["id"]},
+                {"spec": json.dumps(old_spec), "id": job.id},
             )
     finally:
         engine.dispose()
-    assert network.tenant.job(job["id"])["spec"]["args"] == old_spec["args"]
-    assert job["id"] in {j["id"] for j in network.tenant.jobs()}
-    assert place(network) == [job["id"]]
+    # read as the runtime reads it: the keys it would ignore ("anything", a negative
+    # eval_every) are left out, not served back
+    assert network.tenant.job(job.id).spec.args.model_dump(mode="json") == {"lr": 0.05}
+    assert job.id in {j.id for j in network.tenant.jobs()}
+    assert place(network) == [job.id]
     engine = make_engine(network.server.database_url)
     try:
         with make_sessionmaker(engine)() as s:
-            held = s.scalars(select(Allocation.gpus).where(Allocation.job_id == job["id"])).all()
+            held = s.scalars(select(Allocation.gpus).where(Allocation.job_id == job.id)).all()
     finally:
         engine.dispose()
     assert sum(held) == 2

@@ -1,8 +1,12 @@
-"""Job states and the transitions between them: the state machine's table, as data.
+"""Job and cluster states, as every layer names them; the job state machine's table, as data.
 
-Pure (no database): `controller.jobs.lifecycle.transition` is the one function that moves a job and
-refuses what this table does not allow. `JobState` is a StrEnum, so the stored strings, the
-REST API and the events keep the names they always had.
+Pure: `controller.jobs.lifecycle.transition` is the one function that moves a job and refuses
+what this table does not allow. The states are StrEnums, so the stored strings, the REST API
+and the events keep the names they always had.
+
+A cluster is PENDING until its agent's first heartbeat; READY while heartbeats arrive; SUSPECT
+after a few missed ones (it keeps its work and is still offered new work); DOWN once its
+lease's grace expired.
 """
 
 from __future__ import annotations
@@ -68,3 +72,14 @@ ACTIVE = (JobState.SCHEDULED, JobState.RUNNING)
 
 def can_move(from_state: JobState | str, to_state: JobState | str) -> bool:
     return JobState(to_state) in TRANSITIONS[JobState(from_state)]
+
+
+class ClusterState(StrEnum):
+    PENDING = "PENDING"
+    READY = "READY"
+    SUSPECT = "SUSPECT"
+    DOWN = "DOWN"
+
+
+LIVE = (ClusterState.READY, ClusterState.SUSPECT)
+"""The states of a cluster whose agent holds a lease: it runs work and is offered new work."""

@@ -1,0 +1,181 @@
+"""The plan: what the planner decided for a job, as one typed value.
+
+One model serves every place a decision travels: each option of a quote, the option a
+submission holds (`HeldPlan`), the placement the reconcile loop reserved GPUs for (stored on
+the job), and what the launcher reads back (compression, sync, the predicted step). Its JSON
+form is what the REST API shows and what the database stores; rows stored before this model
+existed parse with defaults (a quote option named its shares `placement`; a job's plan had
+no objective and no price).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+
+import scheduler
+from wire.spec import CompressionValue, SyncValue
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Share(_Value):
+    """GPUs of one cluster in a plan."""
+
+    cluster: str = Field(description="Cluster name.")
+    gpus: int
+    gpu_model: str | None = Field(
+        default=None,
+        description="GPU model, as the cluster's inventory names it (absent in older quotes).",
+    )
+
+
+class PlanEstimate(_Value):
+    """What the cost model predicts for the plan (seconds, bytes, money)."""
+
+    step_time_s: float = Field(description="Seconds per optimiser step.")
+    total_time_s: float = Field(description="Seconds for all steps.")
+    wan_bytes: int = Field(description="Bytes the job sends over WAN links in all.")
+    cost: float | None = Field(default=None, description="Total price; absent in older quotes.")
+    compute_s: float | None = Field(default=None, description="Compute seconds per step.")
+    intra_s: float | None = Field(default=None, description="In-cluster all-reduce per step.")
+    wan_s: float | None = Field(default=None, description="WAN exchange seconds per step.")
+    overhead_s: float | None = None
+    effective_steps: float | None = Field(
+        default=None, description="Steps times the compressor's and sync mode's efficiency."
+    )
+    ring: tuple[str, ...] = Field(default=(), description="Order of clusters on the WAN ring.")
+    step_overhead_s: float = Field(
+        default=0.0, description="Observed per-step overhead included in step_time_s."
+    )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def wan_gb(self) -> float:
+        return self.wan_bytes / 1e9
+
+
+class GpuCharge(_Value):
+    cluster: str
+    gpu_model: str | None = None
+    gpus: int
+    gpu_hours: float
+    price_per_gpu_hour: float
+    amount: float
+
+
+class EgressCharge(_Value):
+    src: str
+    dst: str
+    gb: float
+    price_per_gb: float
+    amount: float
+
+
+class PriceBreakdown(_Value):
+    """The estimated price, by cluster (GPU-hours) and by WAN link (egress)."""
+
+    total: float
+    gpu: tuple[GpuCharge, ...] = ()
+    egress: tuple[EgressCharge, ...] = ()
+    currency: str = "USD"
+
+
+class StageShare(_Value):
+    """One pipeline stage: its cluster and how many data-parallel replicas it has there."""
+
+    cluster: str
+    replicas: int = 1
+
+
+class Parallel(_Value):
+    """How the model is spread over the plan's GPUs, and why."""
+
+    mode: Literal["data", "pipeline", "hybrid"] = "data"
+    stages: tuple[StageShare, ...] = Field(
+        default=(), description="Pipeline stages in order (absent for data parallelism)."
+    )
+    micro_batches: int | None = None
+    bubble: float | None = Field(
+        default=None, description="The schedule's idle share, (S-1)/(M+S-1)."
+    )
+    model_gb: float | None = Field(
+        default=None,
+        description="Parameters, gradients and optimizer state of the whole model (GB).",
+    )
+    gpu_gb: dict[str, float] = Field(
+        default_factory=dict, description="Usable memory of one GPU per cluster (GB)."
+    )
+    reason: str = ""
+
+
+class JobPlan(_Value):
+    """Clusters and GPUs, compression, sync mode, parallelism, estimate, price, and why."""
+
+    objective: scheduler.Objective | None = Field(
+        default=None, description="What the planner optimised (absent in older job plans)."
+    )
+    clusters: tuple[Share, ...] = Field(description="GPUs per cluster.")
+    compression: CompressionValue
+    sync: SyncValue
+    estimate: PlanEstimate
+    price: PriceBreakdown | None = Field(
+        default=None, description="Estimated price; absent in older job plans."
+    )
+    explanation: tuple[str, ...] = Field(default=(), description="Why the planner chose this.")
+    parallel: Parallel = Field(
+        default_factory=Parallel,
+        description="Data, pipeline or hybrid parallelism (data in older plans).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_quote_shape(cls, data: Any) -> Any:
+        """Quote options stored before this model named their shares `placement`."""
+        if isinstance(data, dict) and "clusters" not in data and "placement" in data:
+            return {**data, "clusters": data["placement"]}
+        return data
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="The same shares as `clusters`, under the name quote options first used."
+    )
+    @property
+    def placement(self) -> tuple[Share, ...]:
+        return self.clusters
+
+    @property
+    def gpus(self) -> int:
+        return sum(s.gpus for s in self.clusters)
+
+    def assignments(
+        self, origins: Mapping[str, tuple[str, str]]
+    ) -> tuple[scheduler.Assignment, ...]:
+        """The plan in the scheduler's names: `origins` maps a snapshot cluster to its
+        (cluster, GPU model); a share without a GPU model already has the snapshot's name. A
+        share whose GPUs the snapshot no longer offers gets a name the planner refuses."""
+        names = {origin: name for name, origin in origins.items()}
+        return tuple(
+            scheduler.Assignment(
+                names.get((s.cluster, s.gpu_model), f"{s.cluster}/{s.gpu_model}")
+                if s.gpu_model
+                else s.cluster,
+                s.gpus,
+            )
+            for s in self.clusters
+        )
+
+
+class HeldPlan(JobPlan):
+    """The quote option a job was submitted with: its placement and price are held."""
+
+    quote_id: str
+
+
+class QuoteOptions(_Value):
+    """A quote's options, as stored: fastest, cheapest, cheapest within the deadline."""
+
+    options: tuple[JobPlan, ...]
