@@ -28,6 +28,7 @@ COPY training ./training
 COPY migrations ./migrations
 COPY grammar ./grammar
 COPY testbed ./testbed
+COPY wire ./wire
 RUN pip install -c constraints.txt '.[s3]' \
  && python -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__"
 

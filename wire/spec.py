@@ -14,12 +14,11 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
-    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
+    field_serializer,
     field_validator,
-    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -99,7 +98,9 @@ def _task_args_fit(value: Any, info: ValidationInfo) -> Any:
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # One JSON schema a model, the one a submission is checked against: a job shows its spec
+    # in the same shape, so clients see one `JobSpec`, not an input and an output variant.
+    model_config = ConfigDict(extra="forbid", json_schema_mode_override="validation")
 
 
 class Work(_In):
@@ -275,10 +276,9 @@ class TrainArgs(_In):
                 kept[key] = value
         return handler(kept)
 
-    @model_serializer(mode="wrap")
-    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Only the knobs given: `{}` when none, as free-form args were stored."""
-        return {k: v for k, v in handler(self).items() if v is not None}
+    def given(self) -> dict[str, Any]:
+        """Only the knobs given, as JSON: `{}` when none, as free-form args were stored."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
 
     def runtime(self) -> dict[str, Any]:
         """The knobs given, as `training.TrainSpec` keyword arguments."""
@@ -434,6 +434,11 @@ class JobSpec(_In):
                     f"pipeline.stages: a pipeline runs one GPU per stage; {count} stage(s) "
                     f"need gpus: {count}, not {self.gpus}"
                 )
+
+    @field_serializer("args")
+    def _given_args(self, args: TrainArgs) -> dict[str, Any]:
+        """The args as stored: only the knobs given (`TrainArgs.given`)."""
+        return args.given()
 
     @property
     def gpu_range(self) -> tuple[int, int]:
