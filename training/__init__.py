@@ -1,7 +1,9 @@
-"""Execution layer: compressed-gradient data parallelism across clusters on Ray actors.
+"""Execution layer: training across clusters on Ray actors, data parallel (compressed and
+loosely synchronised between clusters) or as a pipeline of stages (and hybrid).
 
-`run(TrainSpec(...), on_progress, should_stop) -> TrainReport` is the library entry for the
-controller and the CLI; importing this package stays light (torch and Ray load on `run`).
+`run(spec, on_progress, should_stop) -> TrainReport` is the one entry for the controller and
+the CLI, for a `TrainSpec` or a `training.pipeline.PipelineSpec`; importing this package stays
+light (torch and Ray load on `run`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from training.results import WanBytes
 from training.spec import LinkSpec, Progress, TrainReport, TrainSpec
 
 if TYPE_CHECKING:
+    from training.pipeline.spec import PipelineSpec
     from training.runner import WorkerPool
 
 __all__ = [
@@ -28,12 +31,17 @@ __all__ = [
 
 
 def run(
-    spec: TrainSpec,
+    spec: TrainSpec | PipelineSpec,
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     pool: WorkerPool | None = None,
 ) -> TrainReport:
-    """Run a training job to the end; see `training.runner.run`."""
-    from training.runner import run as _run
+    """Run a training job to the end: `training.runner.run` for data parallelism (`pool`
+    keeps its workers for the next run), `training.pipeline.report.run` for a pipeline."""
+    if isinstance(spec, TrainSpec):
+        from training.runner import run as data_parallel
 
-    return _run(spec, on_progress, should_stop, pool)
+        return data_parallel(spec, on_progress, should_stop, pool)
+    from training.pipeline.report import run as pipelined
+
+    return pipelined(spec, on_progress, should_stop)

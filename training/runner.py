@@ -1,6 +1,8 @@
-"""The driver of a training run: places one Ray actor per worker on its cluster, steps them in
-segments, reports progress, and on a lost worker restarts the whole group from the newest
-checkpoint (possibly on a different set of clusters when the caller resumes elastically).
+"""The driver of a data-parallel run, in the shape of Ray Train v2's controller: a
+`WorkerGroup` (one Ray actor per worker, pinned to its cluster) is created, set up, stepped a
+segment at a time and shut down; `run` wraps it in a short restart loop that, on a lost
+worker, starts a new group from the newest checkpoint (possibly on other clusters when the
+caller resumes elastically).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from training.placement import cluster_resource
+from training.ray_actors import check_capacity, ensure_ray, kill, local_resources, wait_all
 from training.results import ExchangeCounters, SegmentResult
 from training.spec import Progress, TrainReport, TrainSpec
 
-SEGMENT_TIMEOUT_S = 900.0
+__all__ = ["WorkerGroup", "WorkerPool", "local_resources", "run"]
 
 
 class WorkerPool:
@@ -35,74 +38,102 @@ class WorkerPool:
     def give(self, key: tuple[Any, ...], actors: list[Any]) -> None:
         old = self._idle.pop(key, None)
         for a in old or []:
-            _kill(a)
+            kill(a)
         self._idle[key] = actors
 
     def close(self) -> None:
         for actors in self._idle.values():
             for a in actors:
-                _kill(a)
+                kill(a)
         self._idle.clear()
 
 
-def _kill(actor: Any) -> None:
-    import ray
+class WorkerGroup:
+    """The workers of one attempt of a run: created (or taken from a pool), set up (the
+    process group formed, the model built or restored), stepped a segment at a time, and shut
+    down (closed and given back to the pool, or killed)."""
 
-    ray.kill(actor, no_restart=True)
+    def __init__(self, spec: TrainSpec, ifname: str | None, actors: list[Any], reused: bool):
+        self.spec, self.ifname = spec, ifname
+        self.actors = actors
+        self.reused = reused
+        self.ranks = ranks_of(spec)
 
+    @classmethod
+    def create(
+        cls, spec: TrainSpec, ifname: str | None, name: str, pool: WorkerPool | None = None
+    ) -> WorkerGroup:
+        """One actor per worker on its cluster's resource, or a pool's idle ones for the
+        same placement. `name` prefixes the actors' names (unique per attempt)."""
+        import ray
 
-def local_resources(clusters: dict[str, int]) -> dict[str, float]:
-    """Custom resources a local Ray needs so each cluster can hold its workers."""
-    return {cluster_resource(c): float(n) for c, n in clusters.items()}
+        from training.worker import Worker
 
+        ranks = ranks_of(spec)
+        reused = pool.take(pool_key(spec, ifname)) if pool is not None else None
+        if reused:
+            return cls(spec, ifname, reused, True)
+        remote: Any = ray.remote(Worker)
+        actors = [
+            remote.options(
+                name=f"{name}-w{rank}",
+                num_cpus=0,
+                num_gpus=spec.gpus_per_worker,
+                resources={cluster_resource(c): 1.0},
+                max_restarts=0,
+            ).remote(spec, rank, ranks, ifname)
+            for rank, c in enumerate(ranks)
+        ]
+        return cls(spec, ifname, actors, False)
 
-def _ensure_ray(spec: TrainSpec) -> tuple[bool, bool]:
-    """Connect or start Ray; (started_here, is_local)."""
-    import ray
+    def setup(self, resume_step: int | None) -> int:
+        """Form the process group and build (or restore) the model; the step it starts at."""
+        import ray
 
-    if ray.is_initialized():
-        return False, spec.ray_address is None
-    address = spec.ray_address or os.environ.get("CPN_RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-        return True, False
-    ray.init(
-        num_cpus=spec.ray_num_cpus or os.cpu_count() or 1,
-        resources=local_resources(spec.clusters),
-        include_dashboard=False,
-        log_to_driver=False,
-    )
-    return True, True
-
-
-def _check_capacity(spec: TrainSpec) -> None:
-    import ray
-
-    have = ray.cluster_resources()
-    for c, n in spec.clusters.items():
-        res = cluster_resource(c)
-        if have.get(res, 0.0) < n:
-            raise ValueError(
-                f"clusters: cluster {c!r} needs {n} worker slot(s) but Ray offers "
-                f"{have.get(res, 0.0):g} of resource {res!r}; start the node with "
-                f"--resources '{{\"{res}\": {n}}}' or ask for fewer workers"
+        if self.reused:
+            wait_all(
+                [
+                    a.reinit.remote(self.spec, rank, self.ranks, self.ifname)
+                    for rank, a in enumerate(self.actors)
+                ]
             )
+        master, port = ray.get(self.actors[0].address.remote(), timeout=300)
+        step: int = wait_all([a.setup.remote(master, port, resume_step) for a in self.actors])[0]
+        return step
+
+    def run_segment(self, until: int) -> list[SegmentResult]:
+        """Train every worker to step `until`; rank 0 evaluates. The results in rank order."""
+        return wait_all([a.run.remote(until, rank == 0) for rank, a in enumerate(self.actors)])
+
+    def evaluate(self, last: SegmentResult) -> SegmentResult:
+        """`last` with the model's quality now (a run stopped between evaluations)."""
+        import ray
+
+        ev = ray.get(self.actors[0].evaluate.remote())
+        return replace(last, accuracy=ev.accuracy, eval_loss=ev.loss)
+
+    def shutdown(self, pool: WorkerPool | None = None) -> None:
+        """Close every worker; into `pool` for the next run on this placement, else ended."""
+        import ray
+
+        ray.get([a.close.remote() for a in self.actors], timeout=60)
+        if pool is not None:
+            pool.give(pool_key(self.spec, self.ifname), self.actors)
+        else:
+            self.kill()
+
+    def kill(self) -> None:
+        for a in self.actors:
+            kill(a)
 
 
-def _wait_all(refs: list[Any]) -> list[Any]:
-    """Results of all refs; raises as soon as any fails (a dead worker blocks the others)."""
-    import ray
+def ranks_of(spec: TrainSpec) -> list[str]:
+    """Each rank's cluster: the clusters' workers in order."""
+    return [c for c, n in spec.clusters.items() for _ in range(n)]
 
-    pending = list(refs)
-    deadline = time.monotonic() + SEGMENT_TIMEOUT_S
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"workers made no progress for {SEGMENT_TIMEOUT_S:.0f} s")
-        ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
-        for r in ready:
-            ray.get(r)
-    return list(ray.get(refs))
+
+def pool_key(spec: TrainSpec, ifname: str | None) -> tuple[Any, ...]:
+    return (tuple(ranks_of(spec)), spec.gpus_per_worker, ifname)
 
 
 def _validate(spec: TrainSpec) -> None:
@@ -127,7 +158,6 @@ def run(
     import ray
 
     from training.checkpoint import check_identity, open_store
-    from training.worker import Worker
 
     _validate(spec)
     store = open_store(spec.checkpoint) if spec.checkpoint else None
@@ -151,12 +181,11 @@ def run(
 
     check_resume(resume_step)
     resumed_from = resume_step
-    started, local = _ensure_ray(spec)
+    started, local = ensure_ray(spec)
     ifname = spec.gloo_ifname or os.environ.get("CPN_GLOO_IFNAME") or ("lo" if local else None)
     run_id = uuid.uuid4().hex[:8]
-    ranks_cluster = [c for c, n in spec.clusters.items() for _ in range(n)]
+    ranks_cluster = ranks_of(spec)
     seg = spec.eval_every or max(1, spec.steps // 20)
-    remote_worker: Any = ray.remote(Worker)
     base_compute, base_comm = 0.0, 0.0
     base_wan = ExchangeCounters()  # earlier attempts' totals (a restart zeroes the workers')
     last: SegmentResult | None = None
@@ -166,44 +195,23 @@ def run(
     stopped = False
     t0: float | None = None
     try:
-        _check_capacity(spec)
-        while True:
-            key = (tuple(ranks_cluster), spec.gpus_per_worker, ifname)
-            reused = pool.take(key) if (pool is not None and restarts == 0) else None
-            actors: list[Any] = reused or [
-                remote_worker.options(
-                    name=f"cpn-{run_id}-{restarts}-w{rank}",
-                    num_cpus=0,
-                    num_gpus=spec.gpus_per_worker,
-                    resources={cluster_resource(c): 1.0},
-                    max_restarts=0,
-                ).remote(spec, rank, ranks_cluster, ifname)
-                for rank, c in enumerate(ranks_cluster)
-            ]
+        check_capacity(spec)
+        while True:  # one attempt a pass: a lost worker ends it, the next resumes
+            group = WorkerGroup.create(
+                spec, ifname, f"cpn-{run_id}-{restarts}", pool if restarts == 0 else None
+            )
             last = None
-            kept = False
+            ended = False
             try:
-                if reused:
-                    _wait_all(
-                        [
-                            a.reinit.remote(spec, rank, ranks_cluster, ifname)
-                            for rank, a in enumerate(actors)
-                        ]
-                    )
-                master, port = ray.get(actors[0].address.remote(), timeout=300)
-                step = _wait_all([a.setup.remote(master, port, resume_step) for a in actors])[0]
+                step = group.setup(resume_step)
                 if t0 is None:
                     t0 = time.perf_counter()
                 while step < spec.steps:
                     if should_stop is not None and should_stop():
                         stopped = True
                         break
-                    until = min(step + seg, spec.steps)
-                    results: list[SegmentResult] = _wait_all(
-                        [a.run.remote(until, rank == 0) for rank, a in enumerate(actors)]
-                    )
-                    last = results[0]
-                    last_all = results
+                    results = group.run_segment(min(step + seg, spec.steps))
+                    last, last_all = results[0], results
                     step = last.step
                     wall = time.perf_counter() - t0
                     wan = base_wan + last.wan
@@ -238,12 +246,9 @@ def run(
                             )
                         )
                 if stopped and last is not None and last.accuracy is None:
-                    ev = ray.get(actors[0].evaluate.remote())
-                    last = replace(last, accuracy=ev.accuracy, eval_loss=ev.loss)
-                ray.get([a.close.remote() for a in actors], timeout=60)
-                if pool is not None:
-                    pool.give(key, actors)
-                    kept = True
+                    last = group.evaluate(last)
+                group.shutdown(pool)
+                ended = True
                 break
             except (ray.exceptions.RayError, TimeoutError) as exc:
                 if store is not None:  # a later attempt took over: stop, don't restart
@@ -261,9 +266,8 @@ def run(
                 resume_step = found[-1] if found else None
                 check_resume(resume_step)
             finally:
-                if not kept:
-                    for a in actors:
-                        _kill(a)
+                if not ended:
+                    group.kill()
     finally:
         if started:
             ray.shutdown()

@@ -32,6 +32,18 @@ class Share(_Value):
         default=None,
         description="GPU model, as the cluster's inventory names it (absent in older quotes).",
     )
+    region: str | None = Field(
+        default=None, description="The cluster's region when planned (absent in older plans)."
+    )
+
+
+class PlannedLink(_Value):
+    """A WAN link between two of the plan's clusters, as the planner saw it."""
+
+    src: str
+    dst: str
+    bandwidth_gbps: float
+    rtt_ms: float
 
 
 class PlanEstimate(_Value):
@@ -130,6 +142,11 @@ class JobPlan(_Value):
     parallel: Parallel = Field(
         default_factory=Parallel,
         description="Data, pipeline or hybrid parallelism (data in older plans).",
+    )
+    links: tuple[PlannedLink, ...] = Field(
+        default=(),
+        description="The WAN links between its clusters that it was planned over, one a pair "
+        "(the run emulates these where the WAN is emulated; absent in older plans).",
     )
 
     @model_validator(mode="before")

@@ -8,10 +8,8 @@ resource per cluster, sized from the inventory, so each worker is pinned to its 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,16 +21,15 @@ from controller.access import scrub
 from controller.jobs import lifecycle
 from controller.jobs.request import spec_of
 from controller.loop.runs import RunHandle
-from controller.network.resources import effective_links
-from controller.store.models import Allocation, Cluster, Job, Link, utcnow
+from controller.store.models import Allocation, Cluster, Job, utcnow
 from controller.values.tasks import builtin_work
 from grammar.states import ACTIVE
-from training import LinkSpec, Progress, TrainReport, TrainSpec, WanBytes
+from training import LinkSpec, TrainSpec
 from training.location import child, is_object_store
 from wire.spec import JobSpec
 
 if TYPE_CHECKING:
-    from training.pipeline.spec import PipelineReport, PipelineSpec, StageResult
+    from training.pipeline.spec import PipelineSpec
 
 log = logging.getLogger("cpn.launcher")
 
@@ -132,7 +129,7 @@ def launch(
             return None
         # the job's own part first: what fails here is the job's, before Ray is touched
         spec = spec_of(job)
-        train_spec = train_spec_of(session, config, job, spec, clusters)
+        train_spec = train_spec_of(config, job, spec, clusters)
         pipeline = pipeline_spec_of(job, spec, train_spec)
         if pipeline is not None:
             train_spec = pipeline.train
@@ -161,7 +158,10 @@ def launch(
         )
         lifecycle.begin_run(session, job, message, clusters)
     thread = threading.Thread(
-        target=_run, args=(handle, train_spec, pipeline), name=f"cpn-job-{job_id[:8]}", daemon=True
+        target=_run,
+        args=(handle, train_spec if pipeline is None else pipeline),
+        name=f"cpn-job-{job_id[:8]}",
+        daemon=True,
     )
     thread.start()
     log.info("job %s: %s", job_id, message)
@@ -177,12 +177,12 @@ def _work(spec: JobSpec) -> float:
 
 
 def train_spec_of(
-    session: Session, config: LauncherConfig, job: Job, spec: JobSpec, clusters: dict[str, int]
+    config: LauncherConfig, job: Job, spec: JobSpec, clusters: dict[str, int]
 ) -> TrainSpec:
-    """What the workers are asked to do: the spec's task and arguments, the plan's compression
-    and sync (unless the spec fixed them), the links to emulate, each cluster's region (so
-    `async-ps` runs a server per region when the placement spans regions), where to
-    checkpoint."""
+    """What the workers are asked to do: the spec's task and arguments, and from the plan its
+    compression and sync (unless the spec fixed them), the links it was planned over (to
+    emulate), each cluster's region (so `async-ps` runs a server per region when the
+    placement spans regions); where to checkpoint."""
     from training.checkpoint import open_store
 
     plan = job.placement
@@ -197,30 +197,13 @@ def train_spec_of(
     store.prepare()
     resume = bool(store.steps())
     links: list[LinkSpec] = []
-    if config.emulate_wan and not config.ray_address and len(clusters) > 1:
-        ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())
-        wanted = {ids[c] for c in clusters}
-        rows = (
-            session.scalars(
-                select(Link).where(Link.src_cluster_id.in_(wanted), Link.dst_cluster_id.in_(wanted))
-            )
-            .unique()
-            .all()
-        )
-        seen: set[frozenset[str]] = set()
-        for link in effective_links(rows):
-            pair = frozenset((link.src.name, link.dst.name))
-            if pair in seen:
-                continue
-            seen.add(pair)
-            links.append(
-                LinkSpec(link.src.name, link.dst.name, link.bandwidth_gbps * 1000, link.rtt_ms)
-            )
-    regions = dict(
-        session.execute(
-            select(Cluster.name, Cluster.region).where(Cluster.name.in_(list(clusters)))
-        ).all()
-    )
+    if plan is not None and config.emulate_wan and not config.ray_address and len(clusters) > 1:
+        links = [
+            LinkSpec(k.src, k.dst, k.bandwidth_gbps * 1000, k.rtt_ms)
+            for k in plan.links
+            if k.src in clusters and k.dst in clusters
+        ]
+    regions = {s.cluster: s.region for s in (plan.clusters if plan else ()) if s.region is not None}
     every = spec.args.checkpoint_every
     return TrainSpec(
         task=spec.task,
@@ -282,122 +265,11 @@ def _stages_text(spec: PipelineSpec) -> str:
     return f"{mode}: {p.stages} stages, {spec.micro_batches} micro-batches, {spec.schedule}"
 
 
-def stage_progress(
-    spec: PipelineSpec,
-    step: int,
-    results: list[StageResult],
-    wall_s: float,
-    last_loss: float = 0.0,
-) -> Progress:
-    """A segment of a pipeline run as the controller's progress report: the activation bytes
-    so far per link are what `controller.loop.progress` meters, like a data-parallel run's WAN
-    bytes; compute and wait are the slowest stage replica's. The loss is the last stage's;
-    without it, `last_loss` (the previous report's: JSON columns refuse NaN)."""
-    wan = WanBytes()
-    raw = 0
-    compute: dict[str, float] = {}
-    for r in results:
-        wan = wan + r.wan
-        raw += r.raw_bytes
-        compute[r.cluster] = max(compute.get(r.cluster, 0.0), r.compute_s)
-    loss = next((r.loss for r in results if r.loss is not None), None)
-    return Progress(
-        step=step,
-        total_steps=spec.train.steps,
-        loss=last_loss if loss is None else loss,
-        accuracy=None,
-        wall_s=wall_s,
-        compute_s=max((r.compute_s for r in results), default=0.0),
-        comm_s=max((r.wait_s for r in results), default=0.0),
-        wan_bytes=wan,
-        wan_bytes_total=wan.total,
-        compression_ratio=raw / wan.total if wan.total else 1.0,
-        compression=spec.activations,
-        compute_by_cluster=compute,
-    )
-
-
-def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
-    """A pipeline run's report in the data-parallel report's shape (what settlement stores);
-    the pipeline's own figures go in `sync_stats`."""
-    wan = report.activation_bytes
-    clusters: dict[str, int] = {}
-    for c in report.stage_clusters:
-        clusters[c] = clusters.get(c, 0) + report.replicas
-    return TrainReport(
-        task=report.task,
-        clusters=clusters,
-        compression=report.activations,
-        sync=spec.train.sync,
-        steps=report.steps,
-        final_loss=report.final_loss,
-        final_accuracy=report.final_accuracy,
-        final_eval_loss=report.final_eval_loss,
-        wall_s=report.wall_s,
-        compute_s=max(report.stage_compute_s, default=0.0),
-        comm_s=max(report.stage_wait_s, default=0.0),
-        wan_s=0.0,
-        wan_bytes=wan,
-        wan_bytes_total=wan.total,
-        compression_ratio=report.compression_ratio,
-        wan_emulated=report.wan_emulated,
-        links=[],
-        restarts=0,
-        resumed_from_step=report.resumed_from_step,
-        stopped=report.steps < spec.train.steps,
-        history=[{k: v for k, v in h.items() if v is not None} for h in report.history],
-        sync_stats={
-            "stages": float(len(report.stage_clusters)),
-            "replicas": float(report.replicas),
-            "micro_batches": float(report.micro_batches),
-            "bubble_fraction": report.bubble_fraction,
-            "measured_bubble": report.measured_bubble,
-        },
-    )
-
-
-def _run_pipeline(handle: RunHandle, spec: PipelineSpec) -> TrainReport:
-    from training.pipeline import run_pipeline
-
-    t0 = time.perf_counter()
-    last = [0.0]
-
-    def segment(step: int, results: list[StageResult]) -> None:
-        p = stage_progress(spec, step, results, time.perf_counter() - t0, last[0])
-        last[0] = p.loss
-        handle.on_progress(p)
-
-    report = run_pipeline(spec, on_results=segment, should_stop=handle.should_stop)
-    out = report_of(spec, report)
-    # the final evaluation's forward pass crossed the links too: metered with the rest
-    handle.on_progress(
-        Progress(
-            step=out.steps,
-            total_steps=spec.train.steps,
-            loss=last[0] if math.isnan(out.final_loss) else out.final_loss,
-            accuracy=None if math.isnan(out.final_accuracy) else out.final_accuracy,
-            wall_s=out.wall_s,
-            compute_s=out.compute_s,
-            comm_s=out.comm_s,
-            wan_bytes=out.wan_bytes,
-            wan_bytes_total=out.wan_bytes_total,
-            compression_ratio=out.compression_ratio,
-            compression=out.compression,
-        )
-    )
-    return out
-
-
-def _run(handle: RunHandle, train_spec: TrainSpec, pipeline: PipelineSpec | None = None) -> None:
+def _run(handle: RunHandle, spec: TrainSpec | PipelineSpec) -> None:
     try:
         from training import run
 
-        if pipeline is not None:
-            handle.report = _run_pipeline(handle, pipeline)
-        else:
-            handle.report = run(
-                train_spec, on_progress=handle.on_progress, should_stop=handle.should_stop
-            )
+        handle.report = run(spec, on_progress=handle.on_progress, should_stop=handle.should_stop)
     except BaseException as exc:  # reported to the loop, which settles it
         handle.error = exc
     finally:

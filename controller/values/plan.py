@@ -4,7 +4,7 @@ the plan from the planner's result.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 
 import scheduler
@@ -20,6 +20,7 @@ from wire.plan import (
     JobPlan,
     Parallel,
     PlanEstimate,
+    PlannedLink,
     PriceBreakdown,
     Share,
     StageShare,
@@ -220,6 +221,28 @@ def pipeline_estimate(
     return estimate, PriceBreakdown(total=round(est.cost, 6), gpu=gpu, egress=tuple(egress)), why
 
 
+def planned_links(
+    snapshot: scheduler.Snapshot,
+    names: Sequence[str],
+    origin: Callable[[str], tuple[str, str | None]],
+) -> tuple[PlannedLink, ...]:
+    """The snapshot's links between the clusters of `names` (snapshot names), one for each
+    pair of distinct clusters, in their clusters' names: a cluster offering several GPU
+    models is several snapshot names, with no WAN between them."""
+    out: dict[tuple[str, str], PlannedLink] = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            src, dst = sorted((origin(a)[0], origin(b)[0]))
+            if src == dst or (src, dst) in out:
+                continue
+            link = snapshot.link(a, b) or snapshot.link(b, a)
+            if link is not None:
+                out[(src, dst)] = PlannedLink(
+                    src=src, dst=dst, bandwidth_gbps=link.bandwidth_gbps, rtt_ms=link.rtt_ms
+                )
+    return tuple(out[k] for k in sorted(out))
+
+
 def plan_of(
     result: scheduler.Plan,
     snapshot: scheduler.Snapshot,
@@ -245,8 +268,9 @@ def plan_of(
     shares = []
     for a in result.placement:
         cluster, model = origin(a.cluster)
-        price = snapshot.by_name[a.cluster].price(qos_class)
-        shares.append(Share(cluster=cluster, gpus=a.gpus, gpu_model=model))
+        planned = snapshot.by_name[a.cluster]
+        price = planned.price(qos_class)
+        shares.append(Share(cluster=cluster, gpus=a.gpus, gpu_model=model, region=planned.region))
         gpu.append(
             GpuCharge(
                 cluster=cluster,
@@ -302,6 +326,7 @@ def plan_of(
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),
+        links=planned_links(snapshot, [a.cluster for a in result.placement], origin),
         parallel=parallel,
         compression=result.compression,
         sync=result.sync,

@@ -38,7 +38,7 @@ def _launched(net: Net, sync: str, gpus: int) -> tuple[dict[str, int], dict[str,
     with net.sessions() as s:
         job = s.get(Job, job_id)
         assert job is not None
-        train = train_spec_of(s, net.launcher.config, job, spec, net.held(job_id))
+        train = train_spec_of(net.launcher.config, job, spec, net.held(job_id))
     train.validate()
     return train.clusters, train.regions
 
@@ -56,3 +56,22 @@ def test_a_job_placed_in_one_region_names_only_its_clusters(net: Net) -> None:
     clusters, regions = _launched(net, "async-ps:4", gpus=1)
     assert len(clusters) == 1 and set(regions) == set(clusters)
     assert len(region_groups(list(clusters), regions)) == 1  # flat
+
+
+def test_the_run_emulates_the_links_its_plan_was_made_over(net: Net) -> None:
+    """The plan records the links it was planned over; the launch emulates those, not what
+    the links table says later (a link re-declared after placement changes no placed run)."""
+    spec = JobSpec(name="dp", task=TASK, gpus=3, steps=20, compression="none", sync="every-step")
+    job_id = net.submit(net.tenant("acme"), spec)
+    assert net.place() == [job_id]
+    net.link("ash", "fra", gbps=0.1, rtt_ms=300.0)  # after the plan was made
+    with net.sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.placement is not None
+        planned = {(k.src, k.dst): (k.bandwidth_gbps, k.rtt_ms) for k in job.placement.links}
+        train = train_spec_of(net.launcher.config, job, spec, net.held(job_id))
+    assert planned == {("ash", "fra"): (1.0, 80.0), ("ash", "nyc"): (10.0, 2.0),
+                       ("fra", "nyc"): (1.0, 80.0)}  # fmt: skip
+    assert {(k.a, k.b): (k.mbps, k.rtt_ms) for k in train.links} == {
+        pair: (gbps * 1000, rtt) for pair, (gbps, rtt) in planned.items()
+    }

@@ -625,7 +625,7 @@ def test_a_stored_job_with_old_free_form_args_still_loads_and_runs(books: Books)
         spec = spec_of(row)
         assert spec.args.lr == 0.05 and spec.args.eval_every is None and spec.args.seed is None
         clusters = {"a": 2}
-        train = train_spec_of(s, books.launcher.config, row, spec, clusters)
+        train = train_spec_of(books.launcher.config, row, spec, clusters)
     assert train.lr == 0.05 and train.eval_every == 0 and train.seed == 0  # runtime defaults
     assert train.checkpoint_every == 10
 
@@ -655,7 +655,7 @@ def test_typed_args_reach_the_runtime(books: Books) -> None:
         )
         s.add(row)
         s.flush()
-        train = train_spec_of(s, books.launcher.config, row, spec_of(row), {"a": 2})
+        train = train_spec_of(books.launcher.config, row, spec_of(row), {"a": 2})
     assert (train.batch_size, train.lr, train.seed, train.eval_every) == (64, 0.2, 3, 5)
     assert (train.checkpoint_every, train.outer_lr, train.outer_momentum) == (0, 1.0, 0.0)
     train.validate()

@@ -19,11 +19,12 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import select, update
 
-from controller.loop.ray_run import pipeline_spec_of, report_of, stage_progress, train_spec_of
+from controller.loop.ray_run import pipeline_spec_of, train_spec_of
 from controller.store.models import Cluster, Job, JobEvent, Usage
 from controller.values.plan import keep_stages
 from grammar.states import JobState
 from tests.controller.world import Net, progress, report
+from training.pipeline.report import report_of, stage_progress
 from training.pipeline.spec import PipelineReport, StageResult
 from training.results import WanBytes
 from wire.spec import JobSpec, Work, stored_spec
@@ -92,7 +93,7 @@ def _pipeline_of(net: Net, job: Job) -> Any:
     with net.sessions() as s:
         fresh = s.get(Job, job.id)
         assert fresh is not None
-        train = train_spec_of(s, net.launcher.config, fresh, spec, net.held(job.id))
+        train = train_spec_of(net.launcher.config, fresh, spec, net.held(job.id))
     return pipeline_spec_of(job, spec, train)
 
 

@@ -74,11 +74,14 @@ def test_an_old_job_plan_parses_with_defaults() -> None:
     assert plan.gpus == 8 and plan.estimate.compute_s == 0.2
     assert plan.estimate.ring == ("eu-west", "us-east")
     out = plan.model_dump(mode="json")
-    # what the API shows keeps every key it showed, plus the quote's name for the shares
+    # what the API shows keeps every key it showed, plus the quote's name for the shares and
+    # what later plans record (a share's region, the links): unknown in an old plan
     assert {k: out[k] for k in OLD_JOB_PLAN} == {
         **OLD_JOB_PLAN,
+        "clusters": [{**c, "region": None} for c in OLD_JOB_PLAN["clusters"]],
         "estimate": {**OLD_JOB_PLAN["estimate"], "wan_gb": 0.123456789},
     }
+    assert out["links"] == []
     assert out["placement"] == out["clusters"]
 
 
@@ -191,7 +194,8 @@ def test_plans_are_stored_without_their_computed_fields(db_url: str) -> None:
                 sa.select(plain.c.placement).where(plain.c.id == job_id)
             ).scalar()
             to_state = conn.scalar(sa.text("SELECT to_state FROM job_events"))
-        assert stored["clusters"] == OLD_JOB_PLAN["clusters"] and "placement" not in stored
+        assert stored["clusters"] == [{**c, "region": None} for c in OLD_JOB_PLAN["clusters"]]
+        assert "placement" not in stored
         assert "wan_gb" not in stored["estimate"] and stored["price"] is None
         assert to_state == "PENDING"
     finally:

@@ -18,8 +18,8 @@ from typing import Any
 from training.pipeline.schedule import bubble_fraction
 from training.pipeline.spec import PipelineReport, PipelineSpec, StageResult
 from training.placement import cluster_resource
+from training.ray_actors import check_capacity, ensure_ray, kill, wait_all
 from training.results import WanBytes
-from training.runner import _check_capacity, _ensure_ray, _kill, _wait_all
 from training.spec import TrainSpec
 
 
@@ -40,7 +40,7 @@ class StagePool:
     def close(self) -> None:
         for actors in self._idle.values():
             for a in actors:
-                _kill(a)
+                kill(a)
         self._idle.clear()
 
 
@@ -99,7 +99,7 @@ def run_pipeline(
     )
     spec = replace(spec, train=with_run(spec.train, found))
     t = spec.train
-    started, local = _ensure_ray(t)
+    started, local = ensure_ray(t)
     ifname = t.gloo_ifname or os.environ.get("CPN_GLOO_IFNAME") or ("lo" if local else None)
     run_id = uuid.uuid4().hex[:8]
     p = spec.placement
@@ -107,7 +107,7 @@ def run_pipeline(
     actors: list[Any] = []
     kept = False
     try:
-        _check_capacity(t)
+        check_capacity(t)
         reused = []
         for rank in range(p.world):
             actor = pool.take(p.cluster_of(rank)) if pool is not None else None
@@ -122,9 +122,9 @@ def run_pipeline(
                     max_restarts=0,
                 ).remote(spec, rank, ifname)
             actors.append(actor)
-        _wait_all(reused)
+        wait_all(reused)
         master, port = ray.get(actors[0].address.remote(), timeout=300)
-        cuts: tuple[int, ...] = _wait_all(
+        cuts: tuple[int, ...] = wait_all(
             [a.setup.remote(master, port, found.step) for a in actors]
         )[0]
         seg = t.eval_every or max(1, t.steps // 10)
@@ -135,7 +135,7 @@ def run_pipeline(
         loss: float | None = None
         while step < t.steps:
             step = min(step + seg, t.steps)
-            results = _wait_all([a.run.remote(step) for a in actors])
+            results = wait_all([a.run.remote(step) for a in actors])
             loss = next((r.loss for r in results if r.loss is not None), None)
             history.append({"wall_s": time.perf_counter() - t0, "step": step, "loss": loss})
             if on_segment is not None:
@@ -144,8 +144,8 @@ def run_pipeline(
                 on_results(step, results)
             if should_stop is not None and should_stop():
                 break
-        evals = _wait_all([a.evaluate.remote() for a in actors])
-        results = _wait_all([a.result.remote() for a in actors])  # the eval pass's bytes too
+        evals = wait_all([a.evaluate.remote() for a in actors])
+        results = wait_all([a.result.remote() for a in actors])  # the eval pass's bytes too
         wall = time.perf_counter() - t0
         final = next((e for e in evals if e is not None), None)
         compute, wait, params, wan, raw, measured = summarize(spec, results, cuts)
@@ -163,7 +163,7 @@ def run_pipeline(
     finally:
         if not kept:
             for a in actors:
-                _kill(a)
+                kill(a)
         if started and not kept:
             ray.shutdown()
     return PipelineReport(

@@ -1,0 +1,73 @@
+"""What every run on Ray shares, data parallel or pipelined: Ray started or joined, the
+clusters' worker slots checked, a group of actors' results awaited, an actor ended."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from training.placement import cluster_resource
+from training.spec import TrainSpec
+
+SEGMENT_TIMEOUT_S = 900.0
+
+
+def kill(actor: Any) -> None:
+    import ray
+
+    ray.kill(actor, no_restart=True)
+
+
+def local_resources(clusters: dict[str, int]) -> dict[str, float]:
+    """Custom resources a local Ray needs so each cluster can hold its workers."""
+    return {cluster_resource(c): float(n) for c, n in clusters.items()}
+
+
+def ensure_ray(spec: TrainSpec) -> tuple[bool, bool]:
+    """Connect or start Ray; (started_here, is_local)."""
+    import ray
+
+    if ray.is_initialized():
+        return False, spec.ray_address is None
+    address = spec.ray_address or os.environ.get("CPN_RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return True, False
+    ray.init(
+        num_cpus=spec.ray_num_cpus or os.cpu_count() or 1,
+        resources=local_resources(spec.clusters),
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    return True, True
+
+
+def check_capacity(spec: TrainSpec) -> None:
+    import ray
+
+    have = ray.cluster_resources()
+    for c, n in spec.clusters.items():
+        res = cluster_resource(c)
+        if have.get(res, 0.0) < n:
+            raise ValueError(
+                f"clusters: cluster {c!r} needs {n} worker slot(s) but Ray offers "
+                f"{have.get(res, 0.0):g} of resource {res!r}; start the node with "
+                f"--resources '{{\"{res}\": {n}}}' or ask for fewer workers"
+            )
+
+
+def wait_all(refs: list[Any]) -> list[Any]:
+    """Results of all refs; raises as soon as any fails (a dead worker blocks the others)."""
+    import ray
+
+    pending = list(refs)
+    deadline = time.monotonic() + SEGMENT_TIMEOUT_S
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"workers made no progress for {SEGMENT_TIMEOUT_S:.0f} s")
+        ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+        for r in ready:
+            ray.get(r)
+    return list(ray.get(refs))
