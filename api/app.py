@@ -135,10 +135,10 @@ def group_writers(database_url: str) -> int:
     connection of the agents' own pool, sized from this) and of job submissions. SQLite
     takes one writer at a time. On PostgreSQL two: one batch is written while the next
     gathers. A batch is a few statements whatever its size
-    (`controller.network.resources.ingest_heartbeats`), so more writers only cut beats into smaller
-    batches, each paying those statements and a thread's turn at the GIL: at 1,000 beats/s
-    on one worker, 8 writers took 2.2-2.6 ms of server CPU a beat and a p99 of 285-425 ms,
-    2 writers 1.6-1.9 ms and 113-185 ms (bench/results/api-throughput.md)."""
+    (`controller.network.resources.ingest_heartbeats`), so more writers only cut beats into
+    smaller batches, each paying those statements and a thread's turn at the GIL: eight
+    writers cost more CPU a beat and a longer tail than two
+    (measured: bench/results/api-throughput.md)."""
     return 1 if is_sqlite(database_url) else 2
 
 
@@ -242,7 +242,8 @@ class BackgroundLoops:
 
 ROUTERS = (agent, jobs, health, clusters, links, tenants, pricing, usage)
 """Included hottest first: FastAPI tries routers in this order and each its routes in turn, so
-every heartbeat matched its path against every admin route first (5 % of its CPU, py-spy)."""
+otherwise every heartbeat would match its path against every admin route first, a visible
+share of its CPU (measured: bench/results/api-throughput.md)."""
 DOCS_ORDER = (health, clusters, links, tenants, pricing, jobs, usage, agent)
 """The documentation's sections in reading order, whatever the routing order."""
 

@@ -3,9 +3,9 @@
 A page is read in two steps. First the page's keys, `(id, version)`, in the list's order off
 its index (`_keys`); then, in one statement, the full rows of the keys this replica has not
 rendered yet (`_rows`), each parsed in one pydantic pass (`JobRow`) and its JSON kept
-(`RenderedJobs`). A list polled again (the console's refresh, a tenant's loop) reads 50 short
-keys instead of 50 rows of 21 columns with their times formatted as text: on SQLite that read
-was most of a list's database time (0.33 ms against 0.08 for the keys, a page of 50).
+(`RenderedJobs`). A list polled again (the console's refresh, a tenant's loop) reads a page
+of short keys instead of a page of full rows with their times formatted as text, which on
+SQLite was most of a list's database time (measured: bench/results/api-throughput.md).
 
 A key names one stored row: every write to `jobs` moves its `version` (the ORM's version
 counter; the Core updates set it; and since revision 0014 a database trigger moves it for any
@@ -71,8 +71,8 @@ class RenderedJobs:
         self._lock = threading.Lock()
 
     def get_many(self, keys: Sequence[Key]) -> dict[str, bytes]:
-        """The kept items of `keys`, by job id: a page's in one hold of the lock (a hold per
-        job was 4 % of a list read's CPU, py-spy)."""
+        """The kept items of `keys`, by job id: a page's in one hold of the lock, since a hold
+        per job showed in a list read's CPU profile (bench/results/api-throughput.md)."""
         found: dict[str, bytes] = {}
         with self._lock:
             for key in keys:

@@ -49,12 +49,11 @@ def settle_collector() -> None:
     """Freeze what start-up built and collect generation 0 less often.
 
     A request allocates thousands of container objects (pydantic models, SQLAlchemy rows,
-    ASGI scopes), so Python's threshold of 700 ran a collection every request or two, and
+    ASGI scopes), so Python's default threshold ran a collection every request or two, and
     each older collection walked the app, its routes, schemas and mappers, which live as long
-    as the process. Frozen, they are never walked again; at 50,000 a collection runs every few
-    dozen requests and holds at most a few MB of cyclic garbage meanwhile. Heartbeats at
-    1,000/s offered, one worker: p99 465 -> 235 and 679 -> 137 ms on SQLite, 5.1 -> 0.17 and
-    4.7 -> 0.32 s on PostgreSQL (bench/results/api-throughput.md)."""
+    as the process. Frozen, they are never walked again; with `GC_THRESHOLDS` a collection
+    runs every few dozen requests, and the cyclic garbage held meanwhile stays small. It cut
+    the heartbeat tail latency on both databases (measured: bench/results/api-throughput.md)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

@@ -310,9 +310,9 @@ class PricingOut(BaseModel):
 class JobRow(JobOut):
     """`JobOut` read straight off the `jobs` columns, for the list: the JSON columns as their
     text and the times as ISO text (`api.job_list._columns`), parsed in one pydantic
-    pass instead of by SQLAlchemy's per-value processors and then validated again (a page of
-    50 took 2.2 ms of CPU to fetch where the driver takes 0.3). It answers exactly as
-    `JobOut` does (`tests/service/test_jobs_api.py`)."""
+    pass instead of by SQLAlchemy's per-value processors and then validated again, which cost
+    several times what the driver's own fetch did (measured: bench/results/api-throughput.md).
+    It answers exactly as `JobOut` does (`tests/service/test_jobs_api.py`)."""
 
     spec: Json[dict[str, object]]  # type: ignore[assignment]
     """The stored spec's JSON, handed through unparsed: a stored spec is `JobSpec`'s own dump,

@@ -83,3 +83,13 @@ class ClusterState(StrEnum):
 
 LIVE = (ClusterState.READY, ClusterState.SUSPECT)
 """The states of a cluster whose agent holds a lease: it runs work and is offered new work."""
+
+
+def job_state_diagram() -> str:
+    """The job state machine as a Mermaid state diagram, generated from `TRANSITIONS`: the
+    one kept in `controller/jobs/README.md` (a test holds the two equal)."""
+    lines = ["stateDiagram-v2", f"    [*] --> {JobState.PENDING.value}"]
+    for state in STATES:
+        lines += [f"    {state.value} --> {to.value}" for to in STATES if to in TRANSITIONS[state]]
+    lines += [f"    {state.value} --> [*]" for state in STATES if state in TERMINAL]
+    return "\n".join(lines)

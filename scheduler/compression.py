@@ -54,8 +54,8 @@ AUTO_SYNCS: tuple[str, ...] = ("every-step", "stale:1", "local-sgd:8", "local-sg
 # second step into one of the slowest (with equal speeds they only add their quality penalty,
 # so leaving them out there changes no choice and costs no search time) ...
 # `partial:H` diverged when fast clusters ran far ahead until each cluster's pseudo-gradient
-# was normalised by its steps per tick (training/sync/partial.py; bench/results/modes.md:
-# partial:16 at 1:1:4 now 65 % IID where it fell to 18 %), so auto may pick it again.
+# was normalised by its steps per tick (training/sync/partial.py), so auto may pick it again
+# (measured: bench/results/modes.md).
 AUTO_HETERO_SYNCS: tuple[str, ...] = ("partial:16", "async-ps:4")
 # ... and on sets of three or more clusters whose links are uneven (UNEVEN_LINK_RATIO).
 AUTO_SPARSE_SYNCS: tuple[str, ...] = ("gossip:8", "gossip:32")

@@ -1,8 +1,9 @@
 """The decision code compiled by mypyc, used when a build of exactly these sources is present.
 
 The planner's search is pure Python over floats and tuples, and at 100 clusters it is what a
-simulated job costs (bench/results/sim-summary.md). mypyc compiles the same typed source to
-C: the same float operations in the same order, so the same plans, bit for bit, ~1.7x faster.
+simulated job costs. mypyc compiles the same typed source to C: the same float operations in
+the same order, so the same plans, bit for bit, in less time
+(measured: bench/results/sim-summary.md).
 `make compile` builds it into `scheduler/_native/`, stamped with a digest of every source of
 `scheduler` and `grammar` and of the interpreter's ABI. A build whose digest does not match
 the sources beside it is not used, so an edited source never runs stale compiled code.

@@ -16,7 +16,8 @@ def exclusions(snapshot: Snapshot, job: JobRequest) -> dict[str, str]:
 
     A job without region or data limits is kept out only of the snapshot's `closed` and
     `full` clusters, which reallocated copies keep up to date: a pass over every cluster per
-    plan was a tenth of a plan at 10,000 clusters."""
+    plan grows with the fleet, and showed in a plan's time at the largest fleets simulated
+    (bench/results/sim-summary.md)."""
     if job.qos.regions is None and job.data_clusters is None:
         closed, at = snapshot.closed, snapshot.positions.__getitem__
         names = sorted([*closed, *snapshot.full], key=at)
@@ -156,7 +157,7 @@ def order_queue(
 
     O(n log n): a tenant's jobs all share its key's first term, so its next pick is always the
     head of its own lane; a heap over tenants' heads replaces the scan of every pending job
-    per pick, which made a 10,000-job queue cost 10^8 key evaluations.
+    per pick, which made the ordering quadratic in the queue's length.
     """
     used = dict(usage or {})
     share = dict(shares or {})

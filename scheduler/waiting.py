@@ -1,22 +1,22 @@
 """Whether a job should wait for faster GPUs instead of taking what is free now.
 
-GPU models differ by up to 15x in speed (a T4 against an H100), so under load the plan that
-starts a job soonest is not the one that finishes it soonest: a job placed on slow GPUs now
-can finish long after one held until a running job hands back fast ones. Each running job's
-expected end (`RunningJob.ends_at_s`) says when its GPUs come back; a job waits when one
-cluster's GPUs, free by then, finish it sooner than its plan now by at least `margin` (the
-ends are estimates). This is delay scheduling (Zaharia et al., EuroSys 2010) with the
-expected completion time as its test, as heterogeneous schedulers' minimum-completion-time
-rule has it. The queue order still decides who gets the GPUs when they come back: a waiting
-job holds nothing meanwhile.
+GPU models differ by an order of magnitude in speed (a T4 against an H100), so under load
+the plan that starts a job soonest is not the one that finishes it soonest: a job placed on
+slow GPUs now can finish long after one held until a running job hands back fast ones. Each
+running job's expected end (`RunningJob.ends_at_s`) says when its GPUs come back; a job waits
+when one cluster's GPUs, free by then, finish it sooner than its plan now by at least
+`margin` (the ends are estimates). This is delay scheduling (Zaharia et al., EuroSys 2010)
+with the expected completion time as its test, as heterogeneous schedulers'
+minimum-completion-time rule has it. The queue order still decides who gets the GPUs when
+they come back: a waiting job holds nothing meanwhile.
 
 A job with a deadline waits only when waiting also costs no more than its plan now. It is
 placed for the cheapest plan that meets its deadline (`controller.loop.placement.objective_for`):
 held for faster GPUs that cost more, it was held again each time they came back, the planner
-still choosing the cheaper ones (22 plans a job in `bench.sim`, 201 at most). Waiting only to
-run cheaper, up to the deadline, staked the deadline on other jobs' estimated ends (twice the
-misses in `bench.sim`); sooner and no dearer keeps the margin before the deadline, and the
-GPUs waited for are the planner's choice too once back (bench/results/sim-summary.md).
+still choosing the cheaper ones, so it was planned over and over. Waiting only to run cheaper,
+up to the deadline, staked the deadline on other jobs' estimated ends and missed more
+deadlines; sooner and no dearer keeps the margin before the deadline, and the GPUs waited
+for are the planner's choice too once back (measured: bench/results/sim-summary.md).
 """
 
 from __future__ import annotations
@@ -143,8 +143,8 @@ def _floor_s(
     rate). None when fewer than `fewest` GPUs are free there.
 
     Read fastest first off the snapshot's `RankIndex` (a walk that stops at the `most`-th
-    GPU): scanning and sorting every free cluster for it was half a simulated job's time at
-    10,000 clusters."""
+    GPU): scanning and sorting every free cluster for it was a large part of a simulated
+    job's time on the largest fleets (bench/results/sim-summary.md)."""
     snap = model.snapshot
     ix = model.rank_index()
     if ix is not None:

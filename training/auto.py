@@ -7,18 +7,15 @@ a near-lossless level (int8, int4), period 32 before 64, at each period blocking
 exchange costs at most a small share of the period's compute, else streaming when the link
 keeps up and the waits for fragments that outlast the steps they are given cost at most that
 share too (`OVERHEAD`, one rule for every mode); only then the lossy levels (int2, chunked
-top-k). The order is measured quality (`NEAR_LOSSLESS`, `PERIODS`), not bytes: the period
-costs more than streaming does. Over three seeds of the language model
-(bench/results/auto-order-gpt.md) streaming:32 int8 ended level in loss with blocking H=64
-(2.0460 against 2.0430) and 0.3 points above it in accuracy; on the wide MLP 2.3 points above
-it, level in loss (auto-order-wide-mlp.md). At the same period blocking and streaming trade:
-blocking H=32 0.4 points above streaming in accuracy, 0.9 % worse in loss. A blocking exchange
+top-k). The order is measured quality (`NEAR_LOSSLESS`, `PERIODS`), not bytes: a longer
+period costs more quality than streaming does, while blocking and streaming at one period
+trade accuracy against loss (measured: bench/results/auto-order-gpt.md). A blocking exchange
 that is not cheap is paid in full by every worker every H steps, while streaming overlaps it
 with compute at the cost of a few steps of delay, so exact local SGD is kept only where the
-blocking costs little. `AutoPolicy`
-re-decides when the measured bandwidth or compute changes by more than a factor for a few
-rounds in a row (hysteresis), so noise does not flap the mode. Every rank calls it with the
-same all-reduced numbers, so every cluster decides the same.
+blocking costs little. `AutoPolicy` re-decides when the measured bandwidth or compute changes
+by more than a factor for a few rounds in a row (hysteresis), so noise does not flap the
+mode. Every rank calls it with the same all-reduced numbers, so every cluster decides the
+same.
 """
 
 from __future__ import annotations
@@ -37,20 +34,17 @@ already is an update; its error feedback keeps what was not sent."""
 
 NEAR_LOSSLESS: tuple[str, ...] = ("int8", "int4")
 """Pseudo-gradient levels that cost no measured quality, so local SGD and streaming send at
-them and never at fp32: on the testbed's language model (bench/results/peers-100mbit.md, H=32,
-blocking) fp32 ended at 49.4 %, int8 at 49.5 %, int4 at 49.9 % (both with error feedback and
-stochastic rounding), for 4x and 7.8x fewer bytes. Lighter levels (int2, top-k) come after
+them and never at fp32: on the testbed's language model int8 and int4 (both with error
+feedback and stochastic rounding) ended level with fp32 or above it, for a fraction of its
+bytes (measured: bench/results/peers-100mbit.md). Lighter levels (int2, top-k) come after
 every near-lossless choice: int2 reached the target only at the last evaluation, top-k not."""
 
 PERIODS: tuple[int, ...] = (32, 64)
 """Local SGD periods tried, 32 first. Not the shortest that hides: with DiLoCo's outer step
-(Nesterov, lr 0.7, momentum 0.9) a short period costs quality, not only bytes. On the
-testbed's language model (bench/results/peers-100mbit.md) cpn's three runs at H=16 (streaming
-fp32 and int8, blocking int8) ended 0.9-1.4 points below the same at H=32; over three seeds
-H=64 ended 0.4-0.7 points below H=32 in accuracy, its loss level (streaming int8) or 1 % lower
-(blocking int8; auto-order-gpt.md), and below it in accuracy on the wide MLP; torchft's streaming
-was level at 16 and 0.5 below at 64. Below 8 it diverges (local-sgd:2
-stays at chance on mnist1d-mlp)."""
+(Nesterov, lr 0.7, momentum 0.9) a short period costs quality, not only bytes: on the
+testbed's language model H=16 ended below H=32 (measured: bench/results/peers-100mbit.md).
+A longer one costs quality too (H=64 ended below H=32 in accuracy over three seeds), and a
+much shorter one diverges."""
 
 
 @dataclass(frozen=True)

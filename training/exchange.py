@@ -239,8 +239,8 @@ class LeaderExchange:
 
         Waiting round by round (not once per exchange) keeps each round's encoding and
         decoding in series with its transfer, as on a real WAN: one wait at the end hid the
-        codec's time under the links' and made blocking DiLoCo int8 at 25 Mbit/s 17 % faster
-        emulated than on the testbed (now 6 %: bench/results/emulation-25mbit.md)."""
+        codec's time under the links' and made the emulation run well ahead of the testbed
+        (measured: bench/results/emulation-25mbit.md)."""
         n = len(self.clusters)
         nxt, prv = (self.index + 1) % n, (self.index - 1) % n
         # the size, and when this leader began sending (the emulation's clock: one machine)

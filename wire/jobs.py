@@ -50,7 +50,7 @@ class JobOut(BaseModel):
     @field_validator("spec", mode="before")
     @classmethod
     def _stored(cls, value: Any) -> Any:
-        """A stored row's spec loads as stored specs do (older free-form args too)."""
+        """A stored row's spec loads as stored specs do (`wire.spec.stored_spec`)."""
         return stored_spec(value) if isinstance(value, dict) else value
 
 

@@ -4,16 +4,16 @@ One model serves every place a decision travels: each option of a quote, the opt
 submission holds (`HeldPlan`), the placement the reconcile loop reserved GPUs for (stored on
 the job), and what the launcher reads back (compression, sync, the predicted step). Its JSON
 form is what the REST API shows and what the database stores; rows stored before this model
-existed parse with defaults (a quote option named its shares `placement`; a job's plan had
-no objective and no price).
+existed parse with defaults (a job's plan had no objective and no price; revision 0016
+renamed the shares that quote options stored as `placement`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 import scheduler
 from wire.spec import CompressionValue, SyncValue
@@ -148,14 +148,6 @@ class JobPlan(_Value):
         description="The WAN links between its clusters that it was planned over, one a pair "
         "(the run emulates these where the WAN is emulated; absent in older plans).",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _older_quote_shape(cls, data: Any) -> Any:
-        """Quote options stored before this model named their shares `placement`."""
-        if isinstance(data, dict) and "clusters" not in data and "placement" in data:
-            return {**data, "clusters": data["placement"]}
-        return data
 
     @computed_field(  # type: ignore[prop-decorator]
         description="The same shares as `clusters`, under the name quote options first used."

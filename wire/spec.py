@@ -14,9 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
-    ValidationError,
     ValidationInfo,
-    ValidatorFunctionWrapHandler,
     field_serializer,
     field_validator,
     model_validator,
@@ -253,29 +251,6 @@ class TrainArgs(_In):
         f"most {TASK_ARGS_MAX_DEPTH} levels deep and {TASK_ARGS_MAX_BYTES} bytes as JSON.",
     )
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _old_rows(
-        cls, data: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
-    ) -> Any:
-        """Specs stored before args were typed keep loading: in the stored context, keys this
-        model does not know, or whose values it refuses, are left out (the runtime default
-        applies), instead of making the job unreadable."""
-        try:
-            return handler(data)
-        except ValidationError:
-            if not _stored(info) or not isinstance(data, dict):
-                raise
-        kept: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in cls.model_fields:
-                try:
-                    handler({key: value})
-                except ValidationError:
-                    continue
-                kept[key] = value
-        return handler(kept)
-
     def given(self) -> dict[str, Any]:
         """Only the knobs given, as JSON: `{}` when none, as free-form args were stored."""
         return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
@@ -454,5 +429,6 @@ class JobSpec(_In):
 
 
 def stored_spec(data: Any) -> JobSpec:
-    """A spec as stored on a job row: validated, with old free-form args still loading."""
+    """A spec as stored on a job row: typed, without the checks a submission passed already
+    (a rule tightened later never makes a stored job unreadable)."""
     return JobSpec.model_validate(data, context=STORED)

@@ -23,7 +23,7 @@ from api.schemas import (
 from controller.access import keys
 from controller.network import resources
 from controller.network.labels import check_labels
-from controller.store.models import Cluster, ClusterTransition, GpuInventory
+from controller.store.models import Cluster, ClusterGpus, ClusterTransition
 from controller.values.errors import Invalid, PreconditionFailed
 
 router = APIRouter(prefix="/v1", tags=["clusters"])
@@ -203,16 +203,16 @@ def list_gpus(
 ) -> Page[GpuRow]:
     """GPU inventory per cluster and model."""
     stmt = (
-        select(GpuInventory)
+        select(ClusterGpus)
         .join(Cluster)
-        .options(selectinload(GpuInventory.cluster))
-        .order_by(Cluster.name, GpuInventory.model)
+        .options(selectinload(ClusterGpus.cluster))
+        .order_by(Cluster.name, ClusterGpus.model)
     )
     if cluster:
         resources.get_cluster(session, cluster)
         stmt = stmt.where(Cluster.name == cluster)
     if model:
-        stmt = stmt.where(GpuInventory.model == model)
+        stmt = stmt.where(ClusterGpus.model == model)
     items, total = fetch_page(session, stmt, page)
     rows = [
         GpuRow(

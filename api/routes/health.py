@@ -15,7 +15,7 @@ from controller.access.keys import Principal
 from controller.jobs.lifecycle import STATES
 from controller.network.resources import effective_links
 from controller.store.migrate import pending_reason
-from controller.store.models import Cluster, GpuInventory, Job, Link, Usage
+from controller.store.models import Cluster, ClusterGpus, Job, Link, Usage
 from grammar.states import ClusterState
 
 router = APIRouter(tags=["health"])
@@ -74,11 +74,11 @@ def metrics(request: Request) -> Response:
         )
         gpus = session.execute(
             select(
-                GpuInventory.model,
-                func.sum(GpuInventory.count),
-                func.sum(GpuInventory.allocatable),
-                func.sum(GpuInventory.in_use),
-            ).group_by(GpuInventory.model)
+                ClusterGpus.model,
+                func.sum(ClusterGpus.count),
+                func.sum(ClusterGpus.allocatable),
+                func.sum(ClusterGpus.in_use),
+            ).group_by(ClusterGpus.model)
         ).all()
         jobs = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
         links = [

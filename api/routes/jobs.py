@@ -59,7 +59,7 @@ def _scope(principal: Principal) -> str | None:
 def _job_response(job: Job, status_code: int = status.HTTP_200_OK) -> Response:
     """The job as `JobOut` JSON with its version as the ETag, rendered on the route's thread:
     a sync route returning a model has FastAPI validate it again on a second worker thread,
-    and a hop costs about 0.2 ms of CPU (bench/results/api-throughput.md)."""
+    and each thread hop costs CPU (measured: bench/results/api-throughput.md)."""
     return Response(
         JobOut.model_validate(job).model_dump_json(),
         status_code=status_code,

@@ -30,7 +30,7 @@ def spec_of(job: Job) -> JobSpec:
         if spec is not None:
             _specs.move_to_end(job.id)
             return spec
-    spec = stored_spec(job.spec)  # rows from before typed args load too
+    spec = stored_spec(job.spec)
     with _specs_lock:
         _specs[job.id] = spec
         while len(_specs) > _SPECS_KEPT:

@@ -23,7 +23,7 @@ from controller.jobs import lifecycle
 from controller.jobs.request import job_request
 from controller.network.snapshot import build_snapshot, build_world
 from controller.store.db import lock_for_update
-from controller.store.models import Cluster, GpuInventory, Job, Quote, Tenant, new_id, utcnow
+from controller.store.models import Cluster, ClusterGpus, Job, Quote, Tenant, new_id, utcnow
 from controller.values.errors import Conflict, CpnError, Invalid, NotFound, TooMany
 from controller.values.plan import plan_of
 from controller.values.tasks import check_allowed
@@ -293,7 +293,8 @@ def _insert(session: Session, jobs: Sequence[Job]) -> None:
     """Write new jobs' rows, every column as set on each, as one Core statement in the
     session's transaction; the jobs stay detached (the answers' values, not tracked
     entities). The ORM's unit of work (change tracking, ordering, version check, the row's
-    fetch-back) cost a third of a submission's CPU and had nothing to decide for new rows."""
+    fetch-back) was a large share of a submission's CPU and had nothing to decide for new rows
+    (measured: bench/results/api-throughput.md)."""
     rows = [{k: getattr(job, k) for k in _JOB_COLUMNS} for job in jobs]
     session.connection().execute(_INSERT_JOB, rows)
 
@@ -322,8 +323,8 @@ def _check_queue_cap(session: Session, tenant: Grant, cap: int, queues: dict[str
     Within `CAP_SLACK` of the cap the tenant row is locked first (SQLite: the database's
     write lock), so concurrent submissions count each other and cannot overshoot together.
     Further below, the count is taken without the lock, which serialised every submission of
-    a tenant over its count, insert and commit (one tenant's submissions 144/s -> 254/s on
-    PostgreSQL with two workers, bench.api). A submission counted there can overshoot only by
+    a tenant over its count, insert and commit and so capped one tenant's submission rate
+    (measured: bench/results/api-throughput.md). A submission counted there can overshoot only by
     staying uncommitted while `CAP_SLACK` others commit, and then by at most the submissions
     in flight at once."""
     queue = queues.get(tenant.id)
@@ -352,7 +353,7 @@ _PENDING = select(func.count()).select_from(
     .subquery()
 )
 """Built once: building and keying a statement for SQLAlchemy's cache costs about what
-running it does, and a submission runs several (bench.api)."""
+running it does, and a submission runs several (measured: bench/results/api-throughput.md)."""
 
 
 def _pending(session: Session, tenant: Grant, upto: int) -> int:
@@ -422,8 +423,8 @@ def _queue_reason(
     region or cluster limit could make it unplaceable: only then does the planner run here.
     The tenant's budget is not checked here: it is held at placement (controller.money.budget), and
     the reconcile loop, which plans every queued job, keeps each one's waiting reason current
-    -- a planner run and an O(queue) commitment sum per submission were half of its time
-    (bench/results/api-throughput.md).
+    -- a planner run and an O(queue) commitment sum per submission took much of its time
+    (measured: bench/results/api-throughput.md).
     `total`: the GPUs the network offers (`offered_gpus`, read once for a batch).
     """
     lo, _hi = spec.gpu_range
@@ -455,8 +456,8 @@ def _queue_reason(
 
 
 _OFFERED = (
-    select(func.coalesce(func.sum(GpuInventory.allocatable), 0))
-    .join(Cluster, Cluster.id == GpuInventory.cluster_id)
+    select(func.coalesce(func.sum(ClusterGpus.allocatable), 0))
+    .join(Cluster, Cluster.id == ClusterGpus.cluster_id)
     .where(Cluster.state.in_(LIVE), Cluster.cordoned.is_(False))
 )
 

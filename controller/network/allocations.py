@@ -19,7 +19,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from controller.store.models import Allocation, Cluster, GpuInventory, Job, utcnow
+from controller.store.models import Allocation, Cluster, ClusterGpus, Job, utcnow
 from controller.values.errors import Conflict
 
 log = logging.getLogger("cpn.allocations")
@@ -40,9 +40,9 @@ def reserve(session: Session, job: Job, slots: Sequence[Slot]) -> list[Allocatio
     made = []
     for slot in slots:
         row = session.execute(
-            select(GpuInventory.id, Cluster.id)
-            .join(Cluster, Cluster.id == GpuInventory.cluster_id)
-            .where(Cluster.name == slot.cluster, GpuInventory.model == slot.gpu_model)
+            select(ClusterGpus.id, Cluster.id)
+            .join(Cluster, Cluster.id == ClusterGpus.cluster_id)
+            .where(Cluster.name == slot.cluster, ClusterGpus.model == slot.gpu_model)
         ).first()
         if row is None:
             raise Conflict(
@@ -50,12 +50,12 @@ def reserve(session: Session, job: Job, slots: Sequence[Slot]) -> list[Allocatio
             )
         inv_id, cluster_id = row
         result = session.execute(
-            update(GpuInventory)
+            update(ClusterGpus)
             .where(
-                GpuInventory.id == inv_id,
-                GpuInventory.in_use + slot.gpus <= GpuInventory.allocatable,
+                ClusterGpus.id == inv_id,
+                ClusterGpus.in_use + slot.gpus <= ClusterGpus.allocatable,
             )
-            .values(in_use=GpuInventory.in_use + slot.gpus)
+            .values(in_use=ClusterGpus.in_use + slot.gpus)
             .execution_options(synchronize_session=False)
         )
         if result.rowcount != 1:  # type: ignore[attr-defined]
@@ -109,11 +109,11 @@ def release(session: Session, job: Job, until: datetime | None = None) -> int:
 
 def _give_back(session: Session, alloc: Allocation) -> None:
     """Return an allocation's GPUs to its inventory row; never below zero."""
-    row = (GpuInventory.cluster_id == alloc.cluster_id) & (GpuInventory.model == alloc.gpu_model)
+    row = (ClusterGpus.cluster_id == alloc.cluster_id) & (ClusterGpus.model == alloc.gpu_model)
     result = session.execute(
-        update(GpuInventory)
-        .where(row, GpuInventory.in_use >= alloc.gpus)
-        .values(in_use=GpuInventory.in_use - alloc.gpus)
+        update(ClusterGpus)
+        .where(row, ClusterGpus.in_use >= alloc.gpus)
+        .values(in_use=ClusterGpus.in_use - alloc.gpus)
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
@@ -127,13 +127,13 @@ def _give_back(session: Session, alloc: Allocation) -> None:
             alloc.cluster_id,
         )
         session.execute(
-            update(GpuInventory)
+            update(ClusterGpus)
             .where(row)
             .values(in_use=0)
             .execution_options(synchronize_session=False)
         )
     session.execute(
-        delete(GpuInventory)
-        .where(row, GpuInventory.missing.is_(True), GpuInventory.in_use == 0)
+        delete(ClusterGpus)
+        .where(row, ClusterGpus.missing.is_(True), ClusterGpus.in_use == 0)
         .execution_options(synchronize_session=False)
     )

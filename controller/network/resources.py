@@ -40,9 +40,9 @@ from controller.store.db import lock_for_update
 from controller.store.models import (
     AuditLog,
     Cluster,
+    ClusterGpus,
     ClusterTransition,
     EgressPrice,
-    GpuInventory,
     Link,
     utcnow,
 )
@@ -189,26 +189,26 @@ _RENEW = (
     .returning(Cluster.id)
 )
 _GPUS_OF = select(
-    GpuInventory.cluster_id,
-    GpuInventory.id,
-    GpuInventory.model,
-    GpuInventory.memory_gib,
-    GpuInventory.count,
-    GpuInventory.allocatable,
-    GpuInventory.utilization,
-    GpuInventory.in_use,
-    GpuInventory.missing,
+    ClusterGpus.cluster_id,
+    ClusterGpus.id,
+    ClusterGpus.model,
+    ClusterGpus.memory_gib,
+    ClusterGpus.count,
+    ClusterGpus.allocatable,
+    ClusterGpus.utilization,
+    ClusterGpus.in_use,
+    ClusterGpus.missing,
 )
-_GPUS = _GPUS_OF.where(GpuInventory.cluster_id == bindparam("b_cluster_id"))
+_GPUS = _GPUS_OF.where(ClusterGpus.cluster_id == bindparam("b_cluster_id"))
 # `count` never drops below `in_use`, judged on the row as it is when the UPDATE runs (a
 # reservation may commit between our read and this write): GPUs that jobs hold stay counted.
 _GPU_UPDATE = (
-    update(GpuInventory)
-    .where(GpuInventory.id == bindparam("b_id"))
+    update(ClusterGpus)
+    .where(ClusterGpus.id == bindparam("b_id"))
     .values(
         memory_gib=bindparam("b_memory_gib"),
         count=case(
-            (GpuInventory.in_use > bindparam("b_count"), GpuInventory.in_use),
+            (ClusterGpus.in_use > bindparam("b_count"), ClusterGpus.in_use),
             else_=bindparam("b_count"),
         ),
         allocatable=bindparam("b_allocatable"),
@@ -219,13 +219,13 @@ _GPU_UPDATE = (
 # A model no longer reported: gone if nothing holds it, else kept as missing (nothing
 # allocatable, counted as what is held) until its allocations end. Both conditional on
 # `in_use` as it is when they run.
-_GPU_DELETE = delete(GpuInventory).where(
-    GpuInventory.id == bindparam("b_id"), GpuInventory.in_use == 0
+_GPU_DELETE = delete(ClusterGpus).where(
+    ClusterGpus.id == bindparam("b_id"), ClusterGpus.in_use == 0
 )
 _GPU_MISSING = (
-    update(GpuInventory)
-    .where(GpuInventory.id == bindparam("b_id"), GpuInventory.in_use > 0)
-    .values(missing=True, allocatable=0, count=GpuInventory.in_use, utilization=None)
+    update(ClusterGpus)
+    .where(ClusterGpus.id == bindparam("b_id"), ClusterGpus.in_use > 0)
+    .values(missing=True, allocatable=0, count=ClusterGpus.in_use, utilization=None)
 )
 
 
@@ -347,7 +347,7 @@ def ingest_heartbeats(
         renewed.update((name, cid) for cid, name in rows)
     held: dict[str, list[Any]] = {cid: [] for cid in renewed.values()}
     if held:
-        rows = session.connection().execute(_GPUS_OF.where(GpuInventory.cluster_id.in_(list(held))))
+        rows = session.connection().execute(_GPUS_OF.where(ClusterGpus.cluster_id.in_(list(held))))
         for row in rows:
             held[row.cluster_id].append(row)
     for name in names:
@@ -439,7 +439,7 @@ def _sync_gpus(
     """Write only what changed (usually nothing); `in_use` belongs to the controller and is kept.
 
     A model that vanishes, shrinks or comes back never loses track of the GPUs jobs hold (see
-    `GpuInventory`). Core statements on the session's connection: an unchanged inventory
+    `ClusterGpus`). Core statements on the session's connection: an unchanged inventory
     costs one small read.
     """
     conn = session.connection()
@@ -450,7 +450,7 @@ def _sync_gpus(
         row = existing.pop(gpu.model, None)
         if row is None:
             conn.execute(
-                insert(GpuInventory).values(
+                insert(ClusterGpus).values(
                     cluster_id=cluster_id,
                     model=gpu.model,
                     memory_gib=gpu.memory_gib,
@@ -623,14 +623,14 @@ def gpu_totals(session: Session) -> list[dict[str, Any]]:
     """GPUs by model across clusters that are READY and not cordoned count as offered."""
     rows = session.execute(
         select(
-            GpuInventory.model,
-            func.sum(GpuInventory.count),
-            func.sum(GpuInventory.allocatable),
-            func.sum(GpuInventory.in_use),
-            func.count(GpuInventory.cluster_id),
+            ClusterGpus.model,
+            func.sum(ClusterGpus.count),
+            func.sum(ClusterGpus.allocatable),
+            func.sum(ClusterGpus.in_use),
+            func.count(ClusterGpus.cluster_id),
         )
-        .group_by(GpuInventory.model)
-        .order_by(GpuInventory.model)
+        .group_by(ClusterGpus.model)
+        .order_by(ClusterGpus.model)
     ).all()
     return [
         {

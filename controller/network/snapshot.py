@@ -19,7 +19,7 @@ from controller.network import labels, resources
 from controller.store.models import (
     Allocation,
     Cluster,
-    GpuInventory,
+    ClusterGpus,
     Job,
     JobMetric,
     Link,
@@ -106,11 +106,11 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
     inventory: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
     for cluster_id, inv_model, inv_allocatable, inv_in_use in session.execute(
         select(
-            GpuInventory.cluster_id,
-            GpuInventory.model,
-            GpuInventory.allocatable,
-            GpuInventory.in_use,
-        ).order_by(GpuInventory.cluster_id, GpuInventory.model)
+            ClusterGpus.cluster_id,
+            ClusterGpus.model,
+            ClusterGpus.allocatable,
+            ClusterGpus.in_use,
+        ).order_by(ClusterGpus.cluster_id, ClusterGpus.model)
     ):
         inventory[cluster_id].append((inv_model, inv_allocatable, inv_in_use))
     clusters = session.execute(

@@ -23,10 +23,11 @@ SQLITE_SYNCHRONOUS = ("FULL", "NORMAL")
 
 PING_AFTER_IDLE_S = 1.0
 """A pooled server connection that sat idle this long is pinged before use (a round trip);
-one used more recently is not. A ping before every use (SQLAlchemy's `pool_pre_ping`) was
-about 15 % of a PostgreSQL job-list read's CPU under load (`bench/results/api-throughput.md`). A
-connection that died within the window fails its request once, as a disconnect, which makes
-SQLAlchemy replace every connection of the pool; the API answers that request 503."""
+one used more recently is not. A ping before every use (SQLAlchemy's `pool_pre_ping`) is a
+round trip per request, a real share of a PostgreSQL job-list read's CPU under load
+(measured: bench/results/api-throughput.md). A connection that died within the window fails
+its request once, as a disconnect, which makes SQLAlchemy replace every connection of the
+pool; the API answers that request 503."""
 
 
 def make_engine(

@@ -166,8 +166,8 @@ class Cluster(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, default=1)
 
-    gpus: Mapped[list[GpuInventory]] = relationship(
-        back_populates="cluster", cascade="all, delete-orphan", order_by="GpuInventory.model"
+    gpus: Mapped[list[ClusterGpus]] = relationship(
+        back_populates="cluster", cascade="all, delete-orphan", order_by="ClusterGpus.model"
     )
 
     __mapper_args__ = {"version_id_col": version}
@@ -188,7 +188,7 @@ class ClusterTransition(Base):
     at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class GpuInventory(Base):
+class ClusterGpus(Base):
     """GPUs of one model in one cluster: what exists, what is offered, what is in use.
 
     `in_use` is the controller's (the GPUs of open allocations); the rest is the agent's, with
@@ -445,7 +445,8 @@ class Job(Base):
 class JobCount(Base):
     """How many jobs each tenant has, kept by database triggers (revision 0015) on every
     insert and delete of `jobs`, so the job list's `total` is a sum over a few rows instead of
-    a count over all of the tenant's jobs (1.2 ms of PostgreSQL's CPU a read at 10,000).
+    a count over all of the tenant's jobs, which grew with them into most of a read's
+    database CPU (measured: bench/results/api-throughput.md).
 
     A tenant's count is the sum of its rows: on PostgreSQL each connection adds to its own
     stripe (its backend's pid modulo 16), so two transactions inserting a tenant's jobs

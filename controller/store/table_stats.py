@@ -3,9 +3,10 @@
 The job list reads a tenant's newest page along an index of `created_at` only when
 PostgreSQL expects the tenant to have many jobs. A tenant whose jobs arrived since `jobs` was
 last analyzed is estimated at a row or two, so every read of its list scans and sorts all of
-them (3 ms for 9,000 jobs, against a 50-row index scan) until autovacuum's next analyze, up to
+them instead of stopping after a page of the index, until autovacuum's next analyze, up to
 its naptime (a minute by default) later. Autovacuum counts the table's changes, not a
-tenant's share, so a burst in a large table may not trigger it at all.
+tenant's share, so a burst in a large table may not trigger it at all
+(measured: bench/results/replicas.md).
 
 The submission batcher knows each burst as it writes it: `BurstPolicy` (pure) says when a
 tenant has inserted enough jobs since the last analyze this process ran, and `BurstAnalyzer`
@@ -33,8 +34,8 @@ class BurstPolicy:
     """When to analyze: a tenant has inserted `min_jobs` since the last analyze, and the last
     one started at least `min_interval_s` ago (so many busy tenants cost one analyze an
     interval, not one each). Counted per process: a burst spread over N replicas reaches each
-    one's count after N x `min_jobs`, so the count is low (a list of 250 jobs still sorts in
-    a fraction of a millisecond) and the interval bounds the cost."""
+    one's count after N x `min_jobs`, so the count is low (a list of that many jobs still
+    sorts cheaply) and the interval bounds the cost (bench/results/replicas.md)."""
 
     min_jobs: int = 250
     min_interval_s: float = 10.0

@@ -25,7 +25,7 @@ from api.heartbeats import HeartbeatBatcher, latest_per_cluster
 from controller.network.leases import LeasePolicy
 from controller.network.resources import RENEW_CHUNK, HeartbeatResult, PeerTable
 from controller.store.db import make_engine, make_sessionmaker
-from controller.store.models import Cluster, GpuInventory
+from controller.store.models import Cluster, ClusterGpus
 from controller.values.errors import NotFound
 from tests.api.batches import one_batch
 from tests.conftest import LiveServer
@@ -54,8 +54,8 @@ def _sessions(url: str, clusters: int) -> Iterator[sessionmaker[Session]]:
 def _counts(sessions: sessionmaker[Session]) -> dict[str, int]:
     with sessions() as session:
         rows = session.execute(
-            select(Cluster.name, GpuInventory.count).join(
-                GpuInventory, GpuInventory.cluster_id == Cluster.id
+            select(Cluster.name, ClusterGpus.count).join(
+                ClusterGpus, ClusterGpus.cluster_id == Cluster.id
             )
         ).all()
     return dict(rows)

@@ -31,7 +31,7 @@ from controller.store.clock import db_now
 from controller.store.db import is_sqlite, make_engine, make_sessionmaker
 from controller.store.models import (
     Allocation,
-    GpuInventory,
+    ClusterGpus,
     Job,
     JobEvent,
     JobMetric,
@@ -78,7 +78,7 @@ def written(net: Net, job_id: str) -> Written:
 def holding(net: Net, job_id: str) -> tuple[dict[str, int], int]:
     """The job's open allocations (GPUs per cluster) and the GPUs the inventory has in use."""
     with net.sessions() as s:
-        in_use = s.scalar(select(func.sum(GpuInventory.in_use)))
+        in_use = s.scalar(select(func.sum(ClusterGpus.in_use)))
     return net.held(job_id), int(in_use or 0)
 
 

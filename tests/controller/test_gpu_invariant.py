@@ -44,7 +44,7 @@ from controller.store.models import (
     QOS_CLASSES,
     Allocation,
     Cluster,
-    GpuInventory,
+    ClusterGpus,
     GpuPrice,
     Job,
     Replica,
@@ -180,7 +180,7 @@ class GpuBooks(RuleBasedStateMachine):
         with self.sessions() as s:
             rows = {
                 g.model: g
-                for g in s.scalars(select(GpuInventory).join(Cluster).where(Cluster.name == name))
+                for g in s.scalars(select(ClusterGpus).join(Cluster).where(Cluster.name == name))
             }
         for model in MODELS:
             row = rows.get(model)
@@ -330,8 +330,8 @@ class GpuBooks(RuleBasedStateMachine):
             rows = {
                 (name, g.model): g
                 for g, name in s.execute(
-                    select(GpuInventory, Cluster.name).join(
-                        Cluster, Cluster.id == GpuInventory.cluster_id
+                    select(ClusterGpus, Cluster.name).join(
+                        Cluster, Cluster.id == ClusterGpus.cluster_id
                     )
                 )
             }

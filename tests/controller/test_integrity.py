@@ -37,7 +37,7 @@ from controller.store.models import (
     REASON_MAX,
     Allocation,
     Cluster,
-    GpuInventory,
+    ClusterGpus,
     GpuPrice,
     Job,
     JobEvent,
@@ -94,9 +94,9 @@ def beat(sessions: sessionmaker[Session], *gpus: GpuReport) -> None:
         ingest_heartbeat(s, Heartbeat(cluster="east", gpus=list(gpus)), LEASES)
 
 
-def row(sessions: sessionmaker[Session], model: str = "A100") -> GpuInventory | None:
+def row(sessions: sessionmaker[Session], model: str = "A100") -> ClusterGpus | None:
     with sessions() as s:
-        return s.scalars(select(GpuInventory).where(GpuInventory.model == model)).first()
+        return s.scalars(select(ClusterGpus).where(ClusterGpus.model == model)).first()
 
 
 def schedule(plane: Plane, gpus: int = 4) -> None:
@@ -185,7 +185,7 @@ def test_the_database_refuses_books_that_do_not_balance(
     plane: Plane, values: dict[str, int]
 ) -> None:
     with pytest.raises(IntegrityError), plane.sessions() as s, s.begin():
-        s.execute(update(GpuInventory).values(**values))
+        s.execute(update(ClusterGpus).values(**values))
     kept = row(plane.sessions)
     assert kept is not None and (kept.in_use, kept.allocatable, kept.count) == (0, 8, 8)
 

@@ -235,3 +235,73 @@ def test_two_transactions_insert_one_tenants_jobs_at_once(db_url: str) -> None:
         for conn in conns:
             conn.close()
         engine.dispose()
+
+
+def test_revision_0016_rewrites_rows_the_models_no_longer_loosen_for(
+    migrated_url: str, tmp_path
+) -> None:
+    """Rows an older cpn wrote (free-form args; quote options and a held quote naming their
+    shares `placement`), written at revision 0015, read as typed values after the upgrade."""
+    from sqlalchemy.orm import Session
+
+    from controller.store.db import is_sqlite, scratch_database
+    from controller.store.migrate import upgrade
+    from controller.store.models import Job, Quote
+    from tests.controller.test_plan import OLD_JOB_PLAN, STORED_QUOTE_OPTION
+    from wire.spec import stored_spec
+
+    old_spec = {
+        "name": "old",
+        "task": "builtin:mnist1d-mlp",
+        "args": {"eval_every": -1, "anything": [1, 2], "lr": 0.05, "seed": 3},
+        "gpus": 2,
+        "steps": 100,
+    }
+
+    def check(url: str) -> None:
+        from sqlalchemy import MetaData
+
+        upgrade(url, "0015")
+        engine = make_engine(url)
+        meta = MetaData()
+        meta.reflect(engine, only=["tenants", "quotes", "jobs"])
+        tenants, quotes, jobs = (meta.tables[t] for t in ("tenants", "quotes", "jobs"))
+        with engine.begin() as conn:
+            tenant = _fill(conn, tenants, {})
+            quote_id = _fill(conn, quotes, {"tenants": tenant})
+            job = _fill(conn, jobs, {"tenants": tenant, "quotes": quote_id})
+            conn.execute(
+                quotes.update().values(spec=old_spec, options={"options": [STORED_QUOTE_OPTION]})
+            )
+            conn.execute(
+                jobs.update().values(
+                    spec=old_spec,
+                    placement=OLD_JOB_PLAN,
+                    held_price={"quote_id": quote_id, **STORED_QUOTE_OPTION},
+                    state="PENDING",
+                )
+            )
+        engine.dispose()
+        upgrade(url)
+        engine = make_engine(url)
+        try:
+            with Session(engine) as session:
+                row = session.get(Job, job)
+                quote = session.get(Quote, quote_id)
+                assert row is not None and quote is not None
+                assert stored_spec(row.spec).args.given() == {"lr": 0.05, "seed": 3}
+                assert stored_spec(quote.spec).args.given() == {"lr": 0.05, "seed": 3}
+                assert row.held_price is not None and row.held_price.quote_id == quote_id
+                assert [s.cluster for s in row.held_price.clusters] == ["ap-south"]
+                assert [s.gpus for s in quote.options.options[0].clusters] == [8]
+                assert row.placement is not None and row.placement.gpus == 8
+        finally:
+            engine.dispose()
+
+    if is_sqlite(migrated_url):
+        check(f"sqlite:///{tmp_path / 'old.db'}")
+    else:
+        from tests.conftest import PG_URL
+
+        with scratch_database(PG_URL, "cpn_rewrite") as url:
+            check(url)

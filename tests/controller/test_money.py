@@ -43,8 +43,8 @@ from controller.store.models import (
     QOS_CLASSES,
     Allocation,
     Cluster,
+    ClusterGpus,
     EgressPrice,
-    GpuInventory,
     GpuPrice,
     Job,
     JobEvent,
@@ -83,9 +83,7 @@ def books(db_url: str, tmp_path: Path) -> Iterator[Books]:
             s.add(c)
             s.flush()
             ids[name] = c.id
-            s.add(
-                GpuInventory(cluster_id=c.id, model="A100", memory_gib=80, count=4, allocatable=4)
-            )
+            s.add(ClusterGpus(cluster_id=c.id, model="A100", memory_gib=80, count=4, allocatable=4))
             for qos_class in QOS_CLASSES:
                 s.add(
                     GpuPrice(
@@ -252,7 +250,7 @@ def test_a_job_over_the_budget_stays_pending_and_is_never_placed(books: Books) -
         assert "has 0.01 of its budget of 0.01 left" in row.reason
         assert open_allocations(books, expensive) == []
     with books.sessions() as s:
-        assert sum(s.scalars(select(GpuInventory.in_use))) == 0
+        assert sum(s.scalars(select(ClusterGpus.in_use))) == 0
     # An admin raises the budget: it is placed on the next pass.
     set_budget(books, poor, "1000000000")
     assert [p.job_id for p in place_pending(books.sessions, REPLICA)] == [expensive]
@@ -600,7 +598,11 @@ def test_ledger_sums_are_exact_decimals(books: Books) -> None:
 # ---- typed arguments ------------------------------------------------------------------------
 
 
-def test_a_stored_job_with_old_free_form_args_still_loads_and_runs(books: Books) -> None:
+def test_a_job_stored_with_old_free_form_args_loads_and_runs_as_0016_left_it(
+    books: Books,
+) -> None:
+    from tests.controller.test_plan import REVISION_0016
+
     t = tenant(books, "t", None)
     job_id = submit(books, t, "old")
     old = {
@@ -613,10 +615,10 @@ def test_a_stored_job_with_old_free_form_args_still_loads_and_runs(books: Books)
         "compression": "auto",
         "sync": "auto",
     }
-    with books.sessions() as s, s.begin():  # the row exactly as an older cpn stored it
+    with books.sessions() as s, s.begin():  # the row an older cpn stored, as 0016 rewrote it
         s.execute(
             text("UPDATE jobs SET spec = :spec WHERE id = :id"),
-            {"spec": json.dumps(old), "id": job_id},
+            {"spec": json.dumps(REVISION_0016._typed_args(old)), "id": job_id},
         )
     assert [p.job_id for p in place_pending(books.sessions, REPLICA)] == [job_id]
     with books.sessions() as s:

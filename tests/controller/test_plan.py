@@ -1,7 +1,9 @@
-"""The typed plan: rows stored before it existed still read, on SQLite and PostgreSQL."""
+"""The typed plan: rows stored before it existed still read (as revision 0016 left them), on
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,8 +39,10 @@ OLD_JOB_PLAN: dict[str, Any] = {
     "explanation": ["fastest of 3 placements"],
 }
 
+REVISION_0016 = import_module("migrations.versions.0016_rewrite_untyped_rows")
+
 # A quote option as quotes stored it: its shares under `placement`, a short estimate.
-OLD_QUOTE_OPTION: dict[str, Any] = {
+STORED_QUOTE_OPTION: dict[str, Any] = {
     "objective": "cost",
     "placement": [{"cluster": "ap-south", "gpus": 8}],
     "compression": "none",
@@ -65,6 +69,17 @@ OLD_QUOTE_OPTION: dict[str, Any] = {
     },
     "explanation": ["cheapest"],
 }
+OLD_QUOTE_OPTION: dict[str, Any] = REVISION_0016._clusters(STORED_QUOTE_OPTION)
+"""The same option as every database holds it since revision 0016 (shares under `clusters`)."""
+
+
+def test_revision_0016_renames_a_quote_options_shares_and_nothing_else() -> None:
+    assert {
+        **{k: v for k, v in STORED_QUOTE_OPTION.items() if k != "placement"},
+        "clusters": STORED_QUOTE_OPTION["placement"],
+    } == OLD_QUOTE_OPTION
+    assert REVISION_0016._clusters(OLD_QUOTE_OPTION) is OLD_QUOTE_OPTION  # written once
+    assert REVISION_0016._clusters(OLD_JOB_PLAN) is OLD_JOB_PLAN
 
 
 def test_an_old_job_plan_parses_with_defaults() -> None:

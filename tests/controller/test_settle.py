@@ -28,7 +28,7 @@ from controller.store.db import make_engine, make_sessionmaker
 from controller.store.models import (
     Allocation,
     Cluster,
-    GpuInventory,
+    ClusterGpus,
     GpuPrice,
     Job,
     JobEvent,
@@ -60,9 +60,7 @@ def plane(db_url: str, tmp_path: Path) -> Iterator[Plane]:
             c = Cluster(name=name, region="r", state="READY")
             s.add(c)
             s.flush()
-            s.add(
-                GpuInventory(cluster_id=c.id, model="A100", memory_gib=80, count=4, allocatable=4)
-            )
+            s.add(ClusterGpus(cluster_id=c.id, model="A100", memory_gib=80, count=4, allocatable=4))
             s.add(
                 GpuPrice(
                     cluster_id=c.id,
@@ -157,7 +155,7 @@ def finish(plane: Plane, handle: RunHandle) -> Job:
 
 def gpus_in_use(plane: Plane) -> int:
     with plane.sessions() as s:
-        return sum(s.scalars(select(GpuInventory.in_use)))
+        return sum(s.scalars(select(ClusterGpus.in_use)))
 
 
 def open_allocations(plane: Plane, job_id: str) -> int:

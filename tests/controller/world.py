@@ -38,7 +38,7 @@ from controller.store.models import (
     QOS_CLASSES,
     Allocation,
     Cluster,
-    GpuInventory,
+    ClusterGpus,
     GpuPrice,
     Job,
     JobEvent,
@@ -295,8 +295,8 @@ class Net:
             in_use: dict[str, int] = {}
             # an agent may shrink `allocatable` below what is held; `count` never drops below it
             for name, used, count in s.execute(
-                select(Cluster.name, GpuInventory.in_use, GpuInventory.count).join(
-                    Cluster, Cluster.id == GpuInventory.cluster_id
+                select(Cluster.name, ClusterGpus.in_use, ClusterGpus.count).join(
+                    Cluster, Cluster.id == ClusterGpus.cluster_id
                 )
             ):
                 assert 0 <= used <= count, (name, used, count)

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, func, select, text
 
 from api.client import Client
 from api.processes import ControlPlane, start_control_plane
-from controller.store.models import Allocation, GpuInventory
+from controller.store.models import Allocation, ClusterGpus
 from tests.conftest import clear_tables
 from tests.e2e.world import wait_for
 
@@ -44,7 +44,7 @@ class Invariant(threading.Thread):
             with self.engine.connect() as conn, conn.begin():
                 conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
                 rows = conn.execute(
-                    select(GpuInventory.cluster_id, GpuInventory.in_use, GpuInventory.allocatable)
+                    select(ClusterGpus.cluster_id, ClusterGpus.in_use, ClusterGpus.allocatable)
                 ).all()
                 held = dict(
                     conn.execute(

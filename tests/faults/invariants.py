@@ -29,7 +29,7 @@ from controller.store.db import make_engine, make_sessionmaker
 from controller.store.models import (
     Allocation,
     Cluster,
-    GpuInventory,
+    ClusterGpus,
     Job,
     JobEvent,
     LedgerEntry,
@@ -96,7 +96,7 @@ def _check(s: Session) -> Books:
         )
     }
     for inv, name in s.execute(
-        select(GpuInventory, Cluster.name).join(Cluster, Cluster.id == GpuInventory.cluster_id)
+        select(ClusterGpus, Cluster.name).join(Cluster, Cluster.id == ClusterGpus.cluster_id)
     ):
         key = (name, inv.model)
         books.in_use[key] = inv.in_use

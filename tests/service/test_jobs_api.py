@@ -292,7 +292,7 @@ def test_quotes_and_plans_stored_before_the_typed_plan_still_work(network: Netwo
             )
         shown = network.tenant.get(f"/v1/quotes/{quote['id']}")["options"]
         assert [o["placement"] for o in shown] == [
-            [{"cluster": "ap-south", "gpus": 8, "gpu_model": None}]
+            [{"cluster": "ap-south", "gpus": 8, "gpu_model": None, "region": None}]
         ]
         job = network.tenant.post("/v1/jobs", spec(quote_id=quote["id"], quote_option="cost"))
         held = job["held_price"]
@@ -310,14 +310,15 @@ def test_quotes_and_plans_stored_before_the_typed_plan_still_work(network: Netwo
         )
         assert network.tenant.get("/v1/jobs")["items"][0]["ends_at"] == job["ends_at"]
         assert job["placement"]["clusters"] == [
-            {"cluster": "ap-south", "gpus": 8, "gpu_model": "L4"}
+            {"cluster": "ap-south", "gpus": 8, "gpu_model": "L4", "region": "ap-south"}
         ]
         assert job["placement"]["price"]["gpu"][0]["price_per_gpu_hour"] == 0.8
         with engine.begin() as conn:
             conn.execute(jobs.update().where(jobs.c.id == job["id"]).values(placement=OLD_JOB_PLAN))
         old = network.tenant.get(f"/v1/jobs/{job['id']}")["placement"]
         assert old["objective"] is None and old["price"] is None
-        assert old["clusters"] == OLD_JOB_PLAN["clusters"] and old["sync"] == "every-step"
+        assert old["clusters"] == [{**c, "region": None} for c in OLD_JOB_PLAN["clusters"]]
+        assert old["sync"] == "every-step"
     finally:
         engine.dispose()
 

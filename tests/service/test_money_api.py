@@ -146,7 +146,13 @@ def test_job_args_the_spec_as_a_whole_refuses(network: Network) -> None:
     assert network.tenant.submit(spec(name="plain")).spec.args.given() == {}
 
 
-def test_a_stored_job_with_old_free_form_args_still_reads_and_places(network: Network) -> None:
+def test_a_job_stored_with_old_free_form_args_reads_and_places_as_0016_left_it(
+    network: Network,
+) -> None:
+    """A spec stored before args were typed, as revision 0016 rewrote it: the keys the
+    runtime ignored are gone, and the job reads (one job and the list) and places."""
+    from tests.controller.test_plan import REVISION_0016
+
     job = network.tenant.submit(spec(name="old", gpus=2, steps=100))
     old_spec = {
         "name": "old",
@@ -155,17 +161,17 @@ def test_a_stored_job_with_old_free_form_args_still_reads_and_places(network: Ne
         "gpus": 2,
         "steps": 100,
     }
+    rewritten: dict[str, Any] = REVISION_0016._typed_args(old_spec)
+    assert rewritten["args"] == {"lr": 0.05}
     engine = make_engine(network.server.database_url)
     try:
         with engine.begin() as conn:
             conn.execute(
                 text("UPDATE jobs SET spec = :spec WHERE id = :id"),
-                {"spec": json.dumps(old_spec), "id": job.id},
+                {"spec": json.dumps(rewritten), "id": job.id},
             )
     finally:
         engine.dispose()
-    # read as the runtime reads it: the keys it would ignore ("anything", a negative
-    # eval_every) are left out, not served back
     assert network.tenant.job(job.id).spec.args.given() == {"lr": 0.05}
     assert job.id in {j.id for j in network.tenant.jobs()}
     assert place(network) == [job.id]

@@ -1,49 +1,15 @@
 """Asynchronous parameter server (`async-ps:S`): clusters never wait for each other.
 
-The server is one Ray actor hosted at one cluster leader's node (the cluster with the most
-bandwidth to the others, `ps_host`; not sharded: with a handful of clusters one host's links
-carry the pushes, and a single version counter keeps staleness exact). Each step a cluster
-takes as many local steps as fit into one step of the slowest cluster (the server tells every
-pusher the slowest step time it has heard), then its leader pushes its progress since its
-last pull (anchor - parameters, compressed with error feedback like any exchange) and gets
-back, in the same call, how the server's parameters moved since its previous pull,
-compressed the same way (the server keeps each cluster's pull residual); no cross-cluster
-collective runs until the end. The server adds each update weighted by the cluster's batch
-share, and an update more than S versions stale is down-weighted by (S + 1) / (staleness + 1),
-not dropped (`staleness_weight`: a slow cluster's updates are always the stalest; dropping
-them would throw its data away). After the last step the leaders meet once and all pull the
-final parameters exactly (uncompressed, once), so one model comes out.
-
-When the clusters span two or more regions (`TrainSpec.regions`) the server is hierarchical,
-as in HALoS: one `RegionalServer` per region (at the member with the most bandwidth to its
-region, `region_hosts`) takes its clusters' pushes exactly as above, each weighted by its
-share of the region's batch, and a global `ParameterServer` (at the regional host with the
-most bandwidth to the others) merges the regions' models, each weighted by the region's
-share of the batch. A regional server sends its progress since its last exchange (compressed,
-error feedback kept per region) after every `len(region)` pushes of its clusters (about once a
-step of the slowest), without waiting: the exchange is in flight while its clusters keep
-pushing, and the reply is merged at the first push after it arrived (and after the link's
-emulated transfer time), keeping the progress made meanwhile. So per step of the slowest one
-push and one pull cross between regions per region, not per cluster. Staleness rules at both
-levels are the same: a push (of a cluster to its region, or of a region to the global server)
-more than S versions of its server stale is down-weighted by (S + 1) / (staleness + 1), never
-dropped. Within one region the server stays flat. After the last step each region sends its
-last progress and every cluster takes the global server's parameters.
-
-Under `data: local` (non-IID: each cluster holds its own labels) the clusters' pushes are
-kept in step by a bounded-staleness barrier (stale synchronous parallel): every B ticks the
-leaders meet once (`ticks_between_barriers`), so no cluster is more than B pushes ahead of
-another. Each cluster's update pulls the model toward its own labels, and only a mix with the
-others' in equal measure cancels that pull; unbounded, one cluster that stalls (an
-evaluation, a busy host) lets the others push tens of updates in a row, and the server model
-follows their labels (measured: 3 clusters, 200 steps, push counts 19 apart, a run of 40
-pushes without one cluster, final accuracy 18-22 % against every-step's 55 %). B is the
-largest period whose worst staleness, about (B + 1)(n - 1) versions for n clusters, stays
-within S, at least 1: the barrier turns the staleness bound into a guarantee where staleness
-costs accuracy. A fast cluster is not held back by it in local steps (it still takes up to
-`speed_bound` of them per tick), only in pushes; the barrier's wait is emulated as one round
-trip of the leader's link to the server's host. Under shared (IID) data every cluster's
-update points the same way on average, and the clusters stay free-running.
+A Ray actor (`ParameterServer`, at the best-connected cluster leader, `ps_host`) holds the
+parameters and one version counter, so staleness is exact. Each tick a cluster takes as many
+local steps as fit in one step of the slowest, then its leader pushes its progress since its
+last pull (compressed, with error feedback) and gets back how the server moved since. An
+update more than S versions stale is down-weighted, never dropped: a slow cluster's updates
+are always the stalest. Across regions a `RegionalServer` per region sits under a global
+server (HALoS), so one push and one pull per region cross between regions. Under
+`data: local` a bounded-staleness barrier keeps pushes in step, or the model drifts toward
+the labels of whoever pushes most. At the end every cluster takes the final parameters.
+Design notes and measurements: bench/results/async-ps-notes.md.
 """
 
 from __future__ import annotations
@@ -146,7 +112,7 @@ class ParameterServer:
 
 
 class RegionalServer(ParameterServer):
-    """One region's server under the global one (see the module docstring): a
+    """One region's server under the global one (bench/results/async-ps-notes.md): a
     `ParameterServer` for the region's clusters that exchanges its progress with the global
     server asynchronously (one exchange in flight at a time). Run as a Ray actor."""
 
@@ -252,7 +218,7 @@ class RegionalServer(ParameterServer):
 
 def ticks_between_barriers(staleness: int, clusters: int) -> int:
     """Ticks between the leaders' barriers under local data: the largest B whose worst
-    staleness (B + 1)(n - 1) stays within S, at least 1 (see the module docstring)."""
+    staleness (B + 1)(n - 1) stays within S, at least 1 (bench/results/async-ps-notes.md)."""
     if clusters < 2:
         return 1
     return max(1, staleness // (clusters - 1) - 1)

@@ -49,9 +49,8 @@ class LocalSGDSync(SyncStrategy):
     def _outer_step(self, step: int, *, average: bool = False) -> None:
         """Average the pseudo-gradients over clusters, take a Nesterov outer step; or, with
         `average`, move the anchor by the average alone: a pseudo-gradient of less than a
-        period pushed through momentum built from whole periods overshoots (it cost the
-        language model 2 % of its loss at the end of a streaming run, 6 % after a local SGD
-        run's last 12 steps: `bench/results/streaming-merge.md`)."""
+        period pushed through momentum built from whole periods overshoots, and raised the
+        language model's final loss (measured: bench/results/streaming-merge.md)."""
         params = self.ctx.params
         cur = flatten([p.detach() for p in params])
         delta = flatten(self.anchor) - cur  # cluster copies agree after the intra all-reduce

@@ -9,8 +9,8 @@ all-reduces it over the leaders (`Collective.wan_sum`: the compressed ring) whil
 steps go on. `delay` (D) steps later, after that step's local update, the outer SGD step is
 applied to the fragment's anchor and the fragment's parameters become the new anchor, the
 local progress made during the delay dropped (torchft's default, `fragment_update_alpha` 0;
-keeping it on top of the new anchor cost 0.6-0.9 % of the language model's loss over three
-seeds: `bench/results/streaming-merge.md`). With F = 1 and D = 0 it is local SGD, bit for bit.
+keeping it on top of the new anchor ended the language model at a higher loss, measured:
+bench/results/streaming-merge.md). With F = 1 and D = 0 it is local SGD, bit for bit.
 
 Checkpoints may fall anywhere: a cluster leader first waits for the exchanges in flight and
 keeps their sums (run-wide, the same on every leader) and their schedule, with each cluster's
