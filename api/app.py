@@ -22,6 +22,7 @@ from api.config import Settings, admin_token_problem
 from api.deps import AppState, FailureAudit
 from api.heartbeats import HeartbeatBatcher
 from api.job_list import RenderedJobs
+from api.limits import RateLimits
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import agent, clusters, health, jobs, links, pricing, tenants, usage
 from api.sessions import ConsoleSessions
@@ -328,7 +329,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_batch=settings.heartbeat_batch_max,
         ),
         console_sessions=ConsoleSessions(sessions),
-        rate_limits=ratelimit.RateLimits.from_settings(settings),
+        rate_limits=RateLimits.from_settings(settings),
         submissions=SubmissionBatcher(
             sessions,
             task_modules=settings.task_prefixes(),

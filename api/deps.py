@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import Annotated, Any, cast
 
 import anyio
 from fastapi import Depends, HTTPException, Request
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.config import Settings
 from api.heartbeats import HeartbeatBatcher
 from api.job_list import RenderedJobs
+from api.limits import RateLimits
 from api.metrics import Metrics
 from api.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
 from api.streams import StreamSlots
@@ -31,9 +32,6 @@ from controller.access.keys import Principal, PrincipalCache, authenticate_cache
 from controller.network.leases import LeasePolicy
 from controller.network.resources import PeerTable
 from controller.store.models import AuditLog, utcnow
-
-if TYPE_CHECKING:
-    from api.ratelimit import RateLimits
 
 log = logging.getLogger("cpn.api")
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer cpn_...`")

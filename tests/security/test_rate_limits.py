@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from agents.protocol import GpuInventory, Heartbeat
 from api.config import Settings
-from api.ratelimit import BucketTable, Limit, RateLimits, TokenBucket
+from api.limits import BucketTable, Limit, RateLimits, TokenBucket
 from controller.access import keys
 from controller.store.db import make_engine
 from controller.store.models import Cluster, Tenant
