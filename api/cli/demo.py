@@ -233,7 +233,8 @@ class _Demo:
             ),
             "job 2 to make progress",
         )
-        victim = running["placement"]["clusters"][0]["cluster"]
+        assert running.placement is not None  # RUNNING: placed
+        victim = running.placement.clusters[0].cluster
         self.agents[victim].kill(signal.SIGKILL)
         self.console.print(f"[red]SIGKILL[/] the agent of [bold]{victim}[/]: its lease will expire")
         done = self._follow(job.id, "job 2", steps)
