@@ -37,6 +37,7 @@ from grammar import (
     parse_compression,
     parse_sync,
 )
+from grammar.quality import compression_cost, sync_cost
 
 # Candidates the planner tries for compression="auto" / sync="auto" (in this order, so ties
 # resolve to the earlier, milder choice).
@@ -60,23 +61,9 @@ AUTO_HETERO_SYNCS: tuple[str, ...] = ("partial:16", "async-ps:4")
 # ... and on sets of three or more clusters whose links are uneven (UNEVEN_LINK_RATIO).
 AUTO_SPARSE_SYNCS: tuple[str, ...] = ("gossip:8", "gossip:32")
 
-SPEED_BOUND = 4
-"""How many steps a fast cluster may take per step of the slowest under `partial`/`async-ps`:
-the runtime's default `TrainSpec.speed_bound` (`training/sync/hetero.py`, `steps_per_tick`)."""
 UNEVEN_LINK_RATIO = 4.0
 """Links among a cluster set are uneven when the fastest pair's bandwidth (or the shortest RTT
 against the longest) is at least this many times the slowest's: then gossip is a candidate."""
-
-# Statistical efficiency of the modes that let clusters drift (extra steps to the same loss),
-# on top of local SGD's 0.02 log2(H). Priors, calibratable like the efficiency factors: run the
-# mode and every-step to the same target and pass the ratio of their sample counts through
-# `scheduler.calibrate.fit_steps_factor`. Unequal progress weighted by samples (partial),
-# updates a version or more late (async-ps, Dutta et al. 2018 and HALoS report a few percent),
-# neighbour averages that mix slower than a global mean (gossip, Koloskova et al. 2020).
-PARTIAL_PENALTY = 0.02
-ASYNC_PS_PENALTY = 0.05
-ASYNC_PS_PER_STALENESS = 0.02
-GOSSIP_PENALTY = 0.05
 
 # PowerSGD without layer shapes: assume the parameters sit in square d x d matrices with
 # d = sqrt(params / POWERSGD_ASSUMED_MATRICES), i.e. a network of at least this many weight
@@ -128,111 +115,74 @@ def _powersgd_ratio(rank: int, params: int, layer_shapes: tuple[tuple[int, int],
 def compressor_model(
     spec: str | Compression, params: int = 1, layer_shapes: tuple[tuple[int, int], ...] = ()
 ) -> CompressorModel:
-    """The model of a concrete compression value; ValueError (from `grammar`) names the fix."""
+    """The model of a concrete compression value; ValueError (from `grammar`) names the fix.
+    Its steps factor is `grammar.quality`'s quality cost, the one both layers decide with."""
     c = parse_compression(spec)
     name = str(c)
     if c.kind is CompressionKind.AUTO:
         raise ValueError(f"compression 'auto' has no model: the planner replaces it; {_C_HELP}")
+    steps = 1.0 + compression_cost(c)
     if c.kind is CompressionKind.NONE:
-        return CompressorModel(name, 1.0, 0.0, 1.0, True)
+        return CompressorModel(name, 1.0, 0.0, steps, True)
     if c.kind in (CompressionKind.FP16, CompressionKind.BF16):
-        return CompressorModel(name, 0.5, 2.0, 1.0, True)
+        return CompressorModel(name, 0.5, 2.0, steps, True)
     if c.kind is CompressionKind.INT8:
         # one fp32 scale (stochastic) or a min and a step per tensor piece
-        return CompressorModel(name, 0.25 + 1.0 / 1024, 4.0, 1.01, True)
+        return CompressorModel(name, 0.25 + 1.0 / 1024, 4.0, steps, True)
     if c.kind in (CompressionKind.INT4, CompressionKind.INT2):
-        # 4 or 2 bits a value + one bf16 scale per 128 values; stochastic rounding's noise
-        # costs a few more steps than int8's
+        # 4 or 2 bits a value + one bf16 scale per 128 values
         bits = 4 if c.kind is CompressionKind.INT4 else 2
-        steps = 1.03 if bits == 4 else 1.08
         return CompressorModel(name, (bits + 16.0 / 128) / 32.0, 6.0, steps, True)
     if c.kind is CompressionKind.SIGN:
         # 1 bit per element + one fp32 scale per tensor (negligible)
-        return CompressorModel(name, 1.0 / 32, 4.0, 1.15, False)
+        return CompressorModel(name, 1.0 / 32, 4.0, steps, False)
     if c.kind is CompressionKind.TOPK:
         # a value (4 bytes, 2 in half precision, 4 or 2 bits) + an int32 index per kept
         # element; selection ~ a few passes over the tensor
         value_bytes = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int4": 0.5, "int2": 0.25}[c.values]
-        quantized = 0.02 if c.values in ("int4", "int2") else 0.0
         return CompressorModel(
             name,
             min(1.0, (value_bytes + 4.0) / 4.0 * c.density),
             16.0,
-            1.0 + 0.05 * math.log10(1.0 / c.density) + quantized,
+            steps,
             c.momentum == 0.0,
         )
     # PowerSGD: two matmuls M Q and M^T P (2 m n r FLOPs each) + orthogonalisation; each
     # leader's factors are all-gathered (the runtime does not all-reduce P and Q)
     return CompressorModel(
-        name,
-        _powersgd_ratio(c.rank, params, layer_shapes),
-        4.0 * c.rank + 8.0,
-        1.0 + 0.2 / c.rank,
-        False,
+        name, _powersgd_ratio(c.rank, params, layer_shapes), 4.0 * c.rank + 8.0, steps, False
     )
 
 
 def sync_model(spec: str | Sync) -> SyncModel:
-    """The model of a concrete sync value; ValueError (from `grammar`) names the fix.
+    """The model of a concrete sync value; ValueError (from `grammar`) names the fix. Its
+    steps factor is `grammar.quality`'s quality cost.
 
     `adaptive` exchanges every step; its compression level moves at run time, so the plan's
     compression (the one the planner picks) stands for it. `streaming:H:fF:dD` sends the same
     bytes per H steps as `local-sgd:H` (each fragment once), so it is modelled as local SGD
     of period H: its overlap of the exchange with compute is not credited (a conservative
-    step time), and its delay costs a little more quality. `partial:H` and `gossip:P` are
-    modelled as local SGD of period H (P), `async-ps:S` as one exchange in flight; the gain of
-    letting fast clusters run ahead is credited by the cost model (`runs_ahead`: the runtime
-    splits the batch equally per worker, so in every other mode the slowest cluster sets the
-    pace), and gossip's neighbour exchange has its own WAN terms (`neighbours`).
+    step time). `partial:H` and `gossip:P` are modelled as local SGD of period H (P),
+    `async-ps:S` as one exchange in flight; the gain of letting fast clusters run ahead is
+    credited by the cost model (`runs_ahead`), and gossip's neighbour exchange has its own WAN
+    terms (`neighbours`).
     """
     s = parse_sync(spec)
     name = str(s)
     if s.kind is SyncKind.AUTO:
         raise ValueError(f"sync 'auto' has no model: the planner replaces it; {SYNC_HELP}")
+    steps = 1.0 + sync_cost(s)
     if s.kind is SyncKind.STALE:
-        return SyncModel(
-            name, "stale", staleness=s.staleness, steps_factor=1.0 + 0.02 * s.staleness
-        )
-    if s.kind is SyncKind.LOCAL_SGD:
-        return SyncModel(
-            name, "local-sgd", period=s.period, steps_factor=1.0 + 0.02 * math.log2(s.period)
-        )
-    if s.kind is SyncKind.STREAMING:
-        lag = 0.01 * s.delay / s.period
-        return SyncModel(
-            name,
-            "local-sgd",
-            period=s.period,
-            steps_factor=1.0 + 0.02 * math.log2(s.period) + lag,
-        )
+        return SyncModel(name, "stale", staleness=s.staleness, steps_factor=steps)
+    if s.kind in (SyncKind.LOCAL_SGD, SyncKind.STREAMING):
+        return SyncModel(name, "local-sgd", period=s.period, steps_factor=steps)
     if s.kind is SyncKind.PARTIAL:
-        # local SGD's bytes per H steps; weighting unequal progress costs a little quality
-        return SyncModel(
-            name,
-            "local-sgd",
-            period=s.period,
-            steps_factor=1.0 + PARTIAL_PENALTY + 0.02 * math.log2(s.period),
-            runs_ahead=True,
-        )
+        return SyncModel(name, "local-sgd", period=s.period, steps_factor=steps, runs_ahead=True)
     if s.kind is SyncKind.GOSSIP:
-        # each cluster sends its model to its ring neighbours once per P steps; neighbour
-        # averages mix slower than a global one
-        return SyncModel(
-            name,
-            "local-sgd",
-            period=s.period,
-            steps_factor=1.0 + GOSSIP_PENALTY + 0.02 * math.log2(s.period),
-            neighbours=True,
-        )
+        # each cluster sends its model to its ring neighbours once per P steps
+        return SyncModel(name, "local-sgd", period=s.period, steps_factor=steps, neighbours=True)
     if s.kind is SyncKind.ASYNC_PS:
         # no cluster waits: the push/pull of each step hides behind compute like a step in
-        # flight (the PS host's links carry what a ring all-reduce's would), and updates
-        # arrive a few versions late
-        return SyncModel(
-            name,
-            "stale",
-            staleness=1,
-            steps_factor=1.0 + ASYNC_PS_PENALTY + ASYNC_PS_PER_STALENESS * min(s.staleness, 8),
-            runs_ahead=True,
-        )
+        # flight (the PS host's links carry what a ring all-reduce's would)
+        return SyncModel(name, "stale", staleness=1, steps_factor=steps, runs_ahead=True)
     return SyncModel(name, "every-step")

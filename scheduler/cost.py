@@ -22,7 +22,9 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   is exactly T = 2(D-1)a + 2(D-1)/D n'/B. The final broadcast inside each cluster is left
   out: it moves the same bytes as one intra ring round, on links far faster than the WAN.
 - overhead: compressing on the slowest leader, O = flops_per_param x params / r_min.
-- overlap: the exchange of one step overlaps its backward pass (BACKWARD_FRACTION of compute):
+- overlap: the share f = BACKWARD_FRACTION of compute an exchange may overlap; 0, as the
+  runtime runs: its workers exchange after the backward pass, in every mode but the stale
+  ones (a planner that credited overlap the runtime never gives promised a shorter step):
   every-step: (1-f)T_c + max(f T_c, T_i + O + T_w);
   local-sgd:H: (1-f)T_c + max(f T_c, T_i) + (O + T_w)/H;
   stale:s (s >= 1): max(local step, O + T_w,bandwidth, (O + T_w)/(s+1)) — up to s exchanges in
@@ -32,7 +34,9 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   plus exponential-graph chords as fast as its slowest edge), all at once: max over the
   graph's directed edges of a_e + n'/B_e, bytes (sum of degrees) x n'; otherwise local SGD
   of period P.
-- total time: steps x steps_factor(compressor) x steps_factor(sync) x step time.
+- total time: the set-up (`setup`: launch, compilation, checkpoints, evaluation, the drain,
+  fitted from observed runs) + steps x step time (the steps the run takes; what a compressor
+  or sync mode costs in quality is `grammar.quality`'s, weighed apart by the optimizer).
 - money: sum_c g_c x price_c(QoS class) x total hours + WAN GB per directed ring edge x that
   link's egress price.
 """
@@ -45,9 +49,9 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from grammar.graph import bandwidth_ring, gossip_graph
+from grammar.quality import SPEED_BOUND
 from scheduler.calibrate import POOLED
 from scheduler.compression import (
-    SPEED_BOUND,
     UNEVEN_LINK_RATIO,
     CompressorModel,
     SyncModel,
@@ -59,7 +63,7 @@ from scheduler.types import Assignment, Cluster, Estimate, JobRequest, Placement
 
 BYTES_PER_PARAM = 4
 ALPHA_INTRA_S = 10e-6
-BACKWARD_FRACTION = 2.0 / 3.0
+BACKWARD_FRACTION = 0.0
 EXACT_RING_MAX = 6
 
 
@@ -301,6 +305,15 @@ class CostModel:
             self._pace_cache[names] = hit
         return hit
 
+    def setup(self, names: tuple[str, ...]) -> float:
+        """A run's seconds outside its steps on `names`: the longest member's (in parallel)."""
+        by = self.snapshot.by_name
+        default = self.snapshot.setup_s
+        return max(
+            (c.setup_s if c.setup_s is not None else default for c in (by[n] for n in names)),
+            default=default,
+        )
+
     def speeds_differ(self, names: tuple[str, ...]) -> bool:
         """Some member fits a second step into one of the slowest's: running ahead can pay."""
         return len(names) > 1 and max(self.pace(names)[1].values()) > 1
@@ -526,7 +539,8 @@ class CostModel:
         the throughput sum_c g_c r_c, `gpus` the GPU count G and `ahead` the throughput with
         fast clusters running ahead (`ahead_rate`); see the module docstring."""
         p = self._parts(names, rate, intra_s, compression, sync, gpus, ahead)
-        total = p.eff_steps * p.step
+        setup = self.setup(names)
+        total = p.eff_steps * p.step + setup
         gpu_cost = price_per_hour * total / 3600.0
         egress = p.exchanges * p.wan.egress_cost
         return Estimate(
@@ -539,11 +553,14 @@ class CostModel:
             wan_s=p.wan.latency_s + p.wan.bandwidth_s,
             overhead_s=p.wan.overhead_s,
             effective_steps=p.eff_steps,
+            quality_cost=self.compressor(compression).steps_factor * self.sync(sync).steps_factor
+            - 1.0,
             gpu_cost=gpu_cost,
             egress_cost=egress,
             ring=p.wan.ring,
             bottleneck=p.wan.bottleneck,
             step_overhead_s=p.extra,
+            setup_s=setup,
         )
 
     def score(
@@ -559,7 +576,7 @@ class CostModel:
     ) -> tuple[float, float]:
         """(total time, cost) exactly as `estimate_parts` computes them, without the record."""
         p = self._parts(names, rate, intra_s, compression, sync, gpus, ahead)
-        total = p.eff_steps * p.step
+        total = p.eff_steps * p.step + self.setup(names)
         return total, price_per_hour * total / 3600.0 + p.exchanges * p.wan.egress_cost
 
     def score_set(
@@ -590,6 +607,7 @@ class CostModel:
                     costs.append(cost)
             return times, costs
         extra = self.snapshot.step_overhead_s
+        setup = self.setup(names)
         f = BACKWARD_FRACTION
         terms: list[_ChoiceTerms] = []
         wans: dict[tuple[str, bool], WanTerms] = {}
@@ -647,14 +665,14 @@ class CostModel:
                     step = fwd + (exchange if exchange > bwd else bwd)
                 step += extra
                 if runs_ahead:
-                    total = eff_steps * (step / speedup)
+                    total = eff_steps * (step / speedup) + setup
                     x = eff_steps / speedup
                     if kind == _LOCAL:
                         x /= period
                     times.append(total)
                     costs.append(price * total / 3600.0 + x * egress)
                 else:
-                    total = eff_steps * step
+                    total = eff_steps * step + setup
                     times.append(total)
                     costs.append(price * total / 3600.0 + fixed)
         return times, costs
@@ -670,12 +688,13 @@ class CostModel:
             kind = _STALE
         else:
             kind = _EVERY
-        eff_steps = float(self.job.steps) * self.compressor(compression).steps_factor
+        # the steps the run takes: a lossy option's quality cost is weighed apart
+        # (`grammar.quality`), not as steps it never runs
         mode = (
             kind,
             sm.runs_ahead,
             sm.neighbours,
-            eff_steps * sm.steps_factor,
+            float(self.job.steps),
             sm.period,
             sm.staleness + 1,
         )
@@ -707,7 +726,7 @@ class CostModel:
         wan = self.gossip_wan(names, compression) if sm.neighbours else self.wan(names, compression)
         extra = self.snapshot.step_overhead_s
         step = (step_time(compute, intra_s, wan, sm) + extra) / speedup
-        eff_steps = steps * self.compressor(compression).steps_factor * sm.steps_factor
+        eff_steps = steps
         exchanges = eff_steps / speedup
         if sm.kind == "local-sgd":
             exchanges /= sm.period

@@ -219,6 +219,33 @@ class _Split:
     stages: tuple[StagePlan, ...]
 
 
+@dataclass(frozen=True)
+class _Sums:
+    """Prefix sums over a profile's layers, so a split's memory test is O(1)."""
+
+    flops: list[float]
+    params: list[int]
+    kept: list[float]
+    per_param: int
+
+    @classmethod
+    def of(cls, profile: ModelProfile) -> _Sums:
+        flops, params, kept = [0.0], [0], [0.0]
+        for x in profile.layers:
+            flops.append(flops[-1] + x.flops)
+            params.append(params[-1] + x.params)
+            kept.append(kept[-1] + x.stored_bytes)
+        per_param = 2 * profile.param_bytes + OPTIMIZER_STATE_BYTES[profile.optimizer]
+        return cls(flops, params, kept, per_param)
+
+    def fits(self, profile: ModelProfile, j: int, i: int, samples: int, limit: float) -> bool:
+        """`memory(profile, j, i, mb, k).total <= limit` with `samples` = mb x k in flight."""
+        acts = (self.kept[i] - self.kept[j]) * samples
+        if j > 0:
+            acts += profile.layers[j - 1].activation_bytes * samples
+        return (self.params[i] - self.params[j]) * self.per_param + acts <= limit
+
+
 def _split(
     profile: ModelProfile,
     slots: Sequence[Cluster],
@@ -233,9 +260,9 @@ def _split(
     none fits."""
     layers, s_count = profile.layers, len(slots)
     n = len(layers)
-    flops = [0.0]
-    for x in layers:
-        flops.append(flops[-1] + x.flops)
+    sums = _Sums.of(profile)
+    flops = sums.flops
+
     inf = (math.inf, math.inf)
     # best[k][i]: (bottleneck, wan seconds) of layers [0, i) on slots [0, k); back: split point
     best = [[inf] * (n + 1) for _ in range(s_count + 1)]
@@ -245,12 +272,13 @@ def _split(
         slot = slots[k - 1]
         speed = _flops_per_s(slot)
         in_flight = min(micro, s_count - (k - 1))
+        limit = mems[slot.name]
         for i in range(k, n - (s_count - k) + 1):
             for j in range(k - 1, i):
                 prev = best[k - 1][j]
                 if prev == inf:
                     continue
-                if memory(profile, j, i, micro_batch, in_flight).total > mems[slot.name]:
+                if not sums.fits(profile, j, i, micro_batch * in_flight, limit):
                     continue
                 compute = 3.0 * (flops[i] - flops[j]) * micro_batch / speed + overhead_s
                 link, wan = 0.0, 0.0
@@ -343,7 +371,11 @@ def plan_parallelism(
     else:
         orders = [tuple(sorted(usable, key=lambda c: (-mems[c.name], c.name)))]
     total_gpus = sum(c.gpus_free for c in usable)
-    for s_count in range(2, min(n, total_gpus) + 1):
+    # fewer stages than the parameters' state needs GPUs (each at most the largest) cannot fit:
+    # start there instead of proving every smaller count impossible
+    state = whole.params + whole.grads + whole.optimizer
+    least = max(2, math.ceil(state / mems[biggest.name]))
+    for s_count in range(least, min(n, total_gpus) + 1):
         best: tuple[tuple[float, float], ParallelPlan] | None = None
         for order in orders:
             slots = [c for c in order for _ in range(c.gpus_free)][:s_count]

@@ -30,13 +30,13 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
 
+from grammar.quality import MAX_COST, SLACK, SPEED_BOUND, least_lossy
 from grammar.states import ClusterState
 from scheduler.compression import (
     AUTO_COMPRESSIONS,
     AUTO_HETERO_SYNCS,
     AUTO_SPARSE_SYNCS,
     AUTO_SYNCS,
-    SPEED_BOUND,
 )
 from scheduler.cost import CostModel, RankIndex
 from scheduler.rules import (
@@ -139,7 +139,6 @@ class _Search:
         self._subset_cache: dict[tuple[str, ...], _Choice | None] = {}
         self._quick_cache: dict[tuple[str, ...], _Choice | None] = {}
         self._partial_cache: dict[tuple[str, ...], float] = {}
-        self._least_factor: float | None = None
         multi_c = AUTO_COMPRESSIONS if job.compression == "auto" else (job.compression,)
         multi_s = AUTO_SYNCS if job.sync == "auto" else (job.sync,)
         self.multi = [(c, s) for c in multi_c for s in multi_s]
@@ -447,7 +446,7 @@ class _Search:
         """Lower bounds on the total time and on the cost of every choice on `names`, less a
         margin for rounding and for `pace`'s tolerance; (0, 0) where the set has no allocation.
 
-        Time: the job's steps at the least steps factor of any choice, each as long as its
+        Time: the job's steps, each as long as its
         compute alone with the most throughput the set can give the job (a step is never
         shorter than its compute, and running ahead gains at most the fast GPUs' throughput,
         `CostModel.ahead_rate`). Cost: GPU-hours alone, the same steps at the least price per
@@ -457,13 +456,6 @@ class _Search:
         caps = [min(snap.by_name[n].gpus_free, self.gmax - (k - 1)) for n in names]
         if any(c < 1 for c in caps) or sum(caps) < self.gmin or k > self.gmax:
             return 0.0, 0.0
-        if self._least_factor is None:
-            # steps factors (>= 1 as modelled; taken as they are, not assumed)
-            factors = [
-                m.compressor(c).steps_factor * m.sync(s).steps_factor
-                for c, s in self.multi + self.hetero + self.sparse
-            ]
-            self._least_factor = min([1.0, *factors])
         # fastest GPUs first, one each at least, within the job's GPUs: the most throughput
         left, rate = self.gmax - k, 0.0
         for r, cap in sorted(zip((m.rate[n] for n in names), caps, strict=True), reverse=True):
@@ -471,7 +463,7 @@ class _Search:
             left -= add
             rate += (1 + add) * r
         margin = 1 - 1e-6
-        work = self.job.steps * self._least_factor * m.work
+        work = self.job.steps * m.work
         per_flop = min(m.price[n] / m.rate[n] for n in names)
         return work / rate * margin, work * per_flop / 3600.0 * margin
 
@@ -788,6 +780,7 @@ def plan(
     efficiency: Mapping[str, float] | None = None,
     preempt: bool = True,
     steps_factors: Mapping[str, float] | None = None,
+    slack: float = SLACK,
 ) -> PlanResult:
     """Best placement, compression and sync for `job` on `snapshot`, or why there is none.
 
@@ -797,20 +790,24 @@ def plan(
     first two, ...) before all eligible clusters. When the job does not fit for lack of GPUs
     and outranks preemptible running jobs, the fewest, then cheapest, victims are named.
     `steps_factors`: sync modes' statistical efficiency fitted from observed runs (`CostModel`).
+    `slack`: of the choices within this fraction of the best by the objective, the least lossy
+    is taken (`grammar.quality`; 0: the best by the objective, ties to the least lossy).
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if objective == "cost-within-deadline" and job.qos.deadline_s is None:
         raise ValueError("qos.deadline_s: objective cost-within-deadline needs a deadline")
     model = CostModel(snapshot, job, efficiency, steps_factors)
-    result = _plan_free(model, job, objective)
+    result = _plan_free(model, job, objective, slack)
     if isinstance(result, Plan) or not preempt or result.constraint != "capacity":
         return result
-    victims_plan = _plan_with_preemption(snapshot, job, objective, efficiency, steps_factors)
+    victims_plan = _plan_with_preemption(snapshot, job, objective, efficiency, steps_factors, slack)
     return victims_plan if victims_plan is not None else result
 
 
-def _plan_free(model: CostModel, job: JobRequest, objective: Objective) -> PlanResult:
+def _plan_free(
+    model: CostModel, job: JobRequest, objective: Objective, slack: float = SLACK
+) -> PlanResult:
     snapshot = model.snapshot
     gmin, gmax = job.min_gpus, job.max_gpus
     left = quota_left(snapshot, job.tenant)
@@ -848,7 +845,8 @@ def _plan_free(model: CostModel, job: JobRequest, objective: Objective) -> PlanR
                 extra = (f"preference: used the first {len(cands)} preferred cluster(s)",)
             elif pref:
                 extra = ("preference: the preferred clusters alone could not take the job",)
-            return _to_plan(model, search, search.best, notes + extra)
+            chosen, why = _least_lossy(model, search, search.best, slack)
+            return _to_plan(model, search, chosen, notes + extra + why)
     assert last is not None
     return _diagnose(model, job, last, eligible, excluded, notes, gmin, gmax)
 
@@ -949,6 +947,7 @@ def _plan_with_preemption(
     objective: Objective,
     efficiency: Mapping[str, float] | None,
     steps_factors: Mapping[str, float] | None = None,
+    slack: float = SLACK,
 ) -> Plan | None:
     """Fewest victims first; among equally many, the cheapest set to stop."""
     cands = preemption_candidates(snapshot, job)
@@ -963,7 +962,8 @@ def _plan_with_preemption(
             if tried > MAX_VICTIM_SETS:
                 return None
             freed = release(snapshot, vs)
-            result = _plan_free(CostModel(freed, job, efficiency, steps_factors), job, objective)
+            model = CostModel(freed, job, efficiency, steps_factors)
+            result = _plan_free(model, job, objective, slack)
             if isinstance(result, Plan):
                 ids = tuple(v.id for v in vs)
                 why = (
@@ -972,6 +972,55 @@ def _plan_with_preemption(
                 )
                 return replace(result, victims=ids, explanation=result.explanation + why)
     return None
+
+
+def _quality(model: CostModel, ch: _Choice) -> float:
+    return model.compressor(ch.compression).steps_factor * model.sync(ch.sync).steps_factor - 1
+
+
+def _least_lossy(
+    model: CostModel, search: _Search, best: _Choice, slack: float = SLACK
+) -> tuple[_Choice, tuple[str, ...]]:
+    """Quality is part of the objective: of every (compression, sync) on the best allocation
+    of each cluster set searched, within the rules and within `SLACK` of the best by the
+    objective, the least lossy (`grammar.quality`); and the line saying what it cost."""
+    by_time = search.objective == "time"
+
+    def measure(ch: _Choice) -> float:
+        return ch.time if by_time else ch.cost
+
+    # where the best is itself too lossy to count (`MAX_COST`), every set may hold the pick
+    limit = measure(best) * (1.0 + slack) if _quality(model, best) <= MAX_COST else _INF
+    options = [best]
+    for names, top in search.runner_up.items():
+        if measure(top) > limit:
+            continue  # its best is already outside the slack: so are its other choices
+        a = top.alloc
+        combos = search.combos(names)
+        times, costs = model.score_set(
+            names, combos, [(a.rate, a.intra, a.price, sum(a.gpus), a.ahead)]
+        )
+        for (comp, sync), t, c in zip(combos, times, costs, strict=True):
+            ch = _Choice(a, comp, sync, t, c)
+            if search.ok(ch):
+                options.append(ch)
+    chosen = least_lossy(options, measure, lambda ch: _quality(model, ch), slack, search.key)
+    q, qb = _quality(model, chosen), _quality(model, best)
+    unit = "s" if by_time else "$"
+    if chosen is best or (chosen.compression, chosen.sync) == (best.compression, best.sync):
+        if q <= 0:
+            return best, ("quality: lossless (quality cost 0 %)",)
+        return best, (
+            f"quality: {best.compression} / {best.sync} costs {q:.0%} in quality (about "
+            f"{1 + q:.2f}x the steps to match lossless every-step); no less lossy option is "
+            f"within {slack:.0%} of it",
+        )
+    return chosen, (
+        f"quality: {chosen.compression} / {chosen.sync} (quality cost {q:.0%}) over the "
+        f"{'fastest' if by_time else 'cheapest'} {best.compression} / {best.sync} on "
+        f"{'+'.join(best.alloc.names)} (quality cost {qb:.0%}): {measure(chosen):.4g} {unit} "
+        f"against {measure(best):.4g} {unit}, within the {slack:.0%} slack",
+    )
 
 
 def _to_plan(model: CostModel, search: _Search, ch: _Choice, notes: tuple[str, ...]) -> Plan:
@@ -999,7 +1048,7 @@ def _explain(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> t
         + f"; objective {search.objective}",
         f"step {est.step_time_s:.4g} s = compute {est.compute_s:.4g} s, intra all-reduce "
         f"{est.intra_s:.4g} s, WAN {est.wan_s:.4g} s, compression {est.overhead_s:.4g} s "
-        f"(exchange overlaps the backward pass)"
+        f"(the exchange after the backward pass, as the runtime runs it)"
         + (
             "; per global batch of samples: the fast clusters' extra steps divide it"
             if len(ch.alloc.names) > 1
@@ -1117,9 +1166,11 @@ def evaluate(
     objective: Objective = "time",
     efficiency: Mapping[str, float] | None = None,
     steps_factors: Mapping[str, float] | None = None,
+    slack: float = SLACK,
 ) -> PlanResult:
-    """The plan for a given placement: the compression and sync the planner would pick for it,
-    its estimate, or Infeasible naming the first rule it breaks."""
+    """The plan for a given placement: the compression and sync the planner would pick for it
+    (the least lossy within `slack` of its best), its estimate, or Infeasible naming the
+    first rule it breaks."""
     pl = tuple(placement)
     bad = check_placement(snapshot, job, pl)
     if bad is not None:
@@ -1136,7 +1187,11 @@ def evaluate(
         search._record(_Choice(alloc, comp, sync, est.total_time_s, est.cost))
     best = search.best
     assert best is not None
-    result = _to_plan(model, search, best, ())
+    why: tuple[str, ...] = ()
+    if search.ok(best):
+        search.runner_up[names] = best
+        best, why = _least_lossy(model, search, best, slack)
+    result = _to_plan(model, search, best, why)
     if not search.ok(best):
         dl, mc = job.qos.deadline_s, job.qos.max_cost
         if (

@@ -38,8 +38,13 @@ class Cluster:
     gpu_tflops: float | None = None
     efficiency: float | None = None
     class_prices: tuple[tuple[str, float], ...] = ()
+    setup_s: float | None = None
+    """Seconds a run spends here outside its steps (launch, set-up, first-step compilation,
+    checkpoints, evaluation, the drain), fitted from observed runs; None: the snapshot's."""
 
     def __post_init__(self) -> None:
+        if self.setup_s is not None and not 0 <= self.setup_s < 86400:
+            raise ValueError(f"cluster {self.name!r}: setup_s must be in [0, 86400) seconds")
         if self.gpus_free < 0:
             raise ValueError(f"cluster {self.name!r}: gpus_free must be >= 0")
         if self.intra_bandwidth_gbps <= 0:
@@ -142,10 +147,15 @@ class Snapshot:
     # (stragglers, runtime overhead): `fit_step_overhead` over finished jobs; added to every
     # multi-worker estimate
     step_overhead_s: float = 0.0
+    setup_s: float = 0.0
+    """A run's seconds outside its steps on a cluster without a `setup_s` of its own; a run
+    on several clusters pays the longest (they set up in parallel)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.step_overhead_s < 3600:
             raise ValueError("step_overhead_s: must be in [0, 3600) seconds")
+        if not 0 <= self.setup_s < 86400:
+            raise ValueError("setup_s: must be in [0, 86400) seconds")
         names = [c.name for c in self.clusters]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -403,8 +413,10 @@ class JobRequest:
 class Estimate:
     """What the cost model predicts for one placement with one compression and sync mode.
 
-    `step_time_s` is per optimiser step; `total_time_s` covers `effective_steps` (the requested
-    steps times the compressor's and sync mode's statistical-efficiency factors).
+    `step_time_s` is per optimiser step; `total_time_s` covers the requested steps (what the
+    run takes) and `quality_cost` is what the compressor and sync mode cost in quality: the
+    fraction of extra steps they would need to match lossless every-step training
+    (`grammar.quality`, or a steps factor fitted from observed runs).
     `batch_shares` is each cluster's fraction of the global batch were it split by GPU
     throughput (so no cluster waits on another), for a launcher that splits the data so. The
     runtime splits it equally per worker today, and the step time assumes that: the slowest
@@ -426,6 +438,8 @@ class Estimate:
     bottleneck: tuple[str, str] | None = None
     batch_shares: tuple[tuple[str, float], ...] = ()
     step_overhead_s: float = 0.0  # included in step_time_s
+    quality_cost: float = 0.0
+    setup_s: float = 0.0  # included in total_time_s (and its GPUs in the cost)
 
 
 @dataclass(frozen=True)

@@ -25,26 +25,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from grammar import Sync, SyncKind, parse_compression, parse_sync
+from grammar.quality import NEAR_LOSSLESS, PERIODS
 from training.adaptive import estimate_bytes
 from training.wan import Link
 
 LADDER: tuple[str, ...] = ("none", "int8", "int4", "int2", "topk:0.02:m0:c4096:int2")
-"""Compressors, least to most lossy. Top-k without its own momentum (m0): the pseudo-gradient
-already is an update; its error feedback keeps what was not sent."""
+"""Compressors, least to most lossy (`grammar.quality.compression_cost`). Top-k without its
+own momentum (m0): the pseudo-gradient already is an update; its error feedback keeps what was
+not sent."""
 
-NEAR_LOSSLESS: tuple[str, ...] = ("int8", "int4")
-"""Pseudo-gradient levels that cost no measured quality, so local SGD and streaming send at
-them and never at fp32: on the testbed's language model int8 and int4 (both with error
-feedback and stochastic rounding) ended level with fp32 or above it, for a fraction of its
-bytes (measured: bench/results/peers-100mbit.md). Lighter levels (int2, top-k) come after
-every near-lossless choice: int2 reached the target only at the last evaluation, top-k not."""
-
-PERIODS: tuple[int, ...] = (32, 64)
-"""Local SGD periods tried, 32 first. Not the shortest that hides: with DiLoCo's outer step
-(Nesterov, lr 0.7, momentum 0.9) a short period costs quality, not only bytes: on the
-testbed's language model H=16 ended below H=32 (measured: bench/results/peers-100mbit.md).
-A longer one costs quality too (H=64 ended below H=32 in accuracy over three seeds), and a
-much shorter one diverges."""
+# NEAR_LOSSLESS (the pseudo-gradient levels local SGD and streaming send at, never fp32) and
+# PERIODS (32 before 64) are `grammar.quality`'s, the policy the planner decides with too;
+# LADDER is ordered by its `compression_cost` (tests/training/test_auto.py holds it to that).
 
 
 @dataclass(frozen=True)

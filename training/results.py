@@ -141,3 +141,52 @@ class SegmentResult:
     eval_loss: float | None = None
     """Mean loss over the evaluation set, beside `accuracy` (a language model's quality is
     its loss more than its next-token accuracy)."""
+
+
+DIVERGED_LOSS = 0.20
+"""A final eval loss this much (relative) above the best one means the run diverged."""
+DIVERGED_GAIN = 0.5
+"""So does a final accuracy that lost this share of the accuracy the run had gained."""
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The best evaluation of a run beside its last, and a warning when the last fell well
+    below the best (the run diverged: its last model is not its best)."""
+
+    best_step: int | None
+    best_accuracy: float
+    best_eval_loss: float
+    warning: str = ""
+
+
+def quality_of(history: list[dict[str, float]]) -> Quality:
+    """The best evaluation in `history` (by eval loss where measured, else accuracy) and
+    whether the final one fell from it by more than DIVERGED_LOSS in loss or DIVERGED_GAIN of
+    the accuracy gained since the first evaluation."""
+    evals = [h for h in history if h.get("accuracy") is not None]
+    if not evals:
+        return Quality(None, float("nan"), float("nan"))
+    with_loss = [h for h in evals if h.get("eval_loss") is not None]
+    if with_loss:
+        best = min(with_loss, key=lambda h: (h["eval_loss"], -h["step"]))
+    else:
+        best = max(evals, key=lambda h: (h["accuracy"], h["step"]))
+    last, first = evals[-1], evals[0]
+    b_acc, l_acc = float(best["accuracy"]), float(last["accuracy"])
+    b_loss = float(best.get("eval_loss", float("nan")))
+    l_loss = float(last.get("eval_loss", float("nan")))
+    why = []
+    if b_loss == b_loss and l_loss == l_loss and l_loss > (1 + DIVERGED_LOSS) * b_loss:
+        why.append(f"eval loss {l_loss:.4g} against its best {b_loss:.4g}")
+    top = max(float(h["accuracy"]) for h in evals)
+    gain = top - float(first["accuracy"])
+    if gain > 0 and top - l_acc > DIVERGED_GAIN * gain:
+        why.append(f"accuracy {l_acc:.4f} against its best {top:.4f}")
+    warning = ""
+    if why:
+        warning = (
+            f"the run diverged: final {' and '.join(why)} (at step {int(best['step'])}); "
+            "its last model is not its best"
+        )
+    return Quality(int(best["step"]), b_acc, b_loss, warning)

@@ -16,7 +16,7 @@ from typing import Any
 
 from training.placement import cluster_resource
 from training.ray_actors import check_capacity, ensure_ray, kill, local_resources, wait_all
-from training.results import ExchangeCounters, SegmentResult
+from training.results import ExchangeCounters, SegmentResult, quality_of
 from training.spec import Progress, TrainReport, TrainSpec
 
 __all__ = ["WorkerGroup", "WorkerPool", "local_resources", "run"]
@@ -279,6 +279,7 @@ def run(
     if spec.link_mbps is not None:
         links.append({"a": "*", "b": "*", "mbps": spec.link_mbps, "rtt_ms": spec.rtt_ms})
     final_acc = last.accuracy if last is not None else None
+    quality = quality_of(history)
     steps_by_cluster: dict[str, int] = {}
     labels_by_cluster: dict[str, list[int]] = {}
     for c, r in zip(ranks_cluster, last_all, strict=False):  # none: no segment ran
@@ -314,4 +315,8 @@ def run(
         final_eval_loss=(
             last.eval_loss if last is not None and last.eval_loss is not None else float("nan")
         ),
+        best_step=quality.best_step,
+        best_accuracy=quality.best_accuracy,
+        best_eval_loss=quality.best_eval_loss,
+        warning=quality.warning,
     )

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from grammar import Compression, Sync, SyncKind, parse_compression, parse_sync
+from grammar.quality import SPEED_BOUND
 from training.placement import cluster_resource
 from training.results import AutoChoice, WanBytes
 
@@ -139,7 +140,7 @@ class TrainSpec:
     slowdown: dict[str, float] = field(default_factory=dict)
     """{cluster: factor >= 1}: that cluster's compute takes `factor` times as long (the worker
     waits out the difference), so heterogeneous clusters can be emulated on one machine."""
-    speed_bound: int = 4
+    speed_bound: int = SPEED_BOUND
     """partial / async-ps: a cluster takes at most this many local steps per step of the
     slowest cluster."""
     data: str = "shared"
@@ -311,6 +312,12 @@ class TrainReport:
     final_eval_loss: float = float("nan")
     """Mean loss over the evaluation set at the end (`final_loss` is the training loss of the
     last segment); NaN where the run ended before an evaluation."""
+    best_step: int | None = None
+    """The step of the run's best evaluation (`training.results.quality_of`)."""
+    best_accuracy: float = float("nan")
+    best_eval_loss: float = float("nan")
+    warning: str = ""
+    """Set when the run diverged: its final evaluation fell well below its best."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `cpn train --json` prints): `wan_bytes` as `{"src->dst": bytes}`."""

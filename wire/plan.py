@@ -50,15 +50,23 @@ class PlanEstimate(_Value):
     """What the cost model predicts for the plan (seconds, bytes, money)."""
 
     step_time_s: float = Field(description="Seconds per optimiser step.")
-    total_time_s: float = Field(description="Seconds for all steps.")
+    total_time_s: float = Field(description="Seconds for the whole run: set-up and all steps.")
     wan_bytes: int = Field(description="Bytes the job sends over WAN links in all.")
     cost: float | None = Field(default=None, description="Total price; absent in older quotes.")
     compute_s: float | None = Field(default=None, description="Compute seconds per step.")
     intra_s: float | None = Field(default=None, description="In-cluster all-reduce per step.")
     wan_s: float | None = Field(default=None, description="WAN exchange seconds per step.")
     overhead_s: float | None = None
-    effective_steps: float | None = Field(
-        default=None, description="Steps times the compressor's and sync mode's efficiency."
+    effective_steps: float | None = Field(default=None, description="Steps the run takes.")
+    setup_s: float = Field(
+        default=0.0,
+        description="Seconds outside the steps (launch, set-up, checkpoints, evaluation, the "
+        "drain), fitted from observed runs; included in total_time_s and the cost.",
+    )
+    quality_cost: float = Field(
+        default=0.0,
+        description="What the compression and sync cost in model quality: the fraction of "
+        "extra steps they would need to match lossless every-step training (0.1 = 10 %).",
     )
     ring: tuple[str, ...] = Field(default=(), description="Order of clusters on the WAN ring.")
     step_overhead_s: float = Field(

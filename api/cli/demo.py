@@ -293,7 +293,9 @@ class _Demo:
             {},
         )
         ledger = self.tenant.ledger(self.tenant_id)
-        cost = sum(Decimal(e["amount"]) for e in ledger["items"] if e["job_id"] == job["id"])
+        lines = [e for e in ledger["items"] if e["job_id"] == job["id"]]
+        cost = sum((Decimal(e["amount"]) for e in lines), Decimal(0))
+        credit = -sum((Decimal(e["amount"]) for e in lines if e["kind"] == "credit"), Decimal(0))
         sent = int(report.get("wan_bytes_total", 0))
         # Plain synchronous DP: every step, each of the D cluster leaders sends its fp32
         # gradient to the D-1 others (the same all-gather exchange, uncompressed).
@@ -324,8 +326,31 @@ class _Demo:
                 "uncompressed DP would send",
                 f"{uncompressed / 1e6:.2f} MB ({uncompressed / max(sent, 1):.1f}x more)",
             ),
-            ("cost (ledger)", f"${cost:.6f}"),
         ]
+        # quote beside bill: what the plan promised, what the run took and was charged
+        promised = job.get("held_price") or job["placement"]
+        est = promised["estimate"]
+        price = (promised.get("price") or {}).get("total", est.get("cost"))
+        ran = (
+            datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["started_at"])
+        ).total_seconds()
+        rows += [
+            (
+                "quoted (held)" if job.get("held_price") else "planned",
+                f"{est['total_time_s']:.1f} s, ${price:.6f} (quality cost "
+                f"{est.get('quality_cost', 0.0):.0%})",
+            ),
+            (
+                "ran / billed (ledger)",
+                f"{ran:.1f} s, ${cost:.6f}"
+                + (f" (platform credit ${credit:.6f}: the held price)" if credit else ""),
+            ),
+        ]
+        if report.get("warning"):
+            rows.append(("warning", str(report["warning"])))
+        why = next((w for w in promised.get("explanation", ()) if w.startswith("quality:")), None)
+        if why:
+            rows.append(("why this sync", why.removeprefix("quality: ")))
         if lost:
             states = [
                 e["to_state"]

@@ -176,8 +176,47 @@ def _print_parallel(par: dict[str, Any]) -> None:
         print(f"    why: {par['reason']}")
 
 
-def _print_text(result: PlanResult) -> None:
-    obj = result_to_json(result)
+def planned(top: dict[str, Any], parallel: dict[str, Any]) -> dict[str, Any]:
+    """The top-level answer states the parallel mode actually planned: a model that fits no
+    GPU is no feasible data-parallel plan. Where it needs a pipeline, the placement and the
+    estimate are the pipeline's; where nothing fits, the answer is infeasible (`memory`)."""
+    mode = parallel.get("mode")
+    out = {**top, "mode": mode}
+    if not top["feasible"]:
+        return out
+    if mode is None:
+        return {
+            **out,
+            "feasible": False,
+            "constraint": "memory",
+            "reason": parallel.get("reason", ""),
+        }
+    if mode != "data" and parallel.get("stages"):
+        counts: dict[str, int] = {}
+        for st in parallel["stages"]:
+            counts[st["cluster"]] = counts.get(st["cluster"], 0) + 1
+        return {
+            **out,
+            "placement": [{"cluster": c, "gpus": g} for c, g in counts.items()],
+            "compression": "none",
+            "sync": "every-step",
+            "estimate": parallel.get("estimate", top["estimate"]),
+            "explanation": [parallel.get("reason", ""), *top["explanation"]],
+        }
+    return out
+
+
+def _print_text(result: PlanResult, answer: dict[str, Any] | None = None) -> None:
+    obj = answer or result_to_json(result)
+    if obj["feasible"] and obj.get("mode") not in (None, "data"):
+        stages = sum(p["gpus"] for p in obj["placement"])
+        print(f"feasible plan ({obj['objective']}): a {obj['mode']} of {stages} stages")
+        print(
+            "  placement:   " + ", ".join(f"{p['cluster']} x{p['gpus']}" for p in obj["placement"])
+        )
+        for line in obj["explanation"][:1]:
+            print(f"  - {line}")
+        return
     if obj["feasible"]:
         print(f"feasible plan ({obj['objective']})")
     else:
@@ -255,10 +294,11 @@ def register(app: typer.Typer) -> None:
         else:
             result = make_plan(snap, req, objective)  # type: ignore[arg-type]
         parallel = parallelism_json(_load_json(job, "job"), snap, req)
+        answer = planned(result_to_json(result), parallel)
         if as_json:
-            print(json.dumps({**result_to_json(result), "parallelism": parallel}, sort_keys=False))
+            print(json.dumps({**answer, "parallelism": parallel}, sort_keys=False))
         else:
-            _print_text(result)
+            _print_text(result, answer)
             _print_parallel(parallel)
-        if not isinstance(result, Plan):
+        if not isinstance(result, Plan) or not answer["feasible"]:
             raise typer.Exit(1)

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from controller.money.metering import meter_allocations, price_usage, start_billing
+from controller.money.metering import cap_at_held, meter_allocations, price_usage, start_billing
 from controller.network.allocations import release
 from controller.store.models import REASON_MAX, Job, JobEvent, bounded, utcnow
 from controller.values.errors import Conflict
@@ -124,3 +124,4 @@ def end_run(session: Session, job: Job, until: datetime | None = None) -> None:
     release(session, job, until)
     meter_allocations(session, job, until)
     price_usage(session, job.id)
+    cap_at_held(session, job)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -207,7 +208,7 @@ def train_spec_of(
     every = spec.args.checkpoint_every
     return TrainSpec(
         task=spec.task,
-        clusters=dict(clusters),
+        clusters=ring_ordered(clusters, plan.estimate.ring if plan else ()),
         compression=compression,
         sync=sync,
         steps=spec.steps,
@@ -222,6 +223,14 @@ def train_spec_of(
         regions=regions,
         **spec.args.runtime(),  # typed and bounded by the spec (wire.spec.TrainArgs)
     )
+
+
+def ring_ordered(clusters: dict[str, int], ring: Sequence[str]) -> dict[str, int]:
+    """The clusters in the order of the WAN ring the planner priced (the runtime's ring runs
+    the clusters in their given order); clusters the ring does not name keep their place
+    after it."""
+    first = [c for c in ring if c in clusters]
+    return {c: clusters[c] for c in [*first, *(c for c in clusters if c not in first)]}
 
 
 def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> PipelineSpec | None:

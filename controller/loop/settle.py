@@ -28,6 +28,10 @@ REPORT_KEYS = (
     "final_loss",
     "final_accuracy",
     "final_eval_loss",
+    "best_step",
+    "best_accuracy",
+    "best_eval_loss",
+    "warning",
     "wall_s",
     "compute_s",
     "comm_s",
@@ -99,6 +103,9 @@ def settle(
         if to is not None:
             detail = handle.stop.detail if handle.stop else ""
             reason, data = _why(stop, decision, job, detail, error, handle.report)
+            if stop is StopReason.COMPLETED and handle.report and handle.report.warning:
+                # a run that diverged says so where the tenant looks: an event of its own
+                session.add(JobEvent(job_id=job.id, kind="warning", message=handle.report.warning))
             lifecycle.transition(session, job, to, reason, **data)
         failpoints.failpoint("settle.after_usage")  # books written, not committed
         return decision
@@ -122,10 +129,12 @@ def _why(
             # JSON has no NaN (PostgreSQL refuses it): a figure the run never measured is left out
             if k in data and not (isinstance(data[k], float) and not math.isfinite(data[k]))
         }
-        return (
-            f"finished {report.steps} steps: accuracy {report.final_accuracy:.4f}",
-            {"report": kept},
-        )
+        said = f"finished {report.steps} steps: accuracy {report.final_accuracy:.4f}"
+        if report.warning:
+            said += (
+                f" (best {report.best_accuracy:.4f} at step {report.best_step}: the run diverged)"
+            )
+        return said, {"report": kept}
     if stop is StopReason.PREEMPTED:
         # Another tenant's job, maybe: the victim's tenant is not told which (the log says).
         log.info("job %s preempted by job %s", job.id, detail)

@@ -136,8 +136,16 @@ class Charge:
     amount: Decimal
 
 
+HELD_CREDIT = "held_credit"
+"""The usage kind of a platform credit: what a run cost over its held quote, in dollars."""
+
+
 def charge_of(session: Session, usage: Usage, ids: Mapping[str, str]) -> Charge:
     """The charge of a usage row (`ids`: cluster name -> id); NotFound when a GPU has no price."""
+    if usage.kind == HELD_CREDIT:
+        amount = q6(Decimal(usage.quantity))
+        what = f"platform credit: the run cost {amount} over its held quote"
+        return Charge("credit", what, amount, Decimal(-1), -amount)
     if usage.kind == "gpu_seconds":
         assert usage.gpu_model and usage.qos_class
         what = f"{usage.gpu_model} on {usage.cluster} ({usage.qos_class})"
@@ -183,6 +191,39 @@ def price_usage(session: Session, job_id: str | None = None) -> list[LedgerEntry
         entries.append(entry)
     session.flush()
     return entries
+
+
+def cap_at_held(session: Session, job: Job, at: datetime | None = None) -> Decimal:
+    """A held quote is a promise: the tenant never pays more than its total. What the job's
+    ledger holds over it is credited back by the platform as one more usage row and ledger
+    line (kind `credit`, visible to the tenant and its admins), so the ledger still equals
+    usage times prices; returns the credit (0 when the run kept within the quote). Called
+    after each pricing of the job (`end_run`): a later run's overrun is credited too."""
+    held = job.held_price
+    if held is None:
+        return Decimal(0)
+    promised = held.price.total if held.price is not None else held.estimate.cost
+    if promised is None:
+        return Decimal(0)
+    paid = exact_total(session, LedgerEntry.amount, LedgerEntry.job_id == job.id)
+    over = q6(paid - q6(Decimal(str(promised))))
+    if over <= 0:
+        return Decimal(0)
+    now = at or utcnow()
+    session.add(
+        Usage(
+            tenant_id=job.tenant_id,
+            job_id=job.id,
+            kind=HELD_CREDIT,
+            cluster="platform",
+            quantity=over,
+            period_start=now,
+            period_end=now,
+        )
+    )
+    session.flush()
+    price_usage(session, job.id)
+    return over
 
 
 def exact_total(

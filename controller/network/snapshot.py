@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ from controller.store.models import (
     utcnow,
 )
 from grammar.states import LIVE, ClusterState, JobState
-from wire.plan import PlanEstimate
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -99,6 +99,8 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
     A (cluster, model) without a price for the class is left out: nothing runs unpriced.
     """
     at = at or utcnow()
+    seen = observed(session)
+    setups = dict(seen.setup_by_cluster)
     gpu_prices = pricing.current_gpu_prices(session, at)
     egress = pricing.current_egress_prices(session, at)
     # Columns, not ORM rows: with a thousand clusters and their links, loading Cluster and
@@ -153,6 +155,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     state=state,
                     cordoned=c.cordoned,
                     gpu_tflops=tflops,
+                    setup_s=setups.get(c.name),
                 )
             )
     snapshot = scheduler.Snapshot(
@@ -166,7 +169,8 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
             )
             if quota is not None
         ),
-        step_overhead_s=step_overhead(session),
+        step_overhead_s=seen.step_overhead_s,
+        setup_s=seen.setup_s,
     )
     return World(snapshot, origins)
 
@@ -232,27 +236,39 @@ def _effective_links(rows: Iterable[Any]) -> list[Any]:
     return sorted(resources.winning_links(rows), key=lambda k: (k.src_name, k.dst_name))
 
 
-def step_overhead(session: Session) -> float:
-    """Per-step time the cost model missed on the last finished multi-worker jobs: observed
-    step minus observed compute minus what their estimate gave communication."""
+SETUP_PRIOR_S = 30.0
+"""A run's seconds outside its steps before any run was observed: Ray actors started, torch
+imported, the data loaded, evaluations, checkpoints and the drain (about what a fresh
+`make demo` run shows on a laptop's CPU); replaced by what finished runs show."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What finished runs say the cost model missed: per step (`step_overhead_s`) and per run
+    outside its steps (`setup_s`: pooled, and per cluster name that ran them)."""
+
+    step_overhead_s: float = 0.0
+    setup_s: float = SETUP_PRIOR_S
+    setup_by_cluster: tuple[tuple[str, float], ...] = ()
+
+
+def observed(session: Session) -> Observed:
+    """Fit the step overhead and the set-up time from the last finished jobs. Step overhead:
+    observed step minus observed compute minus what the estimate gave communication (jobs on
+    several GPUs). Set-up: the run's wall time (RUNNING to SUCCEEDED) minus its steps at
+    their observed step time, of jobs that ran once; the median each, per cluster too."""
     jobs = session.execute(
-        select(Job.id, Job.placement)
+        select(Job.id, Job.placement, Job.started_at, Job.finished_at, Job.attempts)
         .where(Job.state == JobState.SUCCEEDED, Job.placement.is_not(None))
         .order_by(Job.finished_at.desc())
         .limit(OVERHEAD_JOBS)
     ).all()
-    estimates: dict[str, PlanEstimate] = {}
-    for job_id, plan in jobs:
-        if plan is None:
-            continue
-        est = plan.estimate
-        if plan.gpus > 1 and est.compute_s:
-            estimates[job_id] = est
-    if not estimates:
-        return 0.0
+    plans = {job_id: (plan, start, end, tries) for job_id, plan, start, end, tries in jobs if plan}
+    if not plans:
+        return Observed()
     last = (
         select(JobMetric.job_id, func.max(JobMetric.step).label("step"))
-        .where(JobMetric.job_id.in_(estimates))
+        .where(JobMetric.job_id.in_(plans))
         .group_by(JobMetric.job_id)
         .subquery()
     )
@@ -261,15 +277,36 @@ def step_overhead(session: Session) -> float:
             JobMetric.job_id, JobMetric.step, JobMetric.step_time_s, JobMetric.compute_time_s
         ).join(last, (JobMetric.job_id == last.c.job_id) & (JobMetric.step == last.c.step))
     ).all()
-    residuals = []
+    residuals: list[float] = []
+    setups: list[float] = []
+    by_cluster: dict[str, list[float]] = defaultdict(list)
     for job_id, step, step_s, compute_total in rows:
-        if not step or step_s is None or compute_total is None:
+        if not step or step_s is None:
             continue
-        est = estimates[job_id]
-        assert est.compute_s is not None
-        modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
-        residuals.append(step_s - compute_total / step - modelled_comm)
-    return scheduler.fit_step_overhead(residuals)
+        plan, start, end, tries = plans[job_id]
+        est = plan.estimate
+        if plan.gpus > 1 and est.compute_s and compute_total is not None:
+            modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
+            residuals.append(step_s - compute_total / step - modelled_comm)
+        if start is not None and end is not None and tries <= 1 and plan.parallel.mode == "data":
+            setup = max(0.0, (end - start).total_seconds() - step * step_s)
+            setups.append(setup)
+            for share in plan.clusters:
+                by_cluster[share.cluster].append(setup)
+    return Observed(
+        step_overhead_s=scheduler.fit_step_overhead(residuals),
+        setup_s=_median(setups, SETUP_PRIOR_S),
+        setup_by_cluster=tuple((c, _median(v, SETUP_PRIOR_S)) for c, v in by_cluster.items()),
+    )
+
+
+def _median(values: Sequence[float], default: float) -> float:
+    return min(float(statistics.median(values)), 86399.0) if values else default
+
+
+def step_overhead(session: Session) -> float:
+    """The per-step time the cost model missed on the last finished jobs (`observed`)."""
+    return observed(session).step_overhead_s
 
 
 def running_jobs(session: Session) -> list[scheduler.RunningJob]:

@@ -536,7 +536,7 @@ class Usage(Base):
     # used or was charged (tenants are soft-deleted; a hard delete is refused by these keys).
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(16))  # gpu_seconds | wan_bytes
+    kind: Mapped[str] = mapped_column(String(16))  # gpu_seconds | wan_bytes | held_credit
     cluster: Mapped[str] = mapped_column(String(63))  # the GPU cluster, or the link's source
     dst_cluster: Mapped[str | None] = mapped_column(String(63))
     gpu_model: Mapped[str | None] = mapped_column(String(128))
@@ -564,7 +564,7 @@ class LedgerEntry(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     usage_id: Mapped[int] = mapped_column(ForeignKey("usage.id"))
-    kind: Mapped[str] = mapped_column(String(16))  # gpu | egress
+    kind: Mapped[str] = mapped_column(String(16))  # gpu | egress | credit (a held quote's overrun)
     description: Mapped[str] = mapped_column(String(256))
     quantity: Mapped[Decimal] = mapped_column(Money)  # GPU-hours or GB
     unit_price: Mapped[Decimal] = mapped_column(Money)

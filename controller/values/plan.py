@@ -315,8 +315,10 @@ def plan_of(
         wan_s=est.wan_s,
         overhead_s=est.overhead_s,
         effective_steps=est.effective_steps,
-        ring=tuple(est.ring),
+        ring=tuple(dict.fromkeys(origin(n)[0] for n in est.ring)),  # the clusters' own names
         step_overhead_s=est.step_overhead_s,
+        setup_s=est.setup_s,
+        quality_cost=round(est.quality_cost, 6),
     )
     breakdown = PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress))
     explanation = (*result.explanation, *((parallel.reason,) if parallel.mode != "data" else ()))

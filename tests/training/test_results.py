@@ -77,3 +77,21 @@ def test_progress_and_report_keep_their_json() -> None:
     assert data["wan_bytes"] == {"a->b": 3, "b->a": 4}
     assert data["wan_bytes_total"] == 7 and data["history"][0]["step"] == 2
     assert report.wan_bytes[("a", "b")] == 3  # the attribute stays typed
+
+
+def test_a_run_that_fell_from_its_best_says_so() -> None:
+    from training.results import quality_of
+
+    def h(step: int, acc: float, loss: float) -> dict[str, float]:
+        return {"step": step, "accuracy": acc, "eval_loss": loss, "loss": loss, "wall_s": 0.0}
+
+    steady = quality_of([h(10, 0.2, 2.0), h(20, 0.5, 1.4), h(30, 0.6, 1.2)])
+    assert steady.warning == "" and steady.best_step == 30 and steady.best_accuracy == 0.6
+    # the demo's shape before issue 47: up to 0.34, down to 0.217 with the loss tripled
+    fell = quality_of([h(15, 0.2, 2.2), h(150, 0.34, 1.9), h(300, 0.217, 6.23)])
+    assert fell.best_step == 150 and fell.best_eval_loss == 1.9
+    assert "diverged" in fell.warning and "0.2170" in fell.warning and "0.3400" in fell.warning
+    # a little noise at the end is no divergence
+    noisy = quality_of([h(10, 0.2, 2.0), h(20, 0.6, 1.2), h(30, 0.58, 1.25)])
+    assert noisy.warning == ""
+    assert quality_of([]).best_step is None

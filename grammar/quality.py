@@ -1,0 +1,120 @@
+"""What each compression and sync value costs in model quality, and the one rule that trades
+quality for time: the least lossy option within `SLACK` of the fastest.
+
+The planner (`scheduler`) and the runtime's `auto` (`training.auto`) both decide with this
+module, so the two layers never keep two policies. A quality cost is the fraction of extra
+optimiser steps an option needs to reach the quality lossless every-step training reaches
+(0.10: it would need 1.1x the steps); the runtime runs the steps it is given, so at equal
+steps a costlier option ends lower. The figures are priors from the runs in `bench/results`
+(`modes.md`, `wan-100mbit.md`, `peers-100mbit.md`, `auto-order-gpt.md`) and the literature;
+`scheduler.calibrate.fit_steps_factor` replaces a sync mode's with what observed runs show.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from grammar.compression import Compression, CompressionKind, parse_compression
+from grammar.sync import Sync, SyncKind, parse_sync
+
+SLACK = 0.10
+"""How much slower (or dearer, under a cost objective) than the best option a less lossy one
+may be and still be chosen: lossy compression and long periods must buy more than this."""
+
+SPEED_BOUND = 4
+"""How many steps a fast cluster may take per step of the slowest under `partial`/`async-ps`
+(the runtime's `steps_per_tick`); the planner's cost model credits exactly that."""
+
+PERIODS: tuple[int, ...] = (32, 64)
+"""Local SGD periods the runtime's `auto` tries, 32 first (a short period with DiLoCo's outer
+step costs quality, a long one too: bench/results/peers-100mbit.md)."""
+
+NEAR_LOSSLESS: tuple[str, ...] = ("int8", "int4")
+"""Pseudo-gradient levels that cost no measured quality under local SGD and streaming."""
+
+LOCAL_SGD_PER_DOUBLING = 0.02
+PARTIAL_PENALTY = 0.02
+ASYNC_PS_PENALTY = 0.05
+ASYNC_PS_PER_STALENESS = 0.02
+GOSSIP_PENALTY = 0.05
+STALE_PER_STEP = 0.02
+
+MAX_COST = 0.5
+"""An option that would need more than 1.5x the steps to match lossless training is taken only
+where nothing less lossy is possible: no speed pays for it."""
+
+T = TypeVar("T")
+
+
+def compression_cost(value: str | Compression) -> float:
+    """Extra steps (as a fraction) the compressor costs every-step training: int8 and the
+    half formats none measured (wan-100mbit.md: int8 87.8 % vs fp32 86.7 %), PowerSGD less
+    the higher its rank (rank 1 fell to 65.9 %), top-k and sign the most (top-k never
+    reached the target in peers-100mbit.md; the demo's top-k 1 % collapsed)."""
+    c = parse_compression(value)
+    kind = c.kind
+    if kind in (CompressionKind.NONE, CompressionKind.AUTO):
+        return 0.0
+    if kind in (CompressionKind.FP16, CompressionKind.BF16):
+        return 0.002  # rounding to half precision: fp32 first where it is within the slack
+    if kind is CompressionKind.INT8:
+        return 0.01
+    if kind is CompressionKind.INT4:
+        return 0.03
+    if kind is CompressionKind.INT2:
+        return 0.08
+    if kind is CompressionKind.SIGN:
+        return 0.30
+    if kind is CompressionKind.TOPK:
+        quantized = 0.02 if c.values in ("int4", "int2") else 0.0
+        return 0.10 + 0.10 * math.log10(1.0 / c.density) + quantized
+    return 0.4 / max(1, c.rank)  # PowerSGD
+
+
+def sync_cost(value: str | Sync) -> float:
+    """Extra steps the sync mode costs (local SGD 0.02 a doubling of its period: H=16 ended
+    4.3 points below every-step in modes.md; the modes that let clusters drift more)."""
+    s = parse_sync(value)
+    kind = s.kind
+    if kind is SyncKind.STALE:
+        return STALE_PER_STEP * s.staleness
+    if kind is SyncKind.LOCAL_SGD:
+        return LOCAL_SGD_PER_DOUBLING * math.log2(s.period)
+    if kind is SyncKind.STREAMING:
+        return LOCAL_SGD_PER_DOUBLING * math.log2(s.period) + 0.01 * s.delay / s.period
+    if kind is SyncKind.PARTIAL:
+        return PARTIAL_PENALTY + LOCAL_SGD_PER_DOUBLING * math.log2(s.period)
+    if kind is SyncKind.GOSSIP:
+        return GOSSIP_PENALTY + LOCAL_SGD_PER_DOUBLING * math.log2(s.period)
+    if kind is SyncKind.ASYNC_PS:
+        return ASYNC_PS_PENALTY + ASYNC_PS_PER_STALENESS * min(s.staleness, 8)
+    return 0.0
+
+
+def quality_cost(compression: str | Compression, sync: str | Sync) -> float:
+    """The two costs compounded: (1 + c)(1 + s) - 1."""
+    return (1.0 + compression_cost(compression)) * (1.0 + sync_cost(sync)) - 1.0
+
+
+def least_lossy(
+    options: Sequence[T],
+    measure: Callable[[T], float],
+    quality: Callable[[T], float],
+    slack: float = SLACK,
+    rank: Callable[[T], Any] | None = None,
+) -> T:
+    """The option of least quality cost among those within `slack` of the best `measure`
+    (time or cost); ties go to the lower `rank` (default: the measure), then to the earlier
+    option. Options over `MAX_COST` count only where every option is."""
+    if not options:
+        raise ValueError("least_lossy needs at least one option")
+    order = rank or measure
+    scored = [(round(quality(o), 9), measure(o), i) for i, o in enumerate(options)]
+    sound = [t for t in scored if t[0] <= MAX_COST] or scored
+    limit = min(t[1] for t in sound) * (1.0 + slack) + 1e-12
+    inside = [t for t in sound if t[1] <= limit]
+    least = min(t[0] for t in inside)
+    ties = [i for q, _, i in inside if q == least]
+    return options[min(ties, key=lambda i: (order(options[i]), i))]
