@@ -25,7 +25,14 @@ from scheduler.compression import (
     compressor_model,
     sync_model,
 )
-from scheduler.cost import CostModel, estimate, reference_run_s, ring_allreduce_time, step_time
+from scheduler.cost import (
+    CostModel,
+    estimate,
+    reference_run_s,
+    ring_allreduce_time,
+    setup_of,
+    step_time,
+)
 from scheduler.gpus import DEFAULT_EFFICIENCY, GPU_PEAK_TFLOPS, peak_tflops
 from scheduler.optimizer import check_placement, evaluate, plan
 from scheduler.rules import (
@@ -97,6 +104,7 @@ __all__ = [
     "quota_left",
     "reference_run_s",
     "ring_allreduce_time",
+    "setup_of",
     "soonest_wait",
     "step_time",
     "sync_model",

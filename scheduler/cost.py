@@ -170,6 +170,18 @@ def step_time(compute_s: float, intra_s: float, wan: WanTerms, sync: SyncModel) 
     return (1 - f) * compute_s + max(f * compute_s, intra_s + wan.overhead_s + wan_s)
 
 
+def setup_of(snapshot: Snapshot, names: Iterable[str], gpus: int = 0) -> float:
+    """A run's seconds outside its steps on `names` with `gpus` GPUs: the longest member's
+    (they set up in parallel; a member without its own fit takes the snapshot's), plus the
+    snapshot's per-GPU part."""
+    by, default = snapshot.by_name, snapshot.setup_s
+    base = max(
+        (c.setup_s if c.setup_s is not None else default for c in (by[n] for n in names)),
+        default=default,
+    )
+    return base + snapshot.setup_per_gpu_s * gpus
+
+
 # a snapshot's per-cluster GPU rate (FLOP/s), GPU-hour price and intra bandwidth (bytes/s)
 _Tables = tuple[dict[str, float], dict[str, float], dict[str, float]]
 
@@ -305,14 +317,8 @@ class CostModel:
             self._pace_cache[names] = hit
         return hit
 
-    def setup(self, names: tuple[str, ...]) -> float:
-        """A run's seconds outside its steps on `names`: the longest member's (in parallel)."""
-        by = self.snapshot.by_name
-        default = self.snapshot.setup_s
-        return max(
-            (c.setup_s if c.setup_s is not None else default for c in (by[n] for n in names)),
-            default=default,
-        )
+    def setup(self, names: tuple[str, ...], gpus: int | None = None) -> float:
+        return setup_of(self.snapshot, names, gpus or 0)
 
     def speeds_differ(self, names: tuple[str, ...]) -> bool:
         """Some member fits a second step into one of the slowest's: running ahead can pay."""
@@ -539,7 +545,7 @@ class CostModel:
         the throughput sum_c g_c r_c, `gpus` the GPU count G and `ahead` the throughput with
         fast clusters running ahead (`ahead_rate`); see the module docstring."""
         p = self._parts(names, rate, intra_s, compression, sync, gpus, ahead)
-        setup = self.setup(names)
+        setup = self.setup(names, gpus)
         total = p.eff_steps * p.step + setup
         gpu_cost = price_per_hour * total / 3600.0
         egress = p.exchanges * p.wan.egress_cost
@@ -576,7 +582,7 @@ class CostModel:
     ) -> tuple[float, float]:
         """(total time, cost) exactly as `estimate_parts` computes them, without the record."""
         p = self._parts(names, rate, intra_s, compression, sync, gpus, ahead)
-        total = p.eff_steps * p.step + self.setup(names)
+        total = p.eff_steps * p.step + self.setup(names, gpus)
         return total, price_per_hour * total / 3600.0 + p.exchanges * p.wan.egress_cost
 
     def score_set(
@@ -607,7 +613,7 @@ class CostModel:
                     costs.append(cost)
             return times, costs
         extra = self.snapshot.step_overhead_s
-        setup = self.setup(names)
+        setup0, per_gpu = self.setup(names), self.snapshot.setup_per_gpu_s
         f = BACKWARD_FRACTION
         terms: list[_ChoiceTerms] = []
         wans: dict[tuple[str, bool], WanTerms] = {}
@@ -634,6 +640,7 @@ class CostModel:
             )
         slow = self.pace(names)[0]
         for _, intra_s, price, gpus, ahead in allocs:
+            setup = setup0 + per_gpu * gpus
             # equal split per worker: the slowest member's GPUs set the pace of a step
             even = gpus * slow
             compute = self.work / even

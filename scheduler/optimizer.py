@@ -50,6 +50,7 @@ from scheduler.rules import (
 from scheduler.types import (
     OBJECTIVES,
     Assignment,
+    Cluster,
     Estimate,
     Infeasible,
     JobRequest,
@@ -131,6 +132,8 @@ class _Search:
         self.deadline = job.qos.deadline_s
         self.budget = job.qos.max_cost
         self.max_clusters = job.qos.max_clusters or 1_000_000
+        # local data: every cluster holding a share of it runs (no share left untrained)
+        self.required = frozenset(job.data_clusters or ())
         self.use_dp = objective != "time" or self.budget is not None
         self.best: _Choice | None = None
         self.fastest: _Choice | None = None
@@ -193,6 +196,8 @@ class _Search:
         only the fills without a cap on cluster size (a screening estimate)."""
         snap = self.snapshot
         k = len(names)
+        if self.required and not self.required.issubset(names):
+            return []
         caps = [min(snap.by_name[n].gpus_free, self.gmax - (k - 1)) for n in names]
         if any(c < 1 for c in caps) or sum(caps) < self.gmin or k > self.gmax:
             return []
@@ -825,6 +830,10 @@ def _plan_free(
     else:
         eligible = [c.name for c in snapshot.clusters if c.name not in excluded]
     notes = _exclusion_notes(excluded)
+    if job.data_clusters is not None:
+        missing = _data_missing(snapshot, job, excluded, gmax)
+        if missing is not None:
+            return missing
 
     attempts: list[list[str]] = []
     pref = [n for n in job.preference if n in snapshot.by_name]
@@ -849,6 +858,32 @@ def _plan_free(
             return _to_plan(model, search, chosen, notes + extra + why)
     assert last is not None
     return _diagnose(model, job, last, eligible, excluded, notes, gmin, gmax)
+
+
+def _data_missing(
+    snapshot: Snapshot, job: JobRequest, excluded: Mapping[str, str], gmax: int
+) -> Infeasible | None:
+    """Local data is trained where it lives: every cluster holding a share must take part;
+    why one cannot (unknown, DOWN, cordoned, full), or too few GPUs to cover them all."""
+    held = job.data_clusters or ()
+    for name in held:
+        if name not in snapshot.by_name:
+            return Infeasible(
+                "data", f"data.clusters: {name!r} holds a share of the data but is no cluster"
+            )
+        if name in excluded:
+            return Infeasible(
+                "data",
+                f"data.clusters: {name!r} holds a share of the data and is {excluded[name]}; "
+                "the job waits for it (each share trains where it lives)",
+            )
+    if gmax < len(held):
+        return Infeasible(
+            "data",
+            f"data.clusters: {len(held)} clusters hold the data, the job may use {gmax} GPUs; "
+            "ask for at least one GPU a cluster",
+        )
+    return None
 
 
 def _exclusion_notes(excluded: dict[str, str], limit: int = 10) -> tuple[str, ...]:
@@ -1206,6 +1241,29 @@ def evaluate(
     return result
 
 
+def _share_rule(job: JobRequest, c: Cluster, a: Assignment) -> Infeasible | None:
+    """The first rule one share of a given placement breaks, or None."""
+    if a.gpus < 1:
+        return Infeasible("placement", f"cluster {a.cluster!r}: gpus must be >= 1")
+    if c.state == ClusterState.DOWN:
+        return Infeasible("cluster_state", f"cluster {a.cluster!r} is DOWN")
+    if c.cordoned:
+        return Infeasible("cluster_state", f"cluster {a.cluster!r} is cordoned")
+    if job.qos.regions is not None and c.region not in job.qos.regions:
+        return Infeasible("regions", f"cluster {a.cluster!r} is in {c.region}, not in qos.regions")
+    if job.data_clusters is not None and a.cluster not in job.data_clusters:
+        return Infeasible(
+            "data",
+            f"cluster {a.cluster!r} does not hold the job's data (data: local, in "
+            f"{', '.join(job.data_clusters)}); place it only there",
+        )
+    if a.gpus > c.gpus_free:
+        return Infeasible(
+            "capacity", f"cluster {a.cluster!r} has {c.gpus_free} free GPUs, not {a.gpus}"
+        )
+    return None
+
+
 def check_placement(snapshot: Snapshot, job: JobRequest, pl: Placement) -> Infeasible | None:
     """The first rule a given placement breaks, or None."""
     if not pl:
@@ -1218,26 +1276,16 @@ def check_placement(snapshot: Snapshot, job: JobRequest, pl: Placement) -> Infea
         if a.cluster in seen:
             return Infeasible("placement", f"cluster {a.cluster!r} is listed twice")
         seen.add(a.cluster)
-        if a.gpus < 1:
-            return Infeasible("placement", f"cluster {a.cluster!r}: gpus must be >= 1")
-        if c.state == ClusterState.DOWN:
-            return Infeasible("cluster_state", f"cluster {a.cluster!r} is DOWN")
-        if c.cordoned:
-            return Infeasible("cluster_state", f"cluster {a.cluster!r} is cordoned")
-        if job.qos.regions is not None and c.region not in job.qos.regions:
-            return Infeasible(
-                "regions", f"cluster {a.cluster!r} is in {c.region}, not in qos.regions"
-            )
-        if job.data_clusters is not None and a.cluster not in job.data_clusters:
-            return Infeasible(
-                "data",
-                f"cluster {a.cluster!r} does not hold the job's data (data: local, in "
-                f"{', '.join(job.data_clusters)}); place it only there",
-            )
-        if a.gpus > c.gpus_free:
-            return Infeasible(
-                "capacity", f"cluster {a.cluster!r} has {c.gpus_free} free GPUs, not {a.gpus}"
-            )
+        broken = _share_rule(job, c, a)
+        if broken is not None:
+            return broken
+    lacking = sorted(set(job.data_clusters or ()) - seen)
+    if lacking:
+        return Infeasible(
+            "data",
+            f"data.clusters: {', '.join(lacking)} hold(s) a share of the job's data (data: "
+            "local) and must take part",
+        )
     total = sum(a.gpus for a in pl)
     if not job.min_gpus <= total <= job.max_gpus:
         want = (

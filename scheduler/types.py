@@ -150,12 +150,17 @@ class Snapshot:
     setup_s: float = 0.0
     """A run's seconds outside its steps on a cluster without a `setup_s` of its own; a run
     on several clusters pays the longest (they set up in parallel)."""
+    setup_per_gpu_s: float = 0.0
+    """And per GPU of the run, where starting its workers is not free (fitted: 0 where
+    workers start in parallel on their own machines)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.step_overhead_s < 3600:
             raise ValueError("step_overhead_s: must be in [0, 3600) seconds")
         if not 0 <= self.setup_s < 86400:
             raise ValueError("setup_s: must be in [0, 86400) seconds")
+        if not 0 <= self.setup_per_gpu_s < 3600:
+            raise ValueError("setup_per_gpu_s: must be in [0, 3600) seconds")
         names = [c.name for c in self.clusters]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})

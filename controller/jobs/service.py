@@ -440,6 +440,23 @@ def _queue_reason(
             "or a larger quota",
             field="gpus",
         )
+    if spec.data.residency == "local" and spec.data.clusters:
+        held = list(dict.fromkeys(spec.data.clusters))
+        known = set(session.scalars(select(Cluster.name).where(Cluster.name.in_(held))))
+        unknown = [c for c in held if c not in known]
+        if unknown:
+            raise Invalid(
+                f"data.clusters: no cluster {', '.join(map(repr, unknown))}; a local-data job "
+                "runs on every cluster holding its data, so name only clusters of the network",
+                field="data.clusters",
+            )
+        if spec.gpu_range[1] < len(held):
+            raise Invalid(
+                f"data.clusters: {len(held)} clusters hold the data but the job asks for at "
+                f"most {spec.gpu_range[1]} GPUs; each cluster trains its share, so ask for at "
+                f"least {len(held)} GPUs",
+                field="data.clusters",
+            )
     qos = spec.qos
     if all(v is None for v in (qos.budget, qos.deadline, qos.regions, qos.max_clusters)):
         return None

@@ -171,6 +171,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         ),
         step_overhead_s=seen.step_overhead_s,
         setup_s=seen.setup_s,
+        setup_per_gpu_s=seen.setup_per_gpu_s,
     )
     return World(snapshot, origins)
 
@@ -250,6 +251,7 @@ class Observed:
     step_overhead_s: float = 0.0
     setup_s: float = SETUP_PRIOR_S
     setup_by_cluster: tuple[tuple[str, float], ...] = ()
+    setup_per_gpu_s: float = 0.0
 
 
 def observed(session: Session) -> Observed:
@@ -278,8 +280,7 @@ def observed(session: Session) -> Observed:
         ).join(last, (JobMetric.job_id == last.c.job_id) & (JobMetric.step == last.c.step))
     ).all()
     residuals: list[float] = []
-    setups: list[float] = []
-    by_cluster: dict[str, list[float]] = defaultdict(list)
+    setups: list[tuple[int, float, tuple[str, ...]]] = []
     for job_id, step, step_s, compute_total in rows:
         if not step or step_s is None:
             continue
@@ -290,18 +291,34 @@ def observed(session: Session) -> Observed:
             residuals.append(step_s - compute_total / step - modelled_comm)
         if start is not None and end is not None and tries <= 1 and plan.parallel.mode == "data":
             setup = max(0.0, (end - start).total_seconds() - step * step_s)
-            setups.append(setup)
-            for share in plan.clusters:
-                by_cluster[share.cluster].append(setup)
+            setups.append((plan.gpus, setup, tuple(s.cluster for s in plan.clusters)))
+    per_gpu = _per_gpu(setups)
+    by_cluster: dict[str, list[float]] = defaultdict(list)
+    for gpus, setup, clusters in setups:
+        for name in clusters:
+            by_cluster[name].append(setup - per_gpu * gpus)
     return Observed(
         step_overhead_s=scheduler.fit_step_overhead(residuals),
-        setup_s=_median(setups, SETUP_PRIOR_S),
+        setup_s=_median([s - per_gpu * g for g, s, _ in setups], SETUP_PRIOR_S),
         setup_by_cluster=tuple((c, _median(v, SETUP_PRIOR_S)) for c, v in by_cluster.items()),
+        setup_per_gpu_s=per_gpu,
     )
 
 
+def _per_gpu(samples: Sequence[tuple[int, float, tuple[str, ...]]]) -> float:
+    """The least-squares slope of set-up time against the run's GPUs (never negative): where
+    workers start one machine's cores at a time it grows with them, elsewhere it is ~0."""
+    if len(samples) < 3 or len({g for g, _, _ in samples}) < 2:
+        return 0.0
+    mg = statistics.fmean(g for g, _, _ in samples)
+    ms = statistics.fmean(s for _, s, _ in samples)
+    var = sum((g - mg) ** 2 for g, _, _ in samples)
+    slope = sum((g - mg) * (s - ms) for g, s, _ in samples) / var
+    return min(max(0.0, slope), 3599.0)
+
+
 def _median(values: Sequence[float], default: float) -> float:
-    return min(float(statistics.median(values)), 86399.0) if values else default
+    return min(max(0.0, float(statistics.median(values))), 86399.0) if values else default
 
 
 def step_overhead(session: Session) -> float:

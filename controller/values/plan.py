@@ -178,7 +178,10 @@ def pipeline_estimate(
         return None
     real = {name: origin[0] for name, origin in origins.items()}
     per_step = sum(n for _, _, n in est.wan_bytes_per_step)
-    hours = est.total_time_s / 3600
+    # the run's set-up on its stages' clusters, as the data-parallel estimate counts it
+    setup = scheduler.setup_of(snapshot, snap.values(), sum(st.replicas for st in parallel.stages))
+    total_s = est.total_time_s + setup
+    hours = total_s / 3600
     gpus: dict[str, int] = {}
     for st in parallel.stages:
         gpus[snap[st.cluster]] = gpus.get(snap[st.cluster], 0) + st.replicas
@@ -203,11 +206,13 @@ def pipeline_estimate(
                          price_per_gb=price_gb, amount=round(gb * price_gb, 6))
         )  # fmt: skip
     compute = max(w.compute_s for w in work)
+    cost = sum(g.amount for g in gpu) + sum(e.amount for e in egress)
     estimate = PlanEstimate(
         step_time_s=est.step_s,
-        total_time_s=est.total_time_s,
+        total_time_s=total_s,
         wan_bytes=round(est.wan_bytes),
-        cost=round(est.cost, 6),
+        cost=round(cost, 6),
+        setup_s=setup,
         compute_s=compute * (micro + s_count - 1),
         wan_s=max(est.link_s, default=0.0) * (micro + s_count - 1) if est.link_s else 0.0,
         effective_steps=float(spec.steps),
@@ -218,7 +223,7 @@ def pipeline_estimate(
         f"{per_step / 1e6:.4g} MB of activations and gradients over the WAN a step"
         + ("" if act else " (activation size unknown: WAN not counted)")
     )
-    return estimate, PriceBreakdown(total=round(est.cost, 6), gpu=gpu, egress=tuple(egress)), why
+    return estimate, PriceBreakdown(total=round(cost, 6), gpu=gpu, egress=tuple(egress)), why
 
 
 def planned_links(

@@ -159,3 +159,44 @@ def test_the_set_up_is_in_every_estimate_and_its_price() -> None:
     assert est.setup_s == 20.0  # the cluster's own, not the snapshot's default
     assert est.total_time_s == pytest.approx(20.0 + 10 * est.step_time_s)
     assert est.cost == pytest.approx(4 * 2.0 * est.total_time_s / 3600, rel=1e-6)
+
+
+def test_set_up_that_grows_with_the_workers_is_fitted_per_gpu(db_url: str) -> None:
+    """Where the workers start on a few cores one after another (this machine), set-up grows
+    with the run's GPUs: the fit keeps a per-GPU part and the rest per cluster."""
+    from controller.network.snapshot import observed
+
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session, session.begin():
+            tenant = Tenant(name="t")
+            session.add(tenant)
+            session.flush()
+            end = utcnow()
+            for n, gpus in enumerate((2, 4, 6)):
+                j = Job(
+                    tenant_id=tenant.id,
+                    name=f"g{n}",
+                    spec={},
+                    state="SUCCEEDED",
+                    gpus_min=gpus,
+                    gpus_max=gpus,
+                    placement=JobPlan(
+                        clusters=(Share(cluster="a", gpus=gpus),),
+                        compression="none",
+                        sync="every-step",
+                        estimate=PlanEstimate(step_time_s=0.1, total_time_s=1.0, wan_bytes=0),
+                    ),
+                    started_at=end - timedelta(seconds=10.0 + 1.0 + 2.5 * gpus),
+                    finished_at=end,
+                )
+                session.add(j)
+                session.flush()
+                session.add(JobMetric(job_id=j.id, step=100, step_time_s=0.1))
+            session.flush()
+            seen = observed(session)
+            assert seen.setup_per_gpu_s == pytest.approx(2.5)
+            assert seen.setup_s == pytest.approx(1.0)
+            assert dict(seen.setup_by_cluster) == pytest.approx({"a": 1.0})
+    finally:
+        engine.dispose()

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from controller.loop.ray_run import pipeline_spec_of, train_spec_of
+from controller.network.snapshot import SETUP_PRIOR_S
 from controller.store.models import Cluster, Job, JobEvent, Usage
 from controller.values.plan import keep_stages
 from grammar.states import JobState
@@ -247,7 +248,11 @@ def test_stored_plan_of_a_pipeline_is_priced_as_a_pipeline(net: Net) -> None:
     micro_bytes = 8192 * 64 / 8  # char-transformer: 8 KiB a sample crosses; batch 64 in 8
     link_s = 40e-3 / 2 + micro_bytes * 8 / 0.1e9
     assert plan.estimate.step_time_s == pytest.approx((8 + 2 - 1) * link_s)
-    assert plan.estimate.total_time_s == pytest.approx(20 * plan.estimate.step_time_s)
+    # the steps and the run's set-up (the prior: no run observed yet)
+    assert plan.estimate.setup_s == SETUP_PRIOR_S
+    assert plan.estimate.total_time_s == pytest.approx(
+        SETUP_PRIOR_S + 20 * plan.estimate.step_time_s
+    )
     assert plan.estimate.wan_bytes == round(2 * 8 * micro_bytes * 20)
     assert plan.price is not None and plan.estimate.cost == pytest.approx(plan.price.total)
     gpu_cost = 2 * 2.5 * plan.estimate.total_time_s / 3600

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from controller.jobs.request import job_request
+from grammar.states import ClusterState
 from scheduler import Infeasible, Plan, Snapshot, exclusions, plan, sync_model
 from tests.scheduler.builders import cluster, job, link
 from wire.spec import JobSpec
@@ -57,3 +58,21 @@ def test_the_planner_models_each_new_mode(value: str, kind: str, period: int) ->
     assert model.steps_factor > 1.0  # each costs a little quality against every-step
     r = plan(SNAP, replace(job(16), sync=value), "time")
     assert isinstance(r, Plan) and r.estimate.total_time_s > 0
+
+
+def test_local_data_trains_on_every_cluster_that_holds_it() -> None:
+    """Issue 47: a share of the data left on a cluster the job does not run on is never
+    trained on; so every data cluster takes part, or the plan says which one cannot."""
+    small = job(2, data_clusters=("a", "b"), flops_per_step=1e12)  # one cluster would do
+    got = plan(SNAP, small, "time")
+    assert isinstance(got, Plan) and {a.cluster for a in got.placement} == {"a", "b"}
+    down = Snapshot((A, replace(B, state=ClusterState.DOWN), C), SNAP.links)
+    waiting = plan(down, small, "time")
+    assert isinstance(waiting, Infeasible) and waiting.constraint == "data"
+    assert "'b'" in waiting.reason and "DOWN" in waiting.reason
+    too_few = plan(SNAP, job(1, data_clusters=("a", "b")), "time")
+    assert isinstance(too_few, Infeasible) and "data.clusters" in too_few.reason
+    from scheduler import Assignment, evaluate
+
+    half = evaluate(SNAP, small, (Assignment("a", 2),))
+    assert isinstance(half, Infeasible) and half.constraint == "data" and "b" in half.reason

@@ -223,6 +223,24 @@ def test_over_quota_waits_or_refuses(network: Network) -> None:
     assert exc.value.status == 422 and "quota" in exc.value.detail
 
 
+def test_local_data_must_name_clusters_that_can_all_train_it(network: Network) -> None:
+    """Every cluster holding a share of local data trains it: an unknown cluster, or fewer
+    GPUs than clusters, is refused with the field and the fix; a fitting job is placed on
+    every data cluster."""
+    local = {"residency": "local", "clusters": ["us-east", "mars-1"]}
+    with pytest.raises(ApiError) as unknown:
+        network.tenant.post("/v1/jobs", spec(data=local, sync="local-sgd:8"))
+    assert unknown.value.status == 422 and unknown.value.errors[0]["field"] == "data.clusters"
+    assert "mars-1" in unknown.value.detail
+    both = {"residency": "local", "clusters": ["us-east", "eu-west"]}
+    with pytest.raises(ApiError) as few:
+        network.tenant.post("/v1/jobs", spec(gpus=1, data=both, sync="local-sgd:8"))
+    assert few.value.status == 422 and few.value.errors[0]["field"] == "data.clusters"
+    quote = network.tenant.post("/v1/quotes", spec(gpus=4, data=both, sync="local-sgd:8"))
+    for option in quote["options"]:
+        assert {c["cluster"] for c in option["clusters"]} == {"us-east", "eu-west"}
+
+
 def test_pricing_is_effective_dated(network: Network) -> None:
     now = network.admin.get("/v1/pricing")
     assert {(p["cluster"], p["qos_class"]) for p in now["gpu"]} >= {("us-east", "spot")}
