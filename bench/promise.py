@@ -290,9 +290,9 @@ def _table(rows: list[Row]) -> list[str]:
     head = (
         "| job | placement | planned | ran | equal | est s | actual s | err | est WAN MB | "
         "WAN MB | est $ | billed $ | credit $ | quality cost | final acc | best acc | "
-        "1-cluster every-step |"
+        "1-cluster every-step | warning |"
     )
-    out = [head, "|" + "---|" * 17]
+    out = [head, "|" + "---|" * 18]
     for r in rows:
 
         def acc(x: float | None) -> str:
@@ -304,7 +304,7 @@ def _table(rows: list[Row]) -> list[str]:
             f"{r.time_error:.0%} | {r.est_wan_mb:.2f} | {r.actual_wan_mb:.2f} | "
             f"{r.est_cost:.4f}{' (held)' if r.held else ''} | {r.billed:.4f} | "
             f"{r.credit:.4f} | {r.quality_cost:.0%} | {acc(r.final_acc)} | {acc(r.best_acc)} | "
-            f"{acc(r.reference_acc)} |"
+            f"{acc(r.reference_acc)} | {'diverged' if r.warning else ''} |"
         )
     return out
 

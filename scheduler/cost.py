@@ -567,6 +567,10 @@ class CostModel:
             bottleneck=p.wan.bottleneck,
             step_overhead_s=p.extra,
             setup_s=setup,
+            total_time_range_s=(
+                total * self.snapshot.spread[0],
+                total * self.snapshot.spread[1],
+            ),
         )
 
     def score(

@@ -153,6 +153,9 @@ class Snapshot:
     setup_per_gpu_s: float = 0.0
     """And per GPU of the run, where starting its workers is not free (fitted: 0 where
     workers start in parallel on their own machines)."""
+    spread: tuple[float, float] = (1.0, 1.0)
+    """What finished runs took over their estimates, low and high (the 10th and 90th
+    percentiles): an estimate's range is its total times these."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.step_overhead_s < 3600:
@@ -161,6 +164,8 @@ class Snapshot:
             raise ValueError("setup_s: must be in [0, 86400) seconds")
         if not 0 <= self.setup_per_gpu_s < 3600:
             raise ValueError("setup_per_gpu_s: must be in [0, 3600) seconds")
+        if not 0 < self.spread[0] <= self.spread[1]:
+            raise ValueError("spread: give (low, high) with 0 < low <= high")
         names = [c.name for c in self.clusters]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -445,6 +450,8 @@ class Estimate:
     step_overhead_s: float = 0.0  # included in step_time_s
     quality_cost: float = 0.0
     setup_s: float = 0.0  # included in total_time_s (and its GPUs in the cost)
+    total_time_range_s: tuple[float, float] = (0.0, 0.0)
+    """`total_time_s` times the snapshot's `spread`: where observed runs say it lands."""
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,11 @@ class PlanEstimate(_Value):
         description="Seconds outside the steps (launch, set-up, checkpoints, evaluation, the "
         "drain), fitted from observed runs; included in total_time_s and the cost.",
     )
+    total_time_range_s: tuple[float, float] | None = Field(
+        default=None,
+        description="Where the run time lands, low and high: the estimate times what finished "
+        "runs took over theirs (10th and 90th percentiles; a prior before any).",
+    )
     quality_cost: float = Field(
         default=0.0,
         description="What the compression and sync cost in model quality: the fraction of "

@@ -98,8 +98,12 @@ def plan_for(
         request = replace(request, qos=replace(request.qos, max_cost=limit))
         return scheduler.plan(world.snapshot, request, "cost", efficiency=efficiency)
     if job.held_price:
-        held = job.held_price.assignments(world.origins)
-        result = scheduler.evaluate(world.snapshot, request, held, efficiency=efficiency)
+        # a held quote is the plan that runs: its placement and its decisions, re-estimated
+        # on today's snapshot, never re-decided (calibration may have moved since the quote)
+        quoted = job.held_price
+        fixed = replace(request, compression=str(quoted.compression), sync=str(quoted.sync))
+        held = quoted.assignments(world.origins)
+        result = scheduler.evaluate(world.snapshot, fixed, held, efficiency=efficiency)
         if isinstance(result, scheduler.Plan):
             return result
     return scheduler.plan(world.snapshot, request, objective_for(request), efficiency=efficiency)

@@ -172,6 +172,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         step_overhead_s=seen.step_overhead_s,
         setup_s=seen.setup_s,
         setup_per_gpu_s=seen.setup_per_gpu_s,
+        spread=seen.spread,
     )
     return World(snapshot, origins)
 
@@ -237,6 +238,9 @@ def _effective_links(rows: Iterable[Any]) -> list[Any]:
     return sorted(resources.winning_links(rows), key=lambda k: (k.src_name, k.dst_name))
 
 
+SPREAD_PRIOR = (0.5, 2.0)
+"""What a run may take over its estimate before any run was observed: half to twice."""
+
 SETUP_PRIOR_S = 30.0
 """A run's seconds outside its steps before any run was observed: Ray actors started, torch
 imported, the data loaded, evaluations, checkpoints and the drain (about what a fresh
@@ -252,6 +256,7 @@ class Observed:
     setup_s: float = SETUP_PRIOR_S
     setup_by_cluster: tuple[tuple[str, float], ...] = ()
     setup_per_gpu_s: float = 0.0
+    spread: tuple[float, float] = SPREAD_PRIOR
 
 
 def observed(session: Session) -> Observed:
@@ -281,6 +286,7 @@ def observed(session: Session) -> Observed:
     ).all()
     residuals: list[float] = []
     setups: list[tuple[int, float, tuple[str, ...]]] = []
+    ratios: list[float] = []
     for job_id, step, step_s, compute_total in rows:
         if not step or step_s is None:
             continue
@@ -290,7 +296,10 @@ def observed(session: Session) -> Observed:
             modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
             residuals.append(step_s - compute_total / step - modelled_comm)
         if start is not None and end is not None and tries <= 1 and plan.parallel.mode == "data":
-            setup = max(0.0, (end - start).total_seconds() - step * step_s)
+            wall = (end - start).total_seconds()
+            if est.total_time_s > 0:
+                ratios.append(wall / est.total_time_s)
+            setup = max(0.0, wall - step * step_s)
             setups.append((plan.gpus, setup, tuple(s.cluster for s in plan.clusters)))
     per_gpu = _per_gpu(setups)
     by_cluster: dict[str, list[float]] = defaultdict(list)
@@ -302,7 +311,18 @@ def observed(session: Session) -> Observed:
         setup_s=_median([s - per_gpu * g for g, s, _ in setups], SETUP_PRIOR_S),
         setup_by_cluster=tuple((c, _median(v, SETUP_PRIOR_S)) for c, v in by_cluster.items()),
         setup_per_gpu_s=per_gpu,
+        spread=_spread(ratios),
     )
+
+
+def _spread(ratios: Sequence[float]) -> tuple[float, float]:
+    """The 10th and 90th percentiles of actual over estimated run time, widened to hold 1
+    (an estimate's own value stays in its range); the prior below three runs."""
+    if len(ratios) < 3:
+        return SPREAD_PRIOR
+    cuts = statistics.quantiles(ratios, n=10, method="inclusive")
+    low, high = min(cuts[0], 1.0), max(cuts[-1], 1.0)
+    return (max(low, 0.01), min(high, 100.0))
 
 
 def _per_gpu(samples: Sequence[tuple[int, float, tuple[str, ...]]]) -> float:

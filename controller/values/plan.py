@@ -213,6 +213,7 @@ def pipeline_estimate(
         wan_bytes=round(est.wan_bytes),
         cost=round(cost, 6),
         setup_s=setup,
+        total_time_range_s=(total_s * snapshot.spread[0], total_s * snapshot.spread[1]),
         compute_s=compute * (micro + s_count - 1),
         wan_s=max(est.link_s, default=0.0) * (micro + s_count - 1) if est.link_s else 0.0,
         effective_steps=float(spec.steps),
@@ -323,6 +324,7 @@ def plan_of(
         ring=tuple(dict.fromkeys(origin(n)[0] for n in est.ring)),  # the clusters' own names
         step_overhead_s=est.step_overhead_s,
         setup_s=est.setup_s,
+        total_time_range_s=est.total_time_range_s,
         quality_cost=round(est.quality_cost, 6),
     )
     breakdown = PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress))

@@ -3,6 +3,7 @@ jobs and their metrics in a real database (SQLite and PostgreSQL), and how estim
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -146,6 +147,9 @@ def test_set_up_time_is_fitted_per_cluster_from_finished_runs(db_url: str) -> No
             seen = observed(session)
             assert seen.setup_s == pytest.approx(12.0)  # median of 12, 4, 30
             assert dict(seen.setup_by_cluster) == pytest.approx({"a": 8.0, "b": 30.0})
+            # the runs took 2.2, 1.4 and 4.0 times their estimate: a quote's range is its
+            # estimate times (1, the 90th percentile), the estimate itself kept inside
+            assert seen.spread == pytest.approx((1.0, 3.64))
     finally:
         engine.dispose()
 
@@ -157,6 +161,11 @@ def test_the_set_up_is_in_every_estimate_and_its_price() -> None:
     assert isinstance(got, scheduler.Plan)
     est = got.estimate
     assert est.setup_s == 20.0  # the cluster's own, not the snapshot's default
+    assert est.total_time_range_s == (est.total_time_s, est.total_time_s)  # no spread seen
+    wide = scheduler.plan(replace(snap, spread=(0.5, 2.0)), j, "time")
+    assert isinstance(wide, scheduler.Plan)
+    lo, hi = wide.estimate.total_time_range_s
+    assert lo == pytest.approx(0.5 * est.total_time_s) and hi == pytest.approx(2 * lo * 2)
     assert est.total_time_s == pytest.approx(20.0 + 10 * est.step_time_s)
     assert est.cost == pytest.approx(4 * 2.0 * est.total_time_s / 3600, rel=1e-6)
 

@@ -94,3 +94,27 @@ def test_a_run_within_its_held_quote_gets_no_credit(db_url: str, tmp_path: Path)
             assert job is not None and job.held_price is not None
     finally:
         net.close()
+
+
+def test_a_held_quote_runs_the_decisions_it_quoted(db_url: str, tmp_path: Path) -> None:
+    """The WAN got far slower between quote and placement: the planner would now choose
+    another compression or sync for that placement, but the held plan is what runs."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("a", gpus=1)
+        net.cluster("b", gpus=1)
+        net.link("a", "b", gbps=100.0, rtt_ms=1.0)
+        tenant = net.tenant("acme")
+        spec = JobSpec.model_validate({**SPEC, "steps": 100_000})
+        held = net.quote(tenant, spec)["time"]
+        net.link("a", "b", gbps=0.001, rtt_ms=300.0)
+        fresh = net.quote(tenant, spec)["time"]
+        assert (fresh.compression, fresh.sync) != (held.compression, held.sync)
+        job_id = net.submit(tenant, spec, held=held)
+        assert net.place() == [job_id]
+        plan = net.job(job_id).placement
+        assert plan is not None
+        assert (plan.compression, plan.sync) == (held.compression, held.sync)
+        assert [s.cluster for s in plan.clusters] == [s.cluster for s in held.clusters]
+    finally:
+        net.close()

@@ -98,6 +98,7 @@ def test_an_old_job_plan_parses_with_defaults() -> None:
             **OLD_JOB_PLAN["estimate"],
             "wan_gb": 0.123456789,
             "setup_s": 0.0,
+            "total_time_range_s": None,
             "quality_cost": 0.0,
         },
     }
