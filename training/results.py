@@ -185,8 +185,9 @@ def quality_of(history: list[dict[str, float]]) -> Quality:
         why.append(f"accuracy {l_acc:.4f} against its best {top:.4f}")
     warning = ""
     if why:
+        kind = "diverged" if any(w.startswith("accuracy") for w in why) else "got worse"
         warning = (
-            f"the run diverged: final {' and '.join(why)} (at step {int(best['step'])}); "
-            "its last model is not its best"
+            f"the run's evaluation {kind}: final {' and '.join(why)} (at step "
+            f"{int(best['step'])}); its last model is not its best"
         )
     return Quality(int(best["step"]), b_acc, b_loss, warning)

@@ -317,7 +317,8 @@ class TrainReport:
     best_accuracy: float = float("nan")
     best_eval_loss: float = float("nan")
     warning: str = ""
-    """Set when the run diverged: its final evaluation fell well below its best."""
+    """Set when the run's final evaluation fell well below its best (it diverged, or its
+    eval loss rose: `training.results.quality_of`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `cpn train --json` prints): `wan_bytes` as `{"src->dst": bytes}`."""

@@ -132,7 +132,8 @@ def _why(
         said = f"finished {report.steps} steps: accuracy {report.final_accuracy:.4f}"
         if report.warning:
             said += (
-                f" (best {report.best_accuracy:.4f} at step {report.best_step}: the run diverged)"
+                f" (its best evaluation: accuracy {report.best_accuracy:.4f} at step "
+                f"{report.best_step})"
             )
         return said, {"report": kept}
     if stop is StopReason.PREEMPTED:

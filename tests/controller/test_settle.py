@@ -8,7 +8,7 @@ to stop and settles it through the real session factory.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -254,6 +254,23 @@ def test_a_completed_run_succeeds_and_is_billed(plane: Plane) -> None:
         wan = list(s.scalars(select(Usage).where(Usage.kind == "wan_bytes")))
     # only new bytes are metered: 1000 then 3000 more, per direction
     assert sum(int(u.quantity) for u in wan) == 8000
+
+
+def test_a_run_that_fell_from_its_best_succeeds_with_a_warning(plane: Plane) -> None:
+    handle = running_job(plane)
+    handle.on_progress(progress(100, 4000))
+    warning = "the run's evaluation diverged: final accuracy 0.2170 against its best 0.3400"
+    handle.report = replace(report(), best_step=50, best_accuracy=0.34, warning=warning)
+    job = finish(plane, handle)
+    assert job.state is JobState.SUCCEEDED
+    event = last_state_event(plane, job.id)
+    assert "its best evaluation: accuracy 0.3400 at step 50" in event.message
+    assert event.data["report"]["best_step"] == 50
+    with plane.sessions() as s:
+        kinds = {
+            e.kind: e.message for e in s.scalars(select(JobEvent).where(JobEvent.job_id == job.id))
+        }
+    assert kinds["warning"] == warning
 
 
 def test_errors_retry_then_fail(plane: Plane) -> None:

@@ -91,6 +91,9 @@ def test_a_run_that_fell_from_its_best_says_so() -> None:
     fell = quality_of([h(15, 0.2, 2.2), h(150, 0.34, 1.9), h(300, 0.217, 6.23)])
     assert fell.best_step == 150 and fell.best_eval_loss == 1.9
     assert "diverged" in fell.warning and "0.2170" in fell.warning and "0.3400" in fell.warning
+    # eval loss up 40 %, accuracy kept: worse (over-fitting, say), not diverged
+    worse = quality_of([h(10, 0.2, 2.0), h(20, 0.6, 1.0), h(30, 0.59, 1.4)])
+    assert "got worse" in worse.warning and worse.best_step == 20
     # a little noise at the end is no divergence
     noisy = quality_of([h(10, 0.2, 2.0), h(20, 0.6, 1.2), h(30, 0.58, 1.25)])
     assert noisy.warning == ""
