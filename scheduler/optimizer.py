@@ -1042,19 +1042,24 @@ def _least_lossy(
     chosen = least_lossy(options, measure, lambda ch: _quality(model, ch), slack, search.key)
     q, qb = _quality(model, chosen), _quality(model, best)
     unit = "s" if by_time else "$"
-    if chosen is best or (chosen.compression, chosen.sync) == (best.compression, best.sync):
+    if (chosen.compression, chosen.sync) == (best.compression, best.sync):
         if q <= 0:
-            return best, ("quality: lossless (quality cost 0 %)",)
-        return best, (
+            return chosen, ("quality: lossless (quality cost 0 %)",)
+        return chosen, (
             f"quality: {best.compression} / {best.sync} costs {q:.0%} in quality (about "
             f"{1 + q:.2f}x the steps to match lossless every-step); no less lossy option is "
             f"within {slack:.0%} of it",
         )
+    why = (
+        f"within the {slack:.0%} slack"
+        if limit < _INF
+        else f"that one too lossy to count (over {MAX_COST:.0%})"
+    )
     return chosen, (
         f"quality: {chosen.compression} / {chosen.sync} (quality cost {q:.0%}) over the "
         f"{'fastest' if by_time else 'cheapest'} {best.compression} / {best.sync} on "
         f"{'+'.join(best.alloc.names)} (quality cost {qb:.0%}): {measure(chosen):.4g} {unit} "
-        f"against {measure(best):.4g} {unit}, within the {slack:.0%} slack",
+        f"against {measure(best):.4g} {unit}, {why}",
     )
 
 
