@@ -177,6 +177,11 @@ class Settings(BaseSettings):
         "name (`mycorp.training` allows mycorp.training and mycorp.training.*); empty: "
         "builtin: tasks only. Workers import them; the control plane never does.",
     )
+    cookie_secure: bool = Field(
+        default=False,
+        description="Mark the console's session cookie Secure even where the request reads "
+        "http (behind a TLS-terminating proxy); https requests always get it.",
+    )
     protect_docs: bool = Field(
         default=False,
         description="Serve /docs, /redoc and /openapi.json to authenticated callers only.",

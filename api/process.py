@@ -59,6 +59,15 @@ def settle_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+PRIVATE_UMASK = 0o077
+"""What `cpn serve` creates (the SQLite database and its side files, logs, checkpoints under
+its root) is its owner's alone."""
+
+
+def private_umask() -> None:
+    os.umask(PRIVATE_UMASK)
+
+
 def shield_environment() -> None:
     """Make this process non-dumpable: other processes of the same user (the embedded Ray's
     workers run tenant code) can then no longer read /proc/<pid>/environ, which holds the

@@ -32,6 +32,7 @@ def serve(
     from api.process import (
         LOG_LEVEL_ENV,
         configure_logging,
+        private_umask,
         settle_collector,
         shield_environment,
     )
@@ -61,6 +62,7 @@ def serve(
         finally:
             engine.dispose()
     configure_logging(log_level)
+    private_umask()
     shield_environment()
     if workers > 1:
         from api import process

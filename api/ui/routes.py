@@ -172,8 +172,11 @@ REFUSALS = {
 }
 
 
-def sign_in_refused(request: Request, detail: str, status_code: int = 401) -> Response:
-    """A refused sign-in, as a problem naming the key field (the page shows it there)."""
+def sign_in_refused(
+    request: Request, detail: str, status_code: int = 401, retry_after: str | None = None
+) -> Response:
+    """A refused sign-in, as a problem naming the key field (the page shows it there); a 429
+    says when to retry (`Retry-After`, as every 429 of the API does)."""
     title, slug = REFUSALS[status_code]
     return problem(
         status_code,
@@ -182,6 +185,7 @@ def sign_in_refused(request: Request, detail: str, status_code: int = 401) -> Re
         slug=slug,
         instance=request.url.path,
         errors=[{"field": "key", "message": detail}],
+        headers={"Retry-After": retry_after} if retry_after is not None else None,
     )
 
 
@@ -206,7 +210,7 @@ async def sign_in(
         now=time.monotonic(),
     )
     if refusal is not None:
-        return sign_in_refused(request, refusal.detail, 429)
+        return sign_in_refused(request, refusal.detail, 429, refusal.retry_after())
     principal = await current_principal(request, key_hash)
     if principal is None:
         state.rate_limits.auth_failed(address, time.monotonic())
@@ -226,7 +230,8 @@ async def sign_in(
         path="/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        # behind a TLS-terminating proxy the request reads http: CPN_COOKIE_SECURE forces it
+        secure=state.settings.cookie_secure or request.url.scheme == "https",
     )
     return response
 

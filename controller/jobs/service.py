@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -29,7 +29,7 @@ from controller.values.plan import plan_of
 from controller.values.tasks import check_allowed
 from grammar.states import LIVE, JobState
 from wire.plan import HeldPlan, JobPlan, QuoteOptions
-from wire.spec import JobSpec
+from wire.spec import JobSpec, stored_spec
 
 QUOTE_TTL = timedelta(minutes=15)
 
@@ -207,8 +207,10 @@ def submit_many(
                     "the tenant of this key no longer exists; ask an admin", field="tenant"
                 )
             job, why = _create(session, item, stored, grant, digest, task_modules, offered)
-            if max_queued:  # last, so a tenant's lock is taken only for what will be written
+            if max_queued:  # so a tenant's lock is taken only for what will be written
                 _check_queue_cap(session, grant, max_queued, queues)
+            if job.quote_id is not None:  # last: a refused item wrote nothing
+                _accept_quote(session, job.quote_id, job.id)
         except CpnError as exc:
             outcomes[at] = _refused(session, item, digest, exc)
             continue
@@ -249,11 +251,12 @@ def _create(
     admit(spec, tenant, task_modules)
     now = utcnow()
     request = job_request(spec, tenant.id, now)
+    job_id = new_id()
     held, reason = _hold_quote(session, spec, tenant, request, now)
     reason = reason or _queue_reason(session, spec, tenant, request, offered)
     lo, hi = spec.gpu_range
     job = Job(
-        id=new_id(),
+        id=job_id,
         tenant_id=tenant.id,
         name=spec.name,
         spec=stored,
@@ -380,10 +383,26 @@ def _same_body(job: Job, digest: str) -> Job:
     return job
 
 
+_PRICED_APART = {"name", "quote_id", "quote_option"}
+"""What a job may change from the spec its quote priced: its name, and the quote it names."""
+
+
+def _priced(spec: JobSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json", exclude=_PRICED_APART)
+
+
 def _hold_quote(
-    session: Session, spec: JobSpec, tenant: Grant, request: scheduler.JobRequest, now: datetime
+    session: Session,
+    spec: JobSpec,
+    tenant: Grant,
+    request: scheduler.JobRequest,
+    now: datetime,
 ) -> tuple[HeldPlan | None, str | None]:
-    """The held price of the quote named in the spec, if its placement is still possible."""
+    """The held price of the quote named in the spec, if its placement is still possible.
+
+    A quote prices one spec and is accepted once, by its tenant, before it expires (as a
+    payment processor treats a quote): another tenant's is a 404, an expired one a 410, one
+    for another spec or already accepted a 409. `_accept_quote` marks it taken."""
     if spec.quote_id is None:
         return None, None
     quote = session.get(Quote, spec.quote_id)
@@ -394,6 +413,21 @@ def _hold_quote(
     if quote.expires_at <= now:
         raise Gone(
             f"quote {quote.id} expired at {quote.expires_at.isoformat()}; ask for a new quote",
+            field="quote_id",
+        )
+    if quote.accepted_by is not None:
+        raise Conflict(
+            f"quote {quote.id} was accepted by job {quote.accepted_by}; a quote holds its "
+            "price for one job: ask for a new quote",
+            field="quote_id",
+        )
+    quoted = _priced(stored_spec(quote.spec))
+    asked = _priced(spec)
+    changed = sorted(k for k in quoted.keys() | asked.keys() if quoted.get(k) != asked.get(k))
+    if changed:
+        raise Conflict(
+            f"quote {quote.id} priced another spec ({', '.join(changed)} differ); submit the "
+            "spec it priced, or ask for a quote of this one",
             field="quote_id",
         )
     options = quote.options.options
@@ -412,6 +446,22 @@ def _hold_quote(
             field="quote_id",
         )
     return HeldPlan(**dict(chosen), quote_id=quote.id), None
+
+
+def _accept_quote(session: Session, quote_id: str, job_id: str) -> None:
+    """Mark the quote accepted by the job, the item's last write before its job's insert (a
+    refused item then wrote nothing); Conflict when another job took it meanwhile."""
+    taken = session.execute(
+        update(Quote)
+        .where(Quote.id == quote_id, Quote.accepted_by.is_(None))
+        .values(accepted_by=job_id)
+        .execution_options(synchronize_session=False)
+    )
+    if taken.rowcount != 1:  # type: ignore[attr-defined]
+        raise Conflict(
+            f"quote {quote_id} was accepted by another job meanwhile; ask for a new quote",
+            field="quote_id",
+        )
 
 
 def _queue_reason(

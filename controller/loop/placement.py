@@ -368,14 +368,14 @@ def _fit_budget(
     if terms.budget is None:
         return result
     committed = budget.commitment(session, job.tenant_id, now)
-    why = budget.refusal(terms.budget, committed, budget.as_money(result.estimate.cost))
+    why = budget.refusal(terms.budget, committed, budget.priced_up(result.estimate.cost))
     if why is None:
         return result
     room = budget.left(terms.budget, committed)
     if room > 0:
         cheaper = plan_for(world, job, efficiency, now, priority, max_cost=float(room))
         if isinstance(cheaper, scheduler.Plan) and (
-            budget.refusal(terms.budget, committed, budget.as_money(cheaper.estimate.cost)) is None
+            budget.refusal(terms.budget, committed, budget.priced_up(cheaper.estimate.cost)) is None
         ):
             return cheaper
     return why

@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.money.metering import exact_total, q6, tenant_spend, unbilled
+from controller.money.metering import MICRO, exact_total, q6, tenant_spend, unbilled
 from controller.store.models import Allocation, Job, LedgerEntry, Tenant
 from grammar.states import ACTIVE
 from wire.plan import JobPlan
@@ -60,7 +60,10 @@ def left(budget: Decimal, commitment: Commitment) -> Decimal:
 
 
 def refusal(budget: Decimal, commitment: Commitment, estimate: Decimal) -> str | None:
-    """None when a job estimated at `estimate` fits the budget, else why it must wait."""
+    """None when a job estimated at `estimate` fits the budget, else why it must wait. A
+    budget of 0 (or less) places nothing, whatever the estimate."""
+    if budget <= 0:
+        return f"the tenant's budget is {budget:.2f}: nothing is placed; an admin may raise it"
     if commitment.total + estimate <= budget:
         return None
     return (
@@ -76,13 +79,22 @@ def reached(budget: Decimal, spent: Decimal) -> bool:
     return spent > 0 and spent >= budget
 
 
+def priced_up(value: float | None) -> Decimal:
+    """An estimate as money for a budget check: rounded up to the micro-dollar, so a positive
+    cost never counts as 0 (a tiny estimate rounded half-even did, and jobs of a budget-0
+    tenant were placed)."""
+    if value is None:
+        return Decimal(0)
+    return Decimal(str(value)).quantize(MICRO, rounding=ROUND_CEILING)
+
+
 def estimate_of(plan: JobPlan | None) -> Decimal:
-    """A placed job's estimated price (0 for plans stored without one)."""
+    """A placed job's estimated price, rounded up (0 for plans stored without one)."""
     if plan is None:
         return Decimal(0)
     if plan.price is not None:
-        return as_money(plan.price.total)
-    return as_money(plan.estimate.cost)
+        return priced_up(plan.price.total)
+    return priced_up(plan.estimate.cost)
 
 
 # ---- reading the books -----------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +16,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
+
+log = logging.getLogger(__name__)
 
 
 def is_sqlite(url: str) -> bool:
@@ -28,6 +33,27 @@ round trip per request, a real share of a PostgreSQL job-list read's CPU under l
 (measured: bench/results/api-throughput.md). A connection that died within the window fails
 its request once, as a disconnect, which makes SQLAlchemy replace every connection of the
 pool; the API answers that request 503."""
+
+
+SIDE_FILES = ("", "-wal", "-shm", "-journal")
+"""A SQLite database's files: SQLite gives its side files the main file's permissions."""
+
+
+def private_files(database: Path) -> None:
+    """Every tenant's jobs, the ledger and the audit log live in this file: readable by its
+    owner only (0600). A new file is created so; an existing one readable by others is
+    tightened, with a warning naming it."""
+    if not database.exists():
+        os.close(os.open(database, os.O_CREAT | os.O_WRONLY, 0o600))
+    for suffix in SIDE_FILES:
+        path = database.with_name(database.name + suffix)
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            path.chmod(0o600)
+            log.warning("%s was readable by others (%o): now 0600", path, mode)
 
 
 def make_engine(
@@ -51,6 +77,7 @@ def make_engine(
         database = make_url(url).database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
+            private_files(Path(database))
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs
         )

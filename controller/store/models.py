@@ -390,6 +390,8 @@ class Quote(Base):
     options: Mapped[QuoteOptions] = mapped_column(ModelJSON(QuoteOptions))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]
+    accepted_by: Mapped[str | None] = mapped_column(String(36))
+    """The job that accepted it: a quote prices one spec, once (revision 0017)."""
 
 
 class Job(Base):

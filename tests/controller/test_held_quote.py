@@ -118,3 +118,38 @@ def test_a_held_quote_runs_the_decisions_it_quoted(db_url: str, tmp_path: Path) 
         assert [s.cluster for s in plan.clusters] == [s.cluster for s in held.clusters]
     finally:
         net.close()
+
+
+def test_a_budget_of_zero_places_nothing_and_tiny_estimates_count(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Issue 48: an estimate never rounds a positive cost to 0 at the budget check, and a
+    budget of 0 places nothing (9 of 12 near-free jobs of a budget-0 tenant were placed)."""
+    from controller.store.models import Tenant
+
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("a", gpus=4, price="0.000001")  # a run's estimate: far below a micro-dollar
+        broke = net.tenant("broke")
+        rich = net.tenant("rich")
+        with net.sessions() as s, s.begin():
+            s.execute(update(Tenant).where(Tenant.id == broke).values(budget=Decimal(0)))
+        spec = JobSpec.model_validate({**SPEC, "gpus": 1, "steps": 10})
+        zero = [net.submit(broke, spec) for _ in range(3)]
+        other = net.submit(rich, spec)
+        placed = net.place()
+        assert not set(placed) & set(zero) and other in placed
+        assert "budget is 0.00" in net.job(zero[0]).reason
+    finally:
+        net.close()
+
+
+def test_a_positive_estimate_never_counts_as_nothing() -> None:
+    from controller.money.budget import Commitment, priced_up, refusal
+
+    assert priced_up(8e-9) == Decimal("0.000001") and priced_up(0.0) == 0
+    none = Commitment(charged=Decimal(0), held=Decimal(0))
+    one = Commitment(charged=Decimal(0), held=Decimal("0.000001"))
+    assert refusal(Decimal("0.000001"), none, priced_up(8e-9)) is None
+    assert refusal(Decimal("0.000001"), one, priced_up(8e-9)) is not None  # no second one
+    assert refusal(Decimal(0), none, Decimal(0)) is not None  # budget 0: nothing

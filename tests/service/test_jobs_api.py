@@ -35,6 +35,25 @@ def test_quote_then_submit_holds_the_price(network: Network) -> None:
     assert events[0]["to_state"] == "PENDING"
 
 
+def test_a_quote_prices_one_spec_once(network: Network) -> None:
+    """Issue 48: a quote for a 200-step job is no price for a 999,999-step one, and it holds
+    its price for one job: another spec or a second use is a 409 naming why; a retry of the
+    accepted submission (its Idempotency-Key) still gets its job."""
+    quote = network.tenant.post("/v1/quotes", spec(steps=200))
+    with pytest.raises(ApiError) as other:
+        network.tenant.post("/v1/jobs", spec(steps=999_999, quote_id=quote["id"]))
+    assert other.value.status == 409 and other.value.errors[0]["field"] == "quote_id"
+    assert "steps" in other.value.detail
+    renamed = spec(steps=200, name="another-name", quote_id=quote["id"])
+    job = network.tenant.submit(renamed, idempotency_key="quote-once")  # names are not priced
+    assert job.held_price is not None
+    again = network.tenant.submit(renamed, idempotency_key="quote-once")
+    assert again.id == job.id  # the same submission retried: its job
+    with pytest.raises(ApiError) as twice:
+        network.tenant.post("/v1/jobs", renamed)
+    assert twice.value.status == 409 and job.id in twice.value.detail
+
+
 def test_a_submission_stores_the_size_the_queue_orders_by(network: Network) -> None:
     """Ten times the steps is ten times the size; twice the GPUs, half (`reference_run_s`)."""
     jobs = [

@@ -109,6 +109,32 @@ def test_a_console_session_over_http(live: LiveServer) -> None:
         assert http.post("/ui/session/end").status_code == 403
 
 
+def test_a_refused_sign_in_says_when_to_retry_and_the_cookie_can_be_forced_secure(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: the console's 429 carries Retry-After like every 429 of the API, and behind
+    a TLS-terminating proxy (requests arrive as http) CPN_COOKIE_SECURE marks the cookie."""
+    from controller.store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'cpn.db'}"
+    upgrade(url)
+    server = start_server(
+        database_url=url, run_controller=False, key_rate_limit=1, cookie_secure=True
+    )
+    try:
+        with httpx.Client(base_url=server.url) as http:
+            body, page = {"key": server.admin_token}, {CSRF_HEADER: "x"}
+            ok = http.post("/ui/session", json=body, headers=page)
+            assert ok.status_code == 204 and "secure" in ok.headers["set-cookie"].lower()
+            answers = [http.post("/ui/session", json=body, headers=page) for _ in range(4)]
+            limited = [a for a in answers if a.status_code == 429]
+            assert limited, [a.status_code for a in answers]
+            assert int(limited[0].headers["retry-after"]) >= 1
+            assert limited[0].json()["errors"][0]["field"] == "key"
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
 def test_a_sign_in_holds_on_every_replica_and_a_sign_out_ends_it_everywhere(
     tmp_path: Path,
