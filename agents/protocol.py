@@ -18,9 +18,17 @@ from __future__ import annotations
 import ipaddress
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 DiscoverySource = Literal["nvml", "kubernetes", "inventory"]
@@ -166,7 +174,39 @@ ProbeUrl = Annotated[
 ]
 
 
-class _Wire(BaseModel):
+def _scalar_kind(annotation: Any) -> str | None:
+    """ "number" for an int or float field (optional or not), "bool" for a boolean one."""
+    if get_origin(annotation) is Annotated:
+        return _scalar_kind(get_args(annotation)[0])
+    members = set(get_args(annotation)) - {type(None)} if get_origin(annotation) else {annotation}
+    if members and members <= {int, float}:
+        return "number"
+    if members == {bool}:
+        return "bool"
+    return None
+
+
+class StrictScalars(BaseModel):
+    """Input whose numbers and booleans are what its schema says: "1" or true is no count,
+    "yes" or 1 no boolean (pydantic's lax mode took them); every other type as pydantic
+    reads it. The base of every input model of the public API and the agents' wire."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _as_the_schema_says(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name is None or value is None:
+            return value
+        kind = _scalar_kind(cls.model_fields[info.field_name].annotation)
+        if kind == "number" and isinstance(value, bool | str):
+            raise PydanticCustomError(
+                "strict_number", "must be a JSON number, not {got}", {"got": type(value).__name__}
+            )
+        if kind == "bool" and not isinstance(value, bool):
+            raise PydanticCustomError("strict_bool", "must be true or false", {})
+        return value
+
+
+class _Wire(StrictScalars):
     model_config = ConfigDict(extra="forbid")
 
 

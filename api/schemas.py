@@ -7,7 +7,7 @@ from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Json
 
-from agents.protocol import PROBE_URL_HELP, BoundedUTC, PlainText, ProbeUrl
+from agents.protocol import PROBE_URL_HELP, BoundedUTC, PlainText, ProbeUrl, StrictScalars
 from wire.jobs import JobOut
 from wire.plan import HeldPlan, JobPlan
 from wire.spec import QosClass
@@ -23,7 +23,7 @@ Name = Field(
 )
 
 
-class _In(BaseModel):
+class _In(StrictScalars):
     model_config = ConfigDict(extra="forbid")
 
 

@@ -9,7 +9,6 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -21,7 +20,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from agents.protocol import refuse_control_characters
+from agents.protocol import StrictScalars, refuse_control_characters
 from grammar import COMPRESSION_HELP, SYNC_HELP, canonical_compression, canonical_sync
 from grammar.parallel import PARALLEL_HELP, STAGES_HELP, parse_stages
 
@@ -95,7 +94,7 @@ def _task_args_fit(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
-class _In(BaseModel):
+class _In(StrictScalars):
     # One JSON schema a model, the one a submission is checked against: a job shows its spec
     # in the same shape, so clients see one `JobSpec`, not an input and an output variant.
     model_config = ConfigDict(extra="forbid", json_schema_mode_override="validation")

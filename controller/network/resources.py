@@ -491,8 +491,30 @@ def _retire(conn: Connection, row_id: int, *, first_delete: bool) -> None:
             return
 
 
-def ingest_links(session: Session, report: LinkReport) -> int:
-    """Store measured links from the reporting cluster; declared ones stay beside them."""
+MEASURE_AHEAD_S = 300.0
+"""How far ahead of the server's clock a measurement's `measured_at` may be (clock skew)."""
+MEASURE_AGE_S = 3600.0
+"""How old a measurement may be when reported: an older one describes a link no more."""
+
+
+def _check_measured_at(report: LinkReport, now: datetime) -> None:
+    for i, m in enumerate(report.links):
+        ahead = (m.measured_at - now).total_seconds()
+        if ahead > MEASURE_AHEAD_S or -ahead > MEASURE_AGE_S:
+            raise Invalid(
+                f"measured_at {m.measured_at.isoformat()} is {abs(ahead):.0f} s "
+                f"{'ahead of' if ahead > 0 else 'behind'} the server's clock; report "
+                f"measurements within {MEASURE_AGE_S:.0f} s past and {MEASURE_AHEAD_S:.0f} s "
+                "ahead of it (is the agent's clock set?)",
+                field=f"links[{i}].measured_at",
+            )
+
+
+def ingest_links(session: Session, report: LinkReport, now: datetime | None = None) -> int:
+    """Store measured links from the reporting cluster; declared ones stay beside them. A
+    measurement stamped outside a bounded skew of the server's clock is refused (422), and
+    one older than the link's measurement in force never replaces it (a replay)."""
+    _check_measured_at(report, now or utcnow())
     src = get_cluster(session, report.cluster)
     names = {m.dst for m in report.links}
     ids = dict(
@@ -512,6 +534,7 @@ def ingest_links(session: Session, report: LinkReport) -> int:
             src.id,
             ids[m.dst],
             "measured",
+            newer_than=m.measured_at,
             bandwidth_gbps=m.bandwidth_gbps,
             rtt_ms=m.rtt_ms,
             loss=m.loss,
@@ -520,12 +543,23 @@ def ingest_links(session: Session, report: LinkReport) -> int:
     return len(report.links)
 
 
-def _upsert_link(session: Session, src_id: str, dst_id: str, source: str, **values: Any) -> Link:
+def _upsert_link(
+    session: Session,
+    src_id: str,
+    dst_id: str,
+    source: str,
+    newer_than: datetime | None = None,
+    **values: Any,
+) -> Link:
+    """Insert or update the link; with `newer_than`, an existing row measured at or after it
+    is kept as it is (an older report never replaces a newer one)."""
     link = session.scalars(
         select(Link).where(
             Link.src_cluster_id == src_id, Link.dst_cluster_id == dst_id, Link.source == source
         )
     ).first()
+    if link is not None and newer_than is not None and link.measured_at >= newer_than:
+        return link
     if link is None:
         if source == "measured" and "egress_price_per_gb" not in values:
             values["egress_price_per_gb"] = _declared_price(session, src_id, dst_id)

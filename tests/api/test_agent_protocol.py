@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -104,6 +104,30 @@ def test_measured_links_replace_declared_and_keep_both(live_server: LiveServer) 
     with pytest.raises(ApiError) as neg:
         a.post("/v1/agent/links", negative)
     assert neg.value.status == 422 and neg.value.errors[0]["field"] == "links.0.bandwidth_gbps"
+
+
+def test_a_link_report_must_be_timely_and_a_replay_never_wins(live_server: LiveServer) -> None:
+    """Issue 48: `measured_at` in year 9999 or year 1 was accepted, and a report stamped in
+    2000 replaced a newer one as the link in use. Now a stamp outside a bounded skew of the
+    server's clock is a 422 naming it, and an older report leaves the newer link in force."""
+    a = _agent(live_server, "a")
+    _agent(live_server, "b")
+
+    def link(at: datetime, gbps: float) -> dict[str, Any]:
+        one = {"dst": "b", "bandwidth_gbps": gbps, "rtt_ms": 20.0, "bytes_transferred": 1024}
+        return {"cluster": "a", "links": [{**one, "measured_at": at.isoformat()}]}
+
+    now = datetime.now(UTC)
+    for far in (now + timedelta(days=1), now - timedelta(days=30)):
+        with pytest.raises(ApiError) as skewed:
+            a.post("/v1/agent/links", link(far, 9.0))
+        assert skewed.value.status == 422
+        assert skewed.value.errors[0]["field"] == "links[0].measured_at"
+    assert a.post("/v1/agent/links", link(now, 2.0)) == {"stored": 1}
+    assert a.post("/v1/agent/links", link(now - timedelta(minutes=5), 50.0)) == {"stored": 1}
+    with live_server.client() as admin:
+        measured = [k for k in admin.links("measured") if (k["src"], k["dst"]) == ("a", "b")]
+    assert [k["bandwidth_gbps"] for k in measured] == [2.0]  # the newer one stays in force
 
 
 def test_lease_goes_suspect_down_and_back(fast_lease_server: LiveServer) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -25,6 +26,9 @@ from tests.security.conftest import (
 )
 from tests.security.routes import documented, query_parameters, resolve
 from tests.service.conftest import spec
+
+MEASURED_NOW = datetime.now(UTC).isoformat()
+"""A link measurement's time the server takes: now (issue 48 bounds its skew)."""
 
 # ---- body size ------------------------------------------------------------------------------
 
@@ -222,7 +226,7 @@ LONG_STRINGS: list[tuple[str, str, str, dict[str, Any], str]] = [
                     "bandwidth_gbps": 1,
                     "rtt_ms": 1,
                     "bytes_transferred": 1,
-                    "measured_at": "2026-01-01T00:00:00Z",
+                    "measured_at": MEASURED_NOW,
                 }
             ]
             * 1025,
@@ -371,7 +375,7 @@ LINK = {
     "bandwidth_gbps": 1,
     "rtt_ms": 1,
     "bytes_transferred": 1,
-    "measured_at": "2026-01-01T00:00:00Z",
+    "measured_at": MEASURED_NOW,
 }
 PRICE = {"cluster": "us-east", "gpu_model": "A100", "qos_class": "spot", "price_per_gpu_hour": 1}
 NUMBERS: list[tuple[str, str, dict[str, Any], str, str]] = [

@@ -236,6 +236,26 @@ def test_bad_specs_name_every_field(network: Network) -> None:
     assert network.tenant.get("/v1/jobs")["total"] == 0  # nothing half-written
 
 
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"gpus": "1"}, "gpus"),
+        ({"gpus": True}, "gpus"),
+        ({"steps": "100"}, "steps"),
+        ({"qos": {"preemptible": 1}}, "qos.preemptible"),
+        ({"qos": {"preemptible": "yes"}}, "qos.preemptible"),
+    ],
+)
+def test_numbers_and_booleans_are_what_the_schema_says(
+    network: Network, overrides: dict[str, object], field: str
+) -> None:
+    """Issue 48: "1" and true were taken as 1 GPU although the schema says integer."""
+    with pytest.raises(ApiError) as bad:
+        network.tenant.post("/v1/jobs", spec(**overrides))
+    assert bad.value.status == 422 and bad.value.errors[0]["field"] == field
+    assert network.tenant.get("/v1/jobs")["total"] == 0
+
+
 def test_over_quota_waits_or_refuses(network: Network) -> None:
     with pytest.raises(ApiError) as exc:
         network.tenant.post("/v1/jobs", spec(gpus=24))  # quota is 20 of 32 GPUs: never fits
