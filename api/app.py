@@ -304,7 +304,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     docs.install(app, settings)
     # Error text a tenant may read (worker errors in job events) masks these too.
     scrub.remember(settings.admin_token, settings.database_url)
-    peers = PeerTable()
+    peers = PeerTable(discovery=settings.link_discovery)
     app.state.cpn = AppState(
         settings=settings,
         engine=engine,

@@ -177,6 +177,11 @@ class Settings(BaseSettings):
         "name (`mycorp.training` allows mycorp.training and mycorp.training.*); empty: "
         "builtin: tasks only. Workers import them; the control plane never does.",
     )
+    link_discovery: bool = Field(
+        default=False,
+        description="Let agents report links between clusters no admin declared a link "
+        "between; off, an agent measures only declared links (a report of another is a 422).",
+    )
     cookie_secure: bool = Field(
         default=False,
         description="Mark the console's session cookie Secure even where the request reads "

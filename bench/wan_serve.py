@@ -72,6 +72,7 @@ def drive(a: argparse.Namespace) -> None:
         "CPN_PROBE_BYTES": str(4 << 20),
         "CPN_RECONCILE_INTERVAL_S": "0.5",
         "CPN_CHECKPOINT_ROOT": str(work / "checkpoints"),
+        "CPN_LINK_DISCOVERY": "true",  # the agents find the testbed's links: none is declared
     }  # CPN_RAY_ADDRESS and CPN_GLOO_IFNAME come from the testbed's environment
     plane = start_control_plane(
         f"sqlite:///{work / 'cpn.db'}", token, settings=settings, host=HUB_IP

@@ -47,13 +47,13 @@ async def heartbeat(body: Heartbeat, request: Request, agent: AgentDep) -> Heart
         heartbeat_interval_s=settings.heartbeat_interval_s,
         probe_interval_s=settings.probe_interval_s,
         probe_bytes=settings.probe_bytes,
-        peers=[p for p in peers if p.cluster != body.cluster],
+        peers=state.peers.visible(body.cluster, peers),
     )
 
 
 def _store_links(state: Any, body: LinkReport) -> int:
     with state.agent_sessions() as session:
-        stored = resources.ingest_links(session, body)
+        stored = resources.ingest_links(session, body, discovery=state.settings.link_discovery)
         session.commit()
     return stored
 

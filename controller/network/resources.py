@@ -21,13 +21,14 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    or_,
     select,
     union_all,
     update,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql.dml import Update
 
 from agents.protocol import GpuInventory as GpuReport
@@ -116,13 +117,24 @@ class PeerTable:
     and logged once, so agents are never sent a URL that could steer their probes elsewhere.
     """
 
-    def __init__(self, ttl_s: float = 1.0) -> None:
+    def __init__(self, ttl_s: float = 1.0, discovery: bool = True) -> None:
         self._ttl = ttl_s
         self._lock = threading.Lock()
         self._at = 0.0
         self._peers: list[PeerProbe] = []
         self._version = ""
         self._logged: set[tuple[str, str]] = set()
+        self._discovery = discovery
+        self._declared: dict[str, frozenset[str]] = {}
+
+    def visible(self, cluster: str, peers: list[PeerProbe]) -> list[PeerProbe]:
+        """The peers `cluster`'s agent probes: every other one with link discovery, else
+        those an admin declared a link with (either way round), as `ingest_links` accepts."""
+        if self._discovery:
+            return [p for p in peers if p.cluster != cluster]
+        with self._lock:
+            near = self._declared.get(cluster, frozenset())
+        return [p for p in peers if p.cluster in near]
 
     def invalidate(self) -> None:
         with self._lock:
@@ -140,8 +152,20 @@ class PeerTable:
         ).all()
         peers = [PeerProbe(cluster=n, probe_url=u) for n, u in rows if self._usable(n, u)]
         version = hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+        declared: dict[str, set[str]] = {}
+        if not self._discovery:
+            a, b = aliased(Cluster), aliased(Cluster)
+            for x, y in session.execute(
+                select(a.name, b.name)
+                .join(Link, Link.src_cluster_id == a.id)
+                .join(b, Link.dst_cluster_id == b.id)
+                .where(Link.source == "declared")
+            ):
+                declared.setdefault(x, set()).add(y)
+                declared.setdefault(y, set()).add(x)
         with self._lock:
             self._peers, self._version, self._at = peers, version, time.monotonic()
+            self._declared = {k: frozenset(v) for k, v in declared.items()}
         return peers, version
 
     def _usable(self, cluster: str, url: str) -> bool:
@@ -510,10 +534,14 @@ def _check_measured_at(report: LinkReport, now: datetime) -> None:
             )
 
 
-def ingest_links(session: Session, report: LinkReport, now: datetime | None = None) -> int:
+def ingest_links(
+    session: Session, report: LinkReport, now: datetime | None = None, discovery: bool = False
+) -> int:
     """Store measured links from the reporting cluster; declared ones stay beside them. A
-    measurement stamped outside a bounded skew of the server's clock is refused (422), and
-    one older than the link's measurement in force never replaces it (a replay)."""
+    measurement stamped outside a bounded skew of the server's clock is refused (422), one
+    older than the link's measurement in force never replaces it (a replay), and without
+    `discovery` (CPN_LINK_DISCOVERY) an agent measures only links an admin declared: it
+    cannot add a fast free link the network does not have."""
     _check_measured_at(report, now or utcnow())
     src = get_cluster(session, report.cluster)
     names = {m.dst for m in report.links}
@@ -526,9 +554,29 @@ def ingest_links(session: Session, report: LinkReport, now: datetime | None = No
             f"links name unknown clusters {unknown}; report only peers the controller listed",
             field="links.dst",
         )
-    for m in report.links:
+    declared = (
+        set()
+        if discovery
+        else {
+            (a, b)
+            for a, b in session.execute(
+                select(Link.src_cluster_id, Link.dst_cluster_id).where(
+                    Link.source == "declared",
+                    or_(Link.src_cluster_id == src.id, Link.dst_cluster_id == src.id),
+                )
+            )
+        }
+    )
+    for i, m in enumerate(report.links):
         if m.dst == report.cluster:
             raise Invalid("a link cannot go from a cluster to itself", field="links.dst")
+        pair = (src.id, ids[m.dst])
+        if not discovery and pair not in declared and pair[::-1] not in declared:
+            raise Invalid(
+                f"no link {report.cluster} - {m.dst} is declared; agents measure declared "
+                "links only (an admin declares it, or sets CPN_LINK_DISCOVERY=true)",
+                field=f"links[{i}].dst",
+            )
         _upsert_link(
             session,
             src.id,

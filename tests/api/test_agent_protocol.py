@@ -17,6 +17,15 @@ INTERVAL, GRACE = 0.4, 1.6
 
 
 @pytest.fixture
+def discovering(db_url: str) -> Iterator[LiveServer]:
+    """A control plane whose agents probe every other cluster (CPN_LINK_DISCOVERY): the tests
+    of what peers are told, whatever links are declared."""
+    live = start_server(database_url=db_url, link_discovery=True)
+    yield live
+    live.stop()
+
+
+@pytest.fixture
 def fast_lease_server(db_url: str) -> Iterator[LiveServer]:
     live = start_server(
         database_url=db_url,
@@ -35,14 +44,14 @@ def _agent(live: LiveServer, name: str) -> Client:
     return live.client(token)
 
 
-def test_heartbeat_syncs_gpus_and_lists_peers(live_server: LiveServer) -> None:
-    a, b = _agent(live_server, "a"), _agent(live_server, "b")
+def test_heartbeat_syncs_gpus_and_lists_peers(discovering: LiveServer) -> None:
+    a, b = _agent(discovering, "a"), _agent(discovering, "b")
     gpus = [{"model": "A100-80GB", "memory_gib": 80, "count": 8, "allocatable": 6}]
     ack_a = a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": gpus, "probe_url": "http://x:1"})
     assert ack_a["state"] == "READY" and ack_a["peers"] == []
     ack_b = b.post("/v1/agent/heartbeat", {"cluster": "b", "gpus": [], "probe_url": "http://y:2"})
     assert ack_b["peers"] == [{"cluster": "a", "probe_url": "http://x:1"}]
-    with live_server.client() as admin:
+    with discovering.client() as admin:
         got = admin.get("/v1/clusters/a")
         assert got["gpus"][0]["allocatable"] == 6 and got["gpus"][0]["in_use"] == 0
         totals = admin.get("/v1/gpus/totals")
@@ -56,7 +65,7 @@ def test_heartbeat_syncs_gpus_and_lists_peers(live_server: LiveServer) -> None:
     with pytest.raises(ApiError) as dup:
         a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [gpus[0], gpus[0]]})
     assert dup.value.status == 422
-    with live_server.client() as admin:
+    with discovering.client() as admin:
         assert admin.get("/v1/clusters/a")["gpus"][0]["count"] == 4
 
 
@@ -112,6 +121,8 @@ def test_a_link_report_must_be_timely_and_a_replay_never_wins(live_server: LiveS
     server's clock is a 422 naming it, and an older report leaves the newer link in force."""
     a = _agent(live_server, "a")
     _agent(live_server, "b")
+    with live_server.client() as admin:
+        admin.declare_link("a", "b", bandwidth_gbps=10, rtt_ms=20, egress_price_per_gb=0.01)
 
     def link(at: datetime, gbps: float) -> dict[str, Any]:
         one = {"dst": "b", "bandwidth_gbps": gbps, "rtt_ms": 20.0, "bytes_transferred": 1024}
@@ -128,6 +139,27 @@ def test_a_link_report_must_be_timely_and_a_replay_never_wins(live_server: LiveS
     with live_server.client() as admin:
         measured = [k for k in admin.links("measured") if (k["src"], k["dst"]) == ("a", "b")]
     assert [k["bandwidth_gbps"] for k in measured] == [2.0]  # the newer one stays in force
+
+
+def test_an_agent_measures_only_declared_links(live_server: LiveServer) -> None:
+    """Issue 48: an agent could create a 100,000 Gbit/s, RTT 0, free link to a cluster with
+    no declared link; without CPN_LINK_DISCOVERY it measures declared links only."""
+    a = _agent(live_server, "a")
+    b = _agent(live_server, "b")
+    fake = {"dst": "b", "bandwidth_gbps": 100_000, "rtt_ms": 0, "bytes_transferred": 1024}
+    report = {"cluster": "a", "links": [{**fake, "measured_at": datetime.now(UTC).isoformat()}]}
+    with pytest.raises(ApiError) as undeclared:
+        a.post("/v1/agent/links", report)
+    assert undeclared.value.status == 422
+    assert undeclared.value.errors[0]["field"] == "links[0].dst"
+    beat = {"cluster": "b", "gpus": [], "probe_url": "http://b:1"}
+    assert b.post("/v1/agent/heartbeat", beat)["peers"] == []
+    with live_server.client() as admin:
+        assert admin.links("measured") == []
+        admin.declare_link("b", "a", bandwidth_gbps=1, rtt_ms=30, egress_price_per_gb=0.01)
+    assert a.post("/v1/agent/links", report) == {"stored": 1}  # either direction declares it
+    ack = a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": []})
+    assert [p["cluster"] for p in ack["peers"]] == ["b"]  # told to probe its declared peer
 
 
 def test_lease_goes_suspect_down_and_back(fast_lease_server: LiveServer) -> None:
@@ -192,21 +224,21 @@ PROBE_URL_REFUSALS = {
 
 
 def test_probe_urls_are_plain_base_urls_or_a_422_naming_the_field(
-    live_server: LiveServer,
+    discovering: LiveServer,
 ) -> None:
     import httpx
 
-    with live_server.client() as admin:
+    with discovering.client() as admin:
         admin.create_cluster("a", "r1")
         admin.create_cluster("b", "r1")
         token = admin.create_api_key("agent", "a")["token"]
-        b = live_server.client(admin.create_api_key("agent", "b")["token"])
+        b = discovering.client(admin.create_api_key("agent", "b")["token"])
     good = "http://10.0.0.7:9100/probe-base"
-    a = live_server.client(token)
+    a = discovering.client(token)
     a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [], "probe_url": good})
     for bad, why in PROBE_URL_REFUSALS.items():
         r = httpx.post(
-            f"{live_server.url}/v1/agent/heartbeat",
+            f"{discovering.url}/v1/agent/heartbeat",
             json={"cluster": "a", "gpus": [], "probe_url": bad},
             headers={"Authorization": f"Bearer {token}"},
         )
@@ -217,15 +249,15 @@ def test_probe_urls_are_plain_base_urls_or_a_422_naming_the_field(
         assert [e["field"] for e in problem["errors"]] == ["probe_url"]
         assert why in problem["errors"][0]["message"], problem
     # Nothing stored changed: the cluster keeps its URL, and peers are told that one.
-    with live_server.client() as admin:
+    with discovering.client() as admin:
         assert admin.get("/v1/clusters/a")["probe_url"] == good
     ack = b.post("/v1/agent/heartbeat", {"cluster": "b", "gpus": []})
     assert ack["peers"] == [{"cluster": "a", "probe_url": good}]
 
 
-def test_admin_pins_a_clusters_probe_url(live_server: LiveServer) -> None:
+def test_admin_pins_a_clusters_probe_url(discovering: LiveServer) -> None:
     """Peers are told the pin over the reported URL; null unpins; both are audited."""
-    a, b = _agent(live_server, "a"), _agent(live_server, "b")
+    a, b = _agent(discovering, "a"), _agent(discovering, "b")
     a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [], "probe_url": "http://x:1"})
 
     def peers_of_b() -> list[Any]:
@@ -233,7 +265,7 @@ def test_admin_pins_a_clusters_probe_url(live_server: LiveServer) -> None:
         return ack["peers"]
 
     assert peers_of_b() == [{"cluster": "a", "probe_url": "http://x:1"}]
-    with live_server.client() as admin:
+    with discovering.client() as admin:
         pinned = admin.request(
             "PATCH", "/v1/clusters/a", json={"pinned_probe_url": "https://10.0.0.7:9100/cpn"}
         )
@@ -243,7 +275,7 @@ def test_admin_pins_a_clusters_probe_url(live_server: LiveServer) -> None:
     # The agent reporting another URL changes what is stored, not what peers are told.
     a.post("/v1/agent/heartbeat", {"cluster": "a", "gpus": [], "probe_url": "http://z:3"})
     assert peers_of_b() == [{"cluster": "a", "probe_url": "https://10.0.0.7:9100/cpn"}]
-    with live_server.client() as admin:
+    with discovering.client() as admin:
         got = admin.get("/v1/clusters/a")
         assert got["probe_url"] == "http://z:3"
         assert got["pinned_probe_url"] == "https://10.0.0.7:9100/cpn"
@@ -261,8 +293,8 @@ def test_admin_pins_a_clusters_probe_url(live_server: LiveServer) -> None:
     assert peers_of_b() == [{"cluster": "a", "probe_url": "http://z:3"}]
 
 
-def test_a_cluster_can_be_created_pinned(live_server: LiveServer) -> None:
-    with live_server.client() as admin:
+def test_a_cluster_can_be_created_pinned(discovering: LiveServer) -> None:
+    with discovering.client() as admin:
         made = admin.post(
             "/v1/clusters",
             {"name": "p", "region": "r1", "pinned_probe_url": "http://10.1.2.3:9100"},
@@ -270,8 +302,8 @@ def test_a_cluster_can_be_created_pinned(live_server: LiveServer) -> None:
         assert made["pinned_probe_url"] == "http://10.1.2.3:9100" and made["probe_url"] is None
         assert made["version"] == 1
         token = admin.create_api_key("agent", "p")["token"]
-    b = _agent(live_server, "b")
-    with live_server.client(token) as p:  # an agent serving no probe endpoint of its own
+    b = _agent(discovering, "b")
+    with discovering.client(token) as p:  # an agent serving no probe endpoint of its own
         p.post("/v1/agent/heartbeat", {"cluster": "p", "gpus": []})
     ack = b.post("/v1/agent/heartbeat", {"cluster": "b", "gpus": []})
     assert ack["peers"] == [{"cluster": "p", "probe_url": "http://10.1.2.3:9100"}]

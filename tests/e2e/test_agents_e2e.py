@@ -38,6 +38,7 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
             "CPN_LEASE_GRACE_S": str(GRACE),
             "CPN_PROBE_INTERVAL_S": "1",
             "CPN_PROBE_BYTES": str(1 << 20),
+            "CPN_LINK_DISCOVERY": "true",  # a full mesh measured, one pair declared
         },
     )
     yield cp
