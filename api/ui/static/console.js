@@ -422,10 +422,17 @@ function job() {
 
 // ---- quote ---------------------------------------------------------------------------------
 
+// A number field's value as a JSON number when it is one (0 included), else as typed, so
+// the API names the field and the problem.
+function asNumber(text) {
+  const n = Number(text);
+  return text.trim() !== "" && Number.isFinite(n) ? n : text;
+}
+
 function quote() {
   const form = $("quote-form");
   const spec = () => {
-    const body = { name: field(form, "name").value, task: field(form, "task").value, steps: Number(field(form, "steps").value) || field(form, "steps").value };
+    const body = { name: field(form, "name").value, task: field(form, "task").value, steps: asNumber(field(form, "steps").value) };
     if (field(form, "gpus").value) body.gpus = Number(field(form, "gpus").value);
     if (field(form, "compression").value) body.compression = field(form, "compression").value;
     if (field(form, "sync").value) body.sync = field(form, "sync").value;
