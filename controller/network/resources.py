@@ -109,6 +109,28 @@ def create_cluster(
 # ---- agent reports -------------------------------------------------------------------------
 
 
+def declared_neighbours(
+    session: Session, cluster: Cluster | None = None
+) -> dict[str, frozenset[str]]:
+    """Each cluster's name -> the clusters an admin declared a link with, either way round:
+    the links an agent may measure without CPN_LINK_DISCOVERY (what its heartbeat lists as
+    peers, and what `ingest_links` accepts). `cluster`: its links only."""
+    a, b = aliased(Cluster), aliased(Cluster)
+    stmt = (
+        select(a.name, b.name)
+        .join(Link, Link.src_cluster_id == a.id)
+        .join(b, Link.dst_cluster_id == b.id)
+        .where(Link.source == "declared")
+    )
+    if cluster is not None:
+        stmt = stmt.where(or_(a.id == cluster.id, b.id == cluster.id))
+    near: dict[str, set[str]] = {}
+    for x, y in session.execute(stmt):
+        near.setdefault(x, set()).add(y)
+        near.setdefault(y, set()).add(x)
+    return {k: frozenset(v) for k, v in near.items()}
+
+
 class PeerTable:
     """Probe URLs of live clusters, cached briefly: every heartbeat needs it, few change it.
 
@@ -152,20 +174,10 @@ class PeerTable:
         ).all()
         peers = [PeerProbe(cluster=n, probe_url=u) for n, u in rows if self._usable(n, u)]
         version = hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
-        declared: dict[str, set[str]] = {}
-        if not self._discovery:
-            a, b = aliased(Cluster), aliased(Cluster)
-            for x, y in session.execute(
-                select(a.name, b.name)
-                .join(Link, Link.src_cluster_id == a.id)
-                .join(b, Link.dst_cluster_id == b.id)
-                .where(Link.source == "declared")
-            ):
-                declared.setdefault(x, set()).add(y)
-                declared.setdefault(y, set()).add(x)
+        declared = {} if self._discovery else declared_neighbours(session)
         with self._lock:
             self._peers, self._version, self._at = peers, version, time.monotonic()
-            self._declared = {k: frozenset(v) for k, v in declared.items()}
+            self._declared = declared
         return peers, version
 
     def _usable(self, cluster: str, url: str) -> bool:
@@ -554,24 +566,13 @@ def ingest_links(
             f"links name unknown clusters {unknown}; report only peers the controller listed",
             field="links.dst",
         )
-    declared = (
-        set()
-        if discovery
-        else {
-            (a, b)
-            for a, b in session.execute(
-                select(Link.src_cluster_id, Link.dst_cluster_id).where(
-                    Link.source == "declared",
-                    or_(Link.src_cluster_id == src.id, Link.dst_cluster_id == src.id),
-                )
-            )
-        }
+    near = (
+        frozenset() if discovery else declared_neighbours(session, src).get(src.name, frozenset())
     )
     for i, m in enumerate(report.links):
         if m.dst == report.cluster:
             raise Invalid("a link cannot go from a cluster to itself", field="links.dst")
-        pair = (src.id, ids[m.dst])
-        if not discovery and pair not in declared and pair[::-1] not in declared:
+        if not discovery and m.dst not in near:
             raise Invalid(
                 f"no link {report.cluster} - {m.dst} is declared; agents measure declared "
                 "links only (an admin declares it, or sets CPN_LINK_DISCOVERY=true)",

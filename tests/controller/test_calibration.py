@@ -105,6 +105,41 @@ def _placement(gpus: int) -> tuple[scheduler.Assignment, ...]:
     return (scheduler.Assignment("a", 8), scheduler.Assignment("b", gpus - 8))
 
 
+def _ran(
+    session: Session,
+    tenant: Tenant,
+    name: str,
+    *,
+    cluster: str,
+    gpus: int,
+    wall_s: float,
+    attempts: int = 0,
+    estimated_s: float = 10.0,
+) -> None:
+    """A finished run of 100 steps at 0.1 s each that took `wall_s` RUNNING to SUCCEEDED."""
+    end = utcnow()
+    j = Job(
+        tenant_id=tenant.id,
+        name=name,
+        spec={},
+        state="SUCCEEDED",
+        gpus_min=gpus,
+        gpus_max=gpus,
+        attempts=attempts,
+        placement=JobPlan(
+            clusters=(Share(cluster=cluster, gpus=gpus),),
+            compression="none",
+            sync="every-step",
+            estimate=PlanEstimate(step_time_s=0.1, total_time_s=estimated_s, wan_bytes=0),
+        ),
+        started_at=end - timedelta(seconds=wall_s),
+        finished_at=end,
+    )
+    session.add(j)
+    session.flush()
+    session.add(JobMetric(job_id=j.id, step=100, step_time_s=0.1, compute_time_s=5.0))
+
+
 def test_set_up_time_is_fitted_per_cluster_from_finished_runs(db_url: str) -> None:
     """A run's time outside its steps (launch, set-up, evaluation, the drain): its wall time
     RUNNING to SUCCEEDED less its steps at their observed step time; the prior until a run
@@ -118,31 +153,11 @@ def test_set_up_time_is_fitted_per_cluster_from_finished_runs(db_url: str) -> No
             tenant = Tenant(name="t")
             session.add(tenant)
             session.flush()
-            end = utcnow()
             # 100 steps of 0.1 s: 10 s of steps; walls 22 s and 14 s on a, 40 s on b
             for n, (where, wall, tries) in enumerate(
                 [("a", 22.0, 1), ("a", 14.0, 1), ("b", 40.0, 1), ("b", 500.0, 2)]
             ):
-                j = Job(
-                    tenant_id=tenant.id,
-                    name=f"j{n}",
-                    spec={},
-                    state="SUCCEEDED",
-                    gpus_min=1,
-                    gpus_max=1,
-                    attempts=tries,
-                    placement=JobPlan(
-                        clusters=(Share(cluster=where, gpus=1),),
-                        compression="none",
-                        sync="every-step",
-                        estimate=PlanEstimate(step_time_s=0.1, total_time_s=10.0, wan_bytes=0),
-                    ),
-                    started_at=end - timedelta(seconds=wall),
-                    finished_at=end,
-                )
-                session.add(j)
-                session.flush()
-                session.add(JobMetric(job_id=j.id, step=100, step_time_s=0.1, compute_time_s=5.0))
+                _ran(session, tenant, f"j{n}", cluster=where, gpus=1, wall_s=wall, attempts=tries)
             session.flush()
             seen = observed(session)
             assert seen.setup_s == pytest.approx(12.0)  # median of 12, 4, 30
@@ -181,27 +196,9 @@ def test_set_up_that_grows_with_the_workers_is_fitted_per_gpu(db_url: str) -> No
             tenant = Tenant(name="t")
             session.add(tenant)
             session.flush()
-            end = utcnow()
             for n, gpus in enumerate((2, 4, 6)):
-                j = Job(
-                    tenant_id=tenant.id,
-                    name=f"g{n}",
-                    spec={},
-                    state="SUCCEEDED",
-                    gpus_min=gpus,
-                    gpus_max=gpus,
-                    placement=JobPlan(
-                        clusters=(Share(cluster="a", gpus=gpus),),
-                        compression="none",
-                        sync="every-step",
-                        estimate=PlanEstimate(step_time_s=0.1, total_time_s=1.0, wan_bytes=0),
-                    ),
-                    started_at=end - timedelta(seconds=10.0 + 1.0 + 2.5 * gpus),
-                    finished_at=end,
-                )
-                session.add(j)
-                session.flush()
-                session.add(JobMetric(job_id=j.id, step=100, step_time_s=0.1))
+                wall = 10.0 + 1.0 + 2.5 * gpus
+                _ran(session, tenant, f"g{n}", cluster="a", gpus=gpus, wall_s=wall, estimated_s=1.0)
             session.flush()
             seen = observed(session)
             assert seen.setup_per_gpu_s == pytest.approx(2.5)
