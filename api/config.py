@@ -120,8 +120,9 @@ class Settings(BaseSettings):
     auth_fail_limit: int = Field(
         default=20,
         ge=0,
-        description="Failed authentications per client address a minute; beyond, that "
-        "address's unknown keys get 429 before any lookup. Per replica; 0 = no limit.",
+        description="Failed authentications of one key from one client address a minute; "
+        "beyond, that key gets 429 there before any lookup, and past ten times it (all keys "
+        "together) every unknown key from that address does. Per replica; 0 = no limit.",
     )
     max_queued_jobs: int = Field(
         default=10_000,

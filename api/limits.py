@@ -117,6 +117,23 @@ def _per_minute(count: int) -> BucketTable | None:
     return BucketTable(count / 60.0, float(count)) if count > 0 else None
 
 
+FLOOD_FACTOR = 10
+"""An address's failed authentications, of all its keys together, may reach this many times
+`CPN_AUTH_FAIL_LIMIT` a minute before its unknown keys are refused: the limit itself counts
+per key (`credential_tag`), so others' wrong keys behind the same NAT never refuse a good one;
+this bound keeps a flood of random keys from costing a lookup each."""
+
+TAG_CHARS = 20
+"""`cpn_tenant_` and the 8 characters of a minted key's prefix, and a little more."""
+
+
+def credential_tag(token: str | None) -> str:
+    """What failures are counted by besides the address: the start of the presented key (a
+    minted key's role and prefix), never enough of it to matter (the rest is 35+ random
+    characters); "" for a session cookie or no key."""
+    return "" if token is None else token[:TAG_CHARS]
+
+
 class RateLimits:
     """Every limit's buckets and the decisions over them; no I/O, no clock of its own."""
 
@@ -128,6 +145,9 @@ class RateLimits:
         self.keys = _per_second(key_rate)
         self.agents = _per_second(agent_rate)
         self.auth_failures = _per_minute(auth_fail_limit)
+        """Per address and credential tag: a key guessed at from one address backs off."""
+        self.address_failures = _per_minute(auth_fail_limit * FLOOD_FACTOR)
+        """Per address, all tags together: the flood bound."""
         self.quotes = _per_minute(quote_limit)
 
     @classmethod
@@ -140,15 +160,23 @@ class RateLimits:
         )
 
     def admit(
-        self, *, address: str, key_hash: str | None, known_key: bool, agent: bool, now: float
+        self,
+        *,
+        address: str,
+        key_hash: str | None,
+        known_key: bool,
+        agent: bool,
+        now: float,
+        tag: str = "",
     ) -> Refusal | None:
         """Whether a request may go on, before anyone looks its key up.
 
-        `known_key`: the key is live in the principal cache (no query to authenticate it).
-        A request without a key passes: it gets its 401 without touching the database."""
+        `known_key`: the key is live in the principal cache (no query to authenticate it);
+        `tag`: the key's `credential_tag`. A request without a key passes: it gets its 401
+        without touching the database."""
         if key_hash is None:
             return None
-        if not known_key and (refused := self.admit_lookup(address, now)):
+        if not known_key and (refused := self.admit_lookup(address, now, tag)):
             return refused
         table, limit, rate = (
             (self.agents, Limit.AGENT, self.agent_rate)
@@ -168,27 +196,38 @@ class RateLimits:
             )
         return None
 
-    def admit_lookup(self, address: str, now: float) -> Refusal | None:
+    def admit_lookup(self, address: str, now: float, tag: str = "") -> Refusal | None:
         """Whether a credential from `address` may be looked up in the database (a key not
-        cached here, a console session cookie): not once the address is over its limit of
-        failed authentications."""
-        if self.auth_failures is None:
+        cached here, a console session cookie): not while keys with its `tag` failed more
+        than the limit a minute from that address, nor while the address's failures of all
+        keys together are over `FLOOD_FACTOR` times the limit."""
+        if self.auth_failures is None or self.address_failures is None:
             return None
-        wait = self.auth_failures.wait(address, now)
-        if wait <= 0:
-            return None
-        return Refusal(
-            Limit.AUTH_FAILURES,
-            wait,
-            "too many failed authentications from this address (more than "
-            f"{self.auth_fail_limit} a minute, CPN_AUTH_FAIL_LIMIT); send a valid key "
-            "after Retry-After seconds",
-        )
+        wait = self.auth_failures.wait(f"{address} {tag}", now)
+        if wait > 0:
+            return Refusal(
+                Limit.AUTH_FAILURES,
+                wait,
+                "too many failed authentications of this key from this address (more than "
+                f"{self.auth_fail_limit} a minute, CPN_AUTH_FAIL_LIMIT); send a valid key "
+                "after Retry-After seconds",
+            )
+        wait = self.address_failures.wait(address, now)
+        if wait > 0:
+            return Refusal(
+                Limit.AUTH_FAILURES,
+                wait,
+                "too many failed authentications from this address (more than "
+                f"{self.auth_fail_limit * FLOOD_FACTOR} a minute, {FLOOD_FACTOR} x "
+                "CPN_AUTH_FAIL_LIMIT); send a valid key after Retry-After seconds",
+            )
+        return None
 
-    def auth_failed(self, address: str, now: float) -> None:
-        """Count a presented key that failed to authenticate against its address."""
-        if self.auth_failures is not None:
-            self.auth_failures.take(address, now)
+    def auth_failed(self, address: str, now: float, tag: str = "") -> None:
+        """Count a presented key that failed to authenticate against its address and tag."""
+        if self.auth_failures is not None and self.address_failures is not None:
+            self.auth_failures.take(f"{address} {tag}", now)
+            self.address_failures.take(address, now)
 
     def admit_quote(self, tenant_id: str, now: float) -> Refusal | None:
         """Take one of the tenant's quotes (all its keys share them), or refuse."""

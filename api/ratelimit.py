@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import app_state, get_principal
-from api.limits import RateLimits, Refusal
+from api.limits import RateLimits, Refusal, credential_tag
 from api.metrics import Metrics
 from api.problems import problem
 from api.sessions import SESSION_COOKIE
@@ -101,6 +101,7 @@ class RateLimitMiddleware:
         address = client[0] if client else "unknown"
         # a console session cookie is looked up in the database too, so a junk one counts
         cookie = token is None and _has_session_cookie(scope)
+        tag = credential_tag(token)
         refusal = (
             self.limits.admit_lookup(address, self.clock())
             if cookie
@@ -110,6 +111,7 @@ class RateLimitMiddleware:
                 known_key=key_hash is not None and self.principals.get(key_hash) is not None,
                 agent=scope.get("path", "").startswith(AGENT_PREFIX),
                 now=self.clock(),
+                tag=tag,
             )
         )
         if refusal is not None:
@@ -123,7 +125,7 @@ class RateLimitMiddleware:
             if message["type"] == "http.response.start" and message["status"] == 401:
                 self.metrics.auth_failures.labels("rejected" if presented else "missing").inc()
                 if presented:  # only what cost a lookup counts; a missing key costs nothing
-                    self.limits.auth_failed(address, self.clock())
+                    self.limits.auth_failed(address, self.clock(), tag)
             await send(message)
 
         await self.app(scope, receive, send_wrapper)

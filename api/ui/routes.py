@@ -24,6 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from api.deps import app_state, audit_failure, console_session, current_principal
+from api.limits import credential_tag
 from api.problems import problem
 from api.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
 from controller.access.keys import Principal, hash_key
@@ -208,12 +209,13 @@ async def sign_in(
         known_key=state.principals.get(key_hash) is not None,
         agent=False,
         now=time.monotonic(),
+        tag=credential_tag(body.key),
     )
     if refusal is not None:
         return sign_in_refused(request, refusal.detail, 429, refusal.retry_after())
     principal = await current_principal(request, key_hash)
     if principal is None:
-        state.rate_limits.auth_failed(address, time.monotonic())
+        state.rate_limits.auth_failed(address, time.monotonic(), credential_tag(body.key))
         await audit_failure(request)
         return sign_in_refused(request, "this API key is unknown, revoked or expired")
     if principal.role not in READERS:

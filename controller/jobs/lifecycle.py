@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
+from controller.money import budget
 from controller.money.metering import cap_at_held, meter_allocations, price_usage, start_billing
 from controller.network.allocations import release
 from controller.store.models import REASON_MAX, Job, JobEvent, bounded, utcnow
@@ -121,6 +122,7 @@ def end_run(session: Session, job: Job, until: datetime | None = None) -> None:
     going DOWN); it is idempotent, so a cancelled job's run that stops later settles again
     without charging twice (and prices the WAN bytes its last reports brought in). `until`:
     when the run's workers stopped (billing ends there, not when the books are written)."""
+    budget.unhold(session, job)  # first: the tenant row before any GPU row, as placements do
     release(session, job, until)
     meter_allocations(session, job, until)
     price_usage(session, job.id)

@@ -290,6 +290,7 @@ def _place_one(
         # longer move), neither the reservation nor the state change stays.
         with session.begin_nested():
             reserve(session, job, slots)
+            budget.hold(session, job, placement)
             job.placement = placement
             ends = now + timedelta(seconds=placement.estimate.total_time_s * _left(job))
             job.ends_at = ends

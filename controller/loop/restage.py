@@ -155,6 +155,7 @@ def apply(session: Session, job: Job, restage: Restage, down: str) -> None:
     try:
         with session.begin_nested():  # the new stages' GPUs and the state change, or neither
             reserve(session, job, restage.slots)
+            budget.hold(session, job, restage.plan)
             job.placement = restage.plan
             lifecycle.transition(
                 session,

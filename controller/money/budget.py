@@ -1,12 +1,15 @@
 """A tenant's budget is a hard limit, at placement and while its jobs run.
 
 At placement (`controller.loop.placement`): what the tenant has committed plus the new job's
-estimate must fit its budget. Committed is its ledger total, plus, for each of its jobs that
-hold GPUs (SCHEDULED or RUNNING), the rest of that job's estimate, or what the run has cost so
-far when it ran past its estimate. The check and the GPU reservation are one transaction, and
-the tenant row is locked first (`SELECT ... FOR NO KEY UPDATE` on PostgreSQL; SQLite has one
-writer), so two replicas placing jobs of one tenant at once count each other's jobs: they can
-never both spend the last of a budget.
+estimate must fit its budget. Committed is its ledger total, plus the estimates of its jobs
+that hold GPUs, plus what those running past their estimated end cost beyond their estimate.
+The first two are running totals on the tenant row (`Tenant.charged_micros`, moved by every
+ledger entry; `Tenant.held_micros`, moved by `hold` with each reservation and `unhold` when a
+run ends), so a check reads a few rows however many jobs the tenant has: re-summing every
+active job at each placement made a pass quadratic in one tenant's backlog. The check and the
+GPU reservation are one transaction, and the tenant row is locked first (`SELECT ... FOR NO
+KEY UPDATE` on PostgreSQL; SQLite has one writer), so two replicas placing jobs of one tenant
+at once count each other's jobs: they can never both spend the last of a budget.
 
 While its jobs run (`controller.loop.launcher`): when the tenant's spend (its ledger, plus what its
 running jobs have cost and is not billed yet) reaches the budget, its runs are checkpointed
@@ -22,12 +25,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 
-from sqlalchemy import func, select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from controller.money.metering import MICRO, exact_total, q6, tenant_spend, unbilled
-from controller.store.models import Allocation, Job, LedgerEntry, Tenant
-from grammar.states import ACTIVE
+from controller.money.metering import (
+    MICRO,
+    from_micros,
+    micros,
+    q6,
+    tenant_unbilled,
+    unbilled,
+)
+from controller.store.models import Job, Tenant
+from grammar.states import JobState
 from wire.plan import JobPlan
 
 # ---- pure ------------------------------------------------------------------------------------
@@ -121,42 +131,60 @@ def lock_terms(session: Session, tenant_id: str) -> Terms:
     return Terms(None if budget is None else as_money(budget), deleted=deleted_at is not None)
 
 
-def _active_jobs(session: Session, tenant_id: str) -> list[Job]:
-    return list(
-        session.scalars(select(Job).where(Job.tenant_id == tenant_id, Job.state.in_(ACTIVE)))
-    )
+def hold(session: Session, job: Job, plan: JobPlan) -> None:
+    """The job's GPUs are being reserved for `plan`: its estimate is held against its
+    tenant's budget (the job's `held_micros`, and added to the tenant's running total), in
+    the reservation's transaction. Replaces what the job held before, if anything."""
+    amount = micros(estimate_of(plan))
+    _move_held(session, job.tenant_id, amount - (job.held_micros or 0))
+    job.held_micros = amount
 
 
-def _held_by(session: Session, job: Job, now: datetime) -> Decimal:
-    """The rest of the job's estimate, or what its run cost beyond it."""
-    run_start = session.scalar(
-        select(func.min(Allocation.started_at)).where(
-            Allocation.job_id == job.id, Allocation.ended_at.is_(None)
-        )
+def unhold(session: Session, job: Job) -> None:
+    """The job's run ended on the books (`lifecycle.end_run`): what it held goes back to its
+    tenant's running total, once (the job row's version makes a second, concurrent end of
+    the same run fail at its flush, rolling its share back). First in `end_run`, so the
+    tenant row is locked before any GPU row is, in the order a placement takes them."""
+    _move_held(session, job.tenant_id, -(job.held_micros or 0))
+    if job.held_micros is not None:
+        job.held_micros = None
+
+
+def _move_held(session: Session, tenant_id: str, delta: int) -> None:
+    session.execute(
+        update(Tenant)
+        .where(Tenant.id == tenant_id)
+        .values(held_micros=Tenant.held_micros + delta)
+        .execution_options(synchronize_session=False)
     )
-    charged = (
-        exact_total(
-            session,
-            LedgerEntry.amount,
-            LedgerEntry.job_id == job.id,
-            LedgerEntry.period_start >= run_start,
-        )
-        if run_start is not None
-        else Decimal(0)
-    )
-    cost_so_far = charged + unbilled(session, job, now)
-    return max(estimate_of(job.placement), cost_so_far) - charged
 
 
 def commitment(session: Session, tenant_id: str, now: datetime) -> Commitment:
-    held = sum((_held_by(session, j, now) for j in _active_jobs(session, tenant_id)), Decimal(0))
-    return Commitment(charged=tenant_spend(session, tenant_id), held=held)
+    """The tenant's commitment from its running totals: what it was charged, what its jobs
+    holding GPUs hold, and for the jobs running past their estimated end, what they have cost
+    beyond their estimate (`unbilled`). A few reads, whatever the size of its backlog."""
+    row = session.execute(
+        select(Tenant.charged_micros, Tenant.held_micros).where(Tenant.id == tenant_id)
+    ).first()
+    if row is None:
+        return Commitment(Decimal(0), Decimal(0))
+    charged, held = from_micros(row[0]), from_micros(row[1])
+    overdue = session.scalars(
+        select(Job).where(
+            Job.tenant_id == tenant_id,
+            Job.state == JobState.RUNNING,
+            or_(Job.ends_at.is_(None), Job.ends_at < now),
+        )
+    ).all()
+    for job in overdue:
+        held += max(unbilled(session, job, now) - from_micros(job.held_micros or 0), Decimal(0))
+    return Commitment(charged=charged, held=held)
 
 
 def spent(session: Session, tenant_id: str, now: datetime) -> Decimal:
     """The tenant's spend as of `now`: charged, plus what its jobs ran up and is not billed."""
-    running = sum((unbilled(session, j, now) for j in _active_jobs(session, tenant_id)), Decimal(0))
-    return tenant_spend(session, tenant_id) + running
+    charged = session.scalar(select(Tenant.charged_micros).where(Tenant.id == tenant_id)) or 0
+    return from_micros(charged) + tenant_unbilled(session, tenant_id, now)
 
 
 def exhausted(session: Session, tenant_ids: Iterable[str], now: datetime) -> dict[str, str]:

@@ -24,7 +24,14 @@ from controller.money.pricing import (
     require,
     spans,
 )
-from controller.store.models import Allocation, Cluster, Job, LedgerEntry, Usage, utcnow
+from controller.store.models import (
+    Allocation,
+    Cluster,
+    Job,
+    LedgerEntry,
+    Usage,
+    utcnow,
+)
 from controller.values.errors import NotFound
 
 MICRO = Decimal("0.000001")
@@ -239,8 +246,19 @@ def exact_total(
     return Decimal(session.scalar(select(func.coalesce(func.sum(column), 0)).where(*where)) or 0)
 
 
+def micros(amount: Decimal) -> int:
+    """An amount kept to 6 places as whole micro-dollars (the running totals' unit)."""
+    return int(q6(amount) / MICRO)
+
+
+def from_micros(value: int) -> Decimal:
+    return q6(Decimal(value) * MICRO)
+
+
 def tenant_spend(session: Session, tenant_id: str) -> Decimal:
-    """What the tenant was charged in all: its ledger's exact total."""
+    """What the tenant was charged in all: its ledger's exact total (summed from the entries;
+    `Tenant.charged_micros` keeps it as a running total, moved by a trigger on every insert
+    into the ledger, which the budget checks read)."""
     return exact_total(session, LedgerEntry.amount, LedgerEntry.tenant_id == tenant_id)
 
 
@@ -279,10 +297,27 @@ def unbilled(session: Session, job: Job, now: datetime) -> Decimal:
     """What the job's run has cost so far and is not yet in the ledger: GPU time since its
     allocations were last metered, and usage not priced yet (WAN bytes of its latest reports).
     Read-only: the budget checks see spend as it accrues, the books are written by `end_run`."""
+    return _unbilled(session, Allocation.job_id == job.id, Usage.job_id == job.id, now)
+
+
+def tenant_unbilled(session: Session, tenant_id: str, now: datetime) -> Decimal:
+    """`unbilled` summed over all of the tenant's jobs, in a few queries whatever their
+    number (the launcher asks at every pass, for each tenant running there)."""
+    of_tenant = Allocation.job_id.in_(select(Job.id).where(Job.tenant_id == tenant_id))
+    return _unbilled(session, of_tenant, Usage.tenant_id == tenant_id, now)
+
+
+def _unbilled(
+    session: Session,
+    allocations: ColumnElement[bool],
+    usages: ColumnElement[bool],
+    now: datetime,
+) -> Decimal:
     total = Decimal(0)
+    histories: dict[tuple[str, str, str], Any] = {}
     for alloc in session.scalars(
         select(Allocation).where(
-            Allocation.job_id == job.id,
+            allocations,
             Allocation.ended_at.is_(None),
             Allocation.billed_from.is_not(None),
             Allocation.paused_at.is_(None),
@@ -292,17 +327,17 @@ def unbilled(session: Session, job: Job, now: datetime) -> Decimal:
         assert start is not None
         if now <= start:
             continue
-        history = gpu_price_history(session, alloc.cluster_id, alloc.gpu_model, alloc.qos_class)
+        key = (alloc.cluster_id, alloc.gpu_model, alloc.qos_class)
+        if key not in histories:
+            histories[key] = gpu_price_history(session, *key)
         try:
-            parts = spans(history, start, now)
+            parts = spans(histories[key], start, now)
         except LookupError:  # unpriced GPUs cannot be placed; settling will say so
             continue
         for part in parts:
             gpu_seconds = q6(Decimal(alloc.gpus) * _seconds(part.start, part.end))
             total += gpu_charge(gpu_seconds, part.price)[1]
-    rows = session.scalars(
-        select(Usage).where(Usage.job_id == job.id, Usage.priced.is_(False))
-    ).all()
+    rows = session.scalars(select(Usage).where(usages, Usage.priced.is_(False))).all()
     if rows:
         ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())
         for usage in rows:

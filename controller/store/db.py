@@ -96,9 +96,12 @@ def make_engine(
             # pysqlite sends BEGIN only before the first write: a SAVEPOINT issued before
             # one would open the transaction itself, and its RELEASE would COMMIT it, so a
             # placement rolled back (or killed) after its reservation kept the GPUs reserved.
+            # IMMEDIATE: the write lock is taken now, waiting up to the busy timeout; a
+            # deferred BEGIN read first and then failed at once ("database is locked", the
+            # busy timeout never consulted) when another connection wrote meanwhile.
             dbapi_conn = conn.connection.dbapi_connection
             if dbapi_conn is not None and not dbapi_conn.in_transaction:
-                dbapi_conn.execute("BEGIN")
+                dbapi_conn.execute("BEGIN IMMEDIATE")
 
         return engine
     if "poolclass" not in kwargs:

@@ -279,6 +279,11 @@ class Tenant(Base):
     deleted_at: Mapped[datetime | None]
     """Soft delete: the tenant is gone from lists and cannot submit; its jobs, usage and
     ledger stay (the money trail is never deleted)."""
+    charged_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Its ledger's total in micro-dollars, added to with every entry (revision 0018)."""
+    held_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """The sum of its jobs' `held_micros`: the estimates its jobs holding GPUs are yet to
+    cost (`controller.money.budget`)."""
 
 
 class ApiKey(Base):
@@ -403,7 +408,8 @@ class Job(Base):
         Index("ix_jobs_queue", "state", "priority", "created_at"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_created", "created_at", "id"),  # the all-tenant list (admins)
-        Index("ix_jobs_tenant_state", "tenant_id", "state"),  # the queue cap, per submission
+        # the queue cap, per submission; and a budget check's jobs past their estimated end
+        Index("ix_jobs_tenant_state_ends", "tenant_id", "state", "ends_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
@@ -439,6 +445,9 @@ class Job(Base):
     ends_at: Mapped[datetime | None]
     """When its current placement is expected to end (placed + the plan's run time), for the
     hold for faster GPUs (`scheduler.waiting`); None before revision 0013."""
+    held_micros: Mapped[int | None] = mapped_column(BigInteger)
+    """What its placement's estimate holds of its tenant's budget while it holds GPUs, in
+    micro-dollars; None once its run ended on the books (`controller.money.budget.hold`)."""
     version: Mapped[int] = mapped_column(Integer, default=1)
 
     __mapper_args__ = {"version_id_col": version}

@@ -19,6 +19,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event as sa_event
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -34,7 +35,7 @@ from controller.loop.policy import Decision, Stop, StopReason, decide, next_stat
 from controller.loop.ray_run import LauncherConfig, train_spec_of
 from controller.loop.runs import RunHandle
 from controller.money import budget
-from controller.money.metering import tenant_spend, unbilled
+from controller.money.metering import from_micros, micros, tenant_spend, unbilled
 from controller.network.allocations import Slot, reserve
 from controller.network.resources import declare_link
 from controller.network.snapshot import build_world
@@ -334,6 +335,7 @@ def test_a_placement_waits_for_another_replicas_placement_of_the_same_tenant(
             assert isinstance(result, scheduler.Plan)
             reserve(a, row, [Slot(*world.origins[x.cluster], x.gpus) for x in result.placement])
             row.placement = plan_of(result, world.snapshot, world.origins, "standard")
+            budget.hold(a, row, row.placement)  # as a placement holds its estimate
             row.owner = "replica-a"
             lifecycle.transition(a, row, JobState.SCHEDULED, "placed by A")
             a.flush()
@@ -404,6 +406,121 @@ def test_a_deleted_tenants_pending_job_fails_instead_of_being_placed(books: Book
     assert place_pending(books.sessions, REPLICA) == []
     row = job(books, job_id)
     assert row.state is JobState.FAILED and "its tenant was deleted" in row.reason
+
+
+# ---- the running totals ---------------------------------------------------------------------
+
+
+def _books_agree(books: Books, tenant_id: str) -> Decimal:
+    """The tenant's running totals equal its books summed afresh; returns what it holds."""
+    with books.sessions() as s:
+        row = s.get(Tenant, tenant_id)
+        assert row is not None
+        assert row.charged_micros == micros(tenant_spend(s, tenant_id))
+        holding = s.scalars(
+            select(Job).where(
+                Job.tenant_id == tenant_id,
+                Job.id.in_(select(Allocation.job_id).where(Allocation.ended_at.is_(None))),
+            )
+        ).all()
+        assert {j.id for j in holding} == set(
+            s.scalars(
+                select(Job.id).where(Job.tenant_id == tenant_id, Job.held_micros.is_not(None))
+            )
+        )
+        assert row.held_micros == sum(micros(budget.estimate_of(j.placement)) for j in holding)
+        return from_micros(row.held_micros)
+
+
+def test_the_running_totals_equal_the_books_summed_afresh(books: Books) -> None:
+    """Placed, cancelled before running, run and billed, charged by hand: at every step the
+    tenant row's totals are what the ledger and the jobs holding GPUs add up to."""
+    t = tenant(books, "t", "1000")
+    jobs = [submit(books, t, f"j{i}", gpus=2) for i in range(3)]
+    assert _books_agree(books, t) == 0
+    assert len(place_pending(books.sessions, REPLICA)) == 3
+    held = _books_agree(books, t)
+    assert held > 0
+    with books.sessions() as s, s.begin():  # cancelled before it ran: nothing billed
+        row = s.get(Job, jobs[0])
+        assert row is not None
+        cancel(s, row, "no")
+    assert _books_agree(books, t) < held
+    start(books, jobs[1])
+    with books.sessions() as s, s.begin():  # ran for an hour, then cancelled: billed
+        for alloc in s.scalars(select(Allocation).where(Allocation.job_id == jobs[1])):
+            alloc.billed_from = utcnow() - timedelta(hours=1)
+    with books.sessions() as s, s.begin():
+        row = s.get(Job, jobs[1])
+        assert row is not None
+        cancel(s, row, "enough")
+    with books.sessions() as s, s.begin():  # a second end of the same run holds nothing back
+        row = s.get(Job, jobs[1])
+        assert row is not None
+        lifecycle.end_run(s, row)
+    _one_charge(books, t, "0.123457")  # written straight into the ledger: the trigger counts it
+    _books_agree(books, t)
+    with books.sessions() as s:
+        committed = budget.commitment(s, t, utcnow())
+        assert committed.charged >= Decimal("5.123457")
+        row = s.get(Job, jobs[2])
+        assert row is not None
+        assert committed.held == budget.estimate_of(row.placement)
+
+
+def test_a_run_past_its_estimated_end_holds_what_it_cost_beyond_its_estimate(
+    books: Books,
+) -> None:
+    t = tenant(books, "t", "1000")
+    job_id = submit(books, t, "j", gpus=2)
+    place_pending(books.sessions, REPLICA)
+    start(books, job_id)
+    with books.sessions() as s, s.begin():  # an hour at 2 x 2.50, estimated at far less
+        for alloc in s.scalars(select(Allocation).where(Allocation.job_id == job_id)):
+            alloc.billed_from = utcnow() - timedelta(hours=1)
+        row = s.get(Job, job_id)
+        assert row is not None
+        estimate = budget.estimate_of(row.placement)
+        assert estimate < 5
+    with books.sessions() as s:
+        assert budget.commitment(s, t, utcnow()).held == estimate  # not yet past its end
+    with books.sessions() as s, s.begin():
+        row = s.get(Job, job_id)
+        assert row is not None
+        row.ends_at = utcnow() - timedelta(minutes=1)
+    with books.sessions() as s:
+        assert Decimal("5") <= budget.commitment(s, t, utcnow()).held < Decimal("5.01")
+
+
+def test_a_budget_check_reads_the_same_rows_however_many_jobs_the_tenant_runs(
+    books: Books,
+) -> None:
+    """The check is a few statements whatever the tenant's active jobs: re-summing them made
+    each placement's cost grow with the tenant's backlog, a pass quadratically."""
+    t = tenant(books, "t", "1000")
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    def check() -> int:
+        statements.clear()
+        with books.sessions() as s:
+            engine = s.get_bind()
+            sa_event.listen(engine, "before_cursor_execute", count)
+            try:
+                budget.commitment(s, t, utcnow())
+            finally:
+                sa_event.remove(engine, "before_cursor_execute", count)
+        return len(statements)
+
+    submit(books, t, "first", gpus=1)
+    place_pending(books.sessions, REPLICA)
+    one = check()
+    for i in range(7):
+        submit(books, t, f"j{i}", gpus=1)
+    assert len(place_pending(books.sessions, REPLICA)) == 7
+    assert check() == one <= 3
 
 
 # ---- while jobs run -------------------------------------------------------------------------

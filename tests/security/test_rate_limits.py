@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from agents.protocol import GpuInventory, Heartbeat
 from api.config import Settings
-from api.limits import BucketTable, Limit, RateLimits, TokenBucket
+from api.limits import BucketTable, Limit, RateLimits, TokenBucket, credential_tag
 from controller.access import keys
 from controller.store.db import make_engine
 from controller.store.models import Cluster, Tenant
@@ -100,6 +100,43 @@ def test_an_address_over_its_failures_passes_only_known_keys() -> None:
     assert (
         limits.admit(address="10.0.0.1", key_hash="j", known_key=False, agent=False, now=30) is None
     )
+
+
+def test_others_wrong_keys_from_one_address_never_refuse_a_good_key() -> None:
+    """Behind one NAT: 20 wrong keys (the limit) a minute from a neighbour leave another
+    user's key, never seen by this replica, looked up; the guessed key backs off; only a
+    flood of ten times the limit refuses the address's unknown keys."""
+    limits = RateLimits(key_rate=100, agent_rate=100, auth_fail_limit=20, quote_limit=0)
+    nat = "10.0.0.1"
+    guessed = credential_tag("cpn_tenant_AAAAAAAA" + "x" * 35)
+    good = credential_tag("cpn_tenant_BBBBBBBB" + "y" * 35)
+    assert guessed != good
+    for i in range(20):
+        ok = limits.admit(
+            address=nat, key_hash=f"h{i}", known_key=False, agent=False, now=0, tag=guessed
+        )
+        assert ok is None
+        limits.auth_failed(nat, 0.0, guessed)
+    refused = limits.admit(
+        address=nat, key_hash="h20", known_key=False, agent=False, now=0, tag=guessed
+    )
+    assert refused is not None and refused.limit is Limit.AUTH_FAILURES
+    assert "of this key" in refused.detail
+    assert (
+        limits.admit(address=nat, key_hash="good", known_key=False, agent=False, now=0, tag=good)
+        is None
+    )
+    for i in range(180):  # a flood of random keys: 200 failures in all
+        limits.auth_failed(nat, 0.0, credential_tag(f"cpn_tenant_{i:08d}"))
+    flooded = limits.admit(
+        address=nat, key_hash="good", known_key=False, agent=False, now=0, tag=good
+    )
+    assert flooded is not None and "10 x CPN_AUTH_FAIL_LIMIT" in flooded.detail
+    assert (
+        limits.admit(address=nat, key_hash="good", known_key=True, agent=False, now=0, tag=good)
+        is None
+    )
+    assert credential_tag(None) == ""
 
 
 def test_agents_draw_from_buckets_of_their_own() -> None:
@@ -231,9 +268,17 @@ def test_a_junk_token_flood_is_refused_before_any_database_query(db_url: str) ->
         # Both keys are used once first, so this process knows them as live.
         assert call(http, "GET", "/v1/jobs", seeded.tenant).status == 200
         assert _beat(http, seeded.agent, seeded.cluster).status == 200
+        # One junk key backs off after the limit (2); junk keys of every start together
+        # after ten times it: the address's flood bound.
         answers = _until_429(http, "GET", "/v1/jobs", f"cpn_tenant_junk-{uuid.uuid4().hex}")
+        assert len(answers) == 3 and "of this key" in answers[-1].text
+        answers = answers[:-1]
+        for _ in range(40):
+            answers.append(call(http, "GET", "/v1/jobs", f"cpn_{uuid.uuid4().hex}"))
+            if answers[-1].status == 429:
+                break
         failed = len(answers) - 1
-        assert failed >= 2 and all(a.status == 401 for a in answers[:-1])
+        assert failed == 20 and all(a.status == 401 for a in answers[:-1])
         _assert_429(answers[-1], within_s=30)
         assert "127.0.0.1" not in answers[-1].text  # behind a proxy: an internal address
         assert _sample(live, "cpn_auth_failures_total", reason="rejected") == failed
@@ -258,7 +303,7 @@ def test_a_junk_token_flood_is_refused_before_any_database_query(db_url: str) ->
         assert [a.status for a in flood] == [429] * 30
         assert statements == [], "a refused junk token still reached the database"
         assert _sample(live, "cpn_auth_failures_total", reason="rejected") == failed
-        assert _sample(live, "cpn_rate_limited_total", limit="auth_failures") == 31
+        assert _sample(live, "cpn_rate_limited_total", limit="auth_failures") == 32
 
         # From the same address: known live keys go on, and so does an agent's heartbeat.
         assert call(http, "GET", "/v1/jobs", seeded.tenant).status == 200
