@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -170,11 +171,16 @@ def place_pending(
     while not done:
         batch: list[Placed] = []
         terms: dict[str, budget.Terms] = {}  # tenants locked by this group's transaction
+        chunk = list(islice(todo, group))
         with factory() as session, session.begin():
-            for _ in range(group):
-                queued = next(todo, None)
+            # The group's tenants are locked first, in one order: a run's end locks its
+            # tenant and then its GPUs, so a group holding GPUs while it waited for a tenant
+            # could deadlock with it (and with another replica's group) on PostgreSQL.
+            for tenant_id in sorted({q.tenant for q in chunk}):
+                terms[tenant_id] = budget.lock_terms(session, tenant_id)
+            for queued in (*chunk, None):
                 if queued is None or (tried >= limit and time.perf_counter() - placing >= read_s):
-                    done = True
+                    done = queued is not None or len(chunk) < group
                     break
                 if queued.gpus >= blocked.get((queued.qos_class, queued.priority), queued.gpus + 1):
                     # cannot fit this pass either: not planned, not counted as tried; its

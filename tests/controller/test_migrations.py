@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import os
 import subprocess
 import sys
@@ -102,9 +104,12 @@ def test_upgrading_keeps_every_row(migrated_url: str, tmp_path) -> None:
                 t.name: conn.execute(select(func.count()).select_from(t)).scalar() for t in tables
             }
             kept = conn.execute(text("SELECT sum(n) FROM job_counts")).scalar()
+            charged = conn.execute(text("SELECT charged_micros FROM tenants")).scalar()
+            amount = conn.execute(text("SELECT amount FROM ledger")).scalar()
         engine.dispose()
         assert counts == {t.name: 1 for t in tables}
         assert kept == 1  # revision 0015 counted the job already there
+        assert charged == round(Decimal(str(amount)) * 10**6)  # revision 0018 summed the ledger
 
     if is_sqlite(migrated_url):
         check(f"sqlite:///{tmp_path / 'old.db'}")
