@@ -80,6 +80,12 @@ class Metrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400),
             registry=self.registry,
         )
+        self.wan_ports = Scraped(
+            "cpn_wan_port_bits_per_second",
+            "Each datacenter's WAN uplink and downlink: what placed jobs reserve of it "
+            "(reserved) and the capacity an admin declared (capacity), bits per second.",
+            ("cluster", "direction", "kind"),
+        )
         self.link_bandwidth = Scraped(
             "cpn_link_bandwidth_gbps",
             "Effective bandwidth of each WAN link (measured over declared), Gbit/s.",
@@ -102,6 +108,7 @@ class Metrics:
             self.jobs,
             self.link_bandwidth,
             self.link_rtt,
+            self.wan_ports,
             self.wan_bytes,
         )
         for collector in self.scraped:

@@ -6,21 +6,28 @@ conditional UPDATE (`in_use + n <= allocatable`), which PostgreSQL and SQLite bo
 atomically per row, so two controllers can never both take the last GPUs. Each release first
 closes its allocation with a conditional UPDATE (`ended_at IS NULL`), so of two concurrent
 releases of one allocation (a cancel and a settlement) exactly one gives its GPUs back.
+The WAN ports (`WanPort`) keep the same invariant for bandwidth: what is reserved of a
+cluster's uplink or downlink is the `wan_kbps` of its open allocations, never negative, never
+above the capacity declared when reserved, given back by the release that closes each one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from controller.store.models import Allocation, Cluster, ClusterGpus, Job, utcnow
+from controller.network.labels import number
+from controller.store.models import Allocation, Cluster, ClusterGpus, Job, WanPort, utcnow
 from controller.values.errors import Conflict
+from scheduler.bandwidth import KBPS_PER_GBPS
 
 log = logging.getLogger("cpn.allocations")
 
@@ -34,10 +41,18 @@ class Slot:
     gpus: int
 
 
-def reserve(session: Session, job: Job, slots: Sequence[Slot]) -> list[Allocation]:
-    """Reserve every slot or none (the caller's transaction rolls back on Conflict)."""
+def reserve(
+    session: Session,
+    job: Job,
+    slots: Sequence[Slot],
+    wan_kbps: Mapping[str, int] | None = None,
+) -> list[Allocation]:
+    """Reserve every slot or none (the caller's transaction rolls back on Conflict), and on
+    each cluster of `wan_kbps` (cluster name -> the plan's WAN rate there) that much of its
+    uplink and downlink, where an admin declared their capacity (`reserve_wan`)."""
     now = utcnow()
     made = []
+    wan = dict(wan_kbps or {})
     for slot in slots:
         row = session.execute(
             select(ClusterGpus.id, Cluster.id)
@@ -63,6 +78,9 @@ def reserve(session: Session, job: Job, slots: Sequence[Slot]) -> list[Allocatio
                 f"cluster {slot.cluster!r} no longer has {slot.gpus} free {slot.gpu_model} GPUs",
                 field="placement",
             )
+        need = wan.pop(slot.cluster, 0)  # on the cluster's first slot: one need per cluster
+        if need > 0:
+            reserve_wan(session, cluster_id, slot.cluster, need)
         alloc = Allocation(
             job_id=job.id,
             cluster_id=cluster_id,
@@ -70,11 +88,67 @@ def reserve(session: Session, job: Job, slots: Sequence[Slot]) -> list[Allocatio
             gpus=slot.gpus,
             qos_class=job.qos_class,
             started_at=now,
+            wan_kbps=need or None,
         )
         session.add(alloc)
         made.append(alloc)
     session.flush()
     return made
+
+
+def reserve_wan(session: Session, cluster_id: str, name: str, kbps: int) -> None:
+    """Take `kbps` of the cluster's uplink and of its downlink, or raise Conflict naming the
+    one that is full. A port without a declared capacity counts what is reserved (for the
+    network map) and limits nothing; with one, the UPDATE is conditional on the sum staying
+    within it, so concurrent placements can never both take its last bandwidth."""
+    labels = session.scalar(select(Cluster.labels).where(Cluster.id == cluster_id)) or {}
+    for direction, key in (("up", "uplink_gbps"), ("down", "downlink_gbps")):
+        _ensure_port(session, cluster_id, direction)
+        capacity = number(labels, key, name)
+        cond = [WanPort.cluster_id == cluster_id, WanPort.direction == direction]
+        if capacity is not None:
+            cond.append(WanPort.reserved_kbps + kbps <= round(capacity * KBPS_PER_GBPS))
+        result = session.execute(
+            update(WanPort)
+            .where(*cond)
+            .values(reserved_kbps=WanPort.reserved_kbps + kbps)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            raise Conflict(
+                f"the {direction}link of {name} ({key} {capacity:g}) has too little bandwidth "
+                f"left for this plan's {kbps / 1000:,.1f} Mbit/s",
+                field="placement",
+            )
+
+
+def _ensure_port(session: Session, cluster_id: str, direction: str) -> None:
+    """The port's row, made on its first reservation (clusters are made without them)."""
+    dialect = session.get_bind().dialect.name
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    session.execute(
+        insert(WanPort)
+        .values(cluster_id=cluster_id, direction=direction, reserved_kbps=0)
+        .on_conflict_do_nothing()
+    )
+
+
+def _give_back_wan(session: Session, alloc: Allocation) -> None:
+    """Return an allocation's WAN reservation to its cluster's ports; never below zero."""
+    kbps = alloc.wan_kbps or 0
+    if kbps <= 0:
+        return
+    for direction in ("up", "down"):
+        session.execute(
+            update(WanPort)
+            .where(
+                WanPort.cluster_id == alloc.cluster_id,
+                WanPort.direction == direction,
+                WanPort.reserved_kbps >= kbps,
+            )
+            .values(reserved_kbps=WanPort.reserved_kbps - kbps)
+            .execution_options(synchronize_session=False)
+        )
 
 
 def release(session: Session, job: Job, until: datetime | None = None) -> int:
@@ -102,6 +176,7 @@ def release(session: Session, job: Job, until: datetime | None = None) -> int:
             continue
         set_committed_value(alloc, "ended_at", now)
         _give_back(session, alloc)
+        _give_back_wan(session, alloc)
         released += alloc.gpus
     session.flush()
     return released

@@ -37,6 +37,15 @@ NUMERIC_LABELS: dict[str, NumericLabel] = {
             "intra_bandwidth_gbps", 0.0, 1e5, "bandwidth between GPUs inside the cluster, Gbit/s"
         ),
         NumericLabel("gpu_tflops", 0.0, 1e6, "peak TFLOPS of one GPU, for models cpn lacks"),
+        NumericLabel(
+            "uplink_gbps", 0.0, 1e5, "the datacenter's WAN uplink, shared by all its paths, Gbit/s"
+        ),
+        NumericLabel(
+            "downlink_gbps",
+            0.0,
+            1e5,
+            "the datacenter's WAN downlink, shared by all its paths, Gbit/s",
+        ),
     )
 }
 

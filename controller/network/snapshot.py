@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -25,9 +25,11 @@ from controller.store.models import (
     JobMetric,
     Link,
     Tenant,
+    WanPort,
     utcnow,
 )
 from grammar.states import LIVE, ClusterState, JobState
+from scheduler.bandwidth import free_gbps, path_gbps
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -158,9 +160,10 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     setup_s=setups.get(c.name),
                 )
             )
+    ports = _free_ports(session, {c.id: (c.name, c.labels) for c in clusters})
     snapshot = scheduler.Snapshot(
         clusters=tuple(out),
-        links=_scheduler_links(session, names, egress),
+        links=_shared(_scheduler_links(session, names, egress), names, ports),
         running=tuple(running_jobs(session)),
         quotas=tuple(
             (tenant_id, quota)
@@ -175,6 +178,50 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         spread=seen.spread,
     )
     return World(snapshot, origins)
+
+
+def _free_ports(
+    session: Session, clusters: Mapping[str, tuple[str, Mapping[str, Any]]]
+) -> dict[str, tuple[float | None, float | None]]:
+    """Each cluster's free uplink and downlink in Gbit/s (None: no capacity declared)."""
+    reserved: dict[tuple[str, str], int] = {
+        (cluster_id, direction): kbps
+        for cluster_id, direction, kbps in session.execute(
+            select(WanPort.cluster_id, WanPort.direction, WanPort.reserved_kbps)
+        )
+    }
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for cluster_id, (name, cluster_labels) in clusters.items():
+        up = labels.number(cluster_labels, "uplink_gbps", name)
+        down = labels.number(cluster_labels, "downlink_gbps", name)
+        if up is None and down is None:
+            continue
+        out[cluster_id] = (
+            free_gbps(up, reserved.get((cluster_id, "up"), 0)),
+            free_gbps(down, reserved.get((cluster_id, "down"), 0)),
+        )
+    return out
+
+
+def _shared(
+    links: tuple[scheduler.Link, ...],
+    names: Mapping[str, list[str]],
+    ports: Mapping[str, tuple[float | None, float | None]],
+) -> tuple[scheduler.Link, ...]:
+    """The links as the planner may use them now: each no faster than its source's free
+    uplink and its destination's free downlink; a path with nothing free is left out."""
+    if not ports:
+        return links
+    of = {name: cluster_id for cluster_id, snapshot in names.items() for name in snapshot}
+    out: list[scheduler.Link] = []
+    for link in links:
+        up = ports.get(of.get(link.a, ""), (None, None))[0]
+        down = ports.get(of.get(link.b, ""), (None, None))[1]
+        gbps = path_gbps(link.bandwidth_gbps, up, down)
+        if gbps <= 0:
+            continue
+        out.append(link if gbps == link.bandwidth_gbps else replace(link, bandwidth_gbps=gbps))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

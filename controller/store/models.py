@@ -534,6 +534,26 @@ class Allocation(Base):
     paused_s: Mapped[Decimal] = mapped_column(Money, default=Decimal(0), server_default="0")
     """Seconds between `billed_from` and `metered_until` that were not billed (pauses):
     GPU usage = gpus x (metered_until - billed_from - paused_s)."""
+    wan_kbps: Mapped[int | None] = mapped_column(BigInteger)
+    """The WAN bandwidth the job's plan sends (and receives) from this cluster, in kbit/s,
+    reserved on the cluster's uplink and downlink while the allocation is open (`WanPort`);
+    None or 0: the plan crosses no WAN from here (revision 0019)."""
+
+
+class WanPort(Base):
+    """What is reserved of one datacenter's uplink or downlink: the sum of the open
+    allocations' `wan_kbps` there. Its capacity is the cluster's `uplink_gbps` /
+    `downlink_gbps` label, declared by an admin; a reservation is one conditional UPDATE
+    (`reserved_kbps + n <= capacity`), so several replicas never over-commit it."""
+
+    __tablename__ = "wan_ports"
+    __table_args__ = (CheckConstraint("reserved_kbps >= 0", name="ck_wan_port_nonnegative"),)
+
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True
+    )
+    direction: Mapped[str] = mapped_column(String(4), primary_key=True)  # up | down
+    reserved_kbps: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Usage(Base):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import os
 import subprocess
 import sys
+from decimal import Decimal
 
 import pytest
 from alembic.autogenerate import compare_metadata

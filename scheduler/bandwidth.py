@@ -1,0 +1,41 @@
+"""The WAN as a shared resource: what a plan needs of each datacenter's uplink and downlink,
+and what a path can carry once others' reservations are taken out.
+
+A datacenter reaches all its peers through its uplink and downlink, so a path's bandwidth is
+the least of what it crosses: the link itself, the source's free uplink and the destination's
+free downlink. A placed job reserves its average rate there (the bytes its plan sends over its
+run), so jobs sharing an uplink are never promised more than it carries between them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scheduler.types import Assignment, Estimate
+
+KBPS_PER_GBPS = 1_000_000
+
+
+def wan_need_kbps(estimate: Estimate, placement: tuple[Assignment, ...]) -> dict[str, int]:
+    """Each cluster's WAN rate under the plan, in kbit/s, sent and received alike (a ring or
+    a graph of equal exchanges): its share of the plan's WAN bytes over the plan's run time,
+    rounded up. Nothing for a plan on one cluster or one that sends no bytes."""
+    clusters = sorted({a.cluster for a in placement})
+    if len(clusters) < 2 or estimate.wan_bytes <= 0 or estimate.total_time_s <= 0:
+        return {}
+    per_cluster_bits = estimate.wan_bytes * 8 / len(clusters)
+    kbps = max(1, math.ceil(per_cluster_bits / estimate.total_time_s / 1000))
+    return dict.fromkeys(clusters, kbps)
+
+
+def free_gbps(capacity_gbps: float | None, reserved_kbps: int) -> float | None:
+    """What is left of a port (None: no capacity declared, so no limit but the links')."""
+    if capacity_gbps is None:
+        return None
+    return max(capacity_gbps - reserved_kbps / KBPS_PER_GBPS, 0.0)
+
+
+def path_gbps(link_gbps: float, up_free: float | None, down_free: float | None) -> float:
+    """A path's bandwidth: the least of the link, the source's free uplink and the
+    destination's free downlink (0: full, the path carries nothing more)."""
+    return min((link_gbps, *(p for p in (up_free, down_free) if p is not None)))
