@@ -44,6 +44,12 @@ class PlannedLink(_Value):
     dst: str
     bandwidth_gbps: float
     rtt_ms: float
+    paced: bool = Field(
+        default=False,
+        description="It crosses an uplink or downlink whose capacity an admin declared: it "
+        "was planned at its free share there, and the run's sends over it are paced to that "
+        "bandwidth on real links too (as on emulated ones), so the job takes no more.",
+    )
 
 
 class PlanEstimate(_Value):

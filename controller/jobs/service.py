@@ -61,7 +61,11 @@ def quote_options(
         if isinstance(result, scheduler.Infeasible):
             failure = failure or result
             continue
-        options.append(plan_of(result, world.snapshot, world.origins, spec.qos.qos_class, spec))
+        options.append(
+            plan_of(
+                result, world.snapshot, world.origins, spec.qos.qos_class, spec, paced=world.paced
+            )
+        )
     if not options:
         assert failure is not None
         raise Invalid(_infeasible_detail(failure), field=_constraint_field(failure.constraint))

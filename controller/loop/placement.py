@@ -290,7 +290,13 @@ def _place_one(
     # A pipeline placed again keeps its stage count: its stage checkpoints are of that split.
     earlier = job.placement.parallel.stages if job.placement is not None else ()
     placement = plan_of(
-        result, world.snapshot, world.origins, job.qos_class, spec_of(job), len(earlier) or None
+        result,
+        world.snapshot,
+        world.origins,
+        job.qos_class,
+        spec_of(job),
+        len(earlier) or None,
+        paced=world.paced,
     )
     try:
         # The job's only writes, under one savepoint: if the GPUs are gone (or the job can no

@@ -60,6 +60,9 @@ class World:
 
     snapshot: scheduler.Snapshot
     origins: dict[str, tuple[str, str]]
+    paced: frozenset[str] = frozenset()
+    """Clusters with a declared uplink or downlink: their links are planned at a share and
+    paced to it (`wire.plan.PlannedLink.paced`)."""
 
     def after(
         self,
@@ -86,7 +89,7 @@ class World:
                 ends_at_s=ends_at_s,
             ),
         )
-        return World(self.snapshot.with_free(taken, running), self.origins)
+        return World(self.snapshot.with_free(taken, running), self.origins, self.paced)
 
 
 def build_snapshot(
@@ -160,7 +163,8 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     setup_s=setups.get(c.name),
                 )
             )
-    ports = _free_ports(session, {c.id: (c.name, c.labels) for c in clusters})
+    cluster_names = {c.id: (c.name, c.labels) for c in clusters}
+    ports = _free_ports(session, cluster_names)
     snapshot = scheduler.Snapshot(
         clusters=tuple(out),
         links=_shared(_scheduler_links(session, names, egress), names, ports),
@@ -177,7 +181,8 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         setup_per_gpu_s=seen.setup_per_gpu_s,
         spread=seen.spread,
     )
-    return World(snapshot, origins)
+    paced = frozenset(name for cid, (name, _) in cluster_names.items() if cid in ports)
+    return World(snapshot, origins, paced)
 
 
 def _free_ports(

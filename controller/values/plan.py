@@ -231,6 +231,7 @@ def planned_links(
     snapshot: scheduler.Snapshot,
     names: Sequence[str],
     origin: Callable[[str], tuple[str, str | None]],
+    paced: frozenset[str] = frozenset(),
 ) -> tuple[PlannedLink, ...]:
     """The snapshot's links between the clusters of `names` (snapshot names), one for each
     pair of distinct clusters, in their clusters' names: a cluster offering several GPU
@@ -241,10 +242,18 @@ def planned_links(
             src, dst = sorted((origin(a)[0], origin(b)[0]))
             if src == dst or (src, dst) in out:
                 continue
-            link = snapshot.link(a, b) or snapshot.link(b, a)
+            shared = src in paced or dst in paced
+            both = [k for k in (snapshot.link(a, b), snapshot.link(b, a)) if k is not None]
+            # a paced link runs both ways at one bandwidth: the slower direction's share
+            link = min(both, key=lambda k: k.bandwidth_gbps) if shared and both else None
+            link = link or snapshot.link(a, b) or snapshot.link(b, a)
             if link is not None:
                 out[(src, dst)] = PlannedLink(
-                    src=src, dst=dst, bandwidth_gbps=link.bandwidth_gbps, rtt_ms=link.rtt_ms
+                    src=src,
+                    dst=dst,
+                    bandwidth_gbps=link.bandwidth_gbps,
+                    rtt_ms=link.rtt_ms,
+                    paced=shared,
                 )
     return tuple(out[k] for k in sorted(out))
 
@@ -256,8 +265,10 @@ def plan_of(
     qos_class: str,
     spec: JobSpec | None = None,
     keep: int | None = None,
+    paced: frozenset[str] = frozenset(),
 ) -> JobPlan:
-    """The typed plan of a planner decision, priced by cluster and by WAN link.
+    """The typed plan of a planner decision, priced by cluster and by WAN link; `paced`: the
+    clusters with a declared uplink or downlink (`World.paced`), whose links the run paces.
 
     `origins` maps the snapshot's cluster names to (cluster, GPU model): a cluster offering
     several GPU models is one scheduler cluster per model. With the job's `spec`, the plan
@@ -335,7 +346,7 @@ def plan_of(
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),
-        links=planned_links(snapshot, [a.cluster for a in result.placement], origin),
+        links=planned_links(snapshot, [a.cluster for a in result.placement], origin, paced),
         parallel=parallel,
         compression=result.compression,
         sync=result.sync,

@@ -150,3 +150,34 @@ def test_a_port_capacity_is_a_positive_number_of_gbits(value: str) -> None:
     with pytest.raises(Invalid) as refused:
         check_labels({"uplink_gbps": value})
     assert refused.value.field == "labels.uplink_gbps"
+
+
+def test_a_link_planned_at_a_share_of_a_declared_uplink_is_paced_on_real_links_too(
+    net: Net,
+) -> None:
+    """Without emulation the runtime gets no link table, so nothing slows its sends: a link
+    whose uplink an admin declared is planned at the share left and the run is paced to it."""
+    from dataclasses import replace
+
+    from controller.jobs.request import spec_of
+    from controller.loop.ray_run import train_spec_of
+
+    real = replace(net.launcher.config, emulate_wan=False)
+    tenant = net.tenant("acme")
+
+    def launched() -> list[tuple[str, str, float]]:
+        job_id = net.submit(tenant, spec("w", gpus=8))
+        assert net.place() == [job_id]
+        with net.sessions() as s:
+            job = s.get(Job, job_id)
+            assert job is not None and job.placement is not None
+            train = train_spec_of(real, job, spec_of(job), net.held(job_id))
+            cancel(s, job, "seen")
+            s.commit()
+        return [(k.a, k.b, k.mbps) for k in train.links]
+
+    assert launched() == []  # no port declared: real links run as they are
+    _label(net, "east", uplink_gbps=3)
+    _others_hold(net, "east", 1_000_000)
+    [(a, b, mbps)] = launched()
+    assert {a, b} == {"east", "west"} and mbps == pytest.approx(2000.0)  # the 2 Gbit/s left
