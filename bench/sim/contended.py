@@ -47,7 +47,7 @@ from bench.sim.engine import Cpn, Decision, Policy, kueue, request_of, skypilot
 from bench.sim.network import Network
 from bench.sim.trace import REF_GPU, STEP_S, TraceJob
 from controller.network.snapshot import World
-from scheduler.bandwidth import KBPS_PER_GBPS, wan_need_kbps
+from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps, wan_need_kbps
 from scheduler.rules import release
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -153,15 +153,9 @@ def _view(world: World, reserved: dict[str, int], port_gbps: float, aware: bool)
     """The world as the policy plans on it: with each path at the free share of its ports."""
     if not aware:
         return world
-    free = {
-        c.name: max(port_gbps - reserved.get(c.name, 0) / KBPS_PER_GBPS, 0.0)
-        for c in world.snapshot.clusters
-    }
-    links = tuple(
-        replace(k, bandwidth_gbps=min(k.bandwidth_gbps, free[k.a], free[k.b]))
-        for k in world.snapshot.links
-        if min(k.bandwidth_gbps, free[k.a], free[k.b]) > 0
-    )
+    free = {c.name: free_gbps(port_gbps, reserved.get(c.name, 0)) for c in world.snapshot.clusters}
+    paths = ((k, path_gbps(k.bandwidth_gbps, free[k.a], free[k.b])) for k in world.snapshot.links)
+    links = tuple(replace(k, bandwidth_gbps=gbps) for k, gbps in paths if gbps > 0)
     return World(replace(world.snapshot, links=links), world.origins)
 
 
