@@ -40,17 +40,14 @@ from controller.store.models import (
     Usage,
 )
 from grammar.states import JobState
-from tests.controller.world import Net, report, spec
+from tests.controller.world import Net, east_west, report, spec
 from tests.controller.world import progress as report_at
 
 
 @pytest.fixture
 def net(db_url: str, tmp_path: Path) -> Iterator[Net]:
     """Clusters east and west (4 A100 each) joined by a fast link; no jobs."""
-    n = Net(db_url, tmp_path)
-    n.cluster("east", gpus=4)
-    n.cluster("west", gpus=4)
-    n.link("east", "west")
+    n = east_west(db_url, tmp_path)
     yield n
     n.close()
 

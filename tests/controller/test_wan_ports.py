@@ -21,16 +21,13 @@ from controller.network.snapshot import build_world
 from controller.store.models import Allocation, Cluster, Job, WanPort
 from controller.values.errors import Invalid
 from grammar.states import JobState
-from tests.controller.world import Net, spec
+from tests.controller.world import Net, east_west, spec
 
 
 @pytest.fixture
 def net(db_url: str, tmp_path: Path) -> Iterator[Net]:
     """Clusters east and west (4 A100 each) joined by a 100 Gbit/s link both ways."""
-    n = Net(db_url, tmp_path)
-    n.cluster("east", gpus=4)
-    n.cluster("west", gpus=4)
-    n.link("east", "west")
+    n = east_west(db_url, tmp_path)
     yield n
     n.close()
 

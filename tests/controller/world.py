@@ -412,3 +412,12 @@ def report(steps: int, clusters: dict[str, int], *, stopped: bool = False) -> Tr
         stopped=stopped,
         history=[],
     )
+
+
+def east_west(url: str, checkpoint_root: Path) -> Net:
+    """Clusters east and west (4 A100 each) joined by a fast link both ways; no jobs."""
+    n = Net(url, checkpoint_root)
+    n.cluster("east", gpus=4)
+    n.cluster("west", gpus=4)
+    n.link("east", "west")
+    return n
