@@ -18,13 +18,15 @@ KBPS_PER_GBPS = 1_000_000
 
 def wan_need_kbps(estimate: Estimate, placement: tuple[Assignment, ...]) -> dict[str, int]:
     """Each cluster's WAN rate under the plan, in kbit/s, sent and received alike (a ring or
-    a graph of equal exchanges): its share of the plan's WAN bytes over the plan's run time,
-    rounded up. Nothing for a plan on one cluster or one that sends no bytes."""
+    a graph of equal exchanges): its share of the plan's WAN bytes over the time its steps
+    run (the set-up sends nothing to speak of), rounded up. Nothing for a plan on one cluster
+    or one that sends no bytes."""
     clusters = sorted({a.cluster for a in placement})
-    if len(clusters) < 2 or estimate.wan_bytes <= 0 or estimate.total_time_s <= 0:
+    steps_s = estimate.total_time_s - estimate.setup_s
+    if len(clusters) < 2 or estimate.wan_bytes <= 0 or steps_s <= 0:
         return {}
     per_cluster_bits = estimate.wan_bytes * 8 / len(clusters)
-    kbps = max(1, math.ceil(per_cluster_bits / estimate.total_time_s / 1000))
+    kbps = max(1, math.ceil(per_cluster_bits / steps_s / 1000))
     return dict.fromkeys(clusters, kbps)
 
 

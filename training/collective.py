@@ -21,7 +21,7 @@ from torch import nn
 from training.compression import Compressor, make_compressor
 from training.exchange import Exchanged, LeaderExchange, model_digest, param_pieces
 from training.results import ExchangeCounters
-from training.wan import LinkTable, ring_edges
+from training.wan import LinkTable, Pacer, ring_edges
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -59,6 +59,7 @@ class Collective:
         device: torch.device,
         links: LinkTable | None,
         link_schedule: Sequence[tuple[int, float, float]] = (),
+        reserved_kbps: int | None = None,
     ) -> None:
         self.clusters = list(dict.fromkeys(ranks_cluster))
         self.cluster = ranks_cluster[rank]
@@ -73,6 +74,8 @@ class Collective:
         self.exchanger = (
             LeaderExchange(self.clusters, self.cluster, leaders) if self.is_leader else None
         )
+        if self.exchanger is not None and reserved_kbps:
+            self.exchanger.pacer = Pacer(reserved_kbps * 1000.0)
         # one compressor per compression level used so far (their state is checkpointed)
         self.compressors: dict[str, Compressor] = {}
         self.compute_ema = 0.0

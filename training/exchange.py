@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from training.compression import Compressor, packet_from_bytes, packet_to_bytes
 from training.results import Edge, ExchangeCounters, WanBytes
-from training.wan import LinkTable, ring_edges
+from training.wan import LinkTable, Pacer, ring_edges
 
 _HEADER = struct.Struct("<I")
 
@@ -196,6 +196,8 @@ class LeaderExchange:
         # totals so far; replaced (never mutated) after each exchange, so a reader on another
         # thread (exchanges in the background) sees a consistent value
         self.counters = ExchangeCounters()
+        self.pacer: Pacer | None = None
+        """Set when the job reserved a share of this cluster's uplink: its sends keep to it."""
 
     # ------------------------------------------------------------------ all-gather
 
@@ -211,6 +213,7 @@ class LeaderExchange:
     ) -> Exchanged:
         """Send this cluster's `flat` (CPU float32) as one message, receive every cluster's
         and sum them in cluster order."""
+        paced = self.pace()
         start = time.perf_counter()
         tensors = [flat[p.lo : p.hi].view(p.shape) for p in pieces]
         payload = encode(compression, compressor, [p.key for p in pieces], tensors, info)
@@ -227,7 +230,7 @@ class LeaderExchange:
                 total[p.lo : p.hi] += t.reshape(-1).float()
         rounds = len(self.clusters) - 1
         sent = dict.fromkeys(ring_edges(self.clusters), rounds * block)
-        self._finish(start, need, sent, flat.numel())
+        self._finish(start, need, sent, flat.numel(), paced)
         infos = [m.info for m in messages]
         return Exchanged(total, compression, infos, rounds * block)
 
@@ -272,6 +275,7 @@ class LeaderExchange:
         links: LinkTable | None,
     ) -> Exchanged:
         """Ring all-reduce of `flat` (CPU float32) in compressed chunks (module docstring)."""
+        paced = self.pace()
         start = time.perf_counter()
         n, me = len(self.clusters), self.index
         bounds = chunk_bounds(flat.numel(), n)
@@ -325,16 +329,36 @@ class LeaderExchange:
             for edge, nbytes in rnd.items():
                 sent[edge] = sent.get(edge, 0) + nbytes
         need = links.rounds_time(rounds) if links is not None else 0.0
-        self._finish(start, need, sent, flat.numel())
+        self._finish(start, need, sent, flat.numel(), paced)
         infos = [messages[j].info for j in range(n)]
         return Exchanged(total, compression, infos, max(sent.values()))
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _finish(self, start: float, need: float, sent: dict[Edge, int], numel: int) -> None:
+    def pace(self) -> float:
+        """Wait until the job's reservation lets this leader's next exchange begin; the
+        seconds waited (0 without a reservation)."""
+        if self.pacer is None:
+            return 0.0
+        wait = self.pacer.wait_s(time.perf_counter())
+        if wait > 0:
+            time.sleep(wait)
+        return wait
+
+    def sent_by_me(self, start: float, sent: dict[Edge, int]) -> None:
+        """Count this leader's bytes of an exchange that began at `start` against its
+        reservation."""
+        if self.pacer is not None:
+            mine = sum(n for (src, _), n in sent.items() if src == self.me)
+            self.pacer.sent(start, mine * 8.0)
+
+    def _finish(
+        self, start: float, need: float, sent: dict[Edge, int], numel: int, paced: float
+    ) -> None:
         """Wait out what the emulated links would still need, then add this exchange to the
         counters."""
         _wait_until(start + need)
+        self.sent_by_me(start, sent)
         n = len(self.clusters)
         self.counters = self.counters + ExchangeCounters(
             wan_bytes=WanBytes(sent),
@@ -343,6 +367,7 @@ class LeaderExchange:
             rounds=1,
             wall_s=time.perf_counter() - start,
             link_s=need,
+            paced_s=paced,
         )
 
     def count_setup(self, sent: dict[Edge, int]) -> None:

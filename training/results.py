@@ -79,6 +79,9 @@ class ExchangeCounters:
     wall_s: float = 0.0
     link_s: float = 0.0
     """What the links alone needed (emulated or not)."""
+    paced_s: float = 0.0
+    """Seconds this leader held its exchanges back to keep to its job's WAN reservation
+    (`training.wan.Pacer`); not in `wall_s`."""
     setup_bytes: int = 0
     """Of `sent_bytes`, what the start-up put on the links: the digests that check every
     worker built the same model, plus the model itself where they did not."""
@@ -93,6 +96,7 @@ class ExchangeCounters:
             rounds=self.rounds + other.rounds,
             wall_s=self.wall_s + other.wall_s,
             link_s=self.link_s + other.link_s,
+            paced_s=self.paced_s + other.paced_s,
             setup_bytes=self.setup_bytes + other.setup_bytes,
         )
 

@@ -243,6 +243,7 @@ def run(
                                 compression=last.compression,
                                 restarts=restarts,
                                 compute_by_cluster=by_cluster,
+                                exchange_s=wan.wall_s,
                             )
                         )
                 if stopped and last is not None and last.accuracy is None:

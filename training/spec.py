@@ -135,6 +135,9 @@ class TrainSpec:
     )
     """Least to most compressed. Levels share one local optimizer, so top-k here runs without
     its own momentum correction (m0): the optimizer keeps the momentum."""
+    wan_kbps: dict[str, int] = field(default_factory=dict)
+    """{cluster: kbit/s}: the WAN rate the job reserved of that cluster's uplink; its leader's
+    sends average no more (`training.wan.Pacer`, one exchange of burst). Empty: unpaced."""
     link_schedule: list[tuple[int, float, float]] = field(default_factory=list)
     """(from_step, mbps, rtt_ms): from that step on every link is reshaped (tests, benchmarks)."""
     slowdown: dict[str, float] = field(default_factory=dict)
@@ -182,6 +185,11 @@ class TrainSpec:
                     raise ValueError(f"links: cluster {end!r} is not one of the job's clusters")
             if link.mbps <= 0 or link.rtt_ms < 0:
                 raise ValueError(f"links: {link.a}-{link.b} needs mbps > 0 and rtt_ms >= 0")
+        for name, kbps in self.wan_kbps.items():
+            if name not in self.clusters:
+                raise ValueError(f"wan_kbps: cluster {name!r} is not one of the job's clusters")
+            if not (isinstance(kbps, int) and kbps > 0):
+                raise ValueError(f"wan_kbps: {name} needs a rate > 0 kbit/s, e.g. {name}: 100000")
         if self.max_restarts < 0:
             raise ValueError("max_restarts: must be >= 0")
         for name, factor in self.slowdown.items():
@@ -262,6 +270,9 @@ class Progress:
     # compute seconds so far of each cluster's slowest rank (the cost model's calibration
     # needs each GPU model's own time, not rank 0's)
     compute_by_cluster: dict[str, float] = field(default_factory=dict)
+    exchange_s: float = 0.0
+    """Seconds so far the leaders spent exchanging over the WAN (waits to keep to a
+    reservation excluded): the controller reads each cluster's send rate from it."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: `wan_bytes` as `{"src->dst": bytes}`."""

@@ -29,6 +29,31 @@ class Link:
         return self.rtt_s / 2.0 + nbytes * 8.0 / self.bandwidth_bps
 
 
+class Pacer:
+    """Holds one leader's WAN sends to an average rate, the share its job reserved of the
+    uplink, with a burst of one exchange: a token bucket in virtual-time form (GCRA, as HTB
+    and ATM shape traffic). A job whose plan holds never waits; one that runs ahead of its
+    plan (faster compute, a share that grew) waits instead of taking other jobs' bandwidth.
+    """
+
+    def __init__(self, rate_bps: float) -> None:
+        if not rate_bps > 0:
+            raise ValueError(f"pacer rate must be > 0 bit/s, got {rate_bps}")
+        self.rate_bps = rate_bps
+        self._due = 0.0
+        """When the sends so far would have ended, sent at the rate."""
+
+    def wait_s(self, now: float) -> float:
+        """Seconds to wait before an exchange may begin at `now`: until the sends so far
+        would have ended at the rate (the one about to begin is the burst)."""
+        return max(self._due - now, 0.0)
+
+    def sent(self, start: float, bits: float) -> None:
+        """Count an exchange that began at `start` and sent `bits`; time idle before it is
+        not saved up (no burst beyond one exchange)."""
+        self._due = max(self._due, start) + bits / self.rate_bps
+
+
 class LinkTable:
     """Links per unordered cluster pair, with an optional default for pairs not listed."""
 

@@ -48,7 +48,8 @@ class PlannedLink(_Value):
         default=False,
         description="It crosses an uplink or downlink whose capacity an admin declared: it "
         "was planned at its free share there, and the run's sends over it are paced to that "
-        "bandwidth on real links too (as on emulated ones), so the job takes no more.",
+        "bandwidth on real links too (as on emulated ones), and on average to the plan's "
+        "`wan_kbps`, so the job takes no more.",
     )
 
 
@@ -166,6 +167,12 @@ class JobPlan(_Value):
         default=(),
         description="The WAN links between its clusters that it was planned over, one a pair "
         "(the run emulates these where the WAN is emulated; absent in older plans).",
+    )
+    wan_kbps: dict[str, int] = Field(
+        default_factory=dict,
+        description="What the plan reserves of each cluster's uplink and downlink, kbit/s: "
+        "its average WAN rate there (its bytes over its run time). Where a link is paced the "
+        "run's sends average no more (absent for one cluster and in older plans).",
     )
 
     @computed_field(  # type: ignore[prop-decorator]

@@ -32,7 +32,6 @@ from controller.store.models import REASON_MAX, Job, Tenant, bounded, utcnow
 from controller.values.errors import Conflict, CpnError, Invalid
 from controller.values.plan import plan_of
 from grammar.states import ACTIVE, QUEUED, JobState
-from scheduler.bandwidth import wan_need_kbps
 from wire.plan import JobPlan
 
 log = logging.getLogger("cpn.reconcile")
@@ -302,7 +301,7 @@ def _place_one(
         # The job's only writes, under one savepoint: if the GPUs are gone (or the job can no
         # longer move), neither the reservation nor the state change stays.
         with session.begin_nested():
-            reserve(session, job, slots, _wan_need(world, result))
+            reserve(session, job, slots, placement.wan_kbps)
             budget.hold(session, job, placement)
             job.placement = placement
             ends = now + timedelta(seconds=placement.estimate.total_time_s * _left(job))
@@ -326,15 +325,6 @@ def _place_one(
         )
     waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
     return Placed(job.id, placement, waited, time.perf_counter() - started)
-
-
-def _wan_need(world: World, result: scheduler.Plan) -> dict[str, int]:
-    """The plan's WAN rate per cluster (by the cluster's name, not the snapshot's)."""
-    need: dict[str, int] = {}
-    for name, kbps in wan_need_kbps(result.estimate, result.placement).items():
-        cluster = world.origins[name][0]
-        need[cluster] = max(need.get(cluster, 0), kbps)
-    return need
 
 
 def _left(job: Job) -> float:

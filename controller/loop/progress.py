@@ -30,6 +30,15 @@ log = logging.getLogger("cpn.progress")
 Compute = tuple[int, dict[str, float]]
 """The last (step, compute seconds per cluster) a run reported."""
 
+Wire = tuple[float, dict[str, int]]
+"""The last (exchange seconds, bytes sent by each cluster) a run reported."""
+
+SHORT_SHARE = 0.9
+"""A cluster whose exchanges send below this share of its WAN reservation is short of it: the
+link delivers less than the plan was promised, even in its bursts."""
+SHORT_REPORTS = 2
+"""Reports in a row short of the reservation that raise the warning (once, until it recovers)."""
+
 TRANSIENT = (OperationalError, InterfaceError, PoolTimeout, StaleDataError)
 """Errors after which the same batch may well commit on the next pass (a lock or a deadlock,
 a lost connection, an exhausted pool, a row changed meanwhile)."""
@@ -69,6 +78,8 @@ def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progre
     now = utcnow()
     wan_seen = dict(handle.wan_seen)
     last_compute = handle.last_compute
+    wire = handle.wire_seen
+    shorts = dict(handle.short_reports)
     deltas: dict[tuple[str, str], int] = {}
     with factory() as session, session.begin():
         # First write, so it holds the row until commit: an adoption waits or has won.
@@ -123,13 +134,63 @@ def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progre
                     deltas[link] = deltas.get(link, 0) + delta
                     wan_seen[link] = total
             last_compute = _observe(session, handle, p, last_compute)
+            wire, rates = wire_rates(wire, p)
+            for cluster, rate in rates.items():
+                kbps = handle.reserved_kbps.get(cluster)
+                if kbps is None:
+                    continue
+                shorts[cluster] = (
+                    shorts.get(cluster, 0) + 1 if rate < SHORT_SHARE * kbps * 1e3 else 0
+                )
+                if shorts[cluster] == SHORT_REPORTS:
+                    session.add(_short_event(job.id, cluster, rate, kbps, p.step))
         if deltas:
             meter_wan(session, job, deltas, handle.wan_since, now)
     handle.wan_seen = wan_seen
     handle.last_compute = last_compute
+    handle.wire_seen = wire
+    handle.short_reports = shorts
     if deltas:
         handle.wan_since = now
     return True
+
+
+def wire_rates(previous: Wire | None, p: Progress) -> tuple[Wire, dict[str, float]]:
+    """Each cluster's send rate while exchanging since `previous` (bit/s): the bytes it put on
+    its links over the exchange seconds between the two reports. Returns the report's
+    counters too, the `previous` of the next report. None before, or across a restart."""
+    sent: dict[str, int] = {}
+    for (src, _), n in p.wan_bytes.items():
+        sent[src] = sent.get(src, 0) + n
+    now: Wire = (p.exchange_s, sent)
+    if previous is None or p.exchange_s <= previous[0]:
+        return now, {}
+    seconds = p.exchange_s - previous[0]
+    rates = {
+        c: 8.0 * (n - previous[1].get(c, 0)) / seconds
+        for c, n in sent.items()
+        if n > previous[1].get(c, 0)
+    }
+    return now, rates
+
+
+def _short_event(job_id: str, cluster: str, rate: float, kbps: int, step: int) -> JobEvent:
+    """The warning that a cluster's exchanges run below what its job reserved of the WAN."""
+    return JobEvent(
+        job_id=job_id,
+        kind="warning",
+        message=(
+            f"WAN of {cluster}: exchanges sent at {rate / 1e6:,.1f} Mbit/s, below the "
+            f"{kbps / 1e3:,.1f} Mbit/s the job reserved of its uplink; the link delivers "
+            "less than planned, so the run will take longer than its estimate"
+        ),
+        data={
+            "cluster": cluster,
+            "step": step,
+            "measured_bps": round(rate),
+            "reserved_bps": kbps * 1000,
+        },
+    )
 
 
 def _observe(session: Session, handle: RunHandle, p: Progress, previous: Compute | None) -> Compute:

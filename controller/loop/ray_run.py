@@ -146,6 +146,7 @@ def launch(
             flops_per_step=_work(spec) if pipeline is None else 0.0,
             predicted_step_s=job.placement.estimate.compute_s if job.placement else None,
             fence=train_spec.epoch,
+            reserved_kbps=dict(train_spec.wan_kbps),
         )
         message = (
             f"launched {sum(clusters.values())} "
@@ -182,8 +183,9 @@ def train_spec_of(
 ) -> TrainSpec:
     """What the workers are asked to do: the spec's task and arguments, and from the plan its
     compression and sync (unless the spec fixed them), the links it was planned over (to
-    emulate), each cluster's region (so `async-ps` runs a server per region when the
-    placement spans regions); where to checkpoint."""
+    emulate or pace) and the WAN rate it reserved (to pace), each cluster's region (so
+    `async-ps` runs a server per region when the placement spans regions); where to
+    checkpoint."""
     from training.checkpoint import open_store
 
     plan = job.placement
@@ -198,7 +200,12 @@ def train_spec_of(
     store.prepare()
     resume = bool(store.steps())
     links: list[LinkSpec] = []
+    reserved: dict[str, int] = {}
     if plan is not None and len(clusters) > 1:
+        # A cluster whose sends cross a paced link keeps, on average, to the WAN rate the plan
+        # reserved there (its bursts to the link's planned share, below).
+        ends = {end for k in plan.links if k.paced for end in (k.src, k.dst)}
+        reserved = {c: r for c, r in plan.wan_kbps.items() if c in clusters and c in ends}
         # Emulated links all run at what was planned; real ones only where the plan took a
         # share of a declared uplink or downlink (`paced`), so the run takes no more of it:
         # the exchange waits out the difference between its transfer and the planned one.
@@ -217,6 +224,7 @@ def train_spec_of(
         sync=sync,
         steps=spec.steps,
         links=links,
+        wan_kbps=reserved,
         checkpoint=checkpoint,
         checkpoint_every=max(1, spec.steps // 10) if every is None else every,
         resume=resume,

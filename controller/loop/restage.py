@@ -126,6 +126,7 @@ def decide(session: Session, job: Job, down: str) -> Restage | None:
             "clusters": shares,
             "parallel": parallel,
             "explanation": (*plan.explanation, got.reason),
+            "wan_kbps": {},  # a pipeline's stage-to-stage WAN is not reserved (yet)
         }
     )
     staged = pipeline_estimate(spec, parallel, shares, world.snapshot, world.origins, job.qos_class)
@@ -154,7 +155,7 @@ def apply(session: Session, job: Job, restage: Restage, down: str) -> None:
         return
     try:
         with session.begin_nested():  # the new stages' GPUs and the state change, or neither
-            reserve(session, job, restage.slots)
+            reserve(session, job, restage.slots, restage.plan.wan_kbps)
             budget.hold(session, job, restage.plan)
             job.placement = restage.plan
             lifecycle.transition(

@@ -35,6 +35,12 @@ class RunHandle:
     wan_seen: dict[tuple[str, str], int] = field(default_factory=dict)
     wan_since: datetime = field(default_factory=utcnow)
     last_compute: tuple[int, dict[str, float]] | None = None
+    reserved_kbps: dict[str, int] = field(default_factory=dict)
+    """The WAN rate the run keeps to on each paced cluster (`TrainSpec.wan_kbps`)."""
+    wire_seen: tuple[float, dict[str, int]] | None = None
+    """The last report's exchange seconds and bytes sent by each cluster."""
+    short_reports: dict[str, int] = field(default_factory=dict)
+    """Reports in a row in which a cluster sent below its reservation while exchanging."""
     report: TrainReport | None = None
     error: BaseException | None = None
     ended_at: datetime | None = None

@@ -10,6 +10,7 @@ from contextlib import suppress
 import scheduler
 from controller.values.tasks import BUILTIN_ACTIVATION_BYTES, builtin_work
 from grammar.parallel import parse_stages
+from scheduler.bandwidth import wan_need_kbps
 from scheduler.gpus import DEFAULT_EFFICIENCY
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
 from scheduler.pipeline_cost import StageWork, estimate_pipeline
@@ -343,10 +344,15 @@ def plan_of(
     if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged
         explanation = (*explanation, why)
+    wan: dict[str, int] = {}
+    for name, kbps in wan_need_kbps(result.estimate, result.placement).items():
+        cluster = origin(name)[0]  # a cluster's GPU models share its ports: its largest need
+        wan[cluster] = max(wan.get(cluster, 0), kbps)
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),
         links=planned_links(snapshot, [a.cluster for a in result.placement], origin, paced),
+        wan_kbps=wan,
         parallel=parallel,
         compression=result.compression,
         sync=result.sync,

@@ -18,10 +18,10 @@ from controller.jobs import lifecycle
 from controller.jobs.service import cancel
 from controller.network.labels import check_labels
 from controller.network.snapshot import build_world
-from controller.store.models import Allocation, Cluster, Job, WanPort
+from controller.store.models import Allocation, Cluster, Job, JobEvent, WanPort
 from controller.values.errors import Invalid
 from grammar.states import JobState
-from tests.controller.world import Net, east_west, spec
+from tests.controller.world import Net, east_west, progress, spec
 
 
 @pytest.fixture
@@ -162,19 +162,46 @@ def test_a_link_planned_at_a_share_of_a_declared_uplink_is_paced_on_real_links_t
     real = replace(net.launcher.config, emulate_wan=False)
     tenant = net.tenant("acme")
 
-    def launched() -> list[tuple[str, str, float]]:
+    def launched() -> tuple[list[tuple[str, str, float]], dict[str, int]]:
         job_id = net.submit(tenant, spec("w", gpus=8))
         assert net.place() == [job_id]
         with net.sessions() as s:
             job = s.get(Job, job_id)
             assert job is not None and job.placement is not None
+            # what the plan says it reserves is what was reserved
+            assert job.placement.wan_kbps == _need(net, job_id)
             train = train_spec_of(real, job, spec_of(job), net.held(job_id))
             cancel(s, job, "seen")
             s.commit()
-        return [(k.a, k.b, k.mbps) for k in train.links]
+        return [(k.a, k.b, k.mbps) for k in train.links], train.wan_kbps
 
-    assert launched() == []  # no port declared: real links run as they are
+    assert launched() == ([], {})  # no port declared: real links run as they are
     _label(net, "east", uplink_gbps=3)
     _others_hold(net, "east", 1_000_000)
-    [(a, b, mbps)] = launched()
+    [(a, b, mbps)], paced = launched()
     assert {a, b} == {"east", "west"} and mbps == pytest.approx(2000.0)  # the 2 Gbit/s left
+    # each end of the paced link keeps, on average, to what the plan reserved there
+    assert set(paced) == {"east", "west"} and min(paced.values()) > 0
+
+
+def test_a_run_whose_exchanges_send_below_its_reservation_says_so_once(net: Net) -> None:
+    """Each cluster sends 1000 bytes a step in 10 ms of exchange (800 kbit/s while
+    exchanging): short of a 1 Mbit/s reservation, not of a 500 kbit/s one."""
+    from controller.loop.progress import flush
+
+    job_id = net.submit(net.tenant("acme"), spec("wide", gpus=8))
+    assert net.place() == [job_id]
+    handle = net.start(job_id)
+    handle.reserved_kbps = {"east": 1000, "west": 500}
+    for step in (10, 20, 30, 40, 50):  # one report a pass: the count carries across passes
+        handle.on_progress(progress(step, handle.clusters, exchange_s=0.01 * step))
+        flush(net.sessions, handle)
+    with net.sessions() as s:
+        warnings = s.scalars(
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "warning")
+        ).all()
+    [warning] = warnings  # once, after two short reports in a row, not on every report
+    assert warning.message.startswith("WAN of east: exchanges sent at 0.8 Mbit/s")
+    assert warning.data == {
+        "cluster": "east", "step": 30, "measured_bps": 800_000, "reserved_bps": 1_000_000
+    }  # fmt: skip

@@ -366,9 +366,11 @@ def spec(
 # ---- what a run's thread hands the loop ------------------------------------------------------
 
 
-def progress(step: int, clusters: dict[str, int], total_steps: int = 100) -> Progress:
+def progress(
+    step: int, clusters: dict[str, int], total_steps: int = 100, exchange_s: float = 0.0
+) -> Progress:
     """A report after `step` steps; WAN bytes grow with the steps on every link between the
-    run's clusters."""
+    run's clusters (1000 bytes a step), exchanged in `exchange_s` so far."""
     names = sorted(clusters)
     wan = WanBytes({(a, b): 1000 * step for a in names for b in names if a != b})
     return Progress(
@@ -384,6 +386,7 @@ def progress(step: int, clusters: dict[str, int], total_steps: int = 100) -> Pro
         compression_ratio=1.0,
         compression="none",
         compute_by_cluster=dict.fromkeys(names, 0.005 * step),
+        exchange_s=exchange_s,
     )
 
 

@@ -34,6 +34,13 @@ def test_a_plan_needs_its_share_of_its_bytes_over_its_run_at_each_cluster() -> N
     assert wan_need_kbps(replace(ESTIMATE, wan_bytes=1), TWO) == {"a": 1, "b": 1}  # never 0
 
 
+def test_the_set_up_time_does_not_dilute_the_rate_the_steps_need() -> None:
+    """A run's launch and set-up send nothing to speak of: the bytes cross while steps run."""
+    setup = replace(ESTIMATE, total_time_s=150.0, setup_s=50.0)
+    assert wan_need_kbps(setup, TWO) == wan_need_kbps(ESTIMATE, TWO)
+    assert wan_need_kbps(replace(ESTIMATE, setup_s=100.0), TWO) == {}
+
+
 @pytest.mark.parametrize(
     ("link", "up", "down", "path"),
     [(10.0, None, None, 10.0), (10.0, 4.0, None, 4.0), (10.0, 4.0, 2.5, 2.5), (1.0, 4.0, 2.5, 1.0)],

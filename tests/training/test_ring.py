@@ -25,7 +25,9 @@ NAMES = ["w", "b", "k"]
 NUMEL = sum(s.numel() for s in SHAPES)
 
 
-def _collective(rank: int, ranks_cluster: list[str], port: int) -> Any:
+def _collective(
+    rank: int, ranks_cluster: list[str], port: int, reserved_kbps: int | None = None
+) -> Any:
     import torch.distributed as dist
 
     from training.collective import Collective
@@ -55,6 +57,7 @@ def _collective(rank: int, ranks_cluster: list[str], port: int) -> Any:
         shapes=SHAPES,
         device=torch.device("cpu"),
         links=None,
+        reserved_kbps=reserved_kbps,
     )
 
 

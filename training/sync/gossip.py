@@ -85,6 +85,7 @@ class GossipSync(SyncStrategy):
         """Leader: one round with the neighbours; the mixed parameters."""
         exchanger = self.comm.exchanger
         assert exchanger is not None
+        paced = exchanger.pace()
         start = time.perf_counter()
         me = self.comm.cluster
         pieces = param_pieces(self.comm.names, self.comm.shapes, 0, x.numel())
@@ -112,6 +113,7 @@ class GossipSync(SyncStrategy):
         elapsed = time.perf_counter() - start
         if need > elapsed:
             time.sleep(need - elapsed)
+        exchanger.sent_by_me(start, sent)
         self.rounds += 1
         self.messages += degree
         for edge, n in sent.items():
@@ -123,6 +125,7 @@ class GossipSync(SyncStrategy):
             rounds=1,
             wall_s=time.perf_counter() - start,
             link_s=need,
+            paced_s=paced,
         )
         return mixed
 

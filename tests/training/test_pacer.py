@@ -1,0 +1,79 @@
+"""A job's WAN sends keep to its reservation (issue 49): the token bucket of the exchange.
+
+`Pacer` is pure (times in, waits out); the exchange test runs it on real gloo leaders in
+spawned processes: with a reservation the leaders' sends average no more than it (one
+exchange of burst), without one the same exchanges run as fast as the loopback allows.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.training.test_ring import NUMEL, _collective, _contribution, _spawn
+from training.wan import Pacer
+
+EXCHANGES = 8
+RATE_KBPS = 800  # one fp32 exchange of the test's model is ~42 kbit: ~50 ms at this rate
+
+
+def test_a_job_that_keeps_to_its_plan_never_waits() -> None:
+    pacer = Pacer(1000.0)  # 1 kbit/s; each exchange below sends 500 bits, one every second
+    for k in range(5):
+        assert pacer.wait_s(float(k)) == 0.0
+        pacer.sent(float(k), 500.0)
+
+
+def test_back_to_back_exchanges_wait_for_the_rate_after_one_burst() -> None:
+    pacer = Pacer(1000.0)
+    now = 0.0
+    waits = []
+    for _ in range(5):  # each exchange sends 1000 bits (1 s at the rate) and takes no time
+        wait = pacer.wait_s(now)
+        waits.append(wait)
+        now += wait
+        pacer.sent(now, 1000.0)
+    assert waits == [0.0, 1.0, 1.0, 1.0, 1.0]  # the first is the burst
+    assert now == pytest.approx(4.0)  # 5 exchanges' bits, less the burst's, at the rate
+
+
+def test_a_rate_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        Pacer(0.0)
+
+
+def _paced_rank(rank: int, ranks_cluster: list[str], port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    found: dict[str, Any] = {}
+    for name, kbps in (("free", None), ("paced", RATE_KBPS)):
+        comm = _collective(rank, ranks_cluster, port + (1 if kbps else 0), kbps)
+        start = time.perf_counter()
+        for s in range(EXCHANGES):
+            comm.wan_exchange(_contribution(rank, s), s, "none")
+        me = ranks_cluster[rank]
+        found[name] = {
+            "wall_s": time.perf_counter() - start,
+            "bits": 8 * sum(n for (src, _), n in comm.counters.wan_bytes.items() if src == me),
+            "paced_s": comm.counters.paced_s,
+        }
+        dist.destroy_process_group()
+    torch.save(found, Path(out) / f"rank{rank}.pt")
+
+
+def test_leaders_sends_average_no_more_than_the_reservation(tmp_path: Path) -> None:
+    found = _spawn(_paced_rank, ["a", "b"], tmp_path)
+    rate = RATE_KBPS * 1e3
+    for rank in found:
+        paced, free = rank["paced"], rank["free"]
+        burst = paced["bits"] / EXCHANGES
+        assert paced["bits"] >= EXCHANGES * 4 * NUMEL * 8 / 2  # each sent its half, fp32
+        # all but the burst's bits at the reservation, at least
+        assert paced["wall_s"] >= (paced["bits"] - burst) / rate * 0.999
+        assert paced["paced_s"] > 0.0
+        assert free["paced_s"] == 0.0
+        assert free["wall_s"] < paced["wall_s"] / 2  # unpaced: the loopback's speed
