@@ -60,6 +60,7 @@ class Collective:
         links: LinkTable | None,
         link_schedule: Sequence[tuple[int, float, float]] = (),
         reserved_kbps: int | None = None,
+        paced: bool = False,
     ) -> None:
         self.clusters = list(dict.fromkeys(ranks_cluster))
         self.cluster = ranks_cluster[rank]
@@ -74,8 +75,10 @@ class Collective:
         self.exchanger = (
             LeaderExchange(self.clusters, self.cluster, leaders) if self.is_leader else None
         )
-        if self.exchanger is not None and reserved_kbps:
-            self.exchanger.pacer = Pacer(reserved_kbps * 1000.0)
+        if self.exchanger is not None:
+            self.exchanger.sliced = paced  # the job's, so every leader cuts its sends alike
+            if reserved_kbps:
+                self.exchanger.pacer = Pacer(reserved_kbps * 1000.0)
         # one compressor per compression level used so far (their state is checkpointed)
         self.compressors: dict[str, Compressor] = {}
         self.compute_ema = 0.0

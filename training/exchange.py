@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from training.compression import Compressor, packet_from_bytes, packet_to_bytes
 from training.results import Edge, ExchangeCounters, WanBytes
-from training.wan import LinkTable, Pacer, ring_edges
+from training.wan import Link, LinkTable, Pacer, ring_edges
 
 _HEADER = struct.Struct("<I")
 
@@ -169,6 +169,19 @@ def all_gather_bytes(payload: bytes, group: Any) -> list[bytes]:
     return [bytes(b[: int(s)].numpy().tobytes()) for b, s in zip(bufs, sizes, strict=True)]
 
 
+SLICE_S = 0.005
+"""A paced send's slice: this many seconds of its link's planned rate (16 KiB at least)."""
+
+
+def _slices(data: torch.Tensor, link: Link | None) -> list[torch.Tensor]:
+    """`data` cut into the slices a paced send of it over `link` is made of (sender and
+    receiver cut alike: they see the same link); whole without a link."""
+    if link is None or data.numel() == 0:
+        return [data]
+    size = max(16384, int(link.bandwidth_bps / 8 * SLICE_S))
+    return list(torch.split(data, size))
+
+
 def _wait_until(deadline: float, clock: Callable[[], float] = time.perf_counter) -> None:
     """Sleep until `clock()` reaches `deadline` (no wait once it has)."""
     left = deadline - clock()
@@ -198,6 +211,9 @@ class LeaderExchange:
         self.counters = ExchangeCounters()
         self.pacer: Pacer | None = None
         """Set when the job reserved a share of this cluster's uplink: its sends keep to it."""
+        self.sliced = False
+        """Whether ring sends go in slices at their link's rate (`_shift`); the same on every
+        leader of a job (sender and receiver must cut alike): a job with a reservation."""
 
     # ------------------------------------------------------------------ all-gather
 
@@ -253,13 +269,32 @@ class LeaderExchange:
         dist.recv(got, group=self.group, group_src=prv)
         began = min(int(got[1]), time.monotonic_ns()) / 1e9  # never in the future
         out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        sends.append(dist.isend(out, group=self.group, group_dst=nxt))
         buf = torch.empty(int(got[0]), dtype=torch.uint8)
-        dist.recv(buf, group=self.group, group_src=prv)
+        link = links.get(self.clusters[prv], self.me) if links is not None else None
+        if self.sliced and links is not None:
+            # A paced job sends in slices at its link's planned rate, so its bursts take no
+            # more of a shared uplink than that (waiting after a burst would not keep a
+            # burst from crowding out others' traffic)
+            out_link = links.get(self.me, self.clusters[nxt])
+            recvs = [
+                dist.irecv(piece, group=self.group, group_src=prv) for piece in _slices(buf, link)
+            ]
+            start = time.perf_counter()
+            done = 0
+            for piece in _slices(out, out_link):
+                if out_link is not None:
+                    _wait_until(start + done * 8.0 / out_link.bandwidth_bps)
+                sends.append(dist.isend(piece, group=self.group, group_dst=nxt))
+                done += piece.numel()
+            for work in recvs:
+                if work is not None:
+                    work.wait()
+        else:
+            sends.append(dist.isend(out, group=self.group, group_dst=nxt))
+            dist.recv(buf, group=self.group, group_src=prv)
         for work in sends:
             if work is not None:
                 work.wait()
-        link = links.get(self.clusters[prv], self.me) if links is not None else None
         if link is not None:
             _wait_until(began + link.transfer_s(int(got[0])), time.monotonic)
         return bytes(buf.numpy().tobytes())

@@ -124,6 +124,7 @@ class Worker:
             links=LinkTable.build(spec.links, spec.link_mbps, spec.rtt_ms),
             link_schedule=spec.link_schedule,
             reserved_kbps=spec.wan_kbps.get(self.cluster),
+            paced=bool(spec.wan_kbps),
         )
         # same start everywhere, whatever the seeding; the model crosses the WAN only if needed
         self.comm.align_start(self.model)

@@ -26,7 +26,11 @@ NUMEL = sum(s.numel() for s in SHAPES)
 
 
 def _collective(
-    rank: int, ranks_cluster: list[str], port: int, reserved_kbps: int | None = None
+    rank: int,
+    ranks_cluster: list[str],
+    port: int,
+    reserved_kbps: int | None = None,
+    links: Any = None,
 ) -> Any:
     import torch.distributed as dist
 
@@ -56,8 +60,9 @@ def _collective(
         names=NAMES,
         shapes=SHAPES,
         device=torch.device("cpu"),
-        links=None,
+        links=links,
         reserved_kbps=reserved_kbps,
+        paced=reserved_kbps is not None,
     )
 
 

@@ -1,0 +1,483 @@
+"""Two tenants' jobs on one datacenter's shared uplink, on the namespace testbed: does each get
+what its plan reserved, and does it run as planned? (issue 49)
+
+The wire: datacenters a, b, c (`testbed`, 2 worker slots each), every uplink shaped with tc tbf
+at `--mbit` both ways. A job on a+b and one on a+c share a's uplink (and downlink).
+
+The plans: cpn's own placement (`place_pending`) on a real SQLite database, no Ray (this bench
+launches the planned runs itself, as `train_spec_of` makes them): clusters a, b, c as on the
+testbed plus d and e (not on the testbed), 1 T4 each but a with 3; links of `--mbit` between
+every pair; the GPU efficiency calibrated from the task's compute on the testbed, measured by
+two single-datacenter runs side by side (the load of the measured runs). Jobs, placed in turn:
+
+- J1 (tenant x): data local to a and b (so it runs on a:1 + b:1); J2 (tenant y): on a:1 + c:1; both
+  run `--task` with `--compression` / `--sync`;
+- J3 (tenant z): the same task, data anywhere, 2 GPUs, compression and sync auto: where its
+  plan puts it (a still has a GPU free, on an uplink J1 and J2 reserved); it is not run.
+
+Three modes: `alone` runs J1 by itself as `cpn` plans it (what the cost model misses with
+no second job); in the other two J1 and J2 run side by side:
+
+- `cpn`: every port declared (`uplink_gbps` / `downlink_gbps` = `--mbit`): each job is planned
+  at the share the others left, reserves its plan's average rate, and runs paced (links at
+  the planned share, sends averaged to the reservation: `training.wan.Pacer`);
+- `blind` (cpn before issue 49): no ports declared: each job planned as if it had the uplink
+  to itself, nothing reserved, runs unpaced.
+
+Per job: planned path share, reservation and step time against the measured send rate of its
+a-side leader (its own counters: bytes on its a->x link over the run's wall time) and step
+time (wall between its first and last reports, over the steps between); a's uplink counters.
+Goals (issue 49, item 4): each job's rate within 10 % of its reservation, its step time within
+15 % of its plan, J3 kept off the full uplink or compressed for it.
+
+    sudo .venv/bin/python -m bench.wan_share            # writes bench/results/wan-share.*
+
+Two cores: run nothing beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+TESTBED = ("a", "b", "c")
+SLOTS = 2
+GPUS = {"a": 3, "b": 1, "c": 1, "d": 1, "e": 1}
+MODEL = "T4"
+RUN_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Case:
+    """One job: its name, tenant, the clusters holding its data (None: anywhere), whether
+    the bench runs it, and whether its compression and sync are the planner's."""
+
+    name: str
+    tenant: str
+    data: tuple[str, ...] | None
+    run: bool
+    auto: bool = False
+
+
+CASES = (
+    Case("J1", "x", ("a", "b"), run=True),
+    Case("J2", "y", ("a", "c"), run=True),
+    Case("J3", "z", None, run=False, auto=True),
+)
+
+
+@dataclass
+class Planned:
+    """What cpn decided for one job, and the run spec it made (None: not placed)."""
+
+    name: str
+    placed: dict[str, int]
+    reason: str
+    compression: str
+    sync: str
+    step_s: float | None
+    share_mbps: float | None
+    reserved_mbps: float | None
+    train: dict[str, Any] | None
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def measured(samples: list[dict[str, Any]], edge: str) -> tuple[float | None, float | None]:
+    """(send rate of `edge` in Mbit/s, seconds per step) between a run's first and last but
+    one reports: the start-up and first segment, and the last (the final checkpoint), are
+    left out as the plan's step time leaves them out."""
+    if len(samples) < 3:
+        return None, None
+    first, last = samples[0], samples[-2]
+    wall = last["wall_s"] - first["wall_s"]
+    steps = last["step"] - first["step"]
+    if wall <= 0 or steps <= 0:
+        return None, None
+    sent = last["wan_bytes"].get(edge, 0) - first["wan_bytes"].get(edge, 0)
+    return 8 * sent / wall / 1e6, wall / steps
+
+
+def rates(samples: list[dict[str, Any]], edge: str) -> list[tuple[float, float]]:
+    """(wall s, Mbit/s over the segment before it) for each report after the first."""
+    out = []
+    for a, b in itertools.pairwise(samples):
+        dt = b["wall_s"] - a["wall_s"]
+        if dt > 0:
+            sent = b["wan_bytes"].get(edge, 0) - a["wan_bytes"].get(edge, 0)
+            out.append((b["wall_s"], 8 * sent / dt / 1e6))
+    return out
+
+
+def _pct(x: float | None, y: float | None) -> str:
+    return f"{100 * (x - y) / y:+.0f} %" if x is not None and y else "-"
+
+
+def _num(x: float | None, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+# ----------------------------------------------------------------------------- control plane
+
+
+def plan_all(mode: str, a: argparse.Namespace, efficiency: dict[str, float]) -> list[Planned]:
+    """Place J1, J2, J3 in turn through cpn's placement; each job's plan and run spec."""
+    from agents.protocol import GpuInventory, Heartbeat
+    from controller.jobs.request import spec_of
+    from controller.jobs.service import Submission, Submitted, submit_many
+    from controller.loop.placement import place_pending
+    from controller.loop.ray_run import LauncherConfig, train_spec_of
+    from controller.network.leases import LeasePolicy
+    from controller.network.resources import create_cluster, declare_link, ingest_heartbeat
+    from controller.store.db import make_engine, make_sessionmaker
+    from controller.store.migrate import upgrade
+    from controller.store.models import QOS_CLASSES, GpuPrice, Job, Tenant, utcnow
+    from wire.spec import JobSpec
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"cpn-bench-share-{mode}-"))
+    url = f"sqlite:///{tmp / 'cpn.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    factory = make_sessionmaker(engine)
+    leases = LeasePolicy(heartbeat_interval_s=3600.0, grace_s=3600.0)
+    gbps = a.mbit / 1000
+    ports = {"uplink_gbps": str(gbps), "downlink_gbps": str(gbps)} if mode == "cpn" else {}
+    with factory() as s, s.begin():
+        for name in GPUS:
+            cluster = create_cluster(s, name, "region", dict(ports))
+            for qos_class in QOS_CLASSES:
+                s.add(
+                    GpuPrice(
+                        cluster_id=cluster.id,
+                        gpu_model=MODEL,
+                        qos_class=qos_class,
+                        price_per_gpu_hour=Decimal("1.0"),
+                        effective_from=utcnow() - timedelta(hours=1),
+                    )
+                )
+    with factory() as s, s.begin():
+        for name, n in GPUS.items():
+            inv = GpuInventory(model=MODEL, memory_gib=16, count=n, allocatable=n)
+            ingest_heartbeat(s, Heartbeat(cluster=name, gpus=[inv]), leases)
+        for src in GPUS:
+            for dst in GPUS:
+                if src != dst:
+                    declare_link(
+                        s, src, dst, bandwidth_gbps=gbps, rtt_ms=1.0, loss=0.0,
+                        egress_price_per_gb=0.0,
+                    )  # fmt: skip
+        tenants = {c.tenant: Tenant(name=c.tenant, budget=1e9) for c in CASES}
+        s.add_all(tenants.values())
+        s.flush()
+        tenant_ids = {k: t.id for k, t in tenants.items()}
+    config = LauncherConfig(
+        replica_id="bench", checkpoint_root=tmp / "ckpt", emulate_wan=False, ray_address=None
+    )
+    out: list[Planned] = []
+    for case in CASES:
+        body: dict[str, Any] = {
+            "name": case.name,
+            "task": a.task,
+            "gpus": 2,
+            "steps": a.steps,
+            "compression": "auto" if case.auto else a.compression,
+            "sync": "auto" if case.auto else a.sync,
+            "args": {"eval_every": a.eval_every, "checkpoint_every": a.steps, "seed": 0},
+        }
+        if case.data is not None:
+            body["data"] = {"residency": "local", "clusters": list(case.data)}
+        spec = JobSpec.model_validate(body)
+        with factory() as s, s.begin():
+            [done] = submit_many(s, [Submission(spec, tenant_ids[case.tenant])])
+            if not isinstance(done, Submitted):
+                raise RuntimeError(f"{case.name} refused: {done}")
+            job_id = done.job.id
+        place_pending(factory, "bench", efficiency or None)
+        with factory() as s:
+            job = s.get(Job, job_id)
+            assert job is not None
+            plan = job.placement
+            held = {x.cluster: x.gpus for x in plan.clusters} if plan else {}
+            train = train_spec_of(config, job, spec_of(job), held) if plan and case.run else None
+            link = next((k for k in plan.links), None) if plan else None
+            kbps = max(plan.wan_kbps.values(), default=0) if plan else 0
+            out.append(
+                Planned(
+                    name=case.name,
+                    placed=held,
+                    reason=job.reason or "",
+                    compression=plan.compression if plan else "-",
+                    sync=plan.sync if plan else "-",
+                    step_s=plan.estimate.step_time_s if plan else None,
+                    share_mbps=link.bandwidth_gbps * 1000 if link else None,
+                    reserved_mbps=kbps / 1000 if mode == "cpn" and kbps else None,
+                    train=None if train is None else asdict(train),
+                )
+            )
+    engine.dispose()
+    return out
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def driver(a: argparse.Namespace) -> None:
+    """One `training.run` of a spec file (a Ray driver in the hub namespace); prints one line
+    of JSON: the report's totals and every progress report's counters."""
+    from training import TrainSpec, run
+    from training.spec import LinkSpec, Progress
+
+    data = json.loads(Path(a.spec).read_text())
+    data["links"] = [LinkSpec(**x) for x in data["links"]]
+    data["link_schedule"] = [tuple(x) for x in data["link_schedule"]]
+    data["ray_address"] = a.ray_address
+    samples: list[dict[str, Any]] = []
+
+    def on_progress(p: Progress) -> None:
+        samples.append(
+            {
+                "wall_s": p.wall_s,
+                "step": p.step,
+                "compute_s": p.compute_s,
+                "exchange_s": p.exchange_s,
+                "wan_bytes": p.wan_bytes.to_json(),
+            }
+        )
+
+    rep = run(TrainSpec(**data), on_progress=on_progress)
+    keep = {"wall_s": rep.wall_s, "compute_s": rep.compute_s, "steps": rep.steps}
+    print(json.dumps({**keep, "final_accuracy": rep.final_accuracy, "samples": samples}))
+
+
+def run_side_by_side(bed: Any, specs: dict[str, dict[str, Any]], tmp: Path) -> dict[str, Any]:
+    """Run every spec at once (one driver each in the hub); their JSON, and the bytes out of
+    and into a's uplink meanwhile."""
+    procs = {}
+    before = bed.uplink_bytes()
+    env = {**os.environ, **bed.env()}
+    for name, spec in specs.items():
+        path = tmp / f"{name}.json"
+        path.write_text(json.dumps(spec))
+        argv = [sys.executable, "-m", "bench.wan_share", "driver", "--spec", str(path)]
+        argv += ["--ray-address", bed.ray_address]
+        procs[name] = subprocess.Popen(
+            bed.hub_argv(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    out: dict[str, Any] = {}
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    for name, p in procs.items():
+        try:
+            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"{name}: driver exit {p.returncode}: {stderr[-1500:]}")
+        out[name] = json.loads(stdout.strip().splitlines()[-1])
+    after = bed.uplink_bytes()
+    out["a_uplink"] = {
+        "out": after["a"][0] - before["a"][0],
+        "in": after["a"][1] - before["a"][1],
+    }
+    return out
+
+
+def calibrate_on(bed: Any, a: argparse.Namespace, tmp: Path) -> tuple[dict[str, float], float]:
+    """The GPU efficiency of the testbed's workers for the task: two single-datacenter runs
+    (b:2 and c:2) side by side, each worker doing half a step's work as in the measured runs;
+    (efficiency, compute seconds a step)."""
+    import scheduler
+    from controller.values.tasks import builtin_work
+    from training import TrainSpec
+
+    specs = {
+        f"calibrate-{dc}": asdict(
+            TrainSpec(
+                task=a.task,
+                clusters={dc: SLOTS},
+                compression=a.compression,
+                sync=a.sync,
+                steps=a.calibrate_steps,
+                eval_every=a.calibrate_steps,
+            )
+        )
+        for dc in ("b", "c")
+    }
+    runs = run_side_by_side(bed, specs, tmp)
+    per_step = max(runs[k]["compute_s"] / runs[k]["steps"] for k in specs)
+    flops = builtin_work(a.task).flops_per_step / SLOTS
+    found = [scheduler.Observation(gpu_model=MODEL, gpus=1, flops=flops, compute_s=per_step)]
+    return scheduler.calibrate(found), per_step
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def rows(mode: str, planned: list[Planned], runs: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in planned:
+        row: dict[str, Any] = {"mode": mode, **asdict(p)}
+        row.pop("train")
+        if p.name in runs:
+            other = next(c for c in p.placed if c != "a")
+            rate, step = measured(runs[p.name]["samples"], f"a->{other}")
+            row.update(
+                rate_mbps=rate,
+                measured_step_s=step,
+                series=rates(runs[p.name]["samples"], f"a->{other}"),
+                final_accuracy=runs[p.name]["final_accuracy"],
+            )
+        out.append(row)
+    return out
+
+
+def table(mode: str, got: list[dict[str, Any]], a_uplink: dict[str, int], wall: float) -> str:
+    title = {
+        "cpn": "cpn: ports declared, each job planned at the share left, reserved and paced",
+        "blind": "link-blind (before issue 49): no ports, each job planned alone, unpaced",
+        "alone": "J1 alone, as cpn plans and paces it: the cost model's error without contention",
+    }[mode]
+    lines = [
+        f"#### {title}",
+        "",
+        "| job | placed | compression / sync | planned share (Mbit/s) | reserved (Mbit/s) "
+        "| sent (Mbit/s) | vs reserved | est step (s) | step (s) | vs plan |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in got:
+        placed = ", ".join(f"{c}:{n}" for c, n in r["placed"].items()) or f"- ({r['reason']})"
+        ran = "rate_mbps" in r
+        lines.append(
+            f"| {r['name']} | {placed} | {r['compression']} / {r['sync']} | "
+            f"{_num(r['share_mbps'], '.1f')} | {_num(r['reserved_mbps'], '.1f')} | "
+            f"{_num(r.get('rate_mbps'), '.1f') if ran else 'not run'} | "
+            f"{_pct(r.get('rate_mbps'), r['reserved_mbps']) if ran else ''} | "
+            f"{_num(r['step_s'], '.3f')} | {_num(r.get('measured_step_s'), '.3f')} | "
+            f"{_pct(r.get('measured_step_s'), r['step_s']) if ran else ''} |"
+        )
+    lines.append("")
+    lines.append(
+        f"a's uplink during the runs: {8 * a_uplink['out'] / wall / 1e6:.1f} Mbit/s out, "
+        f"{8 * a_uplink['in'] / wall / 1e6:.1f} Mbit/s in (interface counters over the "
+        f"longer run's {wall:.0f} s, start-up included)."
+    )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], mbit: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(results["modes"])
+    fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 4.2), sharey=True)
+    for ax, mode in zip(axes, modes, strict=True):
+        for i, r in enumerate(x for x in results["modes"][mode]["rows"] if "series" in x):
+            color = f"C{i}"
+            xs = [p[0] for p in r["series"]]
+            ys = [p[1] for p in r["series"]]
+            ax.step(xs, ys, where="pre", color=color, label=f"{r['name']} sent")
+            if r["reserved_mbps"]:
+                ax.axhline(r["reserved_mbps"], color=color, ls="--", lw=1, label="reserved")
+            if r["share_mbps"]:
+                ax.axhline(r["share_mbps"], color=color, ls=":", lw=1, label="planned share")
+        ax.axhline(mbit, color="grey", lw=1)
+        jobs = "J1 a+b alone" if mode == "alone" else "J1 a+b and J2 a+c side by side"
+        ax.set_title(f"{mode}: a's uplink {mbit:g} Mbit/s, {jobs}")
+        ax.set_xlabel("wall time of the run (s)")
+        ax.set_ylabel("a-side leader's send rate (Mbit/s, per report)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd")
+    d = sub.add_parser("driver")
+    d.add_argument("--spec", required=True)
+    d.add_argument("--ray-address", required=True)
+    p.add_argument("--mbit", type=float, default=100.0)
+    p.add_argument("--task", default="builtin:wide-mlp")
+    p.add_argument("--compression", default="none")
+    p.add_argument("--sync", default="local-sgd:4")
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--eval-every", type=int, default=4)
+    p.add_argument("--calibrate-steps", type=int, default=24)
+    p.add_argument("--modes", default="alone,blind,cpn")
+    p.add_argument("--name", default="wan-share", help="results file stem in bench/results/")
+    a = p.parse_args(argv)
+    if a.cmd == "driver":
+        driver(a)
+        return
+
+    from testbed import TestbedError, down, parse_dcs, up
+
+    layout = ",".join(f"{dc}:{a.mbit}:{SLOTS}" for dc in TESTBED)
+    tmp = Path(tempfile.mkdtemp(prefix="cpn-bench-share-"))
+    results: dict[str, Any] = {"args": vars(a), "modes": {}}
+    md: list[str] = []
+    try:
+        try:
+            bed = up(parse_dcs(layout, a.mbit, SLOTS))
+        except TestbedError as exc:
+            sys.exit(f"bench.wan_share: {exc}")
+        efficiency, compute = calibrate_on(bed, a, tmp)
+        results["calibration"] = {"efficiency": efficiency, "compute_s_per_step": compute}
+        print(f"calibrated: {compute:.4f} s a step, efficiency {efficiency}", flush=True)
+        for mode in a.modes.split(","):
+            planned = plan_all("cpn" if mode == "alone" else mode, a, efficiency)
+            if mode == "alone":  # J1 on its own: the model's error without a second job
+                planned = planned[:1]
+            for x in planned:
+                print(
+                    f"{mode} {x.name}: {x.placed} {x.compression}/{x.sync} {x.reason}", flush=True
+                )
+            specs = {x.name: x.train for x in planned if x.train is not None}
+            runs = run_side_by_side(bed, specs, tmp)
+            got = rows(mode, planned, runs)
+            wall = max(runs[k]["wall_s"] for k in specs)
+            results["modes"][mode] = {"rows": got, "a_uplink": runs["a_uplink"], "wall_s": wall}
+            md.append(table(mode, got, runs["a_uplink"], wall))
+            print(md[-1], flush=True)
+    finally:
+        down()
+    cmd = "sudo .venv/bin/python -m bench.wan_share " + shlex.join(argv or sys.argv[1:])
+    regime = (
+        f"`{cmd}`, {time.strftime('%Y-%m-%d')}, 2 CPU cores, nothing beside it. {a.task}, "
+        f"{a.compression} / {a.sync} for J1 and J2, {a.steps} steps, 1 worker per cluster; "
+        f"uplinks {a.mbit:g} Mbit/s (tc tbf, both ways); compute calibrated on the testbed at "
+        f"{results['calibration']['compute_s_per_step']:.3f} s a step (two runs side by side)."
+    )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{a.name}.md").write_text(
+        "# Two jobs on one shared uplink: reserved, paced, as planned?\n\n"
+        + regime
+        + "\n\n"
+        + "\n\n".join(md)
+        + "\n"
+    )
+    (RESULTS / f"{a.name}.json").write_text(json.dumps(results, indent=1))
+    plot(results, a.mbit, RESULTS / f"{a.name}.png")
+    print(f"wrote {RESULTS / a.name}.{{md,json,png}}")
+
+
+if __name__ == "__main__":
+    main()
