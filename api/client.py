@@ -115,6 +115,10 @@ class Client:
     def gpus(self) -> list[Any]:
         return list(self.paginate("/v1/gpus"))
 
+    def ports(self) -> list[Any]:
+        """Every datacenter's uplink and downlink: capacity, reserved, free, holders."""
+        return list(self.paginate("/v1/network/ports"))
+
     # Tenant helpers: quotes, jobs, their events and metrics, usage and the ledger.
     def quote(self, spec: JobSpec | Mapping[str, Any]) -> QuoteOut:
         """Price options for a spec (dict or JobSpec): fastest, cheapest, within the deadline."""

@@ -143,6 +143,25 @@ class LinkOut(BaseModel):
     pinned: bool
 
 
+class PortHolderOut(BaseModel):
+    job_id: str
+    tenant_id: str
+    reserved_gbps: float = Field(description="The job's plan's average WAN rate here.")
+
+
+class PortOut(BaseModel):
+    """A cluster's uplink or downlink: declared capacity, what jobs reserved, what is free."""
+
+    cluster: str
+    direction: Literal["up", "down"]
+    capacity_gbps: float | None = Field(
+        description="The `uplink_gbps` / `downlink_gbps` label; null: undeclared (no limit)."
+    )
+    reserved_gbps: float
+    free_gbps: float | None = Field(description="Capacity less reservations; null: no limit.")
+    holders: list[PortHolderOut] = Field(description="Jobs holding part of it, largest first.")
+
+
 class GpuRow(GpuOut):
     cluster: str
     cluster_state: str

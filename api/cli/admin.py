@@ -1,5 +1,5 @@
-"""`cpn clusters`, `cpn links`, `cpn gpus`: admin tables, read over REST like any client;
-`cpn admin keys create|list|revoke`: API keys."""
+"""`cpn clusters`, `cpn links`, `cpn ports`, `cpn gpus`: admin tables, read over REST like
+any client; `cpn admin keys create|list|revoke`: API keys."""
 
 from __future__ import annotations
 
@@ -51,6 +51,28 @@ def links_table(links: list[dict[str, Any]]) -> Table:
             f"{k['loss']:.2f}",
             f"{k['egress_price_per_gb']:.3f}",
             k["measured_at"][11:19],
+        )
+    return table
+
+
+def ports_table(ports: list[dict[str, Any]]) -> Table:
+    table = Table(title="WAN ports (uplinks and downlinks)")
+    for col in ("cluster", "way", "capacity Gbit/s", "reserved", "free", "jobs"):
+        table.add_column(col)
+
+    def gbps(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    for p in ports:
+        jobs = ", ".join(f"{h['job_id'][:8]} {h['reserved_gbps']:.3f}" for h in p["holders"][:3])
+        more = len(p["holders"]) - 3
+        table.add_row(
+            p["cluster"],
+            p["direction"],
+            gbps(p["capacity_gbps"]),
+            gbps(p["reserved_gbps"]),
+            gbps(p["free_gbps"]),
+            (jobs + (f" +{more} more" if more > 0 else "")) or "-",
         )
     return table
 
@@ -110,6 +132,11 @@ def links(
     if view not in ("effective", "declared", "measured", "all"):
         raise fail("links", "--view", "use effective, declared, measured or all")
     _show("links", url, token, as_json, lambda c: c.links(view), links_table)
+
+
+def ports(url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """List each datacenter's uplink and downlink: capacity, reserved, free, which jobs."""
+    _show("ports", url, token, as_json, lambda c: c.ports(), ports_table)
 
 
 def gpus(url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt) -> None:
@@ -223,6 +250,7 @@ def register(app: typer.Typer) -> None:
     app.command("clusters")(clusters)
     app.command("links")(links)
     app.command("gpus")(gpus)
+    app.command("ports")(ports)
     keys = typer.Typer(help="Mint, list and revoke API keys.", no_args_is_help=True)
     keys.command("create")(keys_create)
     keys.command("list")(keys_list)

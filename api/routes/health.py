@@ -13,10 +13,10 @@ from api.deps import app_state, request_principal
 from api.problems import problem
 from controller.access.keys import Principal
 from controller.jobs.lifecycle import STATES
-from controller.network import labels
+from controller.network import allocations
 from controller.network.resources import effective_links
 from controller.store.migrate import pending_reason
-from controller.store.models import Cluster, ClusterGpus, Job, Link, Usage, WanPort
+from controller.store.models import Cluster, ClusterGpus, Job, Link, Usage
 from grammar.states import ClusterState
 
 router = APIRouter(tags=["health"])
@@ -86,12 +86,7 @@ def metrics(request: Request) -> Response:
             (k.src.name, k.dst.name, k.source, k.bandwidth_gbps, k.rtt_ms)
             for k in effective_links(session.scalars(select(Link)).unique().all())
         ]
-        ports = session.execute(
-            select(Cluster.name, Cluster.labels, WanPort.direction, WanPort.reserved_kbps).join(
-                WanPort, WanPort.cluster_id == Cluster.id
-            )
-        ).all()
-        declared = session.execute(select(Cluster.name, Cluster.labels)).all()
+        wan_ports = allocations.ports(session)
         wan = session.execute(
             select(Usage.cluster, Usage.dst_cluster, func.sum(Usage.quantity))
             .where(Usage.kind == "wan_bytes")
@@ -108,14 +103,11 @@ def metrics(request: Request) -> Response:
     )
     m.link_bandwidth.set_all({(src, dst, source): gbps for src, dst, source, gbps, _ in links})
     m.link_rtt.set_all({(src, dst, source): rtt for src, dst, source, _, rtt in links})
-    port_values: dict[tuple[str, ...], float] = {
-        (name, direction, "reserved"): kbps * 1000.0 for name, _, direction, kbps in ports
-    }
-    for name, cluster_labels in declared:
-        for direction, key in (("up", "uplink_gbps"), ("down", "downlink_gbps")):
-            capacity = labels.number(cluster_labels or {}, key, name)
-            if capacity is not None:
-                port_values[(name, direction, "capacity")] = capacity * 1e9
+    port_values: dict[tuple[str, ...], float] = {}
+    for port in wan_ports:
+        port_values[(port.cluster, port.direction, "reserved")] = port.reserved_kbps * 1000.0
+        if port.capacity_kbps is not None:
+            port_values[(port.cluster, port.direction, "capacity")] = port.capacity_kbps * 1000.0
     m.wan_ports.set_all(port_values)
     m.wan_bytes.set_all({(src, dst or ""): float(total or 0) for src, dst, total in wan})
     return Response(m.exposition(), media_type=CONTENT_TYPE_LATEST)

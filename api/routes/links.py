@@ -9,10 +9,11 @@ from sqlalchemy import or_, select
 
 from api.deps import AdminDep, SessionDep
 from api.pagination import PageDep, PageParams
-from api.schemas import LinkIn, LinkOut, LinkPatch, Page
-from controller.network import resources
+from api.schemas import LinkIn, LinkOut, LinkPatch, Page, PortHolderOut, PortOut
+from controller.network import allocations, resources
 from controller.store.models import Link
 from controller.values.errors import Invalid, NotFound
+from scheduler.bandwidth import KBPS_PER_GBPS
 
 router = APIRouter(prefix="/v1", tags=["links"])
 
@@ -123,3 +124,32 @@ def delete_link(link_id: str, session: SessionDep, admin: AdminDep) -> Response:
     resources.audit(session, admin.key_id, "link.delete", "link", link_id)
     session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _gbps(kbps: int | None) -> float | None:
+    return None if kbps is None else kbps / KBPS_PER_GBPS
+
+
+@router.get("/network/ports", response_model=Page[PortOut], tags=["links"])
+def list_ports(session: SessionDep, _: AdminDep, page: PageDep) -> Page[PortOut]:
+    """Each datacenter's uplink and downlink, by cluster: its declared capacity (the
+    `uplink_gbps` / `downlink_gbps` labels, set with PATCH /v1/clusters/{name} or `cpn
+    apply`), what placed jobs reserved of it and which jobs, and what is left."""
+    found = allocations.ports(session)
+    items = [
+        PortOut(
+            cluster=p.cluster,
+            direction="up" if p.direction == "up" else "down",
+            capacity_gbps=_gbps(p.capacity_kbps),
+            reserved_gbps=p.reserved_kbps / KBPS_PER_GBPS,
+            free_gbps=_gbps(p.free_kbps),
+            holders=[
+                PortHolderOut(
+                    job_id=h.job_id, tenant_id=h.tenant_id, reserved_gbps=h.kbps / KBPS_PER_GBPS
+                )
+                for h in p.holders
+            ],
+        )
+        for p in found[page.offset : page.offset + page.limit]
+    ]
+    return Page(items=items, total=len(found), limit=page.limit, offset=page.offset)

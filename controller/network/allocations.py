@@ -212,3 +212,68 @@ def _give_back(session: Session, alloc: Allocation) -> None:
         .where(row, ClusterGpus.missing.is_(True), ClusterGpus.in_use == 0)
         .execution_options(synchronize_session=False)
     )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A job holding part of a WAN port: its id, its tenant and its rate there."""
+
+    job_id: str
+    tenant_id: str
+    kbps: int
+
+
+@dataclass(frozen=True)
+class Port:
+    """One cluster's uplink or downlink as it stands: declared capacity (None: undeclared,
+    nothing limited), what is reserved and by whom."""
+
+    cluster: str
+    direction: str
+    capacity_kbps: int | None
+    reserved_kbps: int
+    holders: tuple[Holder, ...]
+
+    @property
+    def free_kbps(self) -> int | None:
+        if self.capacity_kbps is None:
+            return None
+        return max(self.capacity_kbps - self.reserved_kbps, 0)
+
+
+def ports(session: Session) -> list[Port]:
+    """Every declared or reserved port, by cluster name then direction (up, down), with the
+    jobs whose open allocations hold it, largest first."""
+    held: dict[str, list[Holder]] = {}
+    for cluster_id, job_id, tenant_id, kbps in session.execute(
+        select(Allocation.cluster_id, Allocation.job_id, Job.tenant_id, Allocation.wan_kbps)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(Allocation.ended_at.is_(None), Allocation.wan_kbps > 0)
+    ):
+        held.setdefault(cluster_id, []).append(Holder(job_id, tenant_id, kbps or 0))
+    reserved = {
+        (cluster_id, direction): kbps
+        for cluster_id, direction, kbps in session.execute(
+            select(WanPort.cluster_id, WanPort.direction, WanPort.reserved_kbps)
+        )
+    }
+    out: list[Port] = []
+    for cluster_id, name, labels in session.execute(
+        select(Cluster.id, Cluster.name, Cluster.labels).order_by(Cluster.name)
+    ):
+        holders = tuple(sorted(held.get(cluster_id, ()), key=lambda h: (-h.kbps, h.job_id)))
+        for direction, key in (("up", "uplink_gbps"), ("down", "downlink_gbps")):
+            capacity = number(labels or {}, key, name)
+            kbps = reserved.get((cluster_id, direction))
+            if capacity is None and kbps is None:
+                continue
+            out.append(
+                Port(
+                    cluster=name,
+                    direction=direction,
+                    capacity_kbps=None if capacity is None else round(capacity * KBPS_PER_GBPS),
+                    reserved_kbps=kbps or 0,
+                    holders=holders,
+                )
+            )
+    return out

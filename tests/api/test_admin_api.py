@@ -236,3 +236,51 @@ def test_if_match_survives_heartbeats_but_not_a_state_change(live_server: LiveSe
             )
         assert old.value.status == 412
         assert admin.get("/v1/clusters/eu-west")["labels"] == {"a": "2"}
+
+
+def test_admins_see_each_uplink_and_downlink_and_what_is_reserved_of_it(
+    live_server: LiveServer,
+) -> None:
+    """`GET /v1/network/ports` and `/metrics` show a declared capacity, what is reserved of it
+    (written by the placement's own `reserve_wan`) and what is left; tenants are refused."""
+    from sqlalchemy import select
+
+    from controller.network.allocations import reserve_wan
+    from controller.store.db import make_engine, make_sessionmaker
+    from controller.store.models import Cluster
+
+    with live_server.client() as admin:
+        admin.create_cluster("hub", "r", uplink_gbps="10", downlink_gbps="4")
+        admin.create_cluster("edge", "r")  # nothing declared, nothing reserved: not listed
+        tenant = admin.post("/v1/tenants", {"name": "acme"})
+        tkey = admin.create_api_key("tenant", tenant["id"], "acme key")
+        before = admin.ports()
+    assert [(p["cluster"], p["direction"], p["capacity_gbps"], p["free_gbps"]) for p in before] == [
+        ("hub", "up", 10.0, 10.0),
+        ("hub", "down", 4.0, 4.0),
+    ]
+    engine = make_engine(live_server.database_url)
+    with make_sessionmaker(engine)() as s, s.begin():
+        hub = s.scalars(select(Cluster.id).where(Cluster.name == "hub")).one()
+        reserve_wan(s, hub, "hub", 1_500_000)  # 1.5 Gbit/s both ways
+    engine.dispose()
+    with live_server.client() as admin:
+        after = {p["direction"]: p for p in admin.ports()}
+    metrics = httpx.get(f"{live_server.url}/metrics").text
+    assert after["up"]["reserved_gbps"] == 1.5 and after["up"]["free_gbps"] == 8.5
+    assert after["down"]["reserved_gbps"] == 1.5 and after["down"]["free_gbps"] == 2.5
+    port = 'cpn_wan_port_bits_per_second{cluster="hub",direction="down",kind="%s"}'
+    assert f"{port % 'reserved'} 1.5e+09" in metrics
+    assert f"{port % 'capacity'} 4e+09" in metrics
+    with live_server.client(tkey["token"]) as tenant_client, pytest.raises(ApiError) as refused:
+        tenant_client.ports()
+    assert refused.value.status == 403
+    from typer.testing import CliRunner
+
+    from api.cli import app
+
+    auth = ["--url", live_server.url, "--token", live_server.admin_token]
+    table = CliRunner().invoke(app, ["ports", *auth], env={"COLUMNS": "160"})
+    assert table.exit_code == 0, table.output
+    [row] = [line for line in table.output.splitlines() if " up " in line]
+    assert "hub" in row and "10.000" in row and "1.500" in row and "8.500" in row

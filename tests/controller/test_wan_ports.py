@@ -205,3 +205,29 @@ def test_a_run_whose_exchanges_send_below_its_reservation_says_so_once(net: Net)
     assert warning.data == {
         "cluster": "east", "step": 30, "measured_bps": 800_000, "reserved_bps": 1_000_000
     }  # fmt: skip
+
+
+def test_the_ports_view_names_the_jobs_holding_each_port_until_they_end(net: Net) -> None:
+    from controller.network.allocations import ports
+
+    _label(net, "east", uplink_gbps=3)  # west declares nothing: listed once it holds a job
+    tenant = net.tenant("acme")
+    job_id = net.submit(tenant, spec("wide", gpus=8))
+    assert net.place() == [job_id]
+    need = _need(net, job_id)
+    with net.sessions() as s:
+        found = {(p.cluster, p.direction): p for p in ports(s)}
+    assert set(found) == {(c, d) for c in ("east", "west") for d in ("up", "down")}
+    up = found[("east", "up")]
+    assert up.capacity_kbps == 3_000_000 and up.free_kbps == 3_000_000 - need["east"]
+    assert [(h.job_id, h.tenant_id, h.kbps) for h in up.holders] == [(job_id, tenant, need["east"])]
+    assert (
+        found[("west", "down")].capacity_kbps is None and found[("west", "down")].free_kbps is None
+    )
+    with net.sessions() as s, s.begin():
+        row = s.get(Job, job_id)
+        assert row is not None
+        cancel(s, row, "done")
+    with net.sessions() as s:
+        after = {(p.cluster, p.direction): p for p in ports(s)}
+    assert all(p.reserved_kbps == 0 and p.holders == () for p in after.values())

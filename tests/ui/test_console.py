@@ -53,6 +53,14 @@ def test_admin_actions_cordon_mint_and_bad_input(tab: Tab, console: Console) -> 
     expect(page.locator("#graph g.node.cordoned")).to_have_attribute("data-cluster", "eu-west")
     expect(page.locator("#clusters tbody")).to_contain_text("cordoned")
     console.net.admin.post("/v1/clusters/eu-west/uncordon")
+    # a declared uplink shows in the ports table and on the map, without a reload
+    labels = console.net.admin.get("/v1/clusters/us-east")["labels"]
+    patch = {"labels": {**labels, "uplink_gbps": "10"}}
+    console.net.admin.request("PATCH", "/v1/clusters/us-east", json=patch)
+    expect(page.locator("#ports tbody")).to_contain_text("uplink")
+    expect(page.locator("#ports tbody")).to_contain_text("10 Gb/s")
+    expect(page.locator('#graph g.node[data-cluster="us-east"] .node-ports')).to_have_text("↑ 0%")
+    console.net.admin.request("PATCH", "/v1/clusters/us-east", json={"labels": labels})
     page.goto("/ui/admin/clusters")
     page.get_by_role("button", name="Cordon ap-south").click()
     expect(page.get_by_role("button", name="Uncordon ap-south")).to_be_visible()

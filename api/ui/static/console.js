@@ -186,7 +186,16 @@ function linkHealth(link, byName) {
   return "ok";
 }
 
-function drawNetwork(clusters, links) {
+function gbps(value) {
+  return value === null ? "no limit" : `${+value.toFixed(3)} Gb/s`;
+}
+
+function portText(ports, name) {
+  const mine = ports.filter((p) => p.cluster === name && p.capacity_gbps);
+  return mine.map((p) => `${p.direction === "up" ? "↑" : "↓"} ${Math.round((100 * p.reserved_gbps) / p.capacity_gbps)}%`).join(" ");
+}
+
+function drawNetwork(clusters, links, ports = []) {
   const graph = $("graph");
   const byName = Object.fromEntries(clusters.map((c) => [c.name, c]));
   const n = clusters.length;
@@ -222,7 +231,8 @@ function drawNetwork(clusters, links) {
       svg("title", {}, `${c.name} (${c.region}): ${c.state}${c.cordoned ? ", cordoned" : ""}; GPUs ${gpuText(c.gpus)}`),
       svg("circle", { cx: x, cy: y, r: 30 }),
       svg("text", { x, y: y + 4, "text-anchor": "middle", class: "node-name" }, c.name),
-      svg("text", { x, y: y + 48, "text-anchor": "middle", class: "node-gpus" }, gpuText(c.gpus))));
+      svg("text", { x, y: y + 48, "text-anchor": "middle", class: "node-gpus" }, gpuText(c.gpus)),
+      svg("text", { x, y: y + 62, "text-anchor": "middle", class: "node-gpus node-ports" }, portText(ports, c.name))));
   }
   graph.replaceChildren(...parts);
 }
@@ -235,8 +245,10 @@ function network() {
     return;
   }
   every(3000, async () => {
-    const [clusters, links] = await Promise.all([allPages("/v1/clusters"), allPages("/v1/links?view=effective")]);
-    drawNetwork(clusters, links);
+    const [clusters, links, ports] = await Promise.all([
+      allPages("/v1/clusters"), allPages("/v1/links?view=effective"), allPages("/v1/network/ports"),
+    ]);
+    drawNetwork(clusters, links, ports);
     fill($("clusters").tBodies[0], clusters.map((c) => [
       c.name, c.region, el("span", { class: `badge ${STATE_CLASS[c.state] || "idle"}` }, c.state),
       gpuText(c.gpus), c.cordoned ? (c.draining ? "cordoned, draining" : "cordoned") : "no", ago(c.last_heartbeat_at),
@@ -244,6 +256,10 @@ function network() {
     fill($("links").tBodies[0], links.map((l) => [
       l.src, l.dst, `${l.bandwidth_gbps} Gb/s`, `${l.rtt_ms} ms`, `${(l.loss * 100).toFixed(2)} %`,
       `$${l.egress_price_per_gb}/GB`, l.source, ago(l.measured_at),
+    ]));
+    fill($("ports").tBodies[0], ports.length === 0 ? [["none declared", "", "", "", "", ""]] : ports.map((p) => [
+      p.cluster, p.direction === "up" ? "uplink" : "downlink", gbps(p.capacity_gbps), gbps(p.reserved_gbps),
+      gbps(p.free_gbps), p.holders.map((h) => `${h.job_id.slice(0, 8)} ${gbps(h.reserved_gbps)}`).join(", ") || "none",
     ]));
     stamp();
   });
