@@ -145,11 +145,17 @@ def order_queue(
     shares: Mapping[str, float] | None = None,
     quotas: Mapping[str, int] | None = None,
     now: float | None = None,
+    wan: Mapping[str, int] | None = None,
+    totals: tuple[int, int] | None = None,
 ) -> QueueOrder:
     """Strict priority first; within a priority, dominant-share fairness by progressive filling.
 
-    Each pick goes to the tenant whose GPUs in use (plus what it was given earlier in this
-    ordering) divided by its share (default 1) is lowest, ties by the heads' lane order. A
+    Each pick goes to the tenant whose dominant share (plus what it was given earlier in this
+    ordering) divided by its share (default 1) is lowest, ties by the heads' lane order. With
+    `totals` (GPUs, kbit/s of declared uplinks) a tenant's dominant share is the larger of its
+    GPUs in use over all GPUs and its reserved WAN rate (`wan`, kbit/s) over all uplinks (DRF
+    over both, so a tenant filling the WAN waits behind one holding GPUs); without, its GPUs
+    in use. A pick adds its GPUs (its WAN need is known once planned). A
     tenant's own jobs go by response ratio at `now` (`_lane_key`; by submission without
     `now`): under contention, first come first served made short jobs wait behind long ones,
     which set the mean completion time (bench/results/sim-summary.md).
@@ -165,9 +171,21 @@ def order_queue(
     order: list[QueuedJob] = []
     held: list[tuple[QueuedJob, str]] = []
 
+    bandwidth = dict(wan or {})
+    gpu_total, wan_total = totals if totals is not None else (0, 0)
+
     def load(tenant: str) -> float:
         s = share.get(tenant, 1.0)
-        return used.get(tenant, 0) / s if s > 0 else float("inf")
+        if s <= 0:
+            return float("inf")
+        gpus = used.get(tenant, 0)
+        if totals is None:
+            return gpus / s
+        dominant = max(
+            gpus / gpu_total if gpu_total > 0 else 0.0,
+            bandwidth.get(tenant, 0) / wan_total if wan_total > 0 else 0.0,
+        )
+        return dominant / s
 
     by_prio: dict[int, dict[str, list[QueuedJob]]] = {}
     for j in queue:

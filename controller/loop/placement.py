@@ -25,7 +25,7 @@ from controller.access.tenancy import granted, granted_priority
 from controller.jobs import lifecycle
 from controller.jobs.request import job_request, spec_of
 from controller.money import budget
-from controller.network.allocations import Slot, reserve
+from controller.network.allocations import Slot, ports, reserve
 from controller.network.snapshot import World, build_world
 from controller.store import failpoints
 from controller.store.models import REASON_MAX, Job, Tenant, bounded, utcnow
@@ -47,11 +47,16 @@ class Placed:
     """This placement's own work: planning, budget check and reservation."""
 
 
+Shares = tuple[dict[str, int], tuple[int, int]]
+"""Each tenant's reserved rate on declared uplinks (kbit/s); all GPUs and all uplinks."""
+
+
 def _queue(
     session: Session,
-) -> tuple[list[scheduler.QueuedJob], dict[str, int], dict[str, int], World | None]:
-    """The pending jobs, GPUs per tenant and quotas, and the standard class's world they were
-    read from (the pass places its first jobs on it rather than read the world again)."""
+) -> tuple[list[scheduler.QueuedJob], dict[str, int], dict[str, int], World | None, Shares]:
+    """The pending jobs, GPUs per tenant and quotas, the standard class's world they were
+    read from (the pass places its first jobs on it rather than read the world again), and
+    the WAN side of fair share (`_shares`)."""
     rows = session.execute(
         select(
             Job.id,
@@ -72,10 +77,27 @@ def _queue(
         for i, t, g, p, c, q, r in rows
     ]
     if not queue:
-        return [], {}, {}, None
+        return [], {}, {}, None, ({}, (0, 0))
     world = build_world(session, "standard")
     usage = scheduler.tenant_usage(world.snapshot.running)
-    return queue, dict(usage), dict(world.snapshot.quotas), world
+    return queue, dict(usage), dict(world.snapshot.quotas), world, _shares(session, world)
+
+
+def _shares(session: Session, world: World) -> Shares:
+    """What fair share weighs beside GPUs: each tenant's reserved rate on the declared
+    uplinks (kbit/s), and the totals (all GPUs, all declared uplinks' capacity)."""
+    wan: dict[str, int] = {}
+    capacity = 0
+    for port in ports(session):
+        if port.direction != "up" or port.capacity_kbps is None:
+            continue
+        capacity += port.capacity_kbps
+        for h in port.holders:
+            wan[h.tenant_id] = wan.get(h.tenant_id, 0) + h.kbps
+    gpus = sum(c.gpus_free for c in world.snapshot.clusters) + sum(
+        a.gpus for r in world.snapshot.running for a in r.placement
+    )
+    return wan, (gpus, capacity)
 
 
 def plan_for(
@@ -157,8 +179,10 @@ def place_pending(
         for job_id in [j for j, w in waits.items() if w.at_s <= now_s]:
             del waits[job_id]
     with factory() as session:
-        queue, usage, quotas, standard = _queue(session)
-    order = scheduler.order_queue(queue, usage=usage, quotas=quotas, now=now_s)
+        queue, usage, quotas, standard, (wan, totals) = _queue(session)
+    order = scheduler.order_queue(
+        queue, usage=usage, quotas=quotas, now=now_s, wan=wan, totals=totals if wan else None
+    )
     read_s = time.perf_counter() - started
     held = {q.id: reason for q, reason in order.held}
     placed: list[Placed] = []

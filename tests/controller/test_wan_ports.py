@@ -231,3 +231,18 @@ def test_the_ports_view_names_the_jobs_holding_each_port_until_they_end(net: Net
     with net.sessions() as s:
         after = {(p.cluster, p.direction): p for p in ports(s)}
     assert all(p.reserved_kbps == 0 and p.holders == () for p in after.values())
+
+
+def test_fair_share_reads_what_each_tenant_holds_of_the_declared_uplinks(net: Net) -> None:
+    """The queue's DRF inputs: a tenant's reserved rate on declared uplinks, all GPUs and all
+    declared uplinks (west's undeclared uplink is no resource to share)."""
+    from controller.loop.placement import _shares
+
+    _label(net, "east", uplink_gbps=3)
+    tenant = net.tenant("acme")
+    job_id = net.submit(tenant, spec("wide", gpus=8))
+    assert net.place() == [job_id]
+    with net.sessions() as s:
+        wan, totals = _shares(s, build_world(s, "standard"))
+    assert wan == {tenant: _need(net, job_id)["east"]}
+    assert totals == (8, 3_000_000)

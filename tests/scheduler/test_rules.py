@@ -223,6 +223,22 @@ def test_fair_share_and_quota_in_queue_order() -> None:
     assert [j.id for j in plain.order] == ["a1", "a2", "b1", "b2"]
 
 
+def test_fair_share_weighs_the_wan_a_tenant_holds_beside_its_gpus() -> None:
+    """DRF over GPUs and uplinks: alice holds 10 of 100 GPUs but 8 of 10 Gbit/s of uplink
+    (dominant share 0.8), bob 40 GPUs and no WAN (0.4): bob's jobs go first while his GPUs
+    stay below alice's share of the WAN. Counting GPUs alone, alice would go first."""
+    q = [
+        QueuedJob("a1", "alice", 4, submitted_at=1),
+        QueuedJob("b1", "bob", 20, submitted_at=2),
+        QueuedJob("b2", "bob", 20, submitted_at=3),
+    ]
+    usage = {"alice": 10, "bob": 40}
+    drf = order_queue(q, usage=usage, wan={"alice": 8_000_000}, totals=(100, 10_000_000))
+    assert [j.id for j in drf.order] == ["b1", "b2", "a1"]  # bob 0.4, then 0.6: below 0.8
+    gpus_only = order_queue(q, usage=usage)
+    assert [j.id for j in gpus_only.order] == ["a1", "b1", "b2"]
+
+
 def test_a_tenants_jobs_go_by_response_ratio_and_long_ones_age() -> None:
     """(waited + size) / size at `now`: short jobs pass long ones, a long one that has waited
     passes a short one just come; tenants still alternate by usage; without `now`, by
