@@ -345,7 +345,13 @@ def _place_one(
         return None
     for qos_class, w in list(worlds.items()):
         worlds[qos_class] = w.after(
-            job.id, job.tenant_id, priority, job.preemptible, result.placement, ends.timestamp()
+            job.id,
+            job.tenant_id,
+            priority,
+            job.preemptible,
+            result.placement,
+            ends.timestamp(),
+            placement.wan_kbps,
         )
     waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
     return Placed(job.id, placement, waited, time.perf_counter() - started)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -29,7 +29,7 @@ from controller.store.models import (
     utcnow,
 )
 from grammar.states import LIVE, ClusterState, JobState
-from scheduler.bandwidth import free_gbps, path_gbps
+from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -63,6 +63,10 @@ class World:
     paced: frozenset[str] = frozenset()
     """Clusters with a declared uplink or downlink: their links are planned at a share and
     paced to it (`wire.plan.PlannedLink.paced`)."""
+    links: tuple[scheduler.Link, ...] = ()
+    """The links before the ports' shares were taken out (the snapshot's are after)."""
+    ports: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    """Each paced cluster's free uplink and downlink (Gbit/s; None: undeclared), by name."""
 
     def after(
         self,
@@ -72,8 +76,11 @@ class World:
         preemptible: bool,
         placement: tuple[scheduler.Assignment, ...],
         ends_at_s: float | None = None,
+        wan_kbps: Mapping[str, int] | None = None,
     ) -> World:
-        """This world once `placement` is reserved for a job: fewer free GPUs, one more runner.
+        """This world once `placement` is reserved for a job: fewer free GPUs, one more runner,
+        and less of the ports its `wan_kbps` (by cluster name) reserved, so the next job of
+        the pass plans on what is left of them.
 
         Only the placement's clusters are touched (`Snapshot.with_free`): rebuilding every
         cluster was most of a simulated job's time at 10,000 clusters."""
@@ -89,7 +96,21 @@ class World:
                 ends_at_s=ends_at_s,
             ),
         )
-        return World(self.snapshot.with_free(taken, running), self.origins, self.paced)
+        snapshot = self.snapshot.with_free(taken, running)
+        ports = self.ports
+        if wan_kbps and any(name in ports for name in wan_kbps):
+            left = dict(ports)
+            for name, kbps in wan_kbps.items():
+                if name in left:
+                    gbps = kbps / KBPS_PER_GBPS
+                    up, down = left[name]
+                    left[name] = (
+                        None if up is None else max(up - gbps, 0.0),
+                        None if down is None else max(down - gbps, 0.0),
+                    )
+            ports = left
+            snapshot = replace(snapshot, links=_shared(self.links, self.origins, ports))
+        return World(snapshot, self.origins, self.paced, self.links, ports)
 
 
 def build_snapshot(
@@ -165,9 +186,10 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
             )
     cluster_names = {c.id: (c.name, c.labels) for c in clusters}
     ports = _free_ports(session, cluster_names)
+    links = _scheduler_links(session, names, egress)
     snapshot = scheduler.Snapshot(
         clusters=tuple(out),
-        links=_shared(_scheduler_links(session, names, egress), names, ports),
+        links=_shared(links, origins, ports),
         running=tuple(running_jobs(session)),
         quotas=tuple(
             (tenant_id, quota)
@@ -181,14 +203,14 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         setup_per_gpu_s=seen.setup_per_gpu_s,
         spread=seen.spread,
     )
-    paced = frozenset(name for cid, (name, _) in cluster_names.items() if cid in ports)
-    return World(snapshot, origins, paced)
+    return World(snapshot, origins, frozenset(ports), links, ports)
 
 
 def _free_ports(
     session: Session, clusters: Mapping[str, tuple[str, Mapping[str, Any]]]
 ) -> dict[str, tuple[float | None, float | None]]:
-    """Each cluster's free uplink and downlink in Gbit/s (None: no capacity declared)."""
+    """Each cluster's free uplink and downlink in Gbit/s (None: no capacity declared), by
+    cluster name; clusters declaring neither are left out."""
     reserved: dict[tuple[str, str], int] = {
         (cluster_id, direction): kbps
         for cluster_id, direction, kbps in session.execute(
@@ -201,7 +223,7 @@ def _free_ports(
         down = labels.number(cluster_labels, "downlink_gbps", name)
         if up is None and down is None:
             continue
-        out[cluster_id] = (
+        out[name] = (
             free_gbps(up, reserved.get((cluster_id, "up"), 0)),
             free_gbps(down, reserved.get((cluster_id, "down"), 0)),
         )
@@ -210,18 +232,18 @@ def _free_ports(
 
 def _shared(
     links: tuple[scheduler.Link, ...],
-    names: Mapping[str, list[str]],
+    origins: Mapping[str, tuple[str, str]],
     ports: Mapping[str, tuple[float | None, float | None]],
 ) -> tuple[scheduler.Link, ...]:
     """The links as the planner may use them now: each no faster than its source's free
-    uplink and its destination's free downlink; a path with nothing free is left out."""
+    uplink and its destination's free downlink (`ports`, by cluster name; `origins` maps a
+    snapshot name to its cluster's); a path with nothing free is left out."""
     if not ports:
         return links
-    of = {name: cluster_id for cluster_id, snapshot in names.items() for name in snapshot}
     out: list[scheduler.Link] = []
     for link in links:
-        up = ports.get(of.get(link.a, ""), (None, None))[0]
-        down = ports.get(of.get(link.b, ""), (None, None))[1]
+        up = ports.get(origins.get(link.a, (link.a, ""))[0], (None, None))[0]
+        down = ports.get(origins.get(link.b, (link.b, ""))[0], (None, None))[1]
         gbps = path_gbps(link.bandwidth_gbps, up, down)
         if gbps <= 0:
             continue

@@ -246,3 +246,28 @@ def test_fair_share_reads_what_each_tenant_holds_of_the_declared_uplinks(net: Ne
         wan, totals = _shares(s, build_world(s, "standard"))
     assert wan == {tenant: _need(net, job_id)["east"]}
     assert totals == (8, 3_000_000)
+
+
+def test_the_next_job_of_a_pass_plans_on_what_the_first_left_of_a_port(net: Net) -> None:
+    """Two jobs placed in one pass across east's declared uplink: the second is planned at
+    the uplink less the first's reservation, not at what the pass read before the first."""
+    from wire.spec import DataSpec
+
+    _label(net, "east", uplink_gbps=3)
+    tenant = net.tenant("acme")
+    both = DataSpec(residency="local", clusters=["east", "west"])  # each runs east:1 + west:1
+    first, second = (
+        net.submit(tenant, spec(name, gpus=2).model_copy(update={"data": both}))
+        for name in ("first", "second")
+    )
+    assert net.place() == [first, second]  # one pass
+    shares = {}
+    for job_id in (first, second):
+        plan = net.job(job_id).placement
+        assert plan is not None
+        [link] = [k for k in plan.links if {k.src, k.dst} == {"east", "west"}]
+        shares[job_id] = link.bandwidth_gbps
+    need = _need(net, first)["east"]
+    assert shares[first] == pytest.approx(3.0)
+    assert shares[second] == pytest.approx(3.0 - need / 1e6)
+    assert _reserved(net)[("east", "up")] == need + _need(net, second)["east"] <= 3_000_000
