@@ -15,14 +15,16 @@ two single-datacenter runs side by side (the load of the measured runs). Jobs, p
 - J3 (tenant z): the same task, data anywhere, 2 GPUs, compression and sync auto: where its
   plan puts it (a still has a GPU free, on an uplink J1 and J2 reserved); it is not run.
 
-Three modes: `alone` runs J1 by itself as `cpn` plans it (what the cost model misses with
-no second job); in the other two J1 and J2 run side by side:
+Four modes: `alone` runs J1 by itself as `cpn` plans it (what the cost model misses with no
+second job); in the others J1 and J2 run side by side:
 
 - `cpn`: every port declared (`uplink_gbps` / `downlink_gbps` = `--mbit`): each job is planned
   at the share the others left, reserves its plan's average rate, and runs paced (links at
   the planned share, sends averaged to the reservation: `training.wan.Pacer`);
 - `blind` (cpn before issue 49): no ports declared: each job planned as if it had the uplink
-  to itself, nothing reserved, runs unpaced.
+  to itself, nothing reserved, runs unpaced;
+- `share`: as `cpn`, every port also labelled `wan_job_share` = `--job-share`, so no job is
+  planned on more than that share of a port and a later job finds its share.
 
 Per job: planned path share, reservation and step time against the measured send rate of its
 a-side leader (its own counters: bytes on its a->x link over the run's wall time) and step
@@ -155,7 +157,9 @@ def plan_all(mode: str, a: argparse.Namespace, efficiency: dict[str, float]) -> 
     factory = make_sessionmaker(engine)
     leases = LeasePolicy(heartbeat_interval_s=3600.0, grace_s=3600.0)
     gbps = a.mbit / 1000
-    ports = {"uplink_gbps": str(gbps), "downlink_gbps": str(gbps)} if mode == "cpn" else {}
+    ports = {"uplink_gbps": str(gbps), "downlink_gbps": str(gbps)} if mode != "blind" else {}
+    if mode == "share":
+        ports["wan_job_share"] = str(a.job_share)
     with factory() as s, s.begin():
         for name in GPUS:
             cluster = create_cluster(s, name, "region", dict(ports))
@@ -224,7 +228,7 @@ def plan_all(mode: str, a: argparse.Namespace, efficiency: dict[str, float]) -> 
                     sync=plan.sync if plan else "-",
                     step_s=plan.estimate.step_time_s if plan else None,
                     share_mbps=link.bandwidth_gbps * 1000 if link else None,
-                    reserved_mbps=kbps / 1000 if mode == "cpn" and kbps else None,
+                    reserved_mbps=kbps / 1000 if mode != "blind" and kbps else None,
                     train=None if train is None else asdict(train),
                 )
             )
@@ -350,6 +354,7 @@ def table(mode: str, got: list[dict[str, Any]], a_uplink: dict[str, int], wall: 
         "cpn": "cpn: ports declared, each job planned at the share left, reserved and paced",
         "blind": "link-blind (before issue 49): no ports, each job planned alone, unpaced",
         "alone": "J1 alone, as cpn plans and paces it: the cost model's error without contention",
+        "share": "cpn with `wan_job_share` on every port: no job planned on more than that share",
     }[mode]
     lines = [
         f"#### {title}",
@@ -385,8 +390,15 @@ def plot(results: dict[str, Any], mbit: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     modes = list(results["modes"])
-    fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 4.2), sharey=True)
-    for ax, mode in zip(axes, modes, strict=True):
+    cols = min(2, len(modes))
+    rows_n = -(-len(modes) // cols)
+    fig, grid = plt.subplots(
+        rows_n, cols, figsize=(7 * cols, 4.2 * rows_n), sharey=True, squeeze=False
+    )
+    axes = list(grid.flat)
+    for ax in axes[len(modes) :]:
+        ax.set_visible(False)
+    for ax, mode in zip(axes, modes, strict=False):
         for i, r in enumerate(x for x in results["modes"][mode]["rows"] if "series" in x):
             color = f"C{i}"
             xs = [p[0] for p in r["series"]]
@@ -421,7 +433,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--eval-every", type=int, default=4)
     p.add_argument("--calibrate-steps", type=int, default=24)
-    p.add_argument("--modes", default="alone,blind,cpn")
+    p.add_argument("--modes", default="alone,blind,cpn,share")
+    p.add_argument("--job-share", type=float, default=0.5, help="wan_job_share of mode share")
     p.add_argument("--name", default="wan-share", help="results file stem in bench/results/")
     a = p.parse_args(argv)
     if a.cmd == "driver":

@@ -28,6 +28,7 @@ class NumericLabel:
     low: float
     high: float
     meaning: str
+    example: str = "100"
 
 
 NUMERIC_LABELS: dict[str, NumericLabel] = {
@@ -45,6 +46,13 @@ NUMERIC_LABELS: dict[str, NumericLabel] = {
             0.0,
             1e5,
             "the datacenter's WAN downlink, shared by all its paths, Gbit/s",
+        ),
+        NumericLabel(
+            "wan_job_share",
+            0.0,
+            1.0,
+            "the largest share of the uplink and downlink one job is planned on",
+            "0.5",
         ),
     )
 }
@@ -74,7 +82,7 @@ def check_labels(labels: Mapping[str, Any]) -> None:
             continue
         problem = _problem(spec, value)
         if problem is not None:
-            raise Invalid(f"{problem}; send a number such as 100", field=f"labels.{key}")
+            raise Invalid(f"{problem}; send a number such as {spec.example}", field=f"labels.{key}")
 
 
 _warned: set[tuple[str, str, str]] = set()

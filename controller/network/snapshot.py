@@ -67,6 +67,8 @@ class World:
     """The links before the ports' shares were taken out (the snapshot's are after)."""
     ports: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
     """Each paced cluster's free uplink and downlink (Gbit/s; None: undeclared), by name."""
+    ceilings: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    """The most of each port one job is planned on (label `wan_job_share` times capacity)."""
 
     def after(
         self,
@@ -109,8 +111,9 @@ class World:
                         None if down is None else max(down - gbps, 0.0),
                     )
             ports = left
-            snapshot = replace(snapshot, links=_shared(self.links, self.origins, ports))
-        return World(snapshot, self.origins, self.paced, self.links, ports)
+            links = _shared(self.links, self.origins, ports, self.ceilings)
+            snapshot = replace(snapshot, links=links)
+        return World(snapshot, self.origins, self.paced, self.links, ports, self.ceilings)
 
 
 def build_snapshot(
@@ -185,11 +188,11 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                 )
             )
     cluster_names = {c.id: (c.name, c.labels) for c in clusters}
-    ports = _free_ports(session, cluster_names)
+    ports, ceilings = _free_ports(session, cluster_names)
     links = _scheduler_links(session, names, egress)
     snapshot = scheduler.Snapshot(
         clusters=tuple(out),
-        links=_shared(links, origins, ports),
+        links=_shared(links, origins, ports, ceilings),
         running=tuple(running_jobs(session)),
         quotas=tuple(
             (tenant_id, quota)
@@ -203,52 +206,74 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         setup_per_gpu_s=seen.setup_per_gpu_s,
         spread=seen.spread,
     )
-    return World(snapshot, origins, frozenset(ports), links, ports)
+    return World(snapshot, origins, frozenset(ports), links, ports, ceilings)
+
+
+Ports = dict[str, tuple[float | None, float | None]]
+"""Gbit/s of each cluster's uplink and downlink (None: undeclared), by cluster name."""
 
 
 def _free_ports(
     session: Session, clusters: Mapping[str, tuple[str, Mapping[str, Any]]]
-) -> dict[str, tuple[float | None, float | None]]:
-    """Each cluster's free uplink and downlink in Gbit/s (None: no capacity declared), by
-    cluster name; clusters declaring neither are left out."""
+) -> tuple[Ports, Ports]:
+    """Each cluster's free uplink and downlink, and the most of each one job is planned on
+    (its `wan_job_share` of the capacity; None: the whole port). Clusters declaring neither
+    port are left out."""
     reserved: dict[tuple[str, str], int] = {
         (cluster_id, direction): kbps
         for cluster_id, direction, kbps in session.execute(
             select(WanPort.cluster_id, WanPort.direction, WanPort.reserved_kbps)
         )
     }
-    out: dict[str, tuple[float | None, float | None]] = {}
+    free: Ports = {}
+    ceilings: Ports = {}
     for cluster_id, (name, cluster_labels) in clusters.items():
         up = labels.number(cluster_labels, "uplink_gbps", name)
         down = labels.number(cluster_labels, "downlink_gbps", name)
         if up is None and down is None:
             continue
-        out[name] = (
+        free[name] = (
             free_gbps(up, reserved.get((cluster_id, "up"), 0)),
             free_gbps(down, reserved.get((cluster_id, "down"), 0)),
         )
-    return out
+        share = labels.number(cluster_labels, "wan_job_share", name)
+        if share is not None:
+            ceilings[name] = (
+                None if up is None else up * share,
+                None if down is None else down * share,
+            )
+    return free, ceilings
 
 
 def _shared(
     links: tuple[scheduler.Link, ...],
     origins: Mapping[str, tuple[str, str]],
     ports: Mapping[str, tuple[float | None, float | None]],
+    ceilings: Mapping[str, tuple[float | None, float | None]],
 ) -> tuple[scheduler.Link, ...]:
     """The links as the planner may use them now: each no faster than its source's free
     uplink and its destination's free downlink (`ports`, by cluster name; `origins` maps a
-    snapshot name to its cluster's); a path with nothing free is left out."""
+    snapshot name to its cluster's), nor than the share of them one job may take
+    (`ceilings`); a path with nothing free is left out."""
     if not ports:
         return links
+    none: tuple[float | None, float | None] = (None, None)
     out: list[scheduler.Link] = []
     for link in links:
-        up = ports.get(origins.get(link.a, (link.a, ""))[0], (None, None))[0]
-        down = ports.get(origins.get(link.b, (link.b, ""))[0], (None, None))[1]
+        src = origins.get(link.a, (link.a, ""))[0]
+        dst = origins.get(link.b, (link.b, ""))[0]
+        up = _least(ports.get(src, none)[0], ceilings.get(src, none)[0])
+        down = _least(ports.get(dst, none)[1], ceilings.get(dst, none)[1])
         gbps = path_gbps(link.bandwidth_gbps, up, down)
         if gbps <= 0:
             continue
         out.append(link if gbps == link.bandwidth_gbps else replace(link, bandwidth_gbps=gbps))
     return tuple(out)
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    """The smaller of two limits, None being no limit."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 @dataclass(frozen=True)

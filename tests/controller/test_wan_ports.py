@@ -271,3 +271,21 @@ def test_the_next_job_of_a_pass_plans_on_what_the_first_left_of_a_port(net: Net)
     assert shares[first] == pytest.approx(3.0)
     assert shares[second] == pytest.approx(3.0 - need / 1e6)
     assert _reserved(net)[("east", "up")] == need + _need(net, second)["east"] <= 3_000_000
+
+
+def test_a_job_is_planned_on_no_more_than_its_share_of_a_port(net: Net) -> None:
+    """`wan_job_share` 0.25 of east's 4 Gbit/s uplink: each job's path across it is planned
+    at 1 Gbit/s, whatever is free, so later jobs find their share."""
+    _label(net, "east", uplink_gbps=4, wan_job_share=0.25)
+    assert _path_gbps(net, "east", "west") == pytest.approx(1.0)
+    assert _path_gbps(net, "west", "east") == 100.0  # west's ports are not declared
+    _others_hold(net, "east", 3_500_000)  # less than the share is left: that is the limit
+    assert _path_gbps(net, "east", "west") == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.1"])
+def test_a_jobs_share_of_a_port_is_a_fraction(value: str) -> None:
+    with pytest.raises(Invalid) as refused:
+        check_labels({"wan_job_share": value})
+    assert refused.value.field == "labels.wan_job_share"
+    assert "such as 0.5" in refused.value.detail
