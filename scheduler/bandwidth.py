@@ -10,6 +10,7 @@ run), so jobs sharing an uplink are never promised more than it carries between 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from scheduler.types import Assignment, Estimate
 
@@ -22,10 +23,15 @@ def wan_need_kbps(estimate: Estimate, placement: tuple[Assignment, ...]) -> dict
     run (the set-up sends nothing to speak of), rounded up. Nothing for a plan on one cluster
     or one that sends no bytes."""
     clusters = sorted({a.cluster for a in placement})
-    steps_s = estimate.total_time_s - estimate.setup_s
-    if len(clusters) < 2 or estimate.wan_bytes <= 0 or steps_s <= 0:
+    return wan_rate_kbps(estimate.wan_bytes, estimate.total_time_s - estimate.setup_s, clusters)
+
+
+def wan_rate_kbps(wan_bytes: int, steps_s: float, clusters: Sequence[str]) -> dict[str, int]:
+    """`wan_need_kbps` from the numbers: `wan_bytes` over `steps_s` seconds, shared equally
+    by `clusters` (distinct names), rounded up, never 0."""
+    if len(clusters) < 2 or wan_bytes <= 0 or steps_s <= 0:
         return {}
-    per_cluster_bits = estimate.wan_bytes * 8 / len(clusters)
+    per_cluster_bits = wan_bytes * 8 / len(clusters)
     kbps = max(1, math.ceil(per_cluster_bits / steps_s / 1000))
     return dict.fromkeys(clusters, kbps)
 

@@ -35,7 +35,7 @@ from controller.network.allocations import Slot, reserve
 from controller.network.snapshot import build_world
 from controller.store.models import REASON_MAX, Allocation, Cluster, Job, bounded, utcnow
 from controller.values.errors import Conflict
-from controller.values.plan import pipeline_estimate
+from controller.values.plan import pipeline_estimate, wan_kbps
 from controller.values.tasks import builtin_work
 from grammar.states import JobState
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes
@@ -126,7 +126,6 @@ def decide(session: Session, job: Job, down: str) -> Restage | None:
             "clusters": shares,
             "parallel": parallel,
             "explanation": (*plan.explanation, got.reason),
-            "wan_kbps": {},  # a pipeline's stage-to-stage WAN is not reserved (yet)
         }
     )
     staged = pipeline_estimate(spec, parallel, shares, world.snapshot, world.origins, job.qos_class)
@@ -135,6 +134,7 @@ def decide(session: Session, job: Job, down: str) -> Restage | None:
         new = new.model_copy(
             update={"estimate": estimate, "price": price, "explanation": (*new.explanation, why)}
         )
+    new = new.model_copy(update={"wan_kbps": wan_kbps(new.estimate, shares)})
     slots = tuple(Slot(s.cluster, s.gpu_model or "", s.gpus) for s in shares)
     return Restage(got, new, slots)
 

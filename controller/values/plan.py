@@ -10,7 +10,7 @@ from contextlib import suppress
 import scheduler
 from controller.values.tasks import BUILTIN_ACTIVATION_BYTES, builtin_work
 from grammar.parallel import parse_stages
-from scheduler.bandwidth import wan_need_kbps
+from scheduler.bandwidth import wan_rate_kbps
 from scheduler.gpus import DEFAULT_EFFICIENCY
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
 from scheduler.pipeline_cost import StageWork, estimate_pipeline
@@ -228,6 +228,14 @@ def pipeline_estimate(
     return estimate, PriceBreakdown(total=round(cost, 6), gpu=gpu, egress=tuple(egress)), why
 
 
+def wan_kbps(estimate: PlanEstimate, shares: Sequence[Share]) -> dict[str, int]:
+    """What a plan reserves of each of its clusters' ports: its WAN bytes over its steps'
+    time, shared by its clusters (by name: a cluster's GPU models share its ports), as the
+    estimate the plan states (a pipeline's is its stages')."""
+    clusters = sorted({s.cluster for s in shares})
+    return wan_rate_kbps(estimate.wan_bytes, estimate.total_time_s - estimate.setup_s, clusters)
+
+
 def planned_links(
     snapshot: scheduler.Snapshot,
     names: Sequence[str],
@@ -344,15 +352,11 @@ def plan_of(
     if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged
         explanation = (*explanation, why)
-    wan: dict[str, int] = {}
-    for name, kbps in wan_need_kbps(result.estimate, result.placement).items():
-        cluster = origin(name)[0]  # a cluster's GPU models share its ports: its largest need
-        wan[cluster] = max(wan.get(cluster, 0), kbps)
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),
         links=planned_links(snapshot, [a.cluster for a in result.placement], origin, paced),
-        wan_kbps=wan,
+        wan_kbps=wan_kbps(estimate, shares),
         parallel=parallel,
         compression=result.compression,
         sync=result.sync,

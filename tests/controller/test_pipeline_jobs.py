@@ -118,6 +118,10 @@ def test_pipeline_job_plan_and_stage_run(net: Net) -> None:
     assert sorted(s.cluster for s in par.stages) == ["east", "west"]
     assert par.micro_batches == 8 and par.bubble == pytest.approx(1 / 9)
     assert any("pipeline" in line for line in job.placement.explanation)
+    # what it reserves of the ports is its stages' activations over its steps' time
+    est = job.placement.estimate
+    rate = -(-est.wan_bytes * 8 // 2) / (est.total_time_s - est.setup_s) / 1000
+    assert job.placement.wan_kbps == dict.fromkeys(("east", "west"), pytest.approx(rate, abs=1))
     run = _pipeline_of(net, job)
     assert run.placement.stage_clusters == tuple(s.cluster for s in par.stages)
     assert run.placement.replicas == 1 and run.cuts == (3,)
@@ -321,6 +325,7 @@ def test_a_down_clusters_stages_move_and_the_pipeline_relaunches(
         assert net.held(job.id) == {"east": 2, "south": 2}
         assert net.books().in_use == {"east": 2, "west": 0, "south": 2, "north": 0}
         assert {s.cluster: s.gpus for s in moved.placement.clusters} == {"east": 2, "south": 2}
+        assert "west" not in moved.placement.wan_kbps  # nothing reserved of the lost cluster
         assert moved.placement.price is not None
         assert {g.cluster for g in moved.placement.price.gpu} == {"east", "south"}
         # the relaunch: the same stages on their new clusters, resuming from the checkpoints
