@@ -111,7 +111,9 @@ def test_streaming_reports_the_waits_the_inner_steps_did_not_hide(pool: WorkerPo
     assert slow["late_fragments"] == 8, slow
     assert slow["late_wait_s"] >= 8 * 0.15, slow
     assert slow["drain_s"] >= 0.15, slow
-    assert fast["late_wait_s"] < slow["late_wait_s"] / 4, (fast, slow)
+    # what the slow link adds is its transfer time (the fast run's waits are its RTTs and
+    # whatever the machine's load adds to both runs alike: a ratio of the two failed under load)
+    assert slow["late_wait_s"] - fast["late_wait_s"] >= 0.75 * 8 * 0.15, (fast, slow)
 
 
 def test_a_run_resumed_from_a_streaming_checkpoint_ends_with_equal_clusters(
