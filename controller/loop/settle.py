@@ -130,7 +130,14 @@ def _why(
             if k in data and not (isinstance(data[k], float) and not math.isfinite(data[k]))
         }
         said = f"finished {report.steps} steps: accuracy {report.final_accuracy:.4f}"
-        if report.warning:
+        if report.warning and math.isfinite(report.best_eval_loss):
+            # the best is by eval loss: its accuracy may well be below the final one
+            said += (
+                f" (its best evaluation, by eval loss: {report.best_eval_loss:.4g} at step "
+                f"{report.best_step}, accuracy {report.best_accuracy:.4f}; final eval loss "
+                f"{report.final_eval_loss:.4g})"
+            )
+        elif report.warning:
             said += (
                 f" (its best evaluation: accuracy {report.best_accuracy:.4f} at step "
                 f"{report.best_step})"

@@ -373,3 +373,25 @@ def test_shutdown_and_adoption_leave_the_job_as_it_is(plane: Plane) -> None:
     decision = settle(plane.sessions, handle, REPLICA, 3)
     assert decision is Decision.LEAVE
     assert open_allocations(plane, handle.job_id) == 2 and gpus_in_use(plane) == 4
+
+
+def test_a_best_by_eval_loss_is_named_so_beside_its_accuracy(plane: Plane) -> None:
+    """A run whose eval loss rose while its accuracy did not: the best evaluation is the one
+    of least eval loss, so the message says so rather than call a lower accuracy its best."""
+    handle = running_job(plane)
+    handle.on_progress(progress(100, 4000))
+    warning = "the run's evaluation got worse: final eval loss 1.832 against its best 1.221"
+    handle.report = replace(
+        report(),
+        best_step=474,
+        best_accuracy=0.579,
+        best_eval_loss=1.221,
+        final_eval_loss=1.832,
+        warning=warning,
+    )
+    job = finish(plane, handle)
+    event = last_state_event(plane, job.id)
+    assert (
+        "(its best evaluation, by eval loss: 1.221 at step 474, accuracy 0.5790; "
+        "final eval loss 1.832)" in event.message
+    )
