@@ -80,7 +80,9 @@ def _queue(
         return [], {}, {}, None, ({}, (0, 0))
     world = build_world(session, "standard")
     usage = scheduler.tenant_usage(world.snapshot.running)
-    return queue, dict(usage), dict(world.snapshot.quotas), world, _shares(session, world)
+    # no declared port, no bandwidth to share: skip the read (most networks, every pass)
+    shares = _shares(session, world) if world.ports else ({}, (0, 0))
+    return queue, dict(usage), dict(world.snapshot.quotas), world, shares
 
 
 def _shares(session: Session, world: World) -> Shares:
