@@ -158,7 +158,8 @@ def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progre
 def wire_rates(previous: Wire | None, p: Progress) -> tuple[Wire, dict[str, float]]:
     """Each cluster's send rate while exchanging since `previous` (bit/s): the bytes it put on
     its links over the exchange seconds between the two reports. Returns the report's
-    counters too, the `previous` of the next report. None before, or across a restart."""
+    counters too, the `previous` of the next report. No rates for the first report, nor
+    across a restart (the counters start again)."""
     sent: dict[str, int] = {}
     for (src, _), n in p.wan_bytes.items():
         sent[src] = sent.get(src, 0) + n
@@ -181,8 +182,9 @@ def _short_event(job_id: str, cluster: str, rate: float, kbps: int, step: int) -
         kind="warning",
         message=(
             f"WAN of {cluster}: exchanges sent at {rate / 1e6:,.1f} Mbit/s, below the "
-            f"{kbps / 1e3:,.1f} Mbit/s the job reserved of its uplink; the link delivers "
-            "less than planned, so the run will take longer than its estimate"
+            f"{kbps / 1e3:,.1f} Mbit/s the job reserved of its uplink: the link, or a peer "
+            "the exchange waits for, delivers less than planned, so the run will take longer "
+            "than its estimate"
         ),
         data={
             "cluster": cluster,
