@@ -16,6 +16,7 @@ from training.results import WanBytes
 from training.spec import LinkSpec, Progress, TrainReport, TrainSpec
 
 if TYPE_CHECKING:
+    from training.faults import Membership
     from training.pipeline.spec import PipelineSpec
     from training.runner import WorkerPool
 
@@ -35,13 +36,15 @@ def run(
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     pool: WorkerPool | None = None,
+    membership: Callable[[], Membership | None] | None = None,
 ) -> TrainReport:
     """Run a training job to the end: `training.runner.run` for data parallelism (`pool`
-    keeps its workers for the next run), `training.pipeline.report.run` for a pipeline."""
+    keeps its workers for the next run; `membership` moves it to other clusters mid-run),
+    `training.pipeline.report.run` for a pipeline."""
     if isinstance(spec, TrainSpec):
         from training.runner import run as data_parallel
 
-        return data_parallel(spec, on_progress, should_stop, pool)
+        return data_parallel(spec, on_progress, should_stop, pool, membership)
     from training.pipeline.report import run as pipelined
 
     return pipelined(spec, on_progress, should_stop)

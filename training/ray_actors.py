@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from training.placement import cluster_resource
@@ -71,3 +72,43 @@ def wait_all(refs: list[Any]) -> list[Any]:
         for r in ready:
             ray.get(r)
     return list(ray.get(refs))
+
+
+@dataclass
+class Outcome:
+    """How one actor's call ended: its value, the error it raised, or neither (no answer
+    within the grace window after another call failed)."""
+
+    value: Any = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+def outcomes(refs: list[Any], grace_s: float) -> tuple[list[Outcome], float | None]:
+    """Every call's outcome: all of them, or, once one failed, those that end within
+    `grace_s` after it (the others are left unanswered). Also when the first failed."""
+    import ray
+
+    out = [Outcome() for _ in refs]
+    index = {r: i for i, r in enumerate(refs)}
+    pending = list(refs)
+    deadline = time.monotonic() + SEGMENT_TIMEOUT_S
+    failed_at: float | None = None
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, 1.0))
+        for r in ready:
+            o = out[index[r]]
+            o.done = True
+            try:
+                o.value = ray.get(r)
+            except Exception as exc:  # noqa: BLE001 - the caller classifies it
+                o.error = exc
+                if failed_at is None:
+                    failed_at = time.monotonic()
+                    deadline = min(deadline, failed_at + grace_s)
+    if failed_at is None and pending:
+        raise TimeoutError(f"workers made no progress for {SEGMENT_TIMEOUT_S:.0f} s")
+    return out, failed_at

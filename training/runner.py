@@ -14,8 +14,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from training.faults import GroupBroken, Lost, Membership, Recovery, recover
 from training.placement import cluster_resource
-from training.ray_actors import check_capacity, ensure_ray, kill, local_resources, wait_all
+from training.ray_actors import (
+    check_capacity,
+    ensure_ray,
+    kill,
+    local_resources,
+    outcomes,
+    wait_all,
+)
 from training.results import ExchangeCounters, SegmentResult, quality_of
 from training.spec import Progress, TrainReport, TrainSpec
 
@@ -46,6 +54,14 @@ class WorkerPool:
             for a in actors:
                 kill(a)
         self._idle.clear()
+
+
+class SegmentBroken(Exception):
+    """A segment some workers did not finish: which clusters are lost, and why."""
+
+    def __init__(self, lost: dict[str, Lost], at: float, error: BaseException | None) -> None:
+        super().__init__(f"lost {dict(lost)}: {error}")
+        self.lost, self.at, self.error = lost, at, error
 
 
 class WorkerGroup:
@@ -102,8 +118,81 @@ class WorkerGroup:
         return step
 
     def run_segment(self, until: int) -> list[SegmentResult]:
-        """Train every worker to step `until`; rank 0 evaluates. The results in rank order."""
-        return wait_all([a.run.remote(until, rank == 0) for rank, a in enumerate(self.actors)])
+        """Train every worker to step `until`; rank 0 evaluates. The results in rank order.
+
+        Under fault domains a segment some workers did not finish raises `SegmentBroken`,
+        naming the clusters lost (a worker died, or did not answer within the grace window
+        after another failed); any other error is raised as it came."""
+        refs = [a.run.remote(until, rank == 0) for rank, a in enumerate(self.actors)]
+        if not self.spec.fault_domains:
+            return wait_all(refs)
+        import ray
+
+        # a peer blocked on a silent one fails within the grace window: wait that out
+        done, failed_at = outcomes(refs, self.spec.fault_grace_s + 10.0)
+        if failed_at is None:
+            return [o.value for o in done]
+        lost: dict[str, Lost] = {}
+        first: BaseException | None = None
+        for cluster, o in zip(self.ranks, done, strict=True):
+            err = o.error
+            if not o.done:
+                lost.setdefault(cluster, Lost.SILENT)
+            elif isinstance(err, ray.exceptions.RayTaskError) and isinstance(
+                err.cause, GroupBroken
+            ):
+                first = first or err
+            elif isinstance(err, ray.exceptions.RayActorError):
+                lost[cluster] = Lost.GONE
+                first = first or err
+            elif err is not None:
+                raise err
+        raise SegmentBroken(lost, failed_at, first)
+
+    def resize(self, spec: TrainSpec, name: str) -> tuple[WorkerGroup, int]:
+        """The group on `spec.clusters` (clusters left or joined): the workers of clusters
+        gone are ended, new ones start for clusters joining; every member re-forms, keeping
+        its own state, and a newcomer takes a peer's (`Worker._agree`). The new group and
+        the step it stands at."""
+        import ray
+
+        from training.worker import Worker
+
+        ranks = ranks_of(spec)
+        mine: dict[str, list[Any]] = {}
+        for c, a in zip(self.ranks, self.actors, strict=True):
+            if c in spec.clusters:
+                mine.setdefault(c, []).append(a)
+            else:
+                kill(a)
+        remote: Any = ray.remote(Worker)
+        actors: list[Any] = []
+        fresh: list[Any] = []
+        for rank, c in enumerate(ranks):
+            kept = mine.get(c, [])
+            if kept:
+                a = kept.pop(0)
+                a.regroup.remote(spec, rank, ranks, self.ifname)
+            else:
+                a = remote.options(
+                    name=f"{name}-w{rank}",
+                    num_cpus=0,
+                    num_gpus=spec.gpus_per_worker,
+                    resources={cluster_resource(c): 1.0},
+                    max_restarts=0,
+                ).remote(spec, rank, ranks, self.ifname)
+                fresh.append(a)
+            actors.append(a)
+        group = WorkerGroup(spec, self.ifname, actors, False)
+        try:
+            if fresh:  # started before anyone waits on them at the rendezvous
+                ray.get([a.address.remote() for a in fresh], timeout=300)
+            master, port = ray.get(actors[0].address.remote(), timeout=300)
+            steps = wait_all([a.setup.remote(master, port, None, True) for a in actors])
+        except BaseException:
+            group.kill()  # the caller restarts from a checkpoint
+            raise
+        return group, int(steps[0])
 
     def evaluate(self, last: SegmentResult) -> SegmentResult:
         """`last` with the model's quality now (a run stopped between evaluations)."""
@@ -148,16 +237,20 @@ def run(
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     pool: WorkerPool | None = None,
+    membership: Callable[[], Membership | None] | None = None,
 ) -> TrainReport:
     """Train `spec` to the end (or until `should_stop()`), return the report.
 
     Connects to `spec.ray_address` (or CPN_RAY_ADDRESS), reuses an initialised Ray, or starts
     a local one with one custom resource per cluster. ValueError for bad specs. With a `pool`,
-    workers of an earlier run on the same placement are reused and kept for the next.
+    workers of an earlier run on the same placement are reused and kept for the next. Under
+    fault domains a lost cluster leaves and the others go on; `membership()` (read between
+    segments) takes clusters away or adds them (`training.faults`).
     """
     import ray
 
     from training.checkpoint import check_identity, open_store
+    from training.sync import regroups
 
     _validate(spec)
     store = open_store(spec.checkpoint) if spec.checkpoint else None
@@ -184,19 +277,45 @@ def run(
     started, local = ensure_ray(spec)
     ifname = spec.gloo_ifname or os.environ.get("CPN_GLOO_IFNAME") or ("lo" if local else None)
     run_id = uuid.uuid4().hex[:8]
-    ranks_cluster = ranks_of(spec)
+    live = spec.fault_domains and regroups(spec.sync_mode())
+    wanted = membership() if membership is not None else None
+    seen_version = wanted.version if wanted is not None else 0
     seg = spec.eval_every or max(1, spec.steps // 20)
     base_compute, base_comm = 0.0, 0.0
-    base_wan = ExchangeCounters()  # earlier attempts' totals (a restart zeroes the workers')
+    base_wan = ExchangeCounters()  # earlier groups' totals (a new group zeroes the workers')
     last: SegmentResult | None = None
     last_all: list[SegmentResult] = []
     history: list[dict[str, float]] = []
+    changes: list[dict[str, Any]] = []
     restarts = 0
+    regrouped = 0
     stopped = False
     t0: float | None = None
+
+    def bank() -> None:
+        """Fold the group's counters into the run's before a new group zeroes them."""
+        nonlocal base_compute, base_comm, base_wan
+        if last is not None:
+            base_compute += last.compute_s
+            base_comm += last.comm_s
+            base_wan = base_wan + last.wan
+
+    def note(step: int, cluster: str, change: str, why: str, workers: int, took: float) -> None:
+        changes.append(
+            {
+                "step": step,
+                "cluster": cluster,
+                "change": change,
+                "why": why,
+                "workers": workers,
+                "recovery_s": round(took, 3),
+                "wall_s": round(time.perf_counter() - (t0 or time.perf_counter()), 3),
+            }
+        )
+
     try:
         check_capacity(spec)
-        while True:  # one attempt a pass: a lost worker ends it, the next resumes
+        while True:  # one attempt a pass: a restart ends it, the next resumes
             group = WorkerGroup.create(
                 spec, ifname, f"cpn-{run_id}-{restarts}", pool if restarts == 0 else None
             )
@@ -206,11 +325,62 @@ def run(
                 step = group.setup(resume_step)
                 if t0 is None:
                     t0 = time.perf_counter()
+                broke_at: int | None = None
                 while step < spec.steps:
                     if should_stop is not None and should_stop():
                         stopped = True
                         break
-                    results = group.run_segment(min(step + seg, spec.steps))
+                    want = membership() if (membership is not None and live) else None
+                    if want is not None and want.version > seen_version:
+                        seen_version = want.version
+                        target = _follow(spec.clusters, want.clusters)
+                        if target != spec.clusters:
+                            began = time.perf_counter()
+                            new_spec = spec.with_clusters(target)
+                            try:
+                                check_capacity(new_spec)
+                            except ValueError as exc:  # no worker slot there: stay as we are
+                                for c in target:
+                                    if c not in spec.clusters:
+                                        note(step, c, "refused", str(exc), target[c], 0.0)
+                                continue
+                            bank()
+                            last = None
+                            regrouped += 1
+                            group, step = group.resize(new_spec, f"cpn-{run_id}-g{regrouped}")
+                            took = time.perf_counter() - began
+                            for c in spec.clusters:
+                                if c not in target:
+                                    note(step, c, "left", Lost.REMOVED, spec.clusters[c], took)
+                            for c in target:
+                                if c not in spec.clusters:
+                                    note(step, c, "joined", "added", target[c], took)
+                            spec = new_spec
+                    try:
+                        results = group.run_segment(min(step + seg, spec.steps))
+                    except SegmentBroken as broken:
+                        what = recover(
+                            live=live,
+                            clusters=list(spec.clusters),
+                            lost=set(broken.lost),
+                            restarts=restarts,
+                            max_restarts=spec.max_restarts,
+                            stuck=broke_at == step,
+                        )
+                        if what is Recovery.RESTART or what is Recovery.FAIL:
+                            raise TimeoutError(str(broken)) from broken.error
+                        broke_at = step
+                        bank()
+                        last = None
+                        target = {c: n for c, n in spec.clusters.items() if c not in broken.lost}
+                        new_spec = spec.with_clusters(target)
+                        regrouped += 1
+                        group, step = group.resize(new_spec, f"cpn-{run_id}-g{regrouped}")
+                        took = time.monotonic() - broken.at
+                        for c, why in broken.lost.items():
+                            note(step, c, "left", why, spec.clusters[c], took)
+                        spec = new_spec
+                        continue
                     last, last_all = results[0], results
                     step = last.step
                     wall = time.perf_counter() - t0
@@ -225,7 +395,7 @@ def run(
                         }
                     )
                     by_cluster: dict[str, float] = {}
-                    for c, r in zip(ranks_cluster, results, strict=True):
+                    for c, r in zip(group.ranks, results, strict=True):
                         by_cluster[c] = max(by_cluster.get(c, 0.0), r.compute_s)
                     if on_progress is not None:
                         on_progress(
@@ -244,11 +414,13 @@ def run(
                                 restarts=restarts,
                                 compute_by_cluster=by_cluster,
                                 exchange_s=wan.wall_s,
+                                clusters=dict(spec.clusters),
+                                membership=list(changes),
                             )
                         )
                 if stopped and last is not None and last.accuracy is None:
                     last = group.evaluate(last)
-                group.shutdown(pool)
+                group.shutdown(pool if regrouped == 0 else None)
                 ended = True
                 break
             except (ray.exceptions.RayError, TimeoutError) as exc:
@@ -259,10 +431,7 @@ def run(
                         f"training failed after {restarts} restart(s): {exc}"
                     ) from exc
                 restarts += 1
-                if last is not None:
-                    base_compute += last.compute_s
-                    base_comm += last.comm_s
-                    base_wan = base_wan + last.wan
+                bank()
                 found = store.steps() if store is not None else []
                 resume_step = found[-1] if found else None
                 check_resume(resume_step)
@@ -283,7 +452,7 @@ def run(
     quality = quality_of(history)
     steps_by_cluster: dict[str, int] = {}
     labels_by_cluster: dict[str, list[int]] = {}
-    for c, r in zip(ranks_cluster, last_all, strict=False):  # none: no segment ran
+    for c, r in zip(ranks_of(spec), last_all, strict=False):  # none: no segment ran
         steps_by_cluster[c] = max(steps_by_cluster.get(c, 0), r.local_steps)
         labels_by_cluster[c] = sorted(set(labels_by_cluster.get(c, [])) | set(r.labels_read))
     return TrainReport(
@@ -320,4 +489,12 @@ def run(
         best_accuracy=quality.best_accuracy,
         best_eval_loss=quality.best_eval_loss,
         warning=quality.warning,
+        membership=changes,
     )
+
+
+def _follow(now: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
+    """The clusters a run goes on with when the caller wants `wanted`: those of `now` it still
+    wants (their worker counts kept: a running cluster is not resized), then its new ones."""
+    kept = {c: n for c, n in now.items() if c in wanted}
+    return {**kept, **{c: n for c, n in wanted.items() if c not in now}} if kept else dict(now)

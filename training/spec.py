@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from grammar import Compression, Sync, SyncKind, parse_compression, parse_sync
@@ -152,6 +152,26 @@ class TrainSpec:
     regions: dict[str, str] = field(default_factory=dict)
     """{cluster: region} for every cluster, or empty (one region). `async-ps` runs one
     parameter server per region under a global one when the clusters span two or more."""
+    fault_domains: bool = True
+    """A lost cluster leaves the run and the others go on from where they are, and a cluster
+    can join mid-run (`training.faults`), where the sync mode can (`training.sync.regroups`);
+    False: every loss restarts every cluster from the newest checkpoint."""
+    fault_grace_s: float = 60.0
+    """Under fault domains, how long a collective waits for a silent peer before the run
+    counts its cluster lost (longer than the slowest cluster's lag at an outer round)."""
+
+    def with_clusters(self, clusters: dict[str, int]) -> TrainSpec:
+        """This run on `clusters` (a cluster left or joined): what names a cluster that is
+        gone is dropped; a newcomer gets the default link, no reservation, no slowdown."""
+        keep = set(clusters)
+        return replace(
+            self,
+            clusters=dict(clusters),
+            links=[k for k in self.links if k.a in keep and k.b in keep],
+            wan_kbps={c: r for c, r in self.wan_kbps.items() if c in keep},
+            slowdown={c: f for c, f in self.slowdown.items() if c in keep},
+            regions={c: self.regions[c] for c in clusters} if keep <= set(self.regions) else {},
+        )
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the fix."""
@@ -192,6 +212,8 @@ class TrainSpec:
                 raise ValueError(f"wan_kbps: {name} needs a rate > 0 kbit/s, e.g. {name}: 100000")
         if self.max_restarts < 0:
             raise ValueError("max_restarts: must be >= 0")
+        if not (math.isfinite(self.fault_grace_s) and 1.0 <= self.fault_grace_s <= 3600.0):
+            raise ValueError("fault_grace_s: must be 1-3600 seconds, e.g. 60")
         for name, factor in self.slowdown.items():
             if name not in self.clusters:
                 raise ValueError(f"slowdown: cluster {name!r} is not one of the job's clusters")
@@ -273,6 +295,11 @@ class Progress:
     exchange_s: float = 0.0
     """Seconds so far the leaders spent exchanging over the WAN (waits to keep to a
     reservation excluded): the controller reads each cluster's send rate from it."""
+    clusters: dict[str, int] = field(default_factory=dict)
+    """The clusters training now (fewer than launched after one left: `membership`)."""
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    """Every cluster that left or joined so far (`training.faults`), oldest first: `step`,
+    `cluster`, `change` ("left"/"joined"), `why`, `workers`, `recovery_s`."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: `wan_bytes` as `{"src->dst": bytes}`."""
@@ -330,6 +357,8 @@ class TrainReport:
     warning: str = ""
     """Set when the run's final evaluation fell well below its best (it diverged, or its
     eval loss rose: `training.results.quality_of`)."""
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    """Clusters that left or joined the run, as in `Progress.membership`."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `cpn train --json` prints): `wan_bytes` as `{"src->dst": bytes}`."""

@@ -11,6 +11,8 @@ gradient is that batch's mean gradient.
 from __future__ import annotations
 
 import contextlib
+import gc
+import io
 import os
 import socket
 import time
@@ -26,10 +28,11 @@ from training.auto import runs_auto
 from training.checkpoint import FORMAT, check_identity, open_store
 from training.collective import Collective, flatten, split
 from training.data import batch_indices, shard, shard_sizes
+from training.faults import Agreement, GroupBroken, Position, agree, is_collective_error
 from training.residency import cluster_slice
 from training.results import SegmentResult
 from training.spec import TrainSpec
-from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy
+from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy, regroups
 from training.tasks import Evaluation, Task, as_tensors, evaluate, load_task
 from training.wan import LinkTable
 
@@ -59,6 +62,12 @@ class Worker:
         self.leader_ranks = [ranks_cluster.index(c) for c in self.clusters]
         self.is_leader = rank == self.cluster_ranks[0]
         self.sync: Sync = spec.sync_mode()
+        self.live = spec.fault_domains and regroups(self.sync)
+        """This rank re-forms with the others when a cluster leaves or joins (`regroup`)."""
+        self.pending = False
+        """The current step's local steps are done but its outer round (`after_step`) is not."""
+        self.held: dict[str, Any] | None = None
+        """This rank's own state across a `regroup`, in memory (no checkpoint is read)."""
         if gloo_ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
         torch.set_num_threads(1)
@@ -70,6 +79,17 @@ class Worker:
         self.close()
         self.__init__(spec, rank, ranks_cluster, gloo_ifname)  # type: ignore[misc]
 
+    def regroup(
+        self, spec: TrainSpec, rank: int, ranks_cluster: list[str], gloo_ifname: str | None
+    ) -> None:
+        """Keep this rank's state in memory and leave its process group, to `setup` again
+        as `rank` of the run on `spec.clusters` (a cluster left or joined)."""
+        held = self.held if self.held is not None else self._state(own=True)
+        pending = self.pending
+        self.close()
+        self.__init__(spec, rank, ranks_cluster, gloo_ifname)  # type: ignore[misc]
+        self.held, self.pending = held, pending
+
     # ------------------------------------------------------------------ setup
 
     def address(self) -> tuple[str, int]:
@@ -78,15 +98,18 @@ class Worker:
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, master: str, port: int, resume_step: int | None) -> int:
-        """Join the process groups, build the model, restore a checkpoint; return the start step."""
+    def setup(self, master: str, port: int, resume_step: int | None, peer: bool = False) -> int:
+        """Join the process groups, build the model, restore a checkpoint (or, re-forming
+        with `peer`, this rank's held state, or a peer's); return the start step."""
         spec = self.spec
+        # under fault domains a silent peer fails a collective after the grace window
+        timeout = timedelta(seconds=spec.fault_grace_s if self.live else 120)
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://{master}:{port}",
             rank=self.rank,
             world_size=self.world,
-            timeout=timedelta(seconds=120),
+            timeout=timeout,
         )
         use_gpu = spec.gpus_per_worker > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
@@ -94,10 +117,11 @@ class Worker:
         intra: Any = None
         for c in self.clusters:
             ranks = [r for r, x in enumerate(self.ranks_cluster) if x == c]
-            g = dist.new_group(ranks, backend="nccl" if use_gpu else "gloo")
+            g = dist.new_group(ranks, backend="nccl" if use_gpu else "gloo", timeout=timeout)
             if c == self.cluster:
                 intra = g
-        self.leaders: Any = dist.new_group(self.leader_ranks, backend="gloo")
+        self.intra = intra
+        self.leaders: Any = dist.new_group(self.leader_ranks, backend="gloo", timeout=timeout)
 
         task: Task = load_task(spec.task)
         self.task = task
@@ -127,7 +151,8 @@ class Worker:
             paced=bool(spec.wan_kbps),
         )
         # same start everywhere, whatever the seeding; the model crosses the WAN only if needed
-        self.comm.align_start(self.model)
+        if not peer:
+            self.comm.align_start(self.model)
         self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.shapes = [p.shape for p in self.params]
@@ -160,12 +185,76 @@ class Worker:
         self.loss_n = 0
         self.ckpt_due = False
         self.last_ckpt = -1
-        if resume_step is not None and spec.checkpoint:
+        had = self.held is not None
+        if self.held is not None:
+            self._load(self.held)
+            self.held = None
+        elif resume_step is not None and spec.checkpoint:
             store = open_store(spec.checkpoint)
             self._restore(store.load(resume_step), store.where(resume_step))
         else:
             self.strategy.load_state_dict(None, None)
+        if peer:
+            self._agree(Position(self.step, self.pending) if had else Position(-1))
         return self.step
+
+    def _agree(self, mine: Position) -> None:
+        """After re-forming: members that stopped at the same place keep their own state
+        (and finish the outer round the loss broke, among themselves); a newcomer, or a
+        member that missed the end of a round, takes the state of one furthest on."""
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, (mine.step, mine.pending))
+        plan = agree([Position(int(a), bool(b)) for a, b in gathered])
+        if plan.finish_round:
+            self.strategy.after_step(self.step)
+            self.step += 1
+            self.pending = False
+        if plan.source is not None:
+            self._pass_state(plan)
+
+    def _pass_state(self, plan: Agreement) -> None:
+        """The source's state to every receiver: across the WAN once per cluster (to its
+        first receiving rank, which passes it on inside the cluster); read as data only."""
+        source = plan.source
+        assert source is not None
+        data: torch.Tensor | None = None
+        if self.rank == source:
+            buf = io.BytesIO()
+            torch.save(self._state(own=True), buf)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        first: dict[str, int] = {}
+        wan: dict[tuple[str, str], int] = {}
+        for r in plan.receivers:
+            cluster = self.ranks_cluster[r]
+            src = first.setdefault(cluster, source)
+            if src == source:
+                first[cluster] = r
+            if self.rank == src:
+                assert data is not None
+                dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst=r)
+                dist.send(data, dst=r)
+                if cluster != self.cluster:
+                    edge = (self.cluster, cluster)
+                    wan[edge] = wan.get(edge, 0) + data.numel()
+            elif self.rank == r:
+                size = torch.zeros(1, dtype=torch.int64)
+                dist.recv(size, src=src)
+                data = torch.empty(int(size.item()), dtype=torch.uint8)
+                dist.recv(data, src=src)
+        sent: list[Any] = [None] * self.world  # every leader counts the whole transfer
+        dist.all_gather_object(sent, wan)
+        if self.comm.exchanger is not None:
+            total: dict[tuple[str, str], int] = {}
+            for part in sent:
+                for edge, n in part.items():
+                    total[edge] = total.get(edge, 0) + n
+            if total:
+                self.comm.exchanger.count_setup(total)
+        if self.rank in plan.receivers:
+            assert data is not None
+            state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
+            self._load(state)
+            self.pending = False
 
     # ------------------------------------------------------------------ one step
 
@@ -221,14 +310,47 @@ class Worker:
             self.comm_s += t2 - t1
             self.local_step += 1
         t3 = time.perf_counter()
+        self.pending = True  # a loss from here on leaves the outer round to finish
         strategy.after_step(self.step)
         self.comm_s += time.perf_counter() - t3
         self.step += 1
+        self.pending = False
 
     # ------------------------------------------------------------------ driver calls
 
     def run(self, until: int, evaluate: bool) -> SegmentResult:
-        """Train up to step `until`, checkpointing on the way; stats for the driver."""
+        """Train up to step `until`, checkpointing on the way; stats for the driver. Under
+        fault domains a failed collective leaves the process group (so peers waiting on
+        this rank fail at once, not after the grace window) and raises GroupBroken: the
+        state stays, for `regroup`."""
+        if not self.live:
+            return self._run(until, evaluate)
+        try:
+            return self._run(until, evaluate)
+        except Exception as exc:
+            if not is_collective_error(exc):
+                raise
+            why = f"rank {self.rank} ({self.cluster}) at step {self.step}: {str(exc)[:200]}"
+        # out of the handler: the traceback's frames (and the groups they hold) are gone
+        self._leave()
+        raise GroupBroken(why)
+
+    def _leave(self) -> None:
+        """Hold this rank's state in memory and drop every process group: once nothing
+        refers to a group its sockets close, so a peer blocked on this rank fails now, not
+        after the grace window (gloo's abort leaves them open)."""
+        self.held = self._state(own=True)
+        strategy: SyncStrategy | None = getattr(self, "strategy", None)
+        if strategy is not None:
+            strategy.close()
+            del self.strategy
+        self.comm = None  # type: ignore[assignment]
+        self.leaders = self.intra = None
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        gc.collect()
+
+    def _run(self, until: int, evaluate: bool) -> SegmentResult:
         spec = self.spec
         until = min(until, spec.steps)
         every = spec.checkpoint_every
@@ -275,19 +397,30 @@ class Worker:
         self.ckpt_due = False
         self.last_ckpt = self.step
         if self.is_leader:
-            sync_part = self.strategy.cluster_state()  # first: no exchange left in flight
-            mine = {
-                "optimizer": self.opt.state_dict(),
-                "rng": torch.get_rng_state(),
-                "local_step": self.local_step,
-                **sync_part,
-                "compressors": {k: c.state_dict() for k, c in self.comm.compressors.items()},
-            }
             gathered: list[Any] = [None] * len(self.clusters)
-            dist.all_gather_object(gathered, (self.cluster, mine), group=self.leaders)
+            dist.all_gather_object(gathered, (self.cluster, self._mine()), group=self.leaders)
         if self.rank != 0:
             return
-        state = {
+        state = self._state(clusters=dict(gathered))
+        open_store(self.spec.checkpoint or "").save(self.step, state)
+
+    def _mine(self) -> dict[str, Any]:
+        """This rank's part of a checkpoint (a leader's is its cluster's)."""
+        sync_part = self.strategy.cluster_state()  # first: no exchange left in flight
+        return {
+            "optimizer": self.opt.state_dict(),
+            "rng": torch.get_rng_state(),
+            "local_step": self.local_step,
+            **sync_part,
+            "compressors": {k: c.state_dict() for k, c in self.comm.compressors.items()},
+        }
+
+    def _state(
+        self, *, clusters: dict[str, Any] | None = None, own: bool = False
+    ) -> dict[str, Any]:
+        """A checkpoint's contents: the model, each cluster's part (`clusters`, or with
+        `own` only this rank's), the sync state."""
+        return {
             "version": CHECKPOINT_VERSION,
             "run_id": self.spec.run_id,
             "epoch": self.spec.epoch,
@@ -295,8 +428,8 @@ class Worker:
             "task": self.spec.task,
             "seed": self.spec.seed,
             "batch": self.batch,
-            "model": {k: v.cpu() for k, v in self.model.state_dict().items()},
-            "clusters": dict(gathered),
+            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "clusters": {self.cluster: self._mine()} if own else dict(clusters or {}),
             "sync": {
                 "kind": self.sync.kind.value,
                 "compression": self.strategy.compression,
@@ -304,11 +437,14 @@ class Worker:
                 **self.strategy.state_dict(),
             },
         }
-        open_store(self.spec.checkpoint or "").save(self.step, state)
 
     def _restore(self, state: dict[str, Any], where: str) -> None:
         # the driver checked it already (`training.runner`); a file swapped since is refused
         check_identity(state, self.spec.run_id or "", self.spec.epoch, where)
+        self._load(state)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        """Take `state` (a checkpoint, or a peer's or this rank's own held in memory)."""
         if state["task"] != self.spec.task:
             raise ValueError(f"checkpoint is for task {state['task']!r}, not {self.spec.task!r}")
         self.step = int(state["step"])

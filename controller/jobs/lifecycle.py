@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from controller.money import budget
 from controller.money.metering import cap_at_held, meter_allocations, price_usage, start_billing
 from controller.network.allocations import release
-from controller.store.models import REASON_MAX, Job, JobEvent, bounded, utcnow
+from controller.store.models import REASON_MAX, Allocation, Job, JobEvent, bounded, utcnow
 from controller.values.errors import Conflict
 from grammar.states import (
     ACTIVE,
@@ -113,6 +113,30 @@ def begin_run(session: Session, job: Job, message: str, clusters: dict[str, int]
         start_billing(session, job, utcnow())
         session.add(JobEvent(job_id=job.id, kind="info", message=message))
     return job.fence
+
+
+def leave(session: Session, job: Job, cluster_id: str, message: str) -> int:
+    """A cluster left the job's run, which goes on without it (`training.faults`): its GPUs
+    and WAN share go back now, once (a second call finds nothing open), billed up to now; the
+    job stays RUNNING. Returns the GPUs released."""
+    released = release(session, job, None, cluster_id)
+    if released:
+        session.add(JobEvent(job_id=job.id, kind="warning", message=message))
+    return released
+
+
+def joined(session: Session, job: Job, cluster_id: str, at: datetime, message: str) -> None:
+    """A cluster reserved for the job's run joined it at `at`: billed from then on."""
+    for alloc in session.scalars(
+        select(Allocation).where(
+            Allocation.job_id == job.id,
+            Allocation.cluster_id == cluster_id,
+            Allocation.ended_at.is_(None),
+            Allocation.billed_from.is_(None),
+        )
+    ):
+        alloc.billed_from = at
+    session.add(JobEvent(job_id=job.id, kind="info", message=message))
 
 
 def end_run(session: Session, job: Job, until: datetime | None = None) -> None:

@@ -14,14 +14,18 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from controller.jobs import lifecycle
 from controller.loop import progress
 from controller.loop.policy import Stop, StopReason, stop_requested
 from controller.loop.ray_run import LauncherConfig, RayConnection, launch
 from controller.loop.runs import RunHandle
 from controller.loop.settle import settle
 from controller.money import budget
-from controller.store.models import Allocation, Cluster, Job, utcnow
+from controller.network.allocations import Slot, reserve
+from controller.store.models import Allocation, Cluster, ClusterGpus, Job, utcnow
+from controller.values.errors import Conflict
 from grammar.states import ClusterState
+from training.faults import Recovery, recover
 
 __all__ = ["Launcher", "LauncherConfig", "RunHandle"]
 
@@ -78,7 +82,10 @@ class Launcher:
             return
         for handle in self.handles.values():
             progress.flush(self.factory, handle)
+            if handle.live:
+                self._follow(handle)
         self._check_stops()
+        self._grow()
         for job_id, handle in list(self.handles.items()):
             if handle.done.is_set():
                 progress.flush(self.factory, handle)
@@ -110,12 +117,107 @@ class Launcher:
             ).all():
                 down.setdefault(job_id, cluster)
         for job_id, state, preempted_by, owner, tenant_id in jobs:
+            handle = self.handles[job_id]
+            lost = down.get(job_id)
+            if lost is not None and handle.live and self._shrinks(handle, lost):
+                self._leave(handle, lost, f"cluster {lost} went DOWN (its agent's lease expired)")
+                lost = None
             stop = stop_requested(
                 job_state=state,
                 owned=owner == self.config.replica_id,
                 preempted_by=preempted_by,
-                down_cluster=down.get(job_id),
+                down_cluster=lost,
                 over_budget=over.get(tenant_id),
             )
             if stop is not None:
                 self.handles[job_id].request_stop(stop)
+
+    # ---- datacenter fault domains: a lost cluster leaves a running job, another joins ----
+
+    @staticmethod
+    def _shrinks(handle: RunHandle, cluster: str) -> bool:
+        """The run goes on without `cluster` (the one policy: `training.faults.recover`)."""
+        running = list(handle.wanted.clusters if handle.wanted else handle.running)
+        what = recover(live=True, clusters=running, lost={cluster}, restarts=0, max_restarts=0)
+        return what is Recovery.SHRINK
+
+    def _leave(self, handle: RunHandle, cluster: str, why: str) -> None:
+        """`cluster` leaves the run: its GPUs and WAN share go back (once), the job stays
+        RUNNING, and the run is asked to go on without it."""
+        wanted = dict(handle.wanted.clusters if handle.wanted else handle.running)
+        wanted.pop(cluster, None)
+        with self.factory() as session, session.begin():
+            job = session.get(Job, handle.job_id)
+            row = session.scalar(select(Cluster).where(Cluster.name == cluster))
+            if job is None or row is None:
+                return
+            lifecycle.leave(
+                session,
+                job,
+                row.id,
+                f"{why}: the job goes on without it on {', '.join(wanted) or 'no cluster'}"
+                " (no restart, no checkpoint read); its GPUs are released",
+            )
+        handle.want(wanted)
+        log.info("job %s: %s left the run (%s)", handle.job_id, cluster, why)
+
+    def _follow(self, handle: RunHandle) -> None:
+        """Write down the clusters the run itself lost (a worker died, a link went silent)
+        or took on."""
+        for change in handle.new_changes():
+            cluster = str(change["cluster"])
+            if change["change"] in ("left", "refused") and (
+                handle.wanted is None or cluster in handle.wanted.clusters
+            ):
+                why = (
+                    f"the run lost cluster {cluster} at step {change['step']} ({change['why']})"
+                    if change["change"] == "left"
+                    else f"cluster {cluster} could not join: {change['why']}"
+                )
+                self._leave(handle, cluster, why)
+            elif change["change"] == "joined":
+                with self.factory() as session, session.begin():
+                    job = session.get(Job, handle.job_id)
+                    row = session.scalar(select(Cluster).where(Cluster.name == cluster))
+                    if job is not None and row is not None:
+                        lifecycle.joined(
+                            session,
+                            job,
+                            row.id,
+                            utcnow(),
+                            f"cluster {cluster} joined the run at step {change['step']} with "
+                            f"{change['workers']} worker(s); it took the model from a peer "
+                            f"in {change['recovery_s']:.1f} s",
+                        )
+
+    def _grow(self) -> None:
+        """A run that lost clusters takes their GPUs again where a READY cluster it does not
+        use has them free (the lost one back, or another), billed from when it joins."""
+        for handle in list(self.handles.values()):
+            if not handle.live or handle.wanted is None or handle.stop is not None:
+                continue
+            missing = sum(handle.clusters.values()) - sum(handle.wanted.clusters.values())
+            if missing <= 0 or set(handle.wanted.clusters) != set(handle.running):
+                continue  # whole, or a change the run has not made yet
+            with self.factory() as session, session.begin():
+                job = session.get(Job, handle.job_id)
+                if job is None:
+                    continue
+                free = session.execute(
+                    select(Cluster.name, ClusterGpus.model)
+                    .join(ClusterGpus, ClusterGpus.cluster_id == Cluster.id)
+                    .where(
+                        Cluster.state == ClusterState.READY,
+                        Cluster.name.not_in(list(handle.wanted.clusters)),
+                        ClusterGpus.allocatable - ClusterGpus.in_use >= missing,
+                    )
+                    .order_by(Cluster.name.not_in(list(handle.clusters)), Cluster.name)
+                ).first()
+                if free is None:
+                    continue
+                try:
+                    reserve(session, job, [Slot(free.name, free.model, missing)])
+                except Conflict:
+                    continue
+            handle.want({**handle.wanted.clusters, free.name: missing})
+            log.info("job %s: %s joins with %d GPU(s)", handle.job_id, free.name, missing)

@@ -147,7 +147,10 @@ def launch(
             predicted_step_s=job.placement.estimate.compute_s if job.placement else None,
             fence=train_spec.epoch,
             reserved_kbps=dict(train_spec.wan_kbps),
+            live=pipeline is None and _live(train_spec),
+            running=dict(clusters),
         )
+        handle.want(clusters)
         message = (
             f"launched {sum(clusters.values())} "
             + ("workers" if pipeline is None else f"stage workers ({_stages_text(pipeline)})")
@@ -168,6 +171,13 @@ def launch(
     thread.start()
     log.info("job %s: %s", job_id, message)
     return handle
+
+
+def _live(spec: TrainSpec) -> bool:
+    """Whether the run shrinks and grows in place (its sync mode can: `training.faults`)."""
+    from training.sync import regroups  # torch loads with it: only once a run launches
+
+    return spec.fault_domains and len(spec.clusters) > 1 and regroups(spec.sync_mode())
 
 
 def _work(spec: JobSpec) -> float:
@@ -290,7 +300,12 @@ def _run(handle: RunHandle, spec: TrainSpec | PipelineSpec) -> None:
     try:
         from training import run
 
-        handle.report = run(spec, on_progress=handle.on_progress, should_stop=handle.should_stop)
+        handle.report = run(
+            spec,
+            on_progress=handle.on_progress,
+            should_stop=handle.should_stop,
+            membership=handle.membership if handle.live else None,
+        )
     except BaseException as exc:  # reported to the loop, which settles it
         handle.error = exc
     finally:

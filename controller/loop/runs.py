@@ -11,10 +11,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from controller.loop.policy import Stop
 from controller.store.models import utcnow
 from training import Progress, TrainReport
+from training.faults import Membership
 
 
 @dataclass
@@ -41,6 +43,16 @@ class RunHandle:
     """The last report's exchange seconds and bytes sent by each cluster."""
     short_reports: dict[str, int] = field(default_factory=dict)
     """Reports in a row in which a cluster sent below its reservation while exchanging."""
+    live: bool = False
+    """The run shrinks and grows in place (`training.faults`): a lost cluster leaves it."""
+    wanted: Membership | None = None
+    """The clusters the controller wants the run on (the run reads it between segments)."""
+    running: dict[str, int] = field(default_factory=dict)
+    """The clusters the run trains on now, from its last report."""
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    """Every cluster that left or joined the run so far (`Progress.membership`)."""
+    changes_seen: int = 0
+    """How many of the run's membership changes the controller has written down."""
     report: TrainReport | None = None
     error: BaseException | None = None
     ended_at: datetime | None = None
@@ -59,6 +71,24 @@ class RunHandle:
     def on_progress(self, progress: Progress) -> None:
         with self.lock:
             self.pending.append(progress)
+            if progress.clusters:
+                self.running = dict(progress.clusters)
+            self.changes = list(progress.membership)
+
+    def new_changes(self) -> list[dict[str, Any]]:
+        """The run's membership changes the controller has not written down yet."""
+        with self.lock:
+            out = self.changes[self.changes_seen :]
+            self.changes_seen = len(self.changes)
+        return out
+
+    def membership(self) -> Membership | None:
+        return self.wanted
+
+    def want(self, clusters: dict[str, int]) -> None:
+        """Ask the run to go on on `clusters` (a cluster left, or one joins)."""
+        version = self.wanted.version + 1 if self.wanted is not None else 1
+        self.wanted = Membership(version, dict(clusters))
 
     def take(self) -> list[Progress]:
         with self.lock:

@@ -151,8 +151,11 @@ def _give_back_wan(session: Session, alloc: Allocation) -> None:
         )
 
 
-def release(session: Session, job: Job, until: datetime | None = None) -> int:
-    """End the job's open allocations and give their GPUs back; returns GPUs released.
+def release(
+    session: Session, job: Job, until: datetime | None = None, cluster_id: str | None = None
+) -> int:
+    """End the job's open allocations (on `cluster_id` alone: a cluster that left a running
+    job) and give their GPUs back; returns GPUs released.
 
     Idempotent per allocation: one closed by a concurrent release is skipped, never released
     twice. A missing inventory row (its model no longer reported) goes once nothing holds it.
@@ -161,10 +164,10 @@ def release(session: Session, job: Job, until: datetime | None = None) -> int:
     """
     now = min(until, utcnow()) if until is not None else utcnow()
     released = 0
-    open_allocs = session.scalars(
-        select(Allocation).where(Allocation.job_id == job.id, Allocation.ended_at.is_(None))
-    ).all()
-    for alloc in open_allocs:
+    query = select(Allocation).where(Allocation.job_id == job.id, Allocation.ended_at.is_(None))
+    if cluster_id is not None:
+        query = query.where(Allocation.cluster_id == cluster_id)
+    for alloc in session.scalars(query).all():
         closed = session.execute(
             update(Allocation)
             .where(Allocation.id == alloc.id, Allocation.ended_at.is_(None))

@@ -105,10 +105,12 @@ def test_submit_runs_to_success_with_events_metrics_and_ledger(shared: World) ->
 
 
 def test_agent_killed_mid_job_reschedules_and_resumes(world: World) -> None:
+    # A mode that cannot shrink in place (bounded staleness keeps exchanges in flight), so a
+    # lost cluster restarts the run from its checkpoint on what is left.
     # Killed after its first checkpoints (every tenth of the run, 45 steps) with ~390 steps
     # (~20 s at the emulated links' ~50 ms a step) left: it outlives the lost lease (grace
     # 3 s) by several times, so the move is observable and resumes from a real checkpoint.
-    job = submit(world, gpus=4, steps=450, compression="none")
+    job = submit(world, gpus=4, steps=450, compression="none", sync="stale:2")
     running = world.wait_state(job["id"], {"RUNNING"}, 120)
     victim = running["placement"]["clusters"][0]["cluster"]
     wait_for(
@@ -134,6 +136,48 @@ def test_agent_killed_mid_job_reschedules_and_resumes(world: World) -> None:
     assert any("resuming from checkpoint" in m for m in messages)
     assert any(f"cluster {victim} is DOWN" in m for m in messages)
     assert world.gpus_in_use() == 0
+
+
+def test_agent_killed_mid_diloco_job_shrinks_and_grows_back(world: World) -> None:
+    """Datacenter fault domains through the real control plane: DiLoCo on all three
+    clusters; one agent SIGKILLed: its lease lapses, the cluster goes DOWN and leaves the run,
+    which goes on on two without a restart (the job never leaves RUNNING, no checkpoint is
+    read); the agent comes back, the cluster is READY and joins again, taking the model from
+    a peer. Its GPUs are billed for the time it was in the run only."""
+    job = submit(world, gpus=6, steps=900, compression="none", sync="local-sgd:10")
+    running = world.wait_state(job["id"], {"RUNNING"}, 120)
+    assert len(running["placement"]["clusters"]) == 3
+    victim = running["placement"]["clusters"][-1]["cluster"]
+
+    def events() -> list[str]:
+        return [e["message"] for e in world.admin.paginate(f"/v1/jobs/{job['id']}/events")]
+
+    def step() -> int:
+        rows = list(world.tenant.paginate(f"/v1/jobs/{job['id']}/metrics"))
+        return int(rows[-1]["step"]) if rows else 0
+
+    wait_for(lambda: step() >= 60, 120, "progress")
+    world.agents[victim].kill(signal.SIGKILL)
+    wait_for(lambda: any(f"cluster {victim} went DOWN" in m for m in events()), 60, "shrink")
+    at_shrink = step()
+    wait_for(lambda: step() >= at_shrink + 60, 120, "progress on two clusters")
+    assert world.job(job["id"])["state"] == "RUNNING"
+    world.start_agent(victim)
+    wait_for(lambda: any(f"cluster {victim} joined" in m for m in events()), 120, "rejoin")
+    done = world.wait_state(job["id"], {"SUCCEEDED", "FAILED"}, 300)
+    assert done["state"] == "SUCCEEDED", events()
+    assert world.states(job["id"]) == ["PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    messages = events()
+    assert not any("resuming from checkpoint" in m for m in messages), messages
+    assert world.gpus_in_use() == 0
+    usage = world.tenant.get(f"/v1/tenants/{world.tenant_id}/usage")["rows"]
+    gpu_s: dict[str, float] = {}
+    for r in usage:
+        if r["kind"] == "gpu_seconds":  # this world ran this job only
+            gpu_s[r["cluster"]] = gpu_s.get(r["cluster"], 0.0) + float(r["quantity"])
+    others = [v for c, v in gpu_s.items() if c != victim]
+    assert set(gpu_s) == {c["cluster"] for c in running["placement"]["clusters"]}
+    assert gpu_s[victim] < min(others)  # not billed while it was out of the run
 
 
 def test_cancel_stops_workers_and_releases_gpus(shared: World) -> None:

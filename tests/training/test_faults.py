@@ -1,6 +1,8 @@
-"""A worker killed mid-run: the run restarts from its newest checkpoint and ends where an
-uninterrupted run ends (same accuracy band; here even the same parameters, since resume is
-exact: model, optimizer, compressor residuals, sync state, data position and RNG).
+"""A worker killed mid-run without fault domains (`fault_domains=False`; with them a lost
+cluster leaves and the others go on: test_fault_domains): the run restarts from its newest
+checkpoint and ends where an uninterrupted run ends (same accuracy band; here even the same
+parameters, since resume is exact: model, optimizer, compressor residuals, sync state, data
+position and RNG).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def test_killed_worker_resumes_from_checkpoint(
             checkpoint=str(tmp_path / name),
             checkpoint_every=6,
             eval_every=4,
+            fault_domains=False,
         )
 
     clean = training.run(spec("clean"))

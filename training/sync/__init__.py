@@ -17,6 +17,7 @@ from training.sync.base import (
     SyncStrategy,
     make_sync_strategy,
     register_sync_strategy,
+    regroups,
 )
 from training.sync.every_step import EveryStepSync
 from training.sync.gossip import GossipSync
@@ -51,4 +52,5 @@ __all__ = [
     "SyncStrategy",
     "make_sync_strategy",
     "register_sync_strategy",
+    "regroups",
 ]

@@ -80,6 +80,11 @@ class SyncStrategy(ABC):
     correction (DGC) then replaces the local optimizer's momentum. False when it is something
     else (local SGD's pseudo-gradients), so the local optimizer keeps its momentum."""
 
+    regroups: bool = False
+    """True when a rank can re-form with other members mid-run and go on from its own
+    state (`training.faults`): what it holds between steps is all in `state_dict` and
+    `cluster_state`, and an outer round broken half-way can be run again whole."""
+
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
         self.sync = sync
         self.ctx = ctx
@@ -183,6 +188,13 @@ def register_sync_strategy(
         raise ValueError(f"sync kind {kind.value!r} already has a strategy ({previous!r})")
     _REGISTRY[kind] = factory
     return previous
+
+
+def regroups(sync: Sync) -> bool:
+    """Whether runs of `sync` shrink and grow in place when a cluster leaves or joins
+    (`SyncStrategy.regroups` of the kind's strategy); else they restart from a checkpoint."""
+    factory = _REGISTRY.get(sync.kind)
+    return bool(getattr(factory, "regroups", False))
 
 
 def make_sync_strategy(sync: Sync, ctx: SyncContext) -> SyncStrategy:

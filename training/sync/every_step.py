@@ -12,6 +12,8 @@ class EveryStepSync(SyncStrategy):
     """All-reduce inside the cluster, compressed sum between leaders, broadcast back: every
     rank applies the full-batch mean gradient (up to compression error)."""
 
+    regroups = True
+
     def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
         self.comm.observe_compute(compute_s)
         self.comm.reduce(grad)

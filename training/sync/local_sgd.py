@@ -21,6 +21,8 @@ class LocalSGDSync(SyncStrategy):
     then copies into its parameters. After a last step that ends no period, the clusters
     average instead of taking an outer step."""
 
+    regroups = True
+
     exchanges_gradients = False
 
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:

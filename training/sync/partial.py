@@ -37,6 +37,8 @@ from training.sync.local_sgd import LocalSGDSync
 class PartialSync(LocalSGDSync):
     """`partial:H`; `self.steps` holds each cluster's local steps per step this round."""
 
+    regroups = False
+
     WINDOW = 64
     """Local step times the speed estimate is the median of."""
 

@@ -23,6 +23,8 @@ class StaleSync(EveryStepSync):
     only its timing differs (clusters' parameters differ by the updates in flight). With
     S = 0 or a single cluster it is every-step sync."""
 
+    regroups = False
+
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
         super().__init__(sync, ctx)
         self.staleness = sync.staleness

@@ -1,0 +1,105 @@
+"""Datacenter fault domains on a local Ray: a cluster whose worker is killed leaves the run and
+the others go on from where they were (no restart, no checkpoint read); a cluster the caller
+takes away leaves, one it adds joins and takes a peer's state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+
+import training
+from training import TrainSpec
+from training.faults import Membership
+from training.runner import run
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _spec(tmp_path: Path, **kw: object) -> TrainSpec:
+    base: dict[str, object] = {
+        "task": "builtin:mnist1d-mlp",
+        "clusters": {"a": 1, "b": 1, "c": 1},
+        "steps": 48,
+        "sync": "local-sgd:4",
+        "checkpoint": str(tmp_path / "ckpt"),
+        "checkpoint_every": 8,
+        "eval_every": 8,
+        "fault_grace_s": 20.0,
+    }
+    base.update(kw)
+    return TrainSpec(**base)  # type: ignore[arg-type]
+
+
+def _kill_cluster(cluster: str, rank: int) -> None:
+    names = [n for n in ray.util.list_named_actors() if n.endswith(f"-w{rank}")]
+    assert names, ray.util.list_named_actors()
+    for n in names:
+        ray.kill(ray.get_actor(n), no_restart=True)
+
+
+def test_a_killed_cluster_leaves_and_the_others_go_on(tmp_path: Path) -> None:
+    clean = training.run(_spec(tmp_path / "clean"))
+    seen: list[training.Progress] = []
+
+    def kill_c(p: training.Progress) -> None:
+        seen.append(p)
+        if len(seen) == 2:
+            _kill_cluster("c", 2)
+
+    report = training.run(_spec(tmp_path / "killed"), on_progress=kill_c)
+    assert report.restarts == 0  # no cluster restarted, none read a checkpoint
+    assert report.resumed_from_step is None
+    assert report.steps == 48
+    left = [m for m in report.membership if m["change"] == "left"]
+    assert [(m["cluster"], m["why"]) for m in left] == [("c", "gone")]
+    assert left[0]["step"] >= seen[1].step  # the survivors lost no step they had made
+    # the survivors did not wait out the grace window: a peer's sockets closed at once
+    assert left[0]["recovery_s"] < 20.0
+    assert report.clusters == {"a": 1, "b": 1}
+    assert seen[-1].clusters == {"a": 1, "b": 1}
+    assert abs(report.final_accuracy - clean.final_accuracy) <= 0.05
+
+
+def test_the_caller_takes_a_cluster_away_and_adds_another(tmp_path: Path) -> None:
+    version = [0, {"a": 1, "b": 1, "c": 1}]
+    steps: list[int] = []
+
+    def follow(p: training.Progress) -> None:
+        steps.append(p.step)
+        if len(steps) == 1:
+            version[:] = [1, {"a": 1, "b": 1}]
+        elif len(steps) == 3:
+            version[:] = [2, {"a": 1, "b": 1, "d": 2}]
+
+    report = run(
+        _spec(tmp_path),
+        on_progress=follow,
+        membership=lambda: Membership(int(version[0]), dict(version[1])),  # type: ignore[call-overload]
+    )
+    assert report.restarts == 0
+    assert [(m["cluster"], m["change"]) for m in report.membership] == [
+        ("c", "left"),
+        ("d", "joined"),
+    ]
+    joined = report.membership[1]
+    assert joined["step"] == steps[2]  # the newcomer started at the survivors' step
+    assert report.clusters == {"a": 1, "b": 1, "d": 2}
+    assert report.steps == 48
+    assert report.wan_setup_bytes > 0  # the newcomer's state crossed from a peer
+    assert report.final_accuracy > 0.3
+
+
+def test_without_fault_domains_a_kill_restarts_from_the_checkpoint(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def kill_c(p: training.Progress) -> None:
+        seen.append(p.step)
+        if len(seen) == 2:
+            _kill_cluster("c", 2)
+
+    report = training.run(_spec(tmp_path, fault_domains=False), on_progress=kill_c)
+    assert report.restarts == 1 and report.membership == []
+    assert report.clusters == {"a": 1, "b": 1, "c": 1}
