@@ -363,7 +363,20 @@ class _Demo:
                 if e["kind"] == "state"
             ]
             rows.append(("lost cluster", f"{lost} (DOWN) -> {' -> '.join(states)}"))
-            rows.append(("resumed from step", str(report.get("resumed_from_step"))))
+            changes = report.get("membership") or []
+            if changes:  # a fault domain: the others went on without it
+                rows.append(
+                    (
+                        "fault domain",
+                        "; ".join(
+                            f"{m['cluster']} {m['change']} at step {m['step']} ({m['why']})"
+                            for m in changes
+                        )
+                        + "; the other clusters went on, no checkpoint read",
+                    )
+                )
+            else:
+                rows.append(("resumed from step", str(report.get("resumed_from_step"))))
         for k, v in rows:
             table.add_row(k, v)
         self.console.print(table)
