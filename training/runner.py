@@ -81,25 +81,12 @@ class WorkerGroup:
     ) -> WorkerGroup:
         """One actor per worker on its cluster's resource, or a pool's idle ones for the
         same placement. `name` prefixes the actors' names (unique per attempt)."""
-        import ray
-
-        from training.worker import Worker
 
         ranks = ranks_of(spec)
         reused = pool.take(pool_key(spec, ifname)) if pool is not None else None
         if reused:
             return cls(spec, ifname, reused, True)
-        remote: Any = ray.remote(Worker)
-        actors = [
-            remote.options(
-                name=f"{name}-w{rank}",
-                num_cpus=0,
-                num_gpus=spec.gpus_per_worker,
-                resources={cluster_resource(c): 1.0},
-                max_restarts=0,
-            ).remote(spec, rank, ranks, ifname)
-            for rank, c in enumerate(ranks)
-        ]
+        actors = [_start(spec, rank, ranks, ifname, name) for rank in range(len(ranks))]
         return cls(spec, ifname, actors, False)
 
     def setup(self, resume_step: int | None) -> int:
@@ -156,8 +143,6 @@ class WorkerGroup:
         the step it stands at."""
         import ray
 
-        from training.worker import Worker
-
         ranks = ranks_of(spec)
         mine: dict[str, list[Any]] = {}
         for c, a in zip(self.ranks, self.actors, strict=True):
@@ -165,7 +150,6 @@ class WorkerGroup:
                 mine.setdefault(c, []).append(a)
             else:
                 kill(a)
-        remote: Any = ray.remote(Worker)
         actors: list[Any] = []
         fresh: list[Any] = []
         for rank, c in enumerate(ranks):
@@ -174,13 +158,7 @@ class WorkerGroup:
                 a = kept.pop(0)
                 a.regroup.remote(spec, rank, ranks, self.ifname)
             else:
-                a = remote.options(
-                    name=f"{name}-w{rank}",
-                    num_cpus=0,
-                    num_gpus=spec.gpus_per_worker,
-                    resources={cluster_resource(c): 1.0},
-                    max_restarts=0,
-                ).remote(spec, rank, ranks, self.ifname)
+                a = _start(spec, rank, ranks, self.ifname, name)
                 fresh.append(a)
             actors.append(a)
         group = WorkerGroup(spec, self.ifname, actors, False)
@@ -214,6 +192,22 @@ class WorkerGroup:
     def kill(self) -> None:
         for a in self.actors:
             kill(a)
+
+
+def _start(spec: TrainSpec, rank: int, ranks: list[str], ifname: str | None, name: str) -> Any:
+    """The worker actor of `rank`, pinned to its cluster; `name` prefixes its actor name."""
+    import ray
+
+    from training.worker import Worker
+
+    remote: Any = ray.remote(Worker)
+    return remote.options(
+        name=f"{name}-w{rank}",
+        num_cpus=0,
+        num_gpus=spec.gpus_per_worker,
+        resources={cluster_resource(ranks[rank]): 1.0},
+        max_restarts=0,
+    ).remote(spec, rank, ranks, ifname)
 
 
 def ranks_of(spec: TrainSpec) -> list[str]:
