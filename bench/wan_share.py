@@ -229,7 +229,7 @@ def plan_all(mode: str, a: argparse.Namespace, efficiency: dict[str, float]) -> 
                     step_s=plan.estimate.step_time_s if plan else None,
                     share_mbps=link.bandwidth_gbps * 1000 if link else None,
                     reserved_mbps=kbps / 1000 if mode != "blind" and kbps else None,
-                    train=None if train is None else asdict(train),
+                    train=None if train is None else train.to_dict(),
                 )
             )
     engine.dispose()

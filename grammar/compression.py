@@ -65,7 +65,7 @@ _TOPK_MOMENTUM = 0.9
 _MAX_CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Compression:
     """A parsed compression value.
 
@@ -101,6 +101,9 @@ class Compression:
                 parts.append(self.values)
             return ":".join(parts)
         return self.kind.value
+
+    def __repr__(self) -> str:
+        return f"Compression({str(self)!r})"
 
     @property
     def is_auto(self) -> bool:

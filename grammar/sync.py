@@ -69,7 +69,7 @@ DOCUMENTED_SYNCS: tuple[str, ...] = (
 """One value of every form the docs name; tests place and run each of them."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Sync:
     """A parsed sync value; `period` is local SGD's (and streaming's, partial's) H and
     gossip's P, `staleness` bounded staleness' (and the parameter server's) S, `fragments`
@@ -93,6 +93,9 @@ class Sync:
         if self.kind is SyncKind.ASYNC_PS:
             return f"async-ps:{self.staleness}"
         return self.kind.value
+
+    def __repr__(self) -> str:
+        return f"Sync({str(self)!r})"
 
     @property
     def is_auto(self) -> bool:

@@ -7,13 +7,13 @@ exchange headers), so all leaders switch to the same level on the same step.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from grammar import CompressionKind, parse_compression
+from grammar import Compression, CompressionKind, parse_compression
 from training.wan import Link
 
 
-def estimate_bytes(level: str, shapes: Sequence[tuple[int, ...]]) -> int:
+def estimate_bytes(level: str | Compression, shapes: Sequence[tuple[int, ...]]) -> int:
     """Roughly how many bytes one message of `level` takes for tensors of `shapes`."""
     c = parse_compression(level)
     total = 0
@@ -44,26 +44,27 @@ def estimate_bytes(level: str, shapes: Sequence[tuple[int, ...]]) -> int:
 
 
 def choose(
-    levels: list[str],
-    measured: dict[str, int],
+    levels: Sequence[Compression],
+    measured: Mapping[str, int],
     shapes: Sequence[tuple[int, ...]],
     compute_s: float,
     link: Link | None,
     rounds: float = 1,
-) -> str:
+) -> Compression:
     """The first (least compressed) level whose time on the wire is at most the compute time.
     A message crosses the slowest link `rounds` times (n-1 in a ring all-gather of n; the
     adaptive sync passes bytes per link already, with rounds=1).
 
     Only the bandwidth part counts: the latency of a synchronous exchange is paid whatever the
     compression, so no level can hide it (local SGD does).
-    `measured` holds real sizes seen for levels already used (they beat estimates).
+    `measured` holds real sizes seen for levels already used (they beat estimates), under
+    their canonical names.
     Without a link (no shaping, no table) the WAN is not the bottleneck: the first level.
     """
     if link is None or not levels:
-        return levels[0] if levels else "none"
+        return levels[0] if levels else Compression(CompressionKind.NONE)
     for level in levels:
-        nbytes = measured.get(level) or estimate_bytes(level, shapes)
+        nbytes = measured.get(str(level)) or estimate_bytes(level, shapes)
         if rounds * nbytes * 8.0 / link.bandwidth_bps <= compute_s:
             return level
     return levels[-1]

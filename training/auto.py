@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from grammar import Sync, SyncKind, parse_compression, parse_sync
+from grammar import Compression, Sync, SyncKind
 from grammar.quality import NEAR_LOSSLESS, PERIODS
 from training.adaptive import estimate_bytes
 from training.wan import Link
@@ -309,11 +309,10 @@ class AutoPolicy:
         return new
 
 
-def parse_fixed(sync: str, compression: str) -> tuple[Sync | None, str | None]:
-    """What of `sync` / `compression` the user fixed (None: auto, the policy's to pick)."""
-    s = parse_sync(sync)
-    c = parse_compression(compression)
-    return (None if s.is_auto else s), (None if c.is_auto else str(c))
+def parse_fixed(sync: Sync, compression: Compression) -> tuple[Sync | None, str | None]:
+    """What of `sync` / `compression` the user fixed (None: auto, the policy's to pick); the
+    compression in its canonical form, as the policy's ladder names levels."""
+    return (None if sync.is_auto else sync), (None if compression.is_auto else str(compression))
 
 
 def wan_bound_ratio(params: int, compute_s: float, mbps: float) -> float:
@@ -322,10 +321,9 @@ def wan_bound_ratio(params: int, compute_s: float, mbps: float) -> float:
     return 4.0 * params * 8.0 / (mbps * 1e6) / max(compute_s, 1e-9)
 
 
-def runs_auto(sync: str, compression: str) -> Sync | None:
+def runs_auto(sync: Sync, compression: Compression) -> Sync | None:
     """`Sync(auto)` when the run's policy picks something (sync or compression is auto, not
     under adaptive, which picks its own levels), else None: the given sync runs as is."""
-    s = parse_sync(sync)
-    if s.is_auto or (parse_compression(compression).is_auto and s.kind is not SyncKind.ADAPTIVE):
+    if sync.is_auto or (compression.is_auto and sync.kind is not SyncKind.ADAPTIVE):
         return Sync(SyncKind.AUTO)
     return None

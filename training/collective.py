@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from grammar import Compression
 from training.compression import Compressor, make_compressor
 from training.exchange import Exchanged, LeaderExchange, model_digest, param_pieces
 from training.results import ExchangeCounters
@@ -92,11 +93,13 @@ class Collective:
         """This run's exchange totals (zero on ranks that are not leaders)."""
         return self.exchanger.counters if self.exchanger is not None else ExchangeCounters()
 
-    def compressor(self, level: str) -> Compressor:
-        """The compressor of compression level `level`, made on first use."""
-        if level not in self.compressors:
-            self.compressors[level] = make_compressor(level)
-        return self.compressors[level]
+    def compressor(self, level: Compression) -> Compressor:
+        """The compressor of compression level `level`, made on first use (kept under the
+        level's wire name, which a received message's header gives)."""
+        name = str(level)
+        if name not in self.compressors:
+            self.compressors[name] = make_compressor(level)
+        return self.compressors[name]
 
     def observe_compute(self, seconds: float) -> None:
         """Fold one step's compute time into the mean the next exchanges announce."""
@@ -123,11 +126,13 @@ class Collective:
                 links = LinkTable.build([], mbps, rtt)
         return links
 
-    def uses_ring(self, level: str) -> bool:
+    def uses_ring(self, level: Compression) -> bool:
         """Whether exchanges at `level` all-reduce through the ring (else all-gather)."""
         return self.compressor(level).ring
 
-    def wan_exchange(self, flat: torch.Tensor, step: int, level: str, offset: int = 0) -> Exchanged:
+    def wan_exchange(
+        self, flat: torch.Tensor, step: int, level: Compression, offset: int = 0
+    ) -> Exchanged:
         """Leader only: sum this cluster's `flat` with every other cluster's, compressed with
         `level`. `flat` holds the flat parameter positions [offset, offset + len) (a fragment
         of the model, or all of it): that names the pieces the compressor keeps state for.
@@ -144,7 +149,9 @@ class Collective:
         done.total = done.total.to(self.device, flat.dtype).view(flat.shape)
         return done
 
-    def wan_sum(self, flat: torch.Tensor, step: int, level: str, offset: int = 0) -> torch.Tensor:
+    def wan_sum(
+        self, flat: torch.Tensor, step: int, level: Compression, offset: int = 0
+    ) -> torch.Tensor:
         """Leader only: this cluster's `flat` summed with every other cluster's."""
         return self.wan_exchange(flat, step, level, offset).total
 

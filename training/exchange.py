@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from grammar import Compression
 from training.compression import Compressor, packet_from_bytes, packet_to_bytes
 from training.results import Edge, ExchangeCounters, WanBytes
 from training.wan import Link, LinkTable, Pacer, ring_edges
@@ -59,7 +60,7 @@ class Exchanged:
 
     total: torch.Tensor
     """The sum over clusters, flat float32 on the CPU."""
-    compression: str
+    compression: Compression
     infos: list[dict[str, float]]
     """What each leader announced, in cluster order."""
     edge_bytes: int
@@ -126,7 +127,7 @@ def chunk_bounds(length: int, n: int) -> list[tuple[int, int]]:
 
 
 def encode(
-    compression: str,
+    compression: Compression,
     compressor: Compressor,
     keys: list[str],
     tensors: list[torch.Tensor],
@@ -135,7 +136,7 @@ def encode(
 ) -> bytes:
     """One leader's message: a small JSON header, then each packet's serialised bytes."""
     blobs = [packet_to_bytes(compressor.compress(k, t)) for k, t in zip(keys, tensors, strict=True)]
-    head: dict[str, Any] = {"c": compression, "n": [len(b) for b in blobs], "i": info}
+    head: dict[str, Any] = {"c": str(compression), "n": [len(b) for b in blobs], "i": info}
     if sizes is not None:
         head["r"] = sizes
     header = json.dumps(head, separators=(",", ":")).encode()
@@ -219,7 +220,7 @@ class LeaderExchange:
 
     def gather(
         self,
-        compression: str,
+        compression: Compression,
         compressor: Compressor,
         decompressors: dict[str, Compressor],
         flat: torch.Tensor,
@@ -301,7 +302,7 @@ class LeaderExchange:
 
     def ring(
         self,
-        compression: str,
+        compression: Compression,
         compressor: Compressor,
         decompressors: dict[str, Compressor],
         flat: torch.Tensor,

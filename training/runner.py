@@ -271,7 +271,7 @@ def run(
     started, local = ensure_ray(spec)
     ifname = spec.gloo_ifname or os.environ.get("CPN_GLOO_IFNAME") or ("lo" if local else None)
     run_id = uuid.uuid4().hex[:8]
-    live = spec.fault_domains and regroups(spec.sync_mode())
+    live = spec.fault_domains and regroups(spec.sync)
     wanted = membership() if membership is not None else None
     seen_version = wanted.version if wanted is not None else 0
     seg = spec.eval_every or max(1, spec.steps // 20)
@@ -452,8 +452,8 @@ def run(
     return TrainReport(
         task=spec.task,
         clusters=dict(spec.clusters),
-        compression=spec.compression,
-        sync=spec.sync,
+        compression=str(spec.compression),
+        sync=str(spec.sync),
         steps=last.step if last is not None else (resumed_from or 0),
         final_loss=last.loss if last is not None else float("nan"),
         final_accuracy=float(final_acc) if final_acc is not None else float("nan"),

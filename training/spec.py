@@ -1,15 +1,17 @@
 """What a training run is asked to do (`TrainSpec`), what it reports while running (`Progress`)
 and at the end (`TrainReport`). Plain dataclasses so the controller, the CLI and the benchmark
-share them without importing torch or Ray. Compression and sync values are the shared grammar's
-(`grammar.parse_compression`, `grammar.parse_sync`).
+share them without importing torch or Ray. Compression and sync are kept as the shared
+grammar's values (`grammar.Compression`, `grammar.Sync`): a string given for one (a CLI flag, a
+dict read back from JSON) is parsed once, when it is set, and nothing below parses it again.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from grammar import Compression, Sync, SyncKind, parse_compression, parse_sync
 from grammar.quality import SPEED_BOUND
@@ -37,14 +39,57 @@ def parse_clusters(text: str) -> dict[str, int]:
     return out
 
 
-def _concrete_compression(text: str) -> Compression:
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+class Parsed(Generic[V, T]):
+    """A dataclass field that holds the grammar's value `T` and takes a `V` (a string) too,
+    parsed on assignment (a descriptor-typed field: the dataclass calls `__get__(None, ...)`
+    once for its default). Set through `object.__setattr__`, so frozen dataclasses keep it."""
+
+    def __init__(self, parse: Callable[[V | T], T], default: V | T) -> None:
+        self._parse = parse
+        self._default = parse(default)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = "_" + name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> T: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> T:
+        if obj is None:
+            return self._default
+        value: T = getattr(obj, self._attr)
+        return value
+
+    def __set__(self, obj: object, value: V | T) -> None:
+        object.__setattr__(obj, self._attr, self._parse(value))
+
+
+def _concrete_compression(text: str | Compression) -> Compression:
     compression = parse_compression(text)
     if compression.is_auto:
         raise ValueError(
-            f"compression {text!r}: auto is the planner's to replace; a run needs a concrete "
-            "value such as none, int8 or topk:0.01"
+            f"compression {str(text)!r}: auto is the planner's to replace; a run needs a "
+            "concrete value such as none, int8 or topk:0.01"
         )
     return compression
+
+
+def _levels(values: Sequence[str | Compression]) -> tuple[Compression, ...]:
+    """Adaptive's compression levels, each concrete (ValueError names the one at fault)."""
+    if isinstance(values, str):
+        raise ValueError("adaptive_levels: give a list of compression values, e.g. [none, int8]")
+    out = []
+    for i, level in enumerate(values):
+        try:
+            out.append(_concrete_compression(level))
+        except ValueError as exc:
+            raise ValueError(f"adaptive_levels[{i}]: {exc}") from None
+    return tuple(out)
 
 
 AUTO_SYNCS = (SyncKind.AUTO, SyncKind.EVERY_STEP, SyncKind.LOCAL_SGD)
@@ -94,8 +139,8 @@ class TrainSpec:
 
     task: str = "builtin:mnist1d-mlp"
     clusters: dict[str, int] = field(default_factory=lambda: {"a": 1, "b": 1})
-    compression: str = "none"
-    sync: str = "every-step"
+    compression: Parsed[str, Compression] = Parsed(parse_compression, "none")
+    sync: Parsed[str, Sync] = Parsed(parse_sync, "every-step")
     steps: int = 100
     seed: int = 0
     batch_size: int | None = None  # global batch; None: the task's default
@@ -123,15 +168,8 @@ class TrainSpec:
     outer_nesterov: bool = True
     """The outer step (local SGD, streaming) is SGD with this lr and momentum, Nesterov's when
     `outer_nesterov` and the momentum is > 0."""
-    adaptive_levels: list[str] = field(
-        default_factory=lambda: [
-            "none",
-            "bf16",
-            "int8",
-            "topk:0.1:m0",
-            "topk:0.01:m0",
-            "topk:0.001:m0",
-        ]
+    adaptive_levels: Parsed[Sequence[str | Compression], tuple[Compression, ...]] = Parsed(
+        _levels, ("none", "bf16", "int8", "topk:0.1:m0", "topk:0.01:m0", "topk:0.001:m0")
     )
     """Least to most compressed. Levels share one local optimizer, so top-k here runs without
     its own momentum correction (m0): the optimizer keeps the momentum."""
@@ -238,27 +276,16 @@ class TrainSpec:
             )
 
     def _check_grammar(self) -> None:
-        """Sync and compression through the shared grammar; `auto` is the runtime policy's."""
-        sync = self.sync_mode()
-        compression = parse_compression(self.compression)
-        if compression.is_auto and sync.kind not in (*AUTO_SYNCS, SyncKind.ADAPTIVE):
+        """What the grammar's parse (on assignment) cannot see: `auto` is the runtime policy's
+        only where it picks compression; adaptive needs levels to pick from."""
+        if self.compression.is_auto and self.sync.kind not in (*AUTO_SYNCS, SyncKind.ADAPTIVE):
             raise ValueError(
-                f"compression 'auto' with sync {self.sync!r}: the runtime picks compression "
+                f"compression 'auto' with sync '{self.sync}': the runtime picks compression "
                 "under sync auto, every-step or local-sgd:H; use one of them, or a concrete "
                 "compression such as int8"
             )
-        if sync.kind is SyncKind.ADAPTIVE:  # the levels are what runs, not `compression`
-            if not self.adaptive_levels:
-                raise ValueError("adaptive_levels: name at least one compression level")
-            for i, level in enumerate(self.adaptive_levels):
-                try:
-                    _concrete_compression(level)
-                except ValueError as exc:
-                    raise ValueError(f"adaptive_levels[{i}]: {exc}") from None
-
-    def sync_mode(self) -> Sync:
-        """`sync` parsed (ValueError quotes it and lists the valid forms)."""
-        return parse_sync(self.sync)
+        if self.sync.kind is SyncKind.ADAPTIVE and not self.adaptive_levels:
+            raise ValueError("adaptive_levels: name at least one compression level")
 
     @property
     def world_size(self) -> int:
@@ -269,7 +296,13 @@ class TrainSpec:
         return bool(self.links) or self.link_mbps is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As plain data (JSON's types): the grammar's values in their canonical form, which
+        `TrainSpec(**d)` parses back."""
+        out = asdict(self)
+        out["compression"] = str(self.compression)
+        out["sync"] = str(self.sync)
+        out["adaptive_levels"] = [str(level) for level in self.adaptive_levels]
+        return out
 
 
 @dataclass

@@ -61,7 +61,7 @@ class Worker:
         self.cluster_ranks = [r for r, c in enumerate(ranks_cluster) if c == self.cluster]
         self.leader_ranks = [ranks_cluster.index(c) for c in self.clusters]
         self.is_leader = rank == self.cluster_ranks[0]
-        self.sync: Sync = spec.sync_mode()
+        self.sync: Sync = spec.sync
         self.live = spec.fault_domains and regroups(self.sync)
         """This rank re-forms with the others when a cluster leaves or joins (`regroup`)."""
         self.pending = False
@@ -379,7 +379,7 @@ class Worker:
             eval_loss=ev.loss if ev is not None else None,
             compute_s=self.compute_s,
             comm_s=self.comm_s,
-            compression=self.strategy.compression,
+            compression=str(self.strategy.compression),
             wan=self.comm.counters,
             local_steps=self.local_step,
             sync_stats=self.strategy.stats(),
@@ -432,7 +432,7 @@ class Worker:
             "clusters": {self.cluster: self._mine()} if own else dict(clusters or {}),
             "sync": {
                 "kind": self.sync.kind.value,
-                "compression": self.strategy.compression,
+                "compression": str(self.strategy.compression),
                 "compute_ema": self.comm.compute_ema,
                 **self.strategy.state_dict(),
             },

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
@@ -19,6 +19,9 @@ from grammar import (
     parse_sync,
 )
 from grammar.parallel import Parallelism, parse_parallelism, parse_stages
+
+if TYPE_CHECKING:
+    from training.spec import TrainSpec
 
 _V = TypeVar("_V", Compression, Sync)
 
@@ -210,18 +213,18 @@ def train(
     except ValueError as exc:
         raise fail("train", "--clusters", str(exc)) from None
     try:
-        sync = str(_concrete(parse_sync(sync)))
+        sync_value = _concrete(parse_sync(sync))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--sync") from None
     try:
-        compression = str(_concrete(parse_compression(compression)))
+        compression_value = _concrete(parse_compression(compression))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--compression") from None
-    if compression == "auto" and parse_sync(sync).kind not in AUTO_COMPRESSION_SYNCS:
+    if compression_value.is_auto and sync_value.kind not in AUTO_COMPRESSION_SYNCS:
         raise fail(
             "train",
             "--compression",
-            f"auto needs --sync auto, every-step or local-sgd:H (not {sync}); or give a "
+            f"auto needs --sync auto, every-step or local-sgd:H (not {sync_value}); or give a "
             "concrete value such as int8",
         )
     try:
@@ -247,8 +250,8 @@ def train(
     spec = TrainSpec(
         task=task,
         clusters=cluster_map,
-        compression=compression,
-        sync=sync,
+        compression=compression_value,
+        sync=sync_value,
         steps=steps,
         seed=seed,
         batch_size=batch_size,
@@ -322,7 +325,7 @@ def train(
     except RuntimeError as exc:
         raise fail("train", "run", str(exc), FAILED) from None
     if plot is not None:
-        plot_accuracy(report.history, plot, f"{task} {compression} {sync}")
+        plot_accuracy(report.history, plot, f"{task} {compression_value} {sync_value}")
     if as_json:
         data = report.to_dict()
         print(json.dumps(data))
@@ -333,17 +336,17 @@ def train(
 
 
 def _train_pipeline(
-    spec: Any, mode: Parallelism, stages: str | None, micro: int, schedule: str, as_json: bool
+    spec: TrainSpec, mode: Parallelism, stages: str | None, micro: int, schedule: str, as_json: bool
 ) -> None:
     """`--parallel pipeline|hybrid`: stage actors on the clusters, activations over the WAN."""
     from training.pipeline import PipelineSpec, Schedule, place, run_pipeline
 
     unsupported = [
-        ("--sync", spec.sync != "every-step"),
-        ("--compression", spec.compression == "auto"),
+        ("--sync", spec.sync.kind is not SyncKind.EVERY_STEP),
+        ("--compression", spec.compression.is_auto),
         ("--gpus-per-worker", spec.gpus_per_worker > 0),
-        ("--slowdown", bool(getattr(spec, "slowdown", None))),
-        ("--data", getattr(spec, "data", "shared") != "shared"),
+        ("--slowdown", bool(spec.slowdown)),
+        ("--data", spec.data != "shared"),
     ]
     for flag, given in unsupported:
         if given:

@@ -177,7 +177,7 @@ def _live(spec: TrainSpec) -> bool:
     """Whether the run shrinks and grows in place (its sync mode can: `training.faults`)."""
     from training.sync import regroups  # torch loads with it: only once a run launches
 
-    return spec.fault_domains and len(spec.clusters) > 1 and regroups(spec.sync_mode())
+    return spec.fault_domains and len(spec.clusters) > 1 and regroups(spec.sync)
 
 
 def _work(spec: JobSpec) -> float:

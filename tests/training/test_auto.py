@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from api.cli import app
-from grammar import Sync, SyncKind, parse_sync
+from grammar import Sync, SyncKind, parse_compression, parse_sync
 from training.auto import (
     LADDER,
     PERIODS,
@@ -192,9 +192,13 @@ def test_fixed_values_are_kept() -> None:
     assert d.sync.period == 8 and lossiness(d.compression) > 0
     d = decide(0.05, link, 4_000_000, 3, fixed_sync=Sync(SyncKind.EVERY_STEP))
     assert d.sync.kind is SyncKind.EVERY_STEP and d.compression == LADDER[-1]
-    assert runs_auto("auto", "none") == Sync(SyncKind.AUTO)
-    assert runs_auto("local-sgd:8", "auto") == Sync(SyncKind.AUTO)
-    assert runs_auto("adaptive", "auto") is None and runs_auto("every-step", "int8") is None
+
+    def auto(sync: str, compression: str) -> Sync | None:
+        return runs_auto(parse_sync(sync), parse_compression(compression))
+
+    assert auto("auto", "none") == Sync(SyncKind.AUTO)
+    assert auto("local-sgd:8", "auto") == Sync(SyncKind.AUTO)
+    assert auto("adaptive", "auto") is None and auto("every-step", "int8") is None
 
 
 def test_policy_redecides_only_after_a_lasting_change() -> None:

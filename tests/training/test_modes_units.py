@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grammar import Sync, SyncKind, parse_sync
+from grammar import Sync, SyncKind, parse_compression, parse_sync
 from training.collective import Collective
 from training.compression import make_compressor
 from training.exchange import Piece, decode, encode
@@ -103,7 +103,9 @@ def test_parameter_server_counts_versions_and_down_weights_stale_pushes() -> Non
     views = {"a": torch.zeros(3), "b": torch.zeros(3)}
 
     def push(cluster: str, base: int) -> int:
-        payload = encode("none", make_compressor("none"), ["w"], [torch.full((3,), -2.0)], {})
+        payload = encode(
+            parse_compression("none"), make_compressor("none"), ["w"], [torch.full((3,), -2.0)], {}
+        )
         pull, version, slowest = server.push(cluster, payload, base, 0.01)
         assert slowest == 0.01
         # what comes back is the change since this cluster's previous pull

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.training.test_ring import NUMEL, _collective, _contribution, _spawn
+from tests.training.test_ring import NONE, NUMEL, _collective, _contribution, _spawn
 from training.wan import Pacer
 
 EXCHANGES = 8
@@ -54,7 +54,7 @@ def _paced_rank(rank: int, ranks_cluster: list[str], port: int, out: str) -> Non
         comm = _collective(rank, ranks_cluster, port + (1 if kbps else 0), kbps)
         start = time.perf_counter()
         for s in range(EXCHANGES):
-            comm.wan_exchange(_contribution(rank, s), s, "none")
+            comm.wan_exchange(_contribution(rank, s), s, NONE)
         me = ranks_cluster[rank]
         found[name] = {
             "wall_s": time.perf_counter() - start,
@@ -98,7 +98,7 @@ def _sliced_rank(rank: int, ranks_cluster: list[str], port: int, out: str) -> No
     )
     comm = _collective(rank, ranks_cluster, port, 10**6, table)  # a reservation, not binding
     start = time.perf_counter()
-    totals = [comm.wan_exchange(_contribution(rank, s), s, "none").total for s in range(3)]
+    totals = [comm.wan_exchange(_contribution(rank, s), s, NONE).total for s in range(3)]
     me = ranks_cluster[rank]
     found = {
         "totals": totals,

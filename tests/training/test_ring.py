@@ -17,12 +17,14 @@ import pytest
 import torch
 
 import training
+from grammar import Compression, CompressionKind, parse_compression
 from training import TrainSpec
 from training.worker import free_port
 
 SHAPES = [torch.Size([40, 30]), torch.Size([30]), torch.Size([7, 3, 3])]
 NAMES = ["w", "b", "k"]
 NUMEL = sum(s.numel() for s in SHAPES)
+NONE = Compression(CompressionKind.NONE)
 
 
 def _collective(
@@ -77,15 +79,16 @@ def _ring_rank(rank: int, ranks_cluster: list[str], port: int, out: str) -> None
     found: dict[str, Any] = {}
     for level in ("none", "int4", "topk:0.1:m0", "powersgd:2"):
         before = comm.counters.sent_bytes
-        totals = [comm.wan_exchange(_contribution(rank, s), s, level) for s in range(3)]
+        value = parse_compression(level)
+        totals = [comm.wan_exchange(_contribution(rank, s), s, value) for s in range(3)]
         found[level] = {
             "totals": [t.total for t in totals],
             "infos": totals[-1].infos,
             "sent": (comm.counters.sent_bytes - before) / 3,
-            "ring": comm.uses_ring(level),
+            "ring": comm.uses_ring(value),
         }
     # a fragment: flat positions [1000, 1210) of the model, keyed by its pieces
-    found["fragment"] = comm.wan_sum(torch.full((210,), float(rank)), 0, "none", 1000)
+    found["fragment"] = comm.wan_sum(torch.full((210,), float(rank)), 0, NONE, 1000)
     found["edges"] = dict(comm.counters.wan_bytes)
     dist.destroy_process_group()
     torch.save(found, Path(out) / f"rank{rank}.pt")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grammar import Sync, SyncKind, parse_sync
+from grammar import Sync, SyncKind, parse_compression, parse_sync
 from training.adaptive import choose, estimate_bytes
 from training.checkpoint import DirectoryStore, open_store
 from training.data import batch_indices, shard, shard_sizes
@@ -200,22 +200,22 @@ def test_checkpoint_store_latest_keep_and_file_uri(tmp_path: Path) -> None:
 
 
 def test_adaptive_picks_lightest_level_that_hides_under_compute() -> None:
-    levels = ["none", "bf16", "int8", "topk:0.01"]
+    levels = [parse_compression(v) for v in ("none", "bf16", "int8", "topk:0.01")]
     shapes = [(1000, 1000)]  # 4 MB in fp32
     fast = Link(10e9, 0.001)
     slow = Link(100e6, 0.03)
-    assert choose(levels, {}, shapes, compute_s=0.1, link=fast) == "none"
+    assert str(choose(levels, {}, shapes, compute_s=0.1, link=fast)) == "none"
     # at 100 Mbit/s: fp32 0.32 s, bf16 0.16 s, int8 0.08 s, top-k 1% 0.005 s on the wire
-    assert choose(levels, {}, shapes, compute_s=0.1, link=slow) == "int8"
-    assert choose(levels, {}, shapes, compute_s=0.05, link=slow) == "topk:0.01"
-    assert choose(levels, {}, shapes, compute_s=0.2, link=slow) == "bf16"  # RTT not counted
+    assert str(choose(levels, {}, shapes, compute_s=0.1, link=slow)) == "int8"
+    assert str(choose(levels, {}, shapes, compute_s=0.05, link=slow)) == "topk:0.01"
+    assert str(choose(levels, {}, shapes, compute_s=0.2, link=slow)) == "bf16"  # RTT not counted
     # three clusters: each block crosses the slowest ring edge twice (bf16 0.32 s > 0.2 s)
-    assert choose(levels, {}, shapes, compute_s=0.2, link=slow, rounds=2) == "int8"
-    assert choose(levels, {}, shapes, compute_s=0.001, link=slow) == "topk:0.01"
+    assert str(choose(levels, {}, shapes, compute_s=0.2, link=slow, rounds=2)) == "int8"
+    assert str(choose(levels, {}, shapes, compute_s=0.001, link=slow)) == "topk:0.01"
     # a measured size beats the estimate
-    assert choose(levels, {"int8": 4_000_000}, shapes, compute_s=0.1, link=slow) == "topk:0.01"
+    assert str(choose(levels, {"int8": 4_000_000}, shapes, compute_s=0.1, link=slow)) == "topk:0.01"
     assert estimate_bytes("powersgd:4", [(100, 50)]) == 4 * 4 * 150 + 16
-    assert choose(levels, {}, shapes, compute_s=0.1, link=None) == "none"
+    assert str(choose(levels, {}, shapes, compute_s=0.1, link=None)) == "none"
 
 
 def test_mnist1d_is_generated_once_and_a_bad_cache_is_replaced(

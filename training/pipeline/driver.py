@@ -174,7 +174,7 @@ def run_pipeline(
         cuts=list(cuts),
         micro_batches=spec.micro_batches,
         schedule=str(spec.schedule),
-        activations=spec.activations,
+        activations=str(spec.activations),
         steps=step,
         final_loss=float(loss) if loss is not None else float("nan"),
         final_accuracy=final[1] if final is not None else float("nan"),

@@ -43,7 +43,7 @@ def stage_progress(
         wan_bytes=wan,
         wan_bytes_total=wan.total,
         compression_ratio=raw / wan.total if wan.total else 1.0,
-        compression=spec.activations,
+        compression=str(spec.activations),
         compute_by_cluster=compute,
     )
 
@@ -59,7 +59,7 @@ def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
         task=report.task,
         clusters=clusters,
         compression=report.activations,
-        sync=spec.train.sync,
+        sync=str(spec.train.sync),
         steps=report.steps,
         final_loss=report.final_loss,
         final_accuracy=report.final_accuracy,

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from grammar import Compression, parse_compression
 from training.pipeline.schedule import Schedule
 from training.pipeline.split import Placement
 from training.results import WanBytes
-from training.spec import TrainSpec
+from training.spec import Parsed, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,10 @@ class PipelineSpec:
     micro_batches: int = 4
     schedule: Schedule = Schedule.GPIPE
     cuts: tuple[int, ...] | None = None
-    activations: str = "none"
+    activations: Parsed[str, Compression] = Parsed(parse_compression, "none")
 
     def validate(self) -> None:
         """ValueError `field: message` for what the driver can check before starting actors."""
-        from grammar import parse_compression
         from training.pipeline.codec import codec_for
 
         if self.micro_batches < 1:
@@ -37,7 +37,7 @@ class PipelineSpec:
                 f"stages: {len(self.cuts)} cut point(s) make {len(self.cuts) + 1} stages, "
                 f"the placement has {self.placement.stages}"
             )
-        codec_for(parse_compression(self.activations))
+        codec_for(self.activations)
 
 
 @dataclass

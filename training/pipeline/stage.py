@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grammar import parse_compression
 from training.checkpoint import FORMAT, CheckpointStore, check_identity, open_store
 from training.collective import flatten, split
 from training.data import batch_indices, shard
@@ -100,7 +99,7 @@ class StageWorker:
         self.module: nn.Module = group(parts, cuts)[self.stage]
         self.params = [q for q in self.module.parameters() if q.requires_grad]
         self.opt = task.optimizer.build(self.params, lr=t.lr)
-        self.codec = codec_for(parse_compression(spec.activations))
+        self.codec = codec_for(spec.activations)
         self.links = LinkTable.build(t.links, t.link_mbps, t.rtt_ms)
         self.busy_until: dict[int, float] = {}  # per incoming link: when it is free again
         self.step = 0

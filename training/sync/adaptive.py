@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from grammar import Sync
+from grammar import Compression, Sync, parse_compression
 from training.adaptive import choose, estimate_bytes
 from training.exchange import Exchanged
 from training.sync.base import SyncContext
@@ -25,7 +25,7 @@ class AdaptiveSync(EveryStepSync):
         super().__init__(sync, ctx)
         self.compression = ctx.spec.adaptive_levels[0]
         self.shapes = [tuple(p.shape) for p in ctx.params]
-        self.measured: dict[str, int] = {}  # largest message seen per level
+        self.measured: dict[str, int] = {}  # largest message seen per level (its name)
         self.exchange_s: dict[str, float] = {}  # slowest leader's exchange time per level
         self.last_level: str | None = None
 
@@ -34,7 +34,7 @@ class AdaptiveSync(EveryStepSync):
         self._adapt(done, step)
         return done.total
 
-    def _crossings(self, level: str) -> float:
+    def _crossings(self, level: Compression) -> float:
         """Copies of one message's bytes the busiest link carries per exchange at `level`:
         2(n-1)/n in a ring all-reduce, n-1 in an all-gather."""
         n = len(self.comm.clusters)
@@ -51,7 +51,7 @@ class AdaptiveSync(EveryStepSync):
         spiralled down: a small message's time is mostly latency, which reads as a slow link,
         which picks a smaller message still.
         """
-        level = done.compression
+        level = str(done.compression)
         self.measured[level] = done.edge_bytes  # bytes on the busiest link per exchange
         xs = max(i["xs"] for i in done.infos)
         if self.last_level is not None and xs > 0:
@@ -66,7 +66,7 @@ class AdaptiveSync(EveryStepSync):
             link = Link(bps, 0.0)
         levels = self.spec.adaptive_levels
         per_link = {
-            lv: self.measured.get(lv)
+            str(lv): self.measured.get(str(lv))
             or round(estimate_bytes(lv, self.shapes) * self._crossings(lv))
             for lv in levels
         }
@@ -82,4 +82,4 @@ class AdaptiveSync(EveryStepSync):
             return
         self.measured = dict(state.get("measured", {}))
         self.exchange_s = dict(state.get("exchange_s", {}))
-        self.compression = str(state.get("compression", self.compression))
+        self.compression = parse_compression(state.get("compression", self.compression))

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grammar import Sync
+from grammar import Compression, CompressionKind, Sync, parse_compression
 from training.collective import flatten, split
 from training.compression import Compressor, make_compressor
 from training.exchange import Piece, decode, encode, param_pieces
@@ -71,7 +71,7 @@ class ParameterServer:
         """Apply one cluster's update made from version `base_version`; return the change of
         the parameters since that cluster's previous pull (compressed like its push, error
         feedback kept here per cluster), their version and the slowest step time heard."""
-        level = "none"
+        level = Compression(CompressionKind.NONE)
         if step_s > 0:
             self.step_s[cluster] = step_s
         if payload:
@@ -100,12 +100,13 @@ class ParameterServer:
         """The parameters, exactly (the last pull of every cluster)."""
         return self.params.clone()
 
-    def _decode(self, cluster: str, payload: bytes) -> tuple[str, list[torch.Tensor]]:
+    def _decode(self, cluster: str, payload: bytes) -> tuple[Compression, list[torch.Tensor]]:
+        """The level a message's header names (its sender's) and its tensors."""
         (hlen,) = struct.unpack_from("<I", payload)
-        level = str(json.loads(payload[4 : 4 + hlen])["c"])
-        if level not in self.decompressors:
-            self.decompressors[level] = make_compressor(level)
-        return level, decode(cluster, payload, self.decompressors).tensors
+        name = str(json.loads(payload[4 : 4 + hlen])["c"])
+        if name not in self.decompressors:
+            self.decompressors[name] = make_compressor(name)
+        return parse_compression(name), decode(cluster, payload, self.decompressors).tensors
 
     def stats(self) -> tuple[int, int, int]:
         return self.version, self.stale_updates, self.max_staleness
@@ -127,7 +128,7 @@ class RegionalServer(ParameterServer):
         host: str,
         global_host: str,
         global_server: Any,
-        compression: str,
+        compression: Compression,
         link: Link | None,
     ) -> None:
         super().__init__(params, shares, staleness, pieces)
@@ -145,7 +146,7 @@ class RegionalServer(ParameterServer):
         self.sent_version = 0  # this server's version then
         self.due = 0.0  # when the exchange in flight may land (emulated link time)
         self.reply: tuple[bytes, int, float] | None = None
-        self.down: dict[str, Compressor] = {compression: make_compressor(compression)}
+        self.down: dict[str, Compressor] = {str(compression): make_compressor(compression)}
         self.up_bytes = 0
         self.exchanges = 0
         self.sent: dict[tuple[str, str], int] = {}
@@ -263,7 +264,7 @@ class AsyncPSSync(SyncStrategy):
         self.pushes = 0
         self.compressor = make_compressor(self.compression)
         self.decompressors: dict[str, Compressor] = {
-            self.compression: make_compressor(self.compression)
+            str(self.compression): make_compressor(self.compression)
         }
         self.sent: dict[tuple[str, str], int] = {}
         self.final: tuple[int, int, int] = (0, 0, 0)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grammar import Sync, SyncKind
+from grammar import Compression, CompressionKind, Sync, SyncKind, parse_compression
 from training.auto import AutoPolicy, Decision, link_from_exchange, parse_fixed
 from training.collective import split
 from training.results import AutoChoice
@@ -40,6 +40,8 @@ from training.sync.every_step import EveryStepSync
 from training.sync.local_sgd import LocalSGDSync
 from training.sync.streaming import StreamingSync
 from training.wan import Link
+
+_NONE = Compression(CompressionKind.NONE)
 
 WARMUP = 4
 """Steps measured before the first decision (the first one, warming caches, is not counted)."""
@@ -66,7 +68,7 @@ class AutoSync(SyncStrategy):
         )
         self.warmup = max(1, min(WARMUP, ctx.spec.steps))
         self.inner = LocalSGDSync(Sync(SyncKind.LOCAL_SGD, period=self.warmup), ctx)
-        self.inner.compression = fixed_compression or "int8"
+        self.inner.compression = parse_compression(fixed_compression or "int8")
         self.computes: list[float] = []
         """Per step, the seconds a WAN exchange can hide under: forward/backward, the
         intra-cluster all-reduce and the optimizer step, without the step's WAN waits."""
@@ -80,11 +82,11 @@ class AutoSync(SyncStrategy):
     # -------------------------------------------------------------- delegation
 
     @property
-    def compression(self) -> str:
-        return self.inner.compression if self.inner is not None else "none"
+    def compression(self) -> Compression:
+        return self.inner.compression if self.inner is not None else _NONE
 
     @compression.setter
-    def compression(self, value: str) -> None:
+    def compression(self, value: Compression) -> None:
         if self.inner is not None:
             self.inner.compression = value
 
@@ -173,7 +175,8 @@ class AutoSync(SyncStrategy):
         """Copies of one message at `level` on the busiest link: 2(n-1)/n through the ring,
         n-1 in an all-gather (as `AdaptiveSync`)."""
         n = len(self.comm.clusters)
-        return 2.0 * (n - 1) / n if self.comm.uses_ring(level) else float(n - 1)
+        ring = self.comm.uses_ring(parse_compression(level))
+        return 2.0 * (n - 1) / n if ring else float(n - 1)
 
     def _observe_now(self, step: int) -> bool:
         cur = self.policy.current
@@ -252,7 +255,7 @@ class AutoSync(SyncStrategy):
             new.load_state_dict(None, None)
             self.inner = new
         assert self.inner is not None
-        self.inner.compression = decision.compression
+        self.inner.compression = parse_compression(decision.compression)
         self.choices.append(AutoChoice(step, str(sync), decision.compression, decision.why))
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grammar import Sync, SyncKind
+from grammar import Compression, Sync, SyncKind
 from training.collective import Collective
 from training.results import AutoChoice
 from training.spec import TrainSpec
@@ -91,7 +91,7 @@ class SyncStrategy(ABC):
         self.comm = ctx.comm
         self.spec = ctx.spec
         # the compression level of the next exchange (reported in progress, checkpointed)
-        self.compression: str = ctx.spec.compression
+        self.compression: Compression = ctx.spec.compression
 
     @property
     def scope(self) -> Scope:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grammar import Sync
+from grammar import Compression, CompressionKind, Sync
 from training.collective import flatten, split
 from training.compression import Compressor, make_compressor
 from training.exchange import decode, encode, param_pieces
@@ -94,7 +94,7 @@ class GossipSync(SyncStrategy):
         payload = encode(self.compression, self.compressor, [p.key for p in pieces], tensors, {})
         self.compressor.step()
         got = self._swap(payload)
-        self.decompressors.setdefault(self.compression, make_compressor(self.compression))
+        self.decompressors.setdefault(str(self.compression), make_compressor(self.compression))
         for c, data in [(me, payload), *got.items()]:
             message = decode(c, data, self.decompressors)
             self.replicas[c] += torch.cat([t.reshape(-1).float() for t in message.tensors])
@@ -168,7 +168,7 @@ class GossipSync(SyncStrategy):
             }
             share = self.ctx.cluster_share
             # uncompressed: the parameters themselves (not a residual-fed change) cross once
-            cur = self.comm.wan_sum(cur * share, self.spec.steps, "none")
+            cur = self.comm.wan_sum(cur * share, self.spec.steps, Compression(CompressionKind.NONE))
         self.comm.broadcast(cur)
         self._set(cur)
 
