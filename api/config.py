@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from controller.values.tasks import parse_task_modules
 
@@ -196,6 +199,21 @@ class Settings(BaseSettings):
         default=False, description="Serve /metrics to admin keys only (Prometheus: a bearer key)."
     )
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        try:
+            url = make_url(value)
+            url.get_dialect()
+        except (ArgumentError, NoSuchModuleError, ValueError):
+            url = None
+        if url is None or url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError(
+                "not a database cpn runs on; write sqlite:///path/to/cpn.db or "
+                "postgresql+psycopg://user@host:5432/db (postgres:// is not a SQLAlchemy name)"
+            )
+        return value
+
     @field_validator("task_modules")
     @classmethod
     def _task_modules(cls, value: str) -> str:
@@ -209,3 +227,26 @@ class Settings(BaseSettings):
     def monitor_period(self) -> float:
         """Seconds between lease checks: a quarter beat, so SUSPECT shows soon after a miss."""
         return self.monitor_interval_s or max(0.05, min(self.heartbeat_interval_s / 4, 5.0))
+
+
+def load_settings() -> Settings:
+    """The settings from the environment; ValueError, one line naming each bad `CPN_*`
+    variable, what it was given, what is wrong (the value of a secret is never shown)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ValueError(settings_problem(exc)) from None
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """`CPN_X='given': what is wrong; CPN_Y=...`: the variables, not the fields' names."""
+    parts = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else ""
+        variable = f"CPN_{name.upper()}" if name else "CPN_*"
+        given = "" if "token" in name or "secret" in name else f"={error.get('input')!r}"
+        if name == "database_url":  # a URL's password is not printed
+            given = "=" + repr(re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(error.get("input"))))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{variable}{given}: {message}")
+    return "; ".join(parts)

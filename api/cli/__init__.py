@@ -22,8 +22,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(given: bool) -> None:
+    if given:
+        from api.version import VERSION
+
+        print(VERSION)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the installed cpn version and exit.",
+    ),
+) -> None:
     """cpn: a cross-datacenter compute-network orchestrator."""
 
 
@@ -42,8 +58,11 @@ for module in (serve, db, agent, admin, apply, jobs, plan, train, demo, testbed)
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; usage errors become one line on stderr and exit code 2."""
     command = typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else argv
+    if not args:  # a bare `cpn`: its help, as `cpn --help` prints it
+        args = ["--help"]
     try:
-        rv = command.main(args=argv, prog_name="cpn", standalone_mode=False)
+        rv = command.main(args=args, prog_name="cpn", standalone_mode=False)
     except typer.Abort:
         print("cpn: aborted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -1,11 +1,13 @@
 """`cpn clusters`, `cpn links`, `cpn ports`, `cpn gpus`: admin tables, read over REST like
-any client; `cpn admin keys create|list|revoke`: API keys."""
+any client; `cpn cordon|uncordon|drain CLUSTER` (kubectl's verbs); `cpn admin keys
+create|list|revoke`: API keys."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -144,6 +146,38 @@ def gpus(url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool =
     _show("gpus", url, token, as_json, lambda c: c.gpus(), gpus_table)
 
 
+_FLAG_VERBS = {
+    "cordon": ("cordoned", "no new work is placed on it; what runs there goes on"),
+    "uncordon": ("uncordoned", "new work may be placed on it again"),
+    "drain": ("draining", "cordoned, and the controller moves what runs there elsewhere"),
+}
+
+
+def _flag(verb: str) -> Callable[..., None]:
+    done, meaning = _FLAG_VERBS[verb]
+
+    def command(
+        name: str = typer.Argument(..., help="Cluster name.", show_default=False),
+        url: str | None = UrlOpt,
+        token: str | None = TokenOpt,
+        as_json: bool = JsonOpt,
+    ) -> None:
+        from api.client import ApiError, Client
+
+        try:
+            with Client(url, token) as client:
+                cluster = client.post(f"/v1/clusters/{quote(name, safe='')}/{verb}")
+        except ApiError as exc:
+            raise fail(verb, None, str(exc), FAILED) from None
+        if as_json:
+            print(json.dumps(cluster, indent=2))
+        else:
+            print(f"cluster {cluster['name']} {done} ({cluster['state']}): {meaning}")
+
+    command.__doc__ = f"{verb.capitalize()} a cluster: {meaning} (admins)."
+    return command
+
+
 ROLES = ("admin", "tenant", "agent")
 
 
@@ -251,6 +285,8 @@ def register(app: typer.Typer) -> None:
     app.command("links")(links)
     app.command("gpus")(gpus)
     app.command("ports")(ports)
+    for verb in _FLAG_VERBS:
+        app.command(verb)(_flag(verb))
     keys = typer.Typer(help="Mint, list and revoke API keys.", no_args_is_help=True)
     keys.command("create")(keys_create)
     keys.command("list")(keys_list)

@@ -12,8 +12,14 @@ Typer's own usage errors (unknown option, value out of range) are printed the sa
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from api.config import Settings
 
 BAD_INPUT = 2
 FAILED = 1
@@ -29,6 +35,34 @@ def fail(cmd: str, field: str | None, message: str, code: int = BAD_INPUT) -> ty
     """Print the error line and return the exit to raise: `raise fail(...) from None`."""
     print(error_line(cmd, field, message), file=sys.stderr)
     return typer.Exit(code)
+
+
+def settings(cmd: str) -> Settings:
+    """The control plane's settings, or the one line naming each bad `CPN_*` variable."""
+    from api.config import load_settings
+
+    try:
+        return load_settings()
+    except ValueError as exc:
+        raise fail(cmd, None, str(exc)) from None
+
+
+@contextmanager
+def reaching_database(cmd: str) -> Iterator[None]:
+    """A database that cannot be reached is one line naming CPN_DATABASE_URL, not a traceback."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        yield
+    except OperationalError as exc:
+        cause = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
+        raise fail(
+            cmd,
+            "CPN_DATABASE_URL",
+            f"cannot reach the database ({cause[0] if cause else 'no reason given'}); is it "
+            "running, and is the URL right?",
+            FAILED,
+        ) from None
 
 
 def usage_error(command_path: str, exc: typer.TyperException) -> str:

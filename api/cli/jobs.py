@@ -356,7 +356,9 @@ def jobs(
 
 
 def job(
-    job_id: str = typer.Argument(..., help="Job id.", show_default=False),
+    job_id: str = typer.Argument(
+        ..., help="Job id, or its start as tables print it.", show_default=False
+    ),
     events: int = typer.Option(10, "--events", min=0, max=500, help="Recent events to show."),
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
@@ -365,11 +367,12 @@ def job(
     """Show one job and its most recent events."""
     with connected("job", url, token) as client:
         detail = client.job(job_id).model_dump(mode="json")
+        full = detail["id"]  # a short id resolved once
         recent: list[Any] = []
         if events:
-            total = client.get(f"/v1/jobs/{job_id}/events", limit=1)["total"]
+            total = client.get(f"/v1/jobs/{full}/events", limit=1)["total"]
             recent = client.get(
-                f"/v1/jobs/{job_id}/events", limit=events, offset=max(0, total - events)
+                f"/v1/jobs/{full}/events", limit=events, offset=max(0, total - events)
             )["items"]
     _show(
         as_json,
@@ -381,7 +384,9 @@ def job(
 
 
 def cancel(
-    job_id: str = typer.Argument(..., help="Job id.", show_default=False),
+    job_id: str = typer.Argument(
+        ..., help="Job id, or its start as tables print it.", show_default=False
+    ),
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
     as_json: bool = JsonOpt,

@@ -7,6 +7,7 @@ import os
 import typer
 
 from api.cli.errors import FAILED, fail
+from api.cli.errors import settings as cli_settings
 
 
 def serve(
@@ -28,7 +29,7 @@ def serve(
     import uvicorn
 
     from api.app import create_app
-    from api.config import Settings, admin_token_problem
+    from api.config import admin_token_problem
     from api.process import (
         LOG_LEVEL_ENV,
         configure_logging,
@@ -39,7 +40,7 @@ def serve(
     from controller.store.db import is_sqlite, make_engine
     from controller.store.migrate import pending_reason
 
-    settings = Settings()
+    settings = cli_settings("serve")
     refused = admin_token_problem(settings.admin_token)
     if refused:
         raise fail("serve", None, refused)

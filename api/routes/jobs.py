@@ -177,7 +177,7 @@ def cancel_job(
     job = job_service.get_job(session, job_id, _scope(principal))
     if if_match is not None and if_match.strip('W/"') != str(job.version):
         raise PreconditionFailed(
-            f"job {job_id} changed (version {job.version}, state {job.state}); GET it and retry",
+            f"job {job.id} changed (version {job.version}, state {job.state}); GET it and retry",
             field="If-Match",
         )
     job_service.cancel(session, job, f"cancelled by {principal.role}")
@@ -244,7 +244,7 @@ def job_events(
     with `event: error` (a problem) when its key is revoked or expires."""
     state = app_state(request)
     with state.sessions() as session:  # closed before any stream starts
-        job_service.get_job(session, job_id, _scope(principal))
+        job_id = job_service.get_job(session, job_id, _scope(principal)).id
         if not (stream or (accept or "").startswith("text/event-stream")):
             stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
             items, total = fetch_page(session, stmt, page)
@@ -348,7 +348,7 @@ def job_metrics(
     job_id: str, session: SessionDep, principal: ReaderDep, page: PageDep
 ) -> Page[JobMetricOut]:
     """Progress reports: step, loss, accuracy, step time (compute and communication), WAN bytes."""
-    job_service.get_job(session, job_id, _scope(principal))
+    job_id = job_service.get_job(session, job_id, _scope(principal)).id
     stmt = (
         select(JobMetric).where(JobMetric.job_id == job_id).order_by(JobMetric.step, JobMetric.id)
     )

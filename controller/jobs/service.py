@@ -563,9 +563,36 @@ def cancel(session: Session, job: Job, reason: str) -> Job:
     return job
 
 
+SHORT_ID_MIN = 4
+"""The fewest characters of a job id that name it (tables print 8)."""
+_SHOWN_MATCHES = 5
+
+
 def get_job(session: Session, job_id: str, tenant_id: str | None) -> Job:
-    """The job, if the caller may see it (tenant_id None: an admin sees all)."""
+    """The job, if the caller may see it (tenant_id None: an admin sees all). `job_id` may be
+    the start of an id, as tables print it (`docker`'s and `git`'s short ids): one visible
+    job whose id starts so is that job; several are a 422 listing them; another tenant's
+    never match. A miss on the full id is the only case that searches."""
     job = session.get(Job, job_id)
-    if job is None or (tenant_id is not None and job.tenant_id != tenant_id):
-        raise NotFound(f"no job {job_id!r}; list yours with GET /v1/jobs", field="job_id")
-    return job
+    if job is not None and (tenant_id is None or job.tenant_id == tenant_id):
+        return job
+    prefix = job_id.strip().lower()
+    if job is None and SHORT_ID_MIN <= len(prefix) < 36 and set(prefix) <= _ID_CHARS:
+        stmt = select(Job).where(Job.id.startswith(prefix, autoescape=True))
+        if tenant_id is not None:
+            stmt = stmt.where(Job.tenant_id == tenant_id)
+        found = list(session.scalars(stmt.order_by(Job.created_at).limit(_SHOWN_MATCHES + 1)))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            shown = ", ".join(j.id[:12] for j in found[:_SHOWN_MATCHES])
+            more = "" if len(found) <= _SHOWN_MATCHES else ", ..."
+            raise Invalid(
+                f"job id {job_id!r} is the start of several jobs' ids ({shown}{more}); "
+                "give more of it",
+                field="job_id",
+            )
+    raise NotFound(f"no job {job_id!r}; list yours with GET /v1/jobs", field="job_id")
+
+
+_ID_CHARS = frozenset("0123456789abcdef-")

@@ -39,7 +39,12 @@ def pending_reason(engine: Engine) -> str | None:
     try:
         current = current_revision(engine)
     except Exception as exc:  # unreachable database: say so rather than crash
-        return f"database unreachable ({exc.__class__.__name__}: {exc})"
+        cause = getattr(exc, "orig", None) or exc
+        first = str(cause).strip().splitlines()
+        return (
+            f"database unreachable ({first[0] if first else type(cause).__name__}): is it "
+            "running, and is CPN_DATABASE_URL right?"
+        )
     if current == head:
         return None
     state = "not initialised" if current is None else f"at revision {current}"

@@ -373,3 +373,24 @@ def test_plan_names_the_direction_only_when_the_two_differ() -> None:
         links={("a", "b"): link("a", "b", 4), ("b", "a"): link("b", "a", 4)},
     )
     assert plan(docs, both)[0].line(False) == "Link a->b: changed (bandwidth_gbps: 4.0 → 10.0)"
+
+
+def test_cordon_uncordon_and_drain_from_the_cli(cpn: CliRun, server: LiveServer) -> None:
+    """Issue 51: kubectl's verbs on a cluster, over the REST routes the console uses."""
+    s = uuid.uuid4().hex[:6]
+    admin = server.client()
+    admin.create_cluster(f"c-{s}", "us-east")
+    cordoned = cpn("cordon", f"c-{s}")
+    assert cordoned.code == 0, cordoned.err
+    assert one_line(cordoned.out).startswith(f"cluster c-{s} cordoned")
+    shown = {c["name"]: c for c in admin.clusters()}[f"c-{s}"]
+    assert shown["cordoned"] and not shown["draining"]
+    drained = cpn("drain", f"c-{s}", "--json")
+    assert drained.code == 0 and json.loads(drained.out)["draining"] is True
+    back = cpn("uncordon", f"c-{s}")
+    assert back.code == 0 and one_line(back.out).startswith(f"cluster c-{s} uncordoned")
+    shown = {c["name"]: c for c in admin.clusters()}[f"c-{s}"]
+    assert not shown["cordoned"] and not shown["draining"]
+    missing = cpn("cordon", f"nowhere-{s}")
+    assert missing.code == 1 and one_line(missing.err).startswith("cpn cordon: error: 404 ")
+    admin.close()

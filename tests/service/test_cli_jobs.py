@@ -163,6 +163,9 @@ def test_jobs_job_and_cancel(net: Network) -> None:
     detail = json.loads(shown.stdout)
     assert detail["job"]["state"] == "CANCELLED"
     assert [e["to_state"] for e in detail["events"]] == ["PENDING", "CANCELLED"]
+    short = cpn(net, net.tenant, "job", a.id[:8], "--json")  # the id as the table prints it
+    assert short.returncode == 0, short.stderr
+    assert json.loads(short.stdout) == detail
     last = cpn(net, net.tenant, "job", a.id, "--events", "1")
     assert "alpha" in last.stdout and "PENDING -> CANCELLED" in last.stdout
     assert "- -> PENDING" not in last.stdout  # only the most recent event
@@ -171,6 +174,8 @@ def test_jobs_job_and_cancel(net: Network) -> None:
     assert twice.returncode == 1 and one_line(twice.stderr).startswith("cpn cancel: error: 409 ")
     # Another tenant neither sees nor cancels it: a 404, the same as a job that does not exist.
     hidden = cpn(net, net.other, "cancel", b.id)
+    assert hidden.returncode == 1 and one_line(hidden.stderr).startswith("cpn cancel: error: 404 ")
+    hidden = cpn(net, net.other, "cancel", b.id[:8])
     assert hidden.returncode == 1 and one_line(hidden.stderr).startswith("cpn cancel: error: 404 ")
     assert net.tenant.job(b.id).state == "PENDING"
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import make_transient
 
 from api.client import ApiError
 from controller.jobs.lifecycle import transition
@@ -148,6 +149,43 @@ def test_tenants_are_isolated(network: Network) -> None:
     assert network.other.get("/v1/jobs")["total"] == 0
     assert network.tenant.get(f"/v1/jobs/{job['id']}")["state"] == "PENDING"
     assert network.admin.get("/v1/jobs")["total"] == 1  # admins see all
+
+
+def test_a_job_answers_to_the_start_of_its_id(network: Network) -> None:
+    """Issue 51: the short id a table prints names the job (as git's and docker's do); one
+    that starts several ids is a 422 listing them; another tenant's never matches."""
+    job = network.tenant.post("/v1/jobs", spec())
+    short = job["id"][:8]
+    assert network.tenant.get(f"/v1/jobs/{short}")["id"] == job["id"]
+    assert network.tenant.get(f"/v1/jobs/{short.upper()}")["id"] == job["id"]
+    assert network.tenant.get(f"/v1/jobs/{short}/events")["items"][0]["to_state"] == "PENDING"
+    assert network.admin.get(f"/v1/jobs/{short}")["id"] == job["id"]
+    for call in (
+        lambda: network.other.get(f"/v1/jobs/{short}"),
+        lambda: network.other.post(f"/v1/jobs/{short}/cancel"),
+        lambda: network.other.get(f"/v1/jobs/{short}/metrics"),
+        lambda: network.tenant.get(f"/v1/jobs/{job['id'][:3]}"),  # too short to name one
+        lambda: network.tenant.get("/v1/jobs/zzzzzzzz"),
+    ):
+        with pytest.raises(ApiError) as exc:
+            call()
+        assert exc.value.status == 404
+    twin = short + "-ffff-4fff-8fff-ffffffffffff"
+    with make_sessionmaker(make_engine(network.server.database_url))() as s:
+        row = s.get(Job, job["id"])
+        assert row is not None
+        s.expunge(row)
+        make_transient(row)
+        row.id = twin
+        s.add(row)
+        s.commit()
+    with pytest.raises(ApiError) as exc:
+        network.tenant.get(f"/v1/jobs/{short}")
+    assert exc.value.status == 422 and exc.value.errors[0]["field"] == "job_id"
+    assert job["id"][:12] in exc.value.detail and twin[:12] in exc.value.detail
+    assert network.tenant.get(f"/v1/jobs/{job['id'][:14]}")["id"] == job["id"]
+    cancelled = network.tenant.post(f"/v1/jobs/{job['id'][:14]}/cancel")
+    assert cancelled["id"] == job["id"] and cancelled["state"] == "CANCELLED"
 
 
 def test_cancel_records_events_and_streams(network: Network) -> None:
