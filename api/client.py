@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from wire import JobMetricOut, JobOut, JobSpec, QuoteOut
+from wire import JobLogOut, JobMetricOut, JobOut, JobSpec, QuoteOut
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -172,6 +172,29 @@ class Client:
         key holds the most streams the server allows) is retried after its Retry-After, up to
         `busy_retries` times. A stream ended by the server because the key was revoked or
         expired raises its problem as ApiError (401)."""
+        yield from self._stream(
+            job_id, "events", {"stream": "true"}, after, reconnects, busy_retries
+        )
+
+    def logs(
+        self, job_id: str, source: str | None = None, after: int | None = None
+    ) -> Iterator[JobLogOut]:
+        """A job's log lines as they are written (server-sent events), from the line after
+        `after`, ending when the job has ended and every line is sent; resumed as `events`."""
+        params = {"follow": "true", **({"source": source} if source is not None else {})}
+        for line in self._stream(job_id, "logs", params, after, 3, 10):
+            yield JobLogOut.model_validate(line)
+
+    def _stream(
+        self,
+        job_id: str,
+        what: str,
+        params: dict[str, str],
+        after: int | None,
+        reconnects: int,
+        busy_retries: int,
+    ) -> Iterator[Any]:
+        """The server-sent events of `/v1/jobs/{job_id}/{what}`, resumed (see `events`)."""
         last, failures, busy = after, 0, 0
         while True:
             headers = {"Accept": "text/event-stream"}
@@ -180,7 +203,7 @@ class Client:
             resumed = False
             try:
                 with self._http.stream(
-                    "GET", f"/v1/jobs/{job_id}/events", params={"stream": "true"}, headers=headers
+                    "GET", f"/v1/jobs/{job_id}/{what}", params=params, headers=headers
                 ) as response:
                     if response.status_code == 429 and busy < busy_retries:
                         response.read()
@@ -211,7 +234,7 @@ class Client:
                 continue
             failures += 1
             if failures > reconnects:
-                raise ApiError(0, "unreachable", f"event stream of job {job_id} broke: {reason}")
+                raise ApiError(0, "unreachable", f"{what} stream of job {job_id} broke: {reason}")
             time.sleep(min(0.25 * 2**failures, 2.0))
 
     def metrics(self, job_id: str) -> list[JobMetricOut]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from training.logs import LogLine
+
 Edge = tuple[str, str]
 """A directed WAN link: (source cluster, destination cluster)."""
 
@@ -145,6 +147,8 @@ class SegmentResult:
     eval_loss: float | None = None
     """Mean loss over the evaluation set, beside `accuracy` (a language model's quality is
     its loss more than its next-token accuracy)."""
+    logs: tuple[LogLine, ...] = ()
+    """What this worker printed since its last report (`training.logs`)."""
 
 
 DIVERGED_LOSS = 0.20

@@ -12,9 +12,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
 from training.faults import GroupBroken, Lost, Membership, Recovery, recover
+from training.logs import LogLine
 from training.placement import cluster_resource
 from training.ray_actors import (
     check_capacity,
@@ -294,7 +296,15 @@ def run(
             base_comm += last.comm_s
             base_wan = base_wan + last.wan
 
+    said: list[LogLine] = []
+
+    def say(text: str) -> None:
+        """A line of the driver's in the job's log (sent with the next report)."""
+        now = time.time()
+        said.extend(LogLine(now, "driver", "stderr", line) for line in text.splitlines())
+
     def note(step: int, cluster: str, change: str, why: str, workers: int, took: float) -> None:
+        say(f"step {step}: cluster {cluster} {change} ({why}), {workers} worker(s)")
         changes.append(
             {
                 "step": step,
@@ -392,6 +402,7 @@ def run(
                     for c, r in zip(group.ranks, results, strict=True):
                         by_cluster[c] = max(by_cluster.get(c, 0.0), r.compute_s)
                     if on_progress is not None:
+                        printed = sorted((x for r in results for x in r.logs), key=attrgetter("at"))
                         on_progress(
                             Progress(
                                 step=step,
@@ -410,8 +421,10 @@ def run(
                                 exchange_s=wan.wall_s,
                                 clusters=dict(spec.clusters),
                                 membership=list(changes),
+                                logs=[*said, *printed],
                             )
                         )
+                        said.clear()
                 if stopped and last is not None and last.accuracy is None:
                     last = group.evaluate(last)
                 group.shutdown(pool if regrouped == 0 else None)
@@ -428,6 +441,7 @@ def run(
                 bank()
                 found = store.steps() if store is not None else []
                 resume_step = found[-1] if found else None
+                say(f"restart {restarts} from step {resume_step or 0}: {exc}")
                 check_resume(resume_step)
             finally:
                 if not ended:

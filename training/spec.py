@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from grammar import Compression, Sync, SyncKind, parse_compression, parse_sync
 from grammar.quality import SPEED_BOUND
+from training.logs import LogLine
 from training.placement import cluster_resource
 from training.results import AutoChoice, WanBytes
 
@@ -333,6 +334,9 @@ class Progress:
     membership: list[dict[str, Any]] = field(default_factory=list)
     """Every cluster that left or joined so far (`training.faults`), oldest first: `step`,
     `cluster`, `change` ("left"/"joined"), `why`, `workers`, `recovery_s`."""
+    logs: list[LogLine] = field(default_factory=list)
+    """What the workers printed since the last report, and what the driver said (a cluster
+    left, a restart and its error), in time order."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: `wan_bytes` as `{"src->dst": bytes}`."""

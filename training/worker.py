@@ -29,6 +29,7 @@ from training.checkpoint import FORMAT, check_identity, open_store
 from training.collective import Collective, flatten, split
 from training.data import batch_indices, shard, shard_sizes
 from training.faults import Agreement, GroupBroken, Position, agree, is_collective_error
+from training.logs import capture
 from training.residency import cluster_slice
 from training.results import SegmentResult
 from training.spec import TrainSpec
@@ -71,12 +72,16 @@ class Worker:
         if gloo_ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
         torch.set_num_threads(1)
+        self.capture = capture(f"{self.cluster}/{rank}")
+        """What this process prints, for the job's log (taken with each report)."""
 
     def reinit(
         self, spec: TrainSpec, rank: int, ranks_cluster: list[str], gloo_ifname: str | None
     ) -> None:
-        """Reuse this process for another run (a `WorkerPool` keeps it warm)."""
+        """Reuse this process for another run (a `WorkerPool` keeps it warm): nothing the
+        last run printed is reported as this one's."""
         self.close()
+        self.capture.take()
         self.__init__(spec, rank, ranks_cluster, gloo_ifname)  # type: ignore[misc]
 
     def regroup(
@@ -385,6 +390,7 @@ class Worker:
             sync_stats=self.strategy.stats(),
             labels_read=tuple(sorted(self.labels_read)),
             auto_decisions=self.strategy.decisions(),
+            logs=self.capture.take(),
         )
 
     def evaluate(self) -> Evaluation:

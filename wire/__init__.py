@@ -5,13 +5,14 @@ For tenants what `agents.protocol` is for agents: the REST API, the CLI, the Pyt
 control plane (no database, no web framework, no Ray, no torch).
 """
 
-from wire.jobs import JobEventOut, JobMetricOut, JobOut, QuoteOut
+from wire.jobs import JobEventOut, JobLogOut, JobMetricOut, JobOut, QuoteOut
 from wire.plan import HeldPlan, JobPlan
 from wire.spec import JobSpec
 
 __all__ = [
     "HeldPlan",
     "JobEventOut",
+    "JobLogOut",
     "JobMetricOut",
     "JobOut",
     "JobPlan",

@@ -66,6 +66,19 @@ class JobEventOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
+class JobLogOut(BaseModel):
+    """One line of a job's log: what a worker (`source`: `cluster/rank`) printed on `stream`
+    (stdout or stderr), or what the run's driver said (`source`: `driver`)."""
+
+    id: int
+    at: datetime
+    source: str
+    stream: str
+    text: str
+
+    model_config = ConfigDict(from_attributes=True)
+
+
 class JobMetricOut(BaseModel):
     step: int
     at: datetime

@@ -17,7 +17,7 @@ app = typer.Typer(
     name="cpn",
     help="cpn: a cross-datacenter compute-network orchestrator.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 

@@ -472,6 +472,58 @@ def pricing(
     _show(as_json, prices, render)
 
 
+def logs(
+    job_id: str = typer.Argument(
+        ..., help="Job id, or its start as tables print it.", show_default=False
+    ),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing lines as they come, until the job ends."
+    ),
+    source: str | None = typer.Option(
+        None, "--worker", help="Only this worker's lines (CLUSTER/RANK, e.g. eu-west/0), or driver."
+    ),
+    tail: int | None = typer.Option(
+        None, "--tail", min=0, max=20_000, help="Only the last N lines (before following)."
+    ),
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object a line."),
+) -> None:
+    """Print what a job's workers wrote to stdout and stderr, and what its run's driver said
+    (`kubectl logs`: -f follows)."""
+    with connected("logs", url, token) as client:
+        full = client.job(job_id).id  # a short id resolved once
+        path = f"/v1/jobs/{full}/logs"
+        params = {"source": source}
+        skip = 0
+        if tail is not None:
+            total = client.get(path, limit=1, **params)["total"]
+            skip = max(0, total - tail)
+        last = 0
+        for line in _pages(client, path, skip, params):
+            last = line["id"]
+            _print_line(line, as_json)
+        if follow:
+            for streamed in client.logs(full, source=source, after=last):
+                _print_line(streamed.model_dump(mode="json"), as_json)
+
+
+def _pages(client: Client, path: str, skip: int, params: dict[str, Any]) -> Iterator[Any]:
+    """The lines of a job's log from the `skip`-th on, page after page (by the last line's
+    id, so lines written or trimmed meanwhile shift nothing)."""
+    page = client.get(path, limit=500, offset=skip, **params)
+    while page["items"]:
+        yield from page["items"]
+        page = client.get(path, limit=500, after=page["items"][-1]["id"], **params)
+
+
+def _print_line(line: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(line), flush=True)
+    else:
+        print(f"{line['at'][11:19]} {line['source']} | {line['text']}", flush=True)
+
+
 def register(app: typer.Typer) -> None:
     """Attach the tenant commands."""
     for name, command in (
@@ -480,6 +532,7 @@ def register(app: typer.Typer) -> None:
         ("jobs", jobs),
         ("job", job),
         ("cancel", cancel),
+        ("logs", logs),
         ("usage", usage),
         ("pricing", pricing),
     ):

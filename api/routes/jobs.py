@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from functools import partial
 from typing import Annotated, Any
 
 import anyio
@@ -38,12 +39,13 @@ from controller.jobs.service import Submission
 from controller.store.models import (
     Job,
     JobEvent,
+    JobLog,
     JobMetric,
     Quote,
 )
 from controller.values.errors import Invalid, NotFound, PreconditionFailed
 from grammar.states import JobState
-from wire.jobs import JobEventOut, JobMetricOut, JobOut, QuoteOut
+from wire.jobs import JobEventOut, JobLogOut, JobMetricOut, JobOut, QuoteOut
 from wire.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -254,6 +256,20 @@ def job_events(
                 limit=page.limit,
                 offset=page.offset,
             )
+    return _stream(request, principal, job_id, last_event_id, _events_after, None)
+
+
+def _stream(
+    request: Request,
+    principal: Principal,
+    job_id: str,
+    last_event_id: str | None,
+    fetch: Fetch,
+    kind: str | None,
+) -> Any:
+    """A job's rows as server-sent events from `Last-Event-ID` on, in one of the key's
+    stream slots (a 429 when it holds them all)."""
+    state = app_state(request)
     try:
         start = int(last_event_id) if last_event_id else 0
     except ValueError:
@@ -276,8 +292,75 @@ def job_events(
             headers={"Retry-After": str(slots.retry_after(principal.key_id, time.monotonic()))},
         )
     key_hash = anyio.from_thread.run(caller_key_hash, request) or ""  # this route runs on a thread
-    events = _sse(request, job_id, start, key_hash, state.settings.stream_max_s, slot)
+    events = _sse(request, job_id, start, key_hash, state.settings.stream_max_s, slot, fetch, kind)
     return EventStream(events, slot)
+
+
+@router.get(
+    "/jobs/{job_id}/logs",
+    response_model=Page[JobLogOut],
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON page or SSE."},
+        429: {"description": "This key holds CPN_MAX_STREAMS_PER_KEY streams open already."},
+    },
+)
+def job_logs(
+    job_id: str,
+    request: Request,
+    principal: ReaderDep,
+    page: PageDep,
+    source: Annotated[
+        str | None,
+        Query(max_length=64, description="Only this worker's lines (`cluster/rank`), or `driver`."),
+    ] = None,
+    after: Annotated[int, Query(ge=0, description="Only lines after this line id (a cursor).")] = 0,
+    follow: Annotated[
+        bool, Query(description="Server-sent events (`event: log`) until the job ends.")
+    ] = False,
+    accept: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+) -> Any:
+    """What the job's workers printed (stdout, stderr) and its run's driver said, oldest
+    first: a page of JSON, or with `follow` a stream that ends once the job has ended and
+    every line is sent (reconnect with `Last-Event-ID` after `event: resume`). The newest
+    20,000 lines of a job are kept."""
+    state = app_state(request)
+    with state.sessions() as session:  # closed before any stream starts
+        job_id = job_service.get_job(session, job_id, _scope(principal)).id
+        if not (follow or (accept or "").startswith("text/event-stream")):
+            stmt = select(JobLog).where(JobLog.job_id == job_id, JobLog.id > after)
+            if source is not None:
+                stmt = stmt.where(JobLog.source == source)
+            items, total = fetch_page(session, stmt.order_by(JobLog.id), page)
+            return Page(
+                items=[JobLogOut.model_validate(x) for x in items],
+                total=total,
+                limit=page.limit,
+                offset=page.offset,
+            )
+    fetch: Fetch = partial(_logs_after, source=source)
+    return _stream(request, principal, job_id, last_event_id or str(after), fetch, "log")
+
+
+def _logs_after(
+    sessions: sessionmaker[Session], job_id: str, after: int, source: str | None = None
+) -> tuple[list[dict[str, Any]], bool]:
+    """Log lines after `after` (of `source` only, when given), and whether they are the last
+    (as `_events_after`: the state first, then the lines; the last report's lines commit
+    before the run is settled)."""
+    with sessions() as session:
+        state = session.scalar(select(Job.state).where(Job.id == job_id))
+        stmt = select(JobLog).where(JobLog.job_id == job_id, JobLog.id > after)
+        if source is not None:
+            stmt = stmt.where(JobLog.source == source)
+        rows = session.scalars(stmt.order_by(JobLog.id).limit(_SSE_BATCH)).all()
+        out = [JobLogOut.model_validate(r).model_dump(mode="json") for r in rows]
+    done = state is None or (state in lifecycle.TERMINAL and len(rows) < _SSE_BATCH)
+    return out, done
+
+
+Fetch = Callable[[sessionmaker[Session], str, int], tuple[list[dict[str, Any]], bool]]
+"""What a stream polls: the rows after an id, and whether they are the job's last."""
 
 
 def _sse_event(kind: str, data: dict[str, Any], event_id: int | None = None) -> str:
@@ -286,10 +369,18 @@ def _sse_event(kind: str, data: dict[str, Any], event_id: int | None = None) -> 
 
 
 async def _sse(
-    request: Request, job_id: str, after: int, key_hash: str, max_s: float, slot: StreamSlot
+    request: Request,
+    job_id: str,
+    after: int,
+    key_hash: str,
+    max_s: float,
+    slot: StreamSlot,
+    fetch: Fetch = _events_after,
+    kind: str | None = None,
 ) -> AsyncIterator[str]:
-    """Poll the events table and forward new rows; end once the job has ended and all is sent,
-    when the stream's lifetime is up (`resume`), or when its key stops being live (`error`)."""
+    """Poll a job's rows (`fetch`: its events, or its log) and forward new ones, as `kind`
+    (None: each event's own); end once the job has ended and all is sent, when the stream's
+    lifetime is up (`resume`), or when its key stops being live (`error`)."""
     state = app_state(request)
     started = checked = time.monotonic()
     wrote, wait = 0.0, POLL_S
@@ -302,10 +393,10 @@ async def _sse(
                 if await current_principal(request, key_hash) is None:
                     yield _sse_event("error", _key_gone(request.url.path))
                     return
-            batch, last = await run_in_threadpool(_events_after, state.sessions, job_id, after)
+            batch, last = await run_in_threadpool(fetch, state.sessions, job_id, after)
             for event in batch:
                 after = event["id"]
-                yield _sse_event(event["kind"], event, after)
+                yield _sse_event(kind or event["kind"], event, after)
             if last:
                 yield "event: end\ndata: {}\n\n"
                 return

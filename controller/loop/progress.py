@@ -11,8 +11,9 @@ next pass: reports are not lost to a race or a database hiccup.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
-from sqlalchemy import update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
@@ -22,7 +23,14 @@ from controller.loop.policy import Stop, StopReason
 from controller.loop.runs import RunHandle
 from controller.money.metering import meter_wan
 from controller.network.snapshot import normalize_gpu_model
-from controller.store.models import Job, JobEvent, JobMetric, StepObservation, utcnow
+from controller.store.models import (
+    Job,
+    JobEvent,
+    JobLog,
+    JobMetric,
+    StepObservation,
+    utcnow,
+)
 from training import Progress
 
 log = logging.getLogger("cpn.progress")
@@ -38,6 +46,10 @@ SHORT_SHARE = 0.9
 link delivers less than the plan was promised, even in its bursts."""
 SHORT_REPORTS = 2
 """Reports in a row short of the reservation that raise the warning (once, until it recovers)."""
+
+LOGS_KEPT = 20_000
+"""A job's newest log lines kept; older ones are deleted a `LOGS_TRIM` lines at a time."""
+LOGS_TRIM = 1_000
 
 TRANSIENT = (OperationalError, InterfaceError, PoolTimeout, StaleDataError)
 """Errors after which the same batch may well commit on the next pass (a lock or a deadlock,
@@ -146,6 +158,8 @@ def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progre
                     session.add(_short_event(job.id, cluster, rate, kbps, p.step))
         if deltas:
             meter_wan(session, job, deltas, handle.wan_since, now)
+        logged = _log(session, job.id, batch, handle.log_lines)
+    handle.log_lines = logged
     handle.wan_seen = wan_seen
     handle.last_compute = last_compute
     handle.wire_seen = wire
@@ -153,6 +167,37 @@ def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progre
     if deltas:
         handle.wan_since = now
     return True
+
+
+def _log(session: Session, job_id: str, batch: list[Progress], written: int) -> int:
+    """Store the batch's log lines; past `LOGS_KEPT` since the run began, delete the job's
+    oldest beyond it (each `LOGS_TRIM` lines, not each report). Returns the lines written."""
+    rows = [
+        {
+            "job_id": job_id,
+            "at": datetime.fromtimestamp(line.at, UTC),
+            "source": line.source[:64],
+            "stream": line.stream[:8],
+            "text": line.text,
+        }
+        for p in batch
+        for line in p.logs
+    ]
+    if not rows:
+        return written
+    session.execute(insert(JobLog), rows)
+    now = written + len(rows)
+    if now > LOGS_KEPT and now // LOGS_TRIM > written // LOGS_TRIM:
+        edge = session.scalar(
+            select(JobLog.id)
+            .where(JobLog.job_id == job_id)
+            .order_by(JobLog.id.desc())
+            .offset(LOGS_KEPT)
+            .limit(1)
+        )
+        if edge is not None:
+            session.execute(delete(JobLog).where(JobLog.job_id == job_id, JobLog.id <= edge))
+    return now
 
 
 def wire_rates(previous: Wire | None, p: Progress) -> tuple[Wire, dict[str, float]]:

@@ -489,6 +489,26 @@ class JobEvent(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
+LOG_LINE_MAX = 2100
+"""A stored log line's characters (a worker cuts its lines at 2,000 and says so)."""
+
+
+class JobLog(Base):
+    """One line of a job's log: what a worker printed, or what the run's driver said
+    (`training.logs`); the newest `controller.loop.progress.LOGS_KEPT` lines of a job are kept."""
+
+    __tablename__ = "job_logs"
+    __table_args__ = (Index("ix_job_logs_job", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    source: Mapped[str] = mapped_column(String(64))
+    """`cluster/rank` of a worker, or `driver`."""
+    stream: Mapped[str] = mapped_column(String(8))
+    text: Mapped[str] = mapped_column(BoundedString(LOG_LINE_MAX), default="")
+
+
 class JobMetric(Base):
     """One progress report of a job's workers."""
 

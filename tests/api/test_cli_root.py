@@ -70,3 +70,33 @@ def test_an_unreachable_database_is_one_line(
         err = capsys.readouterr().err.strip()
         assert exc.value.code == 1 and len(err.splitlines()) == 1, err
         assert "CPN_DATABASE_URL" in err and ("unreachable" in err or "cannot reach" in err)
+
+
+def test_shell_completion_completes_commands_and_flags() -> None:
+    """`cpn --show-completion bash` prints the script; the script's calls complete (issue 51)."""
+    import os
+    import subprocess
+    import sys
+
+    def complete(words: str) -> list[str]:
+        env = {
+            **os.environ,
+            "_CPN_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1),
+        }
+        ran = subprocess.run(
+            [sys.executable, "-m", "api.cli"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert ran.returncode == 0, ran.stderr
+        return ran.stdout.split()
+
+    assert complete("cpn su") == ["submit"]
+    assert {"--follow", "--tail", "--worker"} <= set(complete("cpn logs --"))
+    script = subprocess.run(
+        [sys.executable, "-m", "api.cli", "--show-completion", "bash"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert script.returncode == 0 and "_cpn_completion" in script.stdout

@@ -215,6 +215,25 @@ def test_failing_entrypoint_ends_failed_with_the_error(shared: World) -> None:
     assert world.gpus_in_use() == 0
 
 
+def test_a_jobs_log_holds_what_its_workers_printed(shared: World) -> None:
+    """Issue 51: each worker's stdout and stderr lines reach the job's log (`cpn logs`)."""
+    world = shared
+    job = submit(
+        world,
+        task="tests.e2e.entry_tasks:chatty",
+        gpus=2,
+        steps=20,
+        work={"params": 20_000, "flops_per_step": 1e9},
+    )
+    done = world.wait_state(job["id"], {"FAILED", "SUCCEEDED"}, 240)
+    assert done["state"] == "SUCCEEDED", done
+    lines = list(world.tenant.paginate(f"/v1/jobs/{job['id']}/logs"))
+    for cluster in (c["cluster"] for c in done["placement"]["clusters"]):
+        mine = [x for x in lines if x["source"].startswith(f"{cluster}/")]
+        assert any(x["stream"] == "stdout" and "chatty: loaded" in x["text"] for x in mine), lines
+        assert any(x["stream"] == "stderr" and "a line on stderr" in x["text"] for x in mine)
+
+
 def test_tenant_code_cannot_see_the_control_planes_secrets(shared: World) -> None:
     """`cpn serve` runs with CPN_ADMIN_TOKEN and CPN_DATABASE_URL in its environment and starts
     the embedded Ray; the tenant's code reports what it sees through its error."""

@@ -21,12 +21,13 @@ from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy import insert
 
 from api.client import ApiError, Client, sse_messages
 from controller.jobs.lifecycle import transition
 from controller.network.allocations import Slot, reserve
 from controller.store.db import make_engine, make_sessionmaker
-from controller.store.models import Job, JobEvent, JobMetric
+from controller.store.models import Job, JobEvent, JobLog, JobMetric
 from tests.conftest import start_server
 from tests.service.conftest import Network, build_network, spec
 
@@ -178,6 +179,32 @@ def test_jobs_job_and_cancel(net: Network) -> None:
     hidden = cpn(net, net.other, "cancel", b.id[:8])
     assert hidden.returncode == 1 and one_line(hidden.stderr).startswith("cpn cancel: error: 404 ")
     assert net.tenant.job(b.id).state == "PENDING"
+
+
+def test_logs_prints_a_jobs_lines(net: Network) -> None:
+    """`cpn logs JOB`: every line, `--tail N` the last N, `--worker` one worker's, `--json`
+    one object a line, `-f` follows until the job has ended (here: already cancelled)."""
+    job = net.tenant.submit(spec(name="chatty"))
+    rows = [
+        {"job_id": job.id, "at": datetime.now(UTC), "source": f"a/{i % 2}", "stream": "stdout"}
+        | {"text": f"hello {i}"}
+        for i in range(4)
+    ]
+    with make_sessionmaker(make_engine(net.server.database_url))() as s, s.begin():
+        s.execute(insert(JobLog), rows)
+    every = cpn(net, net.tenant, "logs", job.id[:8])
+    assert every.returncode == 0, every.stderr
+    assert [line.split(" | ")[1] for line in every.stdout.splitlines()] == [
+        f"hello {i}" for i in range(4)
+    ]
+    assert " a/1 | hello 1" in every.stdout
+    tail = cpn(net, net.tenant, "logs", job.id, "--tail", "2", "--worker", "a/0", "--json")
+    assert [json.loads(x)["text"] for x in tail.stdout.splitlines()] == ["hello 0", "hello 2"]
+    net.tenant.cancel(job.id)
+    followed = cpn(net, net.tenant, "logs", job.id, "-f", "--tail", "1")
+    assert followed.returncode == 0 and followed.stdout.splitlines()[-1].endswith("hello 3")
+    hidden = cpn(net, net.other, "logs", job.id)
+    assert hidden.returncode == 1 and one_line(hidden.stderr).startswith("cpn logs: error: 404 ")
 
 
 def test_usage_matches_the_ledger(net: Network, tmp_path: Path) -> None:

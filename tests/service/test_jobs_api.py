@@ -10,13 +10,14 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import event as sa_event
+from sqlalchemy import insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import make_transient
 
 from api.client import ApiError
 from controller.jobs.lifecycle import transition
 from controller.store.db import make_engine, make_sessionmaker
-from controller.store.models import Job
+from controller.store.models import Job, JobLog, utcnow
 from tests.service.conftest import Network, spec
 
 
@@ -186,6 +187,49 @@ def test_a_job_answers_to_the_start_of_its_id(network: Network) -> None:
     assert network.tenant.get(f"/v1/jobs/{job['id'][:14]}")["id"] == job["id"]
     cancelled = network.tenant.post(f"/v1/jobs/{job['id'][:14]}/cancel")
     assert cancelled["id"] == job["id"] and cancelled["state"] == "CANCELLED"
+
+
+def _log_lines(network: Network, job_id: str, texts: list[str]) -> None:
+    """Lines as a run's reports write them (`controller.loop.progress`)."""
+    rows = [
+        {"job_id": job_id, "at": utcnow(), "source": "a/0" if i % 2 else "driver"}
+        | {"stream": "stdout", "text": text}
+        for i, text in enumerate(texts)
+    ]
+    with make_sessionmaker(make_engine(network.server.database_url))() as s, s.begin():
+        s.execute(insert(JobLog), rows)
+
+
+def test_a_jobs_log_pages_follows_and_stays_its_tenants(network: Network) -> None:
+    """Issue 51: `GET /v1/jobs/{id}/logs` pages a job's lines (by worker, after a cursor) and
+    with `follow` streams them until the job has ended and every line is sent."""
+    job = network.tenant.post("/v1/jobs", spec())
+    _log_lines(network, job["id"], [f"line {i}" for i in range(5)])
+    page = network.tenant.get(f"/v1/jobs/{job['id'][:8]}/logs")
+    assert page["total"] == 5 and [x["text"] for x in page["items"]] == [
+        f"line {i}" for i in range(5)
+    ]
+    worker = network.tenant.get(f"/v1/jobs/{job['id']}/logs", source="a/0")["items"]
+    assert [x["text"] for x in worker] == ["line 1", "line 3"]
+    cursor = page["items"][2]["id"]
+    later = network.tenant.get(f"/v1/jobs/{job['id']}/logs", after=cursor)["items"]
+    assert [x["text"] for x in later] == ["line 3", "line 4"]
+    for call in (
+        lambda: network.other.get(f"/v1/jobs/{job['id']}/logs"),
+        lambda: list(network.other.logs(job["id"])),
+    ):
+        with pytest.raises(ApiError) as exc:
+            call()
+        assert exc.value.status == 404
+    got: list[str] = []
+    follower = threading.Thread(
+        target=lambda: got.extend(x.text for x in network.tenant.logs(job["id"], after=cursor))
+    )
+    follower.start()
+    _log_lines(network, job["id"], ["line 5"])
+    network.tenant.cancel(job["id"])
+    follower.join(30)
+    assert not follower.is_alive() and got == ["line 3", "line 4", "line 5"]
 
 
 def test_cancel_records_events_and_streams(network: Network) -> None:

@@ -192,10 +192,14 @@ def test_a_training_jobs_charts_update_live(
 ) -> None:
     """Progress goes through the control plane's own path (a run handle's reports, flushed
     by `controller.loop.progress.flush` as the loop does), without Ray: the browser must redraw
-    its charts from the live event stream as each report is stored."""
+    its charts from the live event stream as each report is stored, and show the log lines
+    that came with it."""
+    import time
+
     from controller.loop.progress import flush
     from tests.controller.world import Net
     from training import Progress, WanBytes
+    from training.logs import LogLine
 
     job = console.net.tenant.post("/v1/jobs", spec(name="live-mlp", gpus=2, steps=300))
     world = Net(console.database_url, tmp_path / "ckpt")
@@ -226,6 +230,7 @@ def test_a_training_jobs_charts_update_live(
                     wan_bytes_total=5_000_000 * n,
                     compression_ratio=8.0,
                     compression="topk",
+                    logs=[LogLine(time.time(), "us-east/0", "stdout", f"at step {step}")],
                 )
             )
             flush(world.sessions, handle)
@@ -234,6 +239,7 @@ def test_a_training_jobs_charts_update_live(
             )
             expect(page.locator("#chart-wan polyline.wan")).to_have_attribute("data-points", str(n))
             expect(page.locator("#loss-last")).to_contain_text(f"step {step}/300")
+            expect(page.locator("#logs")).to_contain_text(f"us-east/0 | at step {step}")
         expect(page.locator("#wan-last")).to_contain_text("15.0 MB")
         shot(tab, console, "job-live-narrow")
         page.set_viewport_size({"width": 1280, "height": 900})

@@ -431,6 +431,21 @@ function job() {
     });
     addEventListener("pagehide", () => source.close());
     draw();
+    // The log, page by page after the last line shown, until the job has ended and all is read.
+    let after = 0;
+    let logDone = false;
+    const shown = [];
+    every(2000, async () => {
+      if (logDone) return;
+      const ended = current && TERMINAL.has(current.state);
+      const page = await api("GET", `/v1/jobs/${id}/logs?limit=500&after=${after}`);
+      for (const l of page.items) shown.push(`${when(l.at)} ${l.source} | ${l.text}`);
+      if (page.items.length) after = page.items[page.items.length - 1].id;
+      shown.splice(0, Math.max(0, shown.length - 2000));
+      $("logs").textContent = shown.join("\n");
+      $("logs-note").textContent = shown.length ? `${shown.length} line(s) shown, the newest last.` : "Nothing printed yet.";
+      logDone = ended && page.items.length < 500;
+    });
     // Cost and the job's own fields change without an event too (metering): look now and then.
     every(5000, async () => { if (current && !TERMINAL.has(current.state)) { await refreshJob(); await cost(); showJob(current); } });
   })().catch((e) => alertText(e.message));
