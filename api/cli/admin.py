@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from api.cli.errors import FAILED, fail
+from api.cli.output import OutputOpt, chosen, emit
 
 UrlOpt = typer.Option(None, "--url", envvar="CPN_URL", help="Control plane URL.")
 TokenOpt = typer.Option(None, "--token", envvar="CPN_TOKEN", help="Admin API key.")
@@ -100,7 +101,7 @@ def _show(
     cmd: str,
     url: str | None,
     token: str | None,
-    as_json: bool,
+    fmt: str,
     fetch: Callable[[Any], list[dict[str, Any]]],
     render: Callable[[list[dict[str, Any]]], Table],
 ) -> None:
@@ -111,17 +112,21 @@ def _show(
             rows = fetch(client)
     except ApiError as exc:
         raise fail(cmd, None, str(exc), FAILED) from None
-    if as_json:
-        print(json.dumps(rows, indent=2))
+    if fmt != "table":
+        emit(rows, fmt)
     else:
         Console().print(render(rows))
 
 
 def clusters(
-    url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
 ) -> None:
     """List clusters with their state and GPUs."""
-    _show("clusters", url, token, as_json, lambda c: c.clusters(), clusters_table)
+    fmt = chosen("clusters", output, as_json)
+    _show("clusters", url, token, fmt, lambda c: c.clusters(), clusters_table)
 
 
 def links(
@@ -129,21 +134,35 @@ def links(
     token: str | None = TokenOpt,
     as_json: bool = JsonOpt,
     view: str = typer.Option("effective", help="effective | declared | measured | all"),
+    output: str | None = OutputOpt,
 ) -> None:
     """List WAN links between clusters."""
+    fmt = chosen("links", output, as_json)
     if view not in ("effective", "declared", "measured", "all"):
         raise fail("links", "--view", "use effective, declared, measured or all")
-    _show("links", url, token, as_json, lambda c: c.links(view), links_table)
+    _show("links", url, token, fmt, lambda c: c.links(view), links_table)
 
 
-def ports(url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt) -> None:
+def ports(
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
+) -> None:
     """List each datacenter's uplink and downlink: capacity, reserved, free, which jobs."""
-    _show("ports", url, token, as_json, lambda c: c.ports(), ports_table)
+    fmt = chosen("ports", output, as_json)
+    _show("ports", url, token, fmt, lambda c: c.ports(), ports_table)
 
 
-def gpus(url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt) -> None:
+def gpus(
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
+) -> None:
     """List GPU inventory per cluster."""
-    _show("gpus", url, token, as_json, lambda c: c.gpus(), gpus_table)
+    fmt = chosen("gpus", output, as_json)
+    _show("gpus", url, token, fmt, lambda c: c.gpus(), gpus_table)
 
 
 _FLAG_VERBS = {
@@ -248,15 +267,17 @@ def keys_list(
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
     as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
 ) -> None:
     """List API keys (never their secrets), revoked ones with their revocation time."""
+    fmt = chosen("admin keys list", output, as_json)
     if role is not None and role not in ROLES:
         raise fail("admin keys list", "--role", f"{role!r}: use admin, tenant or agent")
     _show(
         "admin keys list",
         url,
         token,
-        as_json,
+        fmt,
         lambda c: list(c.paginate("/v1/api-keys", role=role)),
         keys_table,
     )

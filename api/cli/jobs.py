@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from api.cli.errors import FAILED, fail
+from api.cli.output import OutputOpt, chosen
+from api.cli.output import emit as emit_as
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -229,9 +231,9 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _show(as_json: bool, data: Any, render: Callable[[Any], Table | list[Table]]) -> None:
-    if as_json:
-        emit(data)
+def _show(fmt: str, data: Any, render: Callable[[Any], Table | list[Table]]) -> None:
+    if fmt != "table":
+        emit_as(data, fmt)
         return
     from rich.console import Console
 
@@ -246,13 +248,15 @@ def quote(
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
     as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
 ) -> None:
     """Price a job: the fastest, the cheapest and (with a deadline) the cheapest in time."""
+    fmt = chosen("quote", output, as_json)
     spec = load_spec("quote", file)
     with connected("quote", url, token) as client:
         answer = client.quote(spec).model_dump(mode="json")
-    _show(as_json, answer, quote_table)
-    if not as_json:
+    _show(fmt, answer, quote_table)
+    if fmt == "table":
         print(f"hold this price: cpn submit {file} --quote {answer['id']} --option <option>")
 
 
@@ -342,8 +346,10 @@ def jobs(
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
     as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
 ) -> None:
     """List your jobs, newest first (admins: everyone's)."""
+    fmt = chosen("jobs", output, as_json)
     if state is not None and state.upper() not in STATES:
         raise fail("jobs", "--state", f"use one of {', '.join(STATES)}")
     with connected("jobs", url, token) as client:
@@ -352,7 +358,7 @@ def jobs(
             for j in client.jobs(state.upper() if state else None, limit=limit)
         ]
     tenants = {j["tenant_id"] for j in rows}
-    _show(as_json, rows, lambda r: jobs_table(r, with_tenant=len(tenants) > 1))
+    _show(fmt, rows, lambda r: jobs_table(r, with_tenant=len(tenants) > 1))
 
 
 def job(
@@ -360,13 +366,23 @@ def job(
         ..., help="Job id, or its start as tables print it.", show_default=False
     ),
     events: int = typer.Option(10, "--events", min=0, max=500, help="Recent events to show."),
+    follow_job: bool = typer.Option(
+        False,
+        "--follow",
+        "-f",
+        help="Then follow it until it ends (exit codes as submit --wait: 0, 3, 4).",
+    ),
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
     as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
 ) -> None:
-    """Show one job and its most recent events."""
+    """Show one job and its most recent events; with -f, follow it to its end."""
+    fmt = chosen("job", output, as_json)
     with connected("job", url, token) as client:
         detail = client.job(job_id).model_dump(mode="json")
+        if follow_job:
+            detail = follow(client, detail)
         full = detail["id"]  # a short id resolved once
         recent: list[Any] = []
         if events:
@@ -375,12 +391,17 @@ def job(
                 f"/v1/jobs/{full}/events", limit=events, offset=max(0, total - events)
             )["items"]
     _show(
-        as_json,
+        fmt,
         {"job": detail, "events": recent},
         lambda d: (
             [job_table(d["job"]), events_table(d["events"])] if d["events"] else job_table(d["job"])
         ),
     )
+    if follow_job:
+        code = EXIT_CODES.get(detail["state"], 1)
+        if code:
+            print(f"cpn job: job {full} {detail['state']}: {detail['reason']}", file=sys.stderr)
+        raise typer.Exit(code)
 
 
 def cancel(
@@ -407,8 +428,10 @@ def usage(
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
     as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
 ) -> None:
     """Metered GPU time and WAN traffic, and the ledger's total."""
+    fmt = chosen("usage", output, as_json)
     with connected("usage", url, token) as client:
         try:
             tenant_id = tenant or client.tenant_id()
@@ -417,7 +440,7 @@ def usage(
         metered = client.usage(tenant_id)
         ledger = client.ledger(tenant_id)
     data = {"usage": metered, "ledger": {"total": ledger["total"], "entries": ledger["items"]}}
-    _show(as_json, data, usage_tables)
+    _show(fmt, data, usage_tables)
 
 
 def usage_tables(data: dict[str, Any]) -> list[Table]:
@@ -448,9 +471,13 @@ def usage_tables(data: dict[str, Any]) -> list[Table]:
 
 
 def pricing(
-    url: str | None = UrlOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt
+    url: str | None = UrlOpt,
+    token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+    output: str | None = OutputOpt,
 ) -> None:
     """The prices that apply now: per GPU-hour by cluster, model and class; egress per GB."""
+    fmt = chosen("pricing", output, as_json)
     with connected("pricing", url, token) as client:
         prices = client.pricing()
 
@@ -469,7 +496,7 @@ def pricing(
             egress.add_row(e["src"], e["dst"], f"{e['price_per_gb']:.4f}", e["effective_from"][:19])
         return [gpu, egress]
 
-    _show(as_json, prices, render)
+    _show(fmt, prices, render)
 
 
 def logs(

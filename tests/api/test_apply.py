@@ -385,6 +385,8 @@ def test_cordon_uncordon_and_drain_from_the_cli(cpn: CliRun, server: LiveServer)
     assert one_line(cordoned.out).startswith(f"cluster c-{s} cordoned")
     shown = {c["name"]: c for c in admin.clusters()}[f"c-{s}"]
     assert shown["cordoned"] and not shown["draining"]
+    listed = cpn("clusters", "-o", "yaml")
+    assert listed.code == 0 and f"c-{s}" in {c["name"] for c in yaml.safe_load(listed.out)}
     drained = cpn("drain", f"c-{s}", "--json")
     assert drained.code == 0 and json.loads(drained.out)["draining"] is True
     back = cpn("uncordon", f"c-{s}")

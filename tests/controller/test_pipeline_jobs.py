@@ -125,8 +125,8 @@ def test_pipeline_job_plan_and_stage_run(net: Net) -> None:
     run = _pipeline_of(net, job)
     assert run.placement.stage_clusters == tuple(s.cluster for s in par.stages)
     assert run.placement.replicas == 1 and run.cuts == (3,)
-    assert (run.micro_batches, str(run.schedule), run.activations) == (8, "1f1b", "fp16")
-    assert run.train.sync == "every-step" and run.train.resume
+    assert (run.micro_batches, str(run.schedule), str(run.activations)) == (8, "1f1b", "fp16")
+    assert str(run.train.sync) == "every-step" and run.train.resume
     assert run.train.checkpoint is not None and run.train.checkpoint.endswith(job.id)
     assert run.train.run_id == job.id
     assert run.train.clusters == {"east": 1, "west": 1}

@@ -40,6 +40,7 @@ ROLE_POLICY: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/jobs/{job_id}/cancel"): TENANT_OR_ADMIN,
     ("GET", "/v1/jobs/{job_id}/events"): TENANT_OR_ADMIN,
     ("GET", "/v1/jobs/{job_id}/metrics"): TENANT_OR_ADMIN,
+    ("GET", "/v1/jobs/{job_id}/logs"): TENANT_OR_ADMIN,
     ("GET", "/v1/tenants/{tenant_id}/usage"): TENANT_OR_ADMIN,
     ("GET", "/v1/tenants/{tenant_id}/ledger"): TENANT_OR_ADMIN,
     ("GET", "/v1/pricing"): ANY_KEY,

@@ -32,7 +32,8 @@ MEASURED_NOW = datetime.now(UTC).isoformat()
 
 @dataclass(frozen=True)
 class Probe:
-    """A request on one of A's objects; `{job}`, `{quote}` and `{tenant}` name it."""
+    """A request on one of A's objects; `{job}`, `{quote}` and `{tenant}` name it
+    (`{job_short}`: the start of the job's id, as tables print it)."""
 
     method: str
     template: str
@@ -41,7 +42,7 @@ class Probe:
     owner_control: bool = True
 
     def path(self, job: str, quote: str, tenant: str) -> str:
-        return self.template.format(job=job, quote=quote, tenant=tenant)
+        return self.template.format(job=job, job_short=job[:8], quote=quote, tenant=tenant)
 
     def send(self, http: httpx.Client, token: str, job: str, quote: str, tenant: str) -> Answer:
         return call(
@@ -64,6 +65,10 @@ TENANT_OBJECTS = {
         "GET", "/v1/jobs/{job}/events", (("stream", "true"),), (("Last-Event-ID", "1"),)
     ),
     "job metrics": Probe("GET", "/v1/jobs/{job}/metrics"),
+    "job logs": Probe("GET", "/v1/jobs/{job}/logs"),
+    "job log stream": Probe("GET", "/v1/jobs/{job}/logs", query=(("follow", "true"),)),
+    "job log stream by Accept": Probe("GET", "/v1/jobs/{job}/logs", headers=SSE),
+    "job by a short id": Probe("GET", "/v1/jobs/{job_short}"),
     "job cancel": Probe("POST", "/v1/jobs/{job}/cancel", owner_control=False),
     "job cancel with If-Match": Probe(
         "POST", "/v1/jobs/{job}/cancel", headers=(("If-Match", '"1"'),), owner_control=False

@@ -158,6 +158,12 @@ def test_jobs_job_and_cancel(net: Network) -> None:
     assert net.tenant.job(a.id).state == "CANCELLED"
     only = cpn(net, net.tenant, "jobs", "--state", "cancelled", "--json")
     assert [j["id"] for j in json.loads(only.stdout)] == [a.id]
+    as_yaml = cpn(net, net.tenant, "jobs", "--state", "cancelled", "-o", "yaml")
+    assert as_yaml.returncode == 0 and yaml.safe_load(as_yaml.stdout) == json.loads(only.stdout)
+    as_json = cpn(net, net.tenant, "jobs", "--state", "cancelled", "-o", "json")
+    assert json.loads(as_json.stdout) == json.loads(only.stdout)
+    wide = cpn(net, net.tenant, "jobs", "-o", "wide")
+    assert wide.returncode == 2 and one_line(wide.stderr).startswith("cpn jobs: error: --output:")
 
     shown = cpn(net, net.tenant, "job", a.id, "--json")
     assert shown.returncode == 0, shown.stderr
@@ -203,6 +209,9 @@ def test_logs_prints_a_jobs_lines(net: Network) -> None:
     net.tenant.cancel(job.id)
     followed = cpn(net, net.tenant, "logs", job.id, "-f", "--tail", "1")
     assert followed.returncode == 0 and followed.stdout.splitlines()[-1].endswith("hello 3")
+    ended = cpn(net, net.tenant, "job", job.id[:8], "-f", "--json")  # follows it to its end
+    assert ended.returncode == 4, ended.stderr  # CANCELLED, as submit --wait exits
+    assert json.loads(ended.stdout)["job"]["state"] == "CANCELLED"
     hidden = cpn(net, net.other, "logs", job.id)
     assert hidden.returncode == 1 and one_line(hidden.stderr).startswith("cpn logs: error: 404 ")
 

@@ -48,7 +48,7 @@ def test_what_each_worker_prints_comes_with_the_reports() -> None:
     run(spec, on_progress=reports.append)
     lines: list[Any] = [x for p in reports for x in p.logs]
     by = {(x.source, x.stream, x.text.split(" in pid")[0]) for x in lines}
-    for worker in ("a/0", "b/0"):
+    for worker in ("a/0", "b/1"):  # cluster/rank, the rank across the run
         assert (worker, "stdout", "chatty: loaded") in by, lines
         assert (worker, "stderr", "chatty: a line on stderr") in by, lines
     assert [x.at for x in reports[0].logs] == sorted(x.at for x in reports[0].logs)
