@@ -313,6 +313,14 @@ class _Demo:
         placement = ", ".join(
             f"{c['cluster']}:{c['gpus']}x{c['gpu_model']}" for c in job["placement"]["clusters"]
         )
+        ended_on = {c["cluster"]: c["gpus"] for c in job["placement"]["clusters"]}
+        for m in report.get("membership") or []:  # a fault domain's changes, in order
+            if m["change"] == "left":
+                ended_on.pop(m["cluster"], None)
+            elif m["change"] == "joined":
+                ended_on[m["cluster"]] = m["workers"]
+        if report.get("membership"):
+            placement += " (it ended on " + ", ".join(f"{c}:{n}" for c, n in ended_on.items()) + ")"
         table = Table(title=f"Job {job['id'][:8]}: {job['state']}", show_header=False)
         table.add_column(style="bold")
         table.add_column()

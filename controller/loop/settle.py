@@ -44,8 +44,10 @@ REPORT_KEYS = (
     "sync",
     "restarts",
     "resumed_from_step",
+    "membership",
 )
-"""What the SUCCEEDED event keeps of the run's report."""
+"""What the SUCCEEDED event keeps of the run's report (`membership`: the clusters that left or
+joined a run under fault domains, which the demo and the console read)."""
 
 log = logging.getLogger("cpn.settle")
 

@@ -169,6 +169,12 @@ def test_agent_killed_mid_diloco_job_shrinks_and_grows_back(world: World) -> Non
     assert world.states(job["id"]) == ["PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED"]
     messages = events()
     assert not any("resuming from checkpoint" in m for m in messages), messages
+    final = [e for e in world.admin.paginate(f"/v1/jobs/{job['id']}/events") if e["to_state"]]
+    membership = final[-1]["data"]["report"]["membership"]  # what the demo shows
+    changes = [(m["cluster"], m["change"]) for m in membership if m["change"] != "refused"]
+    assert changes == [(victim, "left"), (victim, "joined")], membership
+    said = [x["text"] for x in world.tenant.paginate(f"/v1/jobs/{job['id']}/logs")]
+    assert any(f"cluster {victim} left" in t for t in said), said  # the driver's, in the log
     assert world.gpus_in_use() == 0
     usage = world.tenant.get(f"/v1/tenants/{world.tenant_id}/usage")["rows"]
     gpu_s: dict[str, float] = {}
