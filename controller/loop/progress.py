@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
@@ -169,9 +169,11 @@ def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progre
     return True
 
 
-def _log(session: Session, job_id: str, batch: list[Progress], written: int) -> int:
-    """Store the batch's log lines; past `LOGS_KEPT` since the run began, delete the job's
-    oldest beyond it (each `LOGS_TRIM` lines, not each report). Returns the lines written."""
+def _log(session: Session, job_id: str, batch: list[Progress], kept: int | None) -> int:
+    """Store the batch's log lines; past `LOGS_KEPT`, delete the job's oldest beyond it (each
+    `LOGS_TRIM` lines, not each report). `kept`: the job's lines as of the last batch (None:
+    this run's first, counted here once, so earlier attempts' lines count too). Returns the
+    job's lines now, before a trim."""
     rows = [
         {
             "job_id": job_id,
@@ -183,6 +185,9 @@ def _log(session: Session, job_id: str, batch: list[Progress], written: int) -> 
         for p in batch
         for line in p.logs
     ]
+    written = kept
+    if written is None:
+        written = session.scalar(select(func.count()).where(JobLog.job_id == job_id)) or 0
     if not rows:
         return written
     session.execute(insert(JobLog), rows)

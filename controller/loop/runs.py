@@ -53,8 +53,9 @@ class RunHandle:
     """Every cluster that left or joined the run so far (`Progress.membership`)."""
     changes_seen: int = 0
     """How many of the run's membership changes the controller has written down."""
-    log_lines: int = 0
-    """Log lines this run wrote (`JobLog`): past `LOGS_KEPT`, the oldest are trimmed."""
+    log_lines: int | None = None
+    """The job's log lines (`JobLog`) after this run's last batch (None: none written yet):
+    past `LOGS_KEPT`, the oldest are trimmed."""
     report: TrainReport | None = None
     error: BaseException | None = None
     ended_at: datetime | None = None

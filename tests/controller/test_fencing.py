@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -340,3 +340,35 @@ def test_the_fence_migration_goes_up_and_down_keeping_jobs(tmp_path: Path) -> No
     with engine.connect() as conn:
         assert conn.execute(text("SELECT id FROM jobs")).scalar_one() == job
     engine.dispose()
+
+
+def test_a_jobs_log_keeps_its_newest_lines_across_runs(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 51: a job keeps its newest `LOGS_KEPT` lines (within `LOGS_TRIM`), counting what
+    an earlier run of it wrote too; a superseded run writes none."""
+    from controller.store.models import JobLog
+    from training.logs import LogLine
+
+    monkeypatch.setattr(progress, "LOGS_KEPT", 10)
+    monkeypatch.setattr(progress, "LOGS_TRIM", 4)
+    job_id = net.submit(net.tenant("acme"), spec("j", gpus=2))
+    assert net.place() == [job_id]
+
+    def said(run: RunHandle, step: int, n: int) -> None:
+        p = report_at(step, run.clusters)
+        p.logs = [LogLine(1.0 + step, "east/0", "stdout", f"{step}:{i}") for i in range(n)]
+        run.on_progress(p)
+        progress.flush(net.sessions, run)
+
+    def texts() -> list[str]:
+        with net.sessions() as s:
+            return list(s.scalars(select(JobLog.text).where(JobLog.job_id == job_id)))
+
+    first = net.start(job_id)
+    for step in range(1, 5):
+        said(first, step, 3)  # 12 lines: trimmed to the newest 10 at the 12th
+    assert texts() == [f"{s}:{i}" for s in range(1, 5) for i in range(3)][-10:]
+    second = replace(first, pending=[], log_lines=None)  # another run: it counts the 10 kept
+    said(second, 5, 2)
+    assert len(texts()) == 10 and texts()[-2:] == ["5:0", "5:1"]
