@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
+BEST_FILE = "best.pt"
+"""The model of the run's best evaluation (`save_best`): the job's artefact unless its spec
+asks for the last checkpoint. Never pruned with the step checkpoints."""
 ID_FILE = "run-id"
 FENCE_FILE = "fence"
 _RUN_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -192,10 +195,29 @@ class CheckpointStore(ABC):
         for old in self.steps()[: -self.keep]:
             self._remove(f"step-{old:08d}.pt")
 
+    def save_best(self, state: dict[str, Any]) -> None:
+        """Write the best evaluation's model atomically over the previous best; StaleRun
+        (nothing written) when the fence is past the state's epoch."""
+        self.check_fence(_state_epoch(state))
+        buf = io.BytesIO()
+        torch.save(plain(state), buf)
+        self._write(BEST_FILE, buf.getvalue())
+
+    def where_best(self) -> str:
+        return self._where(BEST_FILE)
+
+    def best(self) -> dict[str, Any] | None:
+        """The best evaluation's file, read as data only (None: none written yet)."""
+        if BEST_FILE not in self._names():
+            return None
+        return self._load(BEST_FILE, self.where_best())
+
     def load(self, step: int) -> dict[str, Any]:
         """The checkpoint of `step`, read as data only; CheckpointRefused when it is not."""
-        where = self.where(step)
-        data = self._read(f"step-{step:08d}.pt")
+        return self._load(f"step-{step:08d}.pt", self.where(step))
+
+    def _load(self, name: str, where: str) -> dict[str, Any]:
+        data = self._read(name)
         if data is None:
             raise CheckpointRefused(f"checkpoint {where}: gone (removed while this run read it)")
         try:

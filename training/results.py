@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from training.logs import LogLine
 
@@ -149,6 +150,20 @@ class SegmentResult:
     its loss more than its next-token accuracy)."""
     logs: tuple[LogLine, ...] = ()
     """What this worker printed since its last report (`training.logs`)."""
+    best: BestModel | None = None
+    """Rank 0: the best evaluation whose model the checkpoint store keeps (`artefact` best)."""
+
+
+@dataclass(frozen=True)
+class BestModel:
+    """The evaluation whose model is kept as the run's best (`CheckpointStore.save_best`)."""
+
+    step: int
+    accuracy: float
+    eval_loss: float | None
+
+    def header(self) -> dict[str, Any]:
+        return {"step": self.step, "accuracy": self.accuracy, "eval_loss": self.eval_loss}
 
 
 DIVERGED_LOSS = 0.20
@@ -168,6 +183,20 @@ class Quality:
     warning: str = ""
 
 
+def at_least_as_good(
+    accuracy: float, eval_loss: float | None, than: Mapping[str, Any] | None
+) -> bool:
+    """Whether an evaluation is at least as good as `than` (a history entry, or the header of
+    the best model kept; None: there is none yet): by eval loss where both measured one, else
+    by accuracy. Of equals the later wins, so the best model kept is the newest of them."""
+    if than is None:
+        return True
+    other = than.get("eval_loss")
+    if eval_loss is not None and other is not None:
+        return eval_loss <= float(other)
+    return accuracy >= float(than["accuracy"])
+
+
 def quality_of(history: list[dict[str, float]]) -> Quality:
     """The best evaluation in `history` (by eval loss where measured, else accuracy) and
     whether the final one fell from it by more than DIVERGED_LOSS in loss or DIVERGED_GAIN of
@@ -175,11 +204,10 @@ def quality_of(history: list[dict[str, float]]) -> Quality:
     evals = [h for h in history if h.get("accuracy") is not None]
     if not evals:
         return Quality(None, float("nan"), float("nan"))
-    with_loss = [h for h in evals if h.get("eval_loss") is not None]
-    if with_loss:
-        best = min(with_loss, key=lambda h: (h["eval_loss"], -h["step"]))
-    else:
-        best = max(evals, key=lambda h: (h["accuracy"], h["step"]))
+    best = evals[0]
+    for h in evals[1:]:
+        if at_least_as_good(float(h["accuracy"]), h.get("eval_loss"), best):
+            best = h
     last, first = evals[-1], evals[0]
     b_acc, l_acc = float(best["accuracy"]), float(last["accuracy"])
     b_loss = float(best.get("eval_loss", float("nan")))

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.faults import GroupBroken, Lost, Membership, Recovery, recover
 from training.logs import LogLine
@@ -28,6 +28,9 @@ from training.ray_actors import (
 )
 from training.results import ExchangeCounters, SegmentResult, quality_of
 from training.spec import Progress, TrainReport, TrainSpec
+
+if TYPE_CHECKING:
+    from training.checkpoint import CheckpointStore
 
 __all__ = ["WorkerGroup", "WorkerPool", "local_resources", "run"]
 
@@ -458,6 +461,10 @@ def run(
         links.append({"a": "*", "b": "*", "mbps": spec.link_mbps, "rtt_ms": spec.rtt_ms})
     final_acc = last.accuracy if last is not None else None
     quality = quality_of(history)
+    artefact = _artefact(spec, store, last)
+    warning = quality.warning
+    if warning and artefact.get("which") == "best":
+        warning += f"; the job keeps its best model (step {artefact['step']}): {artefact['where']}"
     steps_by_cluster: dict[str, int] = {}
     labels_by_cluster: dict[str, list[int]] = {}
     for c, r in zip(ranks_of(spec), last_all, strict=False):  # none: no segment ran
@@ -496,9 +503,26 @@ def run(
         best_step=quality.best_step,
         best_accuracy=quality.best_accuracy,
         best_eval_loss=quality.best_eval_loss,
-        warning=quality.warning,
+        warning=warning,
         membership=changes,
+        artefact=artefact,
     )
+
+
+def _artefact(
+    spec: TrainSpec, store: CheckpointStore | None, last: SegmentResult | None
+) -> dict[str, Any]:
+    """The model the run leaves: its best evaluation's where the spec keeps the best and one
+    was kept, else the newest step checkpoint; {} where nothing was written."""
+    if store is None:
+        return {}
+    best = last.best if last is not None else None
+    if spec.artefact == "best" and best is not None:
+        return {"which": "best", "where": store.where_best(), **best.header()}
+    found = store.steps()
+    if not found:
+        return {}
+    return {"which": "last", "step": found[-1], "where": store.where(found[-1])}
 
 
 def _follow(now: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:

@@ -100,6 +100,9 @@ under which it picks `compression: auto`."""
 DATA_MODES = ("shared", "local")
 """Where a run's samples come from: the whole set on every cluster, or each cluster's own."""
 
+ARTEFACTS = ("best", "last")
+"""The model a run leaves: its best evaluation's, or its last step's."""
+
 
 def parse_slowdown(text: str) -> dict[str, float]:
     """Parse `a:4,b:2` into {cluster: factor}; ValueError says the fix."""
@@ -151,6 +154,9 @@ class TrainSpec:
     rtt_ms: float | None = None
     checkpoint: str | None = None
     checkpoint_every: int = 0  # 0: only at the end (when `checkpoint` is set)
+    artefact: str = "best"
+    """The model the run leaves (with `checkpoint`): "best", its best evaluation's (kept as
+    `best.pt` beside the step checkpoints), or "last", the final step's checkpoint."""
     resume: bool = False
     run_id: str | None = None
     """Whose checkpoints these are (the controller: the job's id); a resume refuses another
@@ -230,6 +236,8 @@ class TrainSpec:
             )
         if self.checkpoint_every < 0:
             raise ValueError("checkpoint_every: must be >= 0")
+        if self.artefact not in ARTEFACTS:
+            raise ValueError(f"artefact: {self.artefact!r}; use one of {', '.join(ARTEFACTS)}")
         if self.resume and not self.checkpoint:
             raise ValueError("resume: needs a checkpoint directory (checkpoint / --checkpoint-dir)")
         if (self.link_mbps is None) != (self.rtt_ms is None):
@@ -396,6 +404,9 @@ class TrainReport:
     eval loss rose: `training.results.quality_of`)."""
     membership: list[dict[str, Any]] = field(default_factory=list)
     """Clusters that left or joined the run, as in `Progress.membership`."""
+    artefact: dict[str, Any] = field(default_factory=dict)
+    """The model the run left: `which` (best or last), `step`, `where` (the file), and the
+    best's `accuracy` and `eval_loss`; empty without a checkpoint location."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `cpn train --json` prints): `wan_bytes` as `{"src->dst": bytes}`."""

@@ -31,7 +31,7 @@ from training.data import batch_indices, shard, shard_sizes
 from training.faults import Agreement, GroupBroken, Position, agree, is_collective_error
 from training.logs import capture
 from training.residency import cluster_slice
-from training.results import SegmentResult
+from training.results import BestModel, SegmentResult, at_least_as_good
 from training.spec import TrainSpec
 from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy, regroups
 from training.tasks import Evaluation, Task, as_tensors, evaluate, load_task
@@ -190,6 +190,7 @@ class Worker:
         self.loss_n = 0
         self.ckpt_due = False
         self.last_ckpt = -1
+        self.best = self._best_kept() if self.rank == 0 else None
         had = self.held is not None
         if self.held is not None:
             self._load(self.held)
@@ -375,6 +376,8 @@ class Worker:
 
     def _stats(self, evaluate: bool) -> SegmentResult:
         ev = self.evaluate() if evaluate else None
+        if ev is not None:
+            self._keep_if_best(ev)
         loss = self.loss_sum / max(self.loss_n, 1)
         self.loss_sum, self.loss_n = 0.0, 0
         return SegmentResult(
@@ -391,6 +394,7 @@ class Worker:
             labels_read=tuple(sorted(self.labels_read)),
             auto_decisions=self.strategy.decisions(),
             logs=self.capture.take(),
+            best=self.best,
         )
 
     def evaluate(self) -> Evaluation:
@@ -409,6 +413,41 @@ class Worker:
             return
         state = self._state(clusters=dict(gathered))
         open_store(self.spec.checkpoint or "").save(self.step, state)
+
+    def _keeps_best(self) -> bool:
+        return bool(self.spec.checkpoint) and self.spec.artefact == "best" and self.rank == 0
+
+    def _best_kept(self) -> BestModel | None:
+        """The best model an earlier attempt of this run kept (a restart goes on from it)."""
+        if not self._keeps_best():
+            return None
+        kept = open_store(self.spec.checkpoint or "").best()
+        if kept is None or kept.get("run_id") != self.spec.run_id:
+            return None
+        loss = kept.get("eval_loss")
+        return BestModel(
+            int(kept["step"]), float(kept["accuracy"]), None if loss is None else float(loss)
+        )
+
+    def _keep_if_best(self, ev: Evaluation) -> None:
+        """Rank 0, after an evaluation: keep the model when it is the run's best so far (by
+        the rule `quality_of` judges the run with)."""
+        if not self._keeps_best():
+            return
+        best = self.best
+        if not at_least_as_good(ev.accuracy, ev.loss, None if best is None else best.header()):
+            return
+        kept = BestModel(self.step, ev.accuracy, ev.loss)
+        state = {
+            "version": CHECKPOINT_VERSION,
+            "run_id": self.spec.run_id,
+            "epoch": self.spec.epoch,
+            "task": self.spec.task,
+            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            **kept.header(),
+        }
+        open_store(self.spec.checkpoint or "").save_best(state)
+        self.best = kept
 
     def _mine(self) -> dict[str, Any]:
         """This rank's part of a checkpoint (a leader's is its cluster's)."""

@@ -227,6 +227,11 @@ class TrainArgs(_In):
         le=10**9,
         description="Steps between checkpoints; 0: only at the end; default: a tenth of the steps.",
     )
+    artefact: Literal["best", "last"] | None = Field(
+        default=None,
+        description="The model the job leaves: best, its best evaluation's (default: a run "
+        "that over-fits or diverges keeps what it reached), or last, its final step's.",
+    )
     outer_lr: float | None = Field(
         default=None,
         strict=True,
@@ -258,7 +263,15 @@ class TrainArgs(_In):
         """The knobs given, as `training.TrainSpec` keyword arguments."""
         return {
             name: value
-            for name in ("batch_size", "lr", "seed", "eval_every", "outer_lr", "outer_momentum")
+            for name in (
+                "batch_size",
+                "lr",
+                "seed",
+                "eval_every",
+                "artefact",
+                "outer_lr",
+                "outer_momentum",
+            )
             if (value := getattr(self, name)) is not None
         }
 
@@ -296,7 +309,8 @@ class JobSpec(_In):
     args: TrainArgs = Field(
         default_factory=TrainArgs,
         description="Runtime knobs (batch_size, lr, seed, eval_every, checkpoint_every, "
-        "outer_lr, outer_momentum) and, for module:function tasks, `task`: the task's own.",
+        "artefact, outer_lr, outer_momentum) and, for module:function tasks, `task`: the "
+        "task's own.",
     )
     gpus: int | None = Field(default=None, ge=1, le=100_000, description="Exact GPU count.")
     min_gpus: int | None = Field(default=None, ge=1, le=100_000)

@@ -361,6 +361,15 @@ class _Demo:
         ]
         if report.get("warning"):
             rows.append(("warning", str(report["warning"])))
+        art = report.get("artefact") or {}
+        if art.get("which") == "best":
+            rows.append(
+                (
+                    "model kept",
+                    f"its best evaluation's (step {art['step']}, accuracy "
+                    f"{art['accuracy']:.3f}): {art['where']}",
+                )
+            )
         why = next((w for w in promised.get("explanation", ()) if w.startswith("quality:")), None)
         if why:
             rows.append(("why this sync", why.removeprefix("quality: ")))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,6 +39,11 @@ _FLAGS = {
 """Spec fields whose errors name the flag that sets them."""
 
 
+class Artefact(StrEnum):
+    best = "best"
+    last = "last"
+
+
 def _concrete(value: _V) -> _V:
     """Sync and compression as given: `auto` is the runtime's policy (`training.auto`)."""
     return value
@@ -68,6 +74,12 @@ def _report_table(report: Any) -> Any:
         ("restarts", str(report.restarts)),
     ]
     rows += [(f"  {src}->{dst}", f"{n:,} B") for (src, dst), n in sorted(report.wan_bytes.items())]
+    art = report.artefact
+    if art:
+        which = "best evaluation's" if art["which"] == "best" else "last step's"
+        rows.append(("model", f"the {which}, step {art['step']}: {art['where']}"))
+    if report.warning:
+        rows.append(("warning", report.warning))
     if report.resumed_from_step is not None:
         rows.append(("resumed from step", str(report.resumed_from_step)))
     if report.steps_by_cluster and len(set(report.steps_by_cluster.values())) > 1:
@@ -153,6 +165,12 @@ def train(
     ),
     checkpoint_every: int = typer.Option(
         0, "--checkpoint-every", min=0, help="Checkpoint every N steps (0: only at the end)."
+    ),
+    artefact: Artefact = typer.Option(
+        Artefact.best,
+        "--artefact",
+        help="The model the run leaves in --checkpoint-dir: best (its best evaluation's, "
+        "best.pt) or last (the final step's checkpoint).",
     ),
     resume: bool = typer.Option(False, "--resume", help="Resume from the newest checkpoint."),
     eval_every: int = typer.Option(0, "--eval-every", min=0, help="Evaluate every N steps."),
@@ -261,6 +279,7 @@ def train(
         rtt_ms=(rtt_ms or 0.0) if link_mbps is not None else None,
         checkpoint=checkpoint_dir,
         checkpoint_every=checkpoint_every,
+        artefact=artefact.value,
         resume=resume,
         eval_every=eval_every,
         ray_address=ray_address,

@@ -45,6 +45,7 @@ REPORT_KEYS = (
     "restarts",
     "resumed_from_step",
     "membership",
+    "artefact",
 )
 """What the SUCCEEDED event keeps of the run's report (`membership`: the clusters that left or
 joined a run under fault domains, which the demo and the console read)."""
@@ -144,6 +145,9 @@ def _why(
                 f" (its best evaluation: accuracy {report.best_accuracy:.4f} at step "
                 f"{report.best_step})"
             )
+        art = report.artefact
+        if art.get("which") == "best" and art.get("step") != report.steps:
+            said += f"; its model is the best evaluation's, of step {art['step']}"
         return said, {"report": kept}
     if stop is StopReason.PREEMPTED:
         # Another tenant's job, maybe: the victim's tenant is not told which (the log says).

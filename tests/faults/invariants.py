@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controller.money.metering import _seconds, charge_of, exact_total, q6
-from controller.store.db import make_engine, make_sessionmaker
+from controller.store.db import is_sqlite, make_engine, make_sessionmaker
 from controller.store.models import (
     Allocation,
     Cluster,
@@ -65,10 +65,19 @@ class Books:
 
 
 def read_books(url: str) -> Books:
-    """Read the books on `url` and check every invariant; `broken` lists what does not hold."""
+    """Read the books on `url` and check every invariant; `broken` lists what does not hold.
+
+    All in one snapshot, while the control plane writes: PostgreSQL reads at REPEATABLE READ,
+    and SQLite in an explicit read transaction (pysqlite sends BEGIN only before a write, so
+    each SELECT would otherwise see the commits made since the one before it, and a job's
+    release landing between the allocations and the inventory read as a broken book)."""
     engine = make_engine(url)
     try:
         with make_sessionmaker(engine)() as s, s.begin():
+            if is_sqlite(url):
+                s.connection().exec_driver_sql("BEGIN")
+            else:
+                s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             return _check(s)
     finally:
         engine.dispose()

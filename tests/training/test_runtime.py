@@ -4,6 +4,7 @@ adaptive switching, elastic resume. Actors are real processes joined by real glo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,37 @@ def test_adaptive_compresses_harder_when_the_link_slows_down() -> None:
     assert set(before) == {"none"}  # 10 Gbit/s hides fp32 under compute
     assert after and all(c.startswith("topk") for c in after)
     assert report.compression_ratio > 1.0
+
+
+def test_the_run_keeps_its_best_evaluations_model_as_its_artefact(tmp_path: Path) -> None:
+    """`best.pt` holds the model of the evaluation `quality_of` calls the best (evaluated
+    again, it scores what the run reported), whatever came after; `artefact: last` keeps none
+    and names the final step's checkpoint."""
+    from training.checkpoint import open_store
+    from training.tasks import as_tensors, evaluate
+
+    ck = str(tmp_path / "best")
+    # a large learning rate over-shoots: the last evaluation is rarely the best
+    spec = TrainSpec(task=MLP, clusters={"a": 1}, steps=24, lr=1.0, eval_every=3, checkpoint=ck)
+    report = training.run(spec)
+    art = report.artefact
+    assert art["which"] == "best" and art["step"] == report.best_step
+    assert art["where"].endswith("best.pt")
+    store = open_store(ck)
+    kept = store.best()
+    assert kept is not None and kept["step"] == report.best_step
+    task = training.tasks.load_task(MLP)
+    model = task.model()
+    model.load_state_dict(kept["model"])
+    ev = evaluate(task, model, *as_tensors(task.eval))
+    assert ev.accuracy == pytest.approx(report.best_accuracy, abs=1e-6)
+    assert ev.loss == pytest.approx(report.best_eval_loss, rel=1e-5)
+    assert store.steps()[-1] == 24  # the step checkpoints are kept beside it
+
+    last = training.run(replace(spec, checkpoint=str(tmp_path / "last"), artefact="last"))
+    assert open_store(str(tmp_path / "last")).best() is None
+    assert last.artefact == {
+        "which": "last",
+        "step": 24,
+        "where": open_store(str(tmp_path / "last")).where(24),
+    }
