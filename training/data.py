@@ -7,6 +7,9 @@ workers reads exactly the same global batches (re-sharded).
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
 import torch
 
 
@@ -20,14 +23,47 @@ def batch_indices(n: int, batch: int, seed: int, step: int) -> torch.Tensor:
     return perm[i * batch : (i + 1) * batch]
 
 
-def shard_sizes(batch: int, world: int) -> list[int]:
-    """Equal batch shares, the remainder to the first ranks."""
-    q, r = divmod(batch, world)
-    return [q + (1 if k < r else 0) for k in range(world)]
+def shard_sizes(batch: int, world: int, weights: Sequence[float] | None = None) -> list[int]:
+    """Each rank's part of a batch of `batch`: equal without `weights`, the remainder to the
+    first ranks; else in proportion to each rank's weight (the planner's batch shares, so a
+    faster GPU takes more samples and no cluster waits on another), by largest remainder
+    (ties to the first ranks), one sample at least a rank."""
+    if weights is None or batch < world:
+        q, r = divmod(batch, world)
+        return [q + (1 if k < r else 0) for k in range(world)]
+    if len(weights) != world or min(weights) <= 0:
+        raise ValueError(f"weights: {world} positive weights, one a rank; got {list(weights)}")
+    total = float(sum(weights))
+    exact = [batch * w / total for w in weights]
+    sizes = [int(x) for x in exact]
+    order = sorted(range(world), key=lambda k: (-(exact[k] - sizes[k]), k))
+    for k in order[: batch - sum(sizes)]:
+        sizes[k] += 1
+    for k in range(world):  # a rank given nothing takes one sample of the largest part
+        if sizes[k] == 0:
+            sizes[max(range(world), key=lambda j: (sizes[j], -j))] -= 1
+            sizes[k] = 1
+    return sizes
 
 
-def shard(indices: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """This rank's slice of a global batch."""
-    sizes = shard_sizes(len(indices), world)
+def rank_weights(shares: Mapping[str, float], ranks_cluster: Sequence[str]) -> list[float] | None:
+    """Each rank's weight from per-cluster batch shares: its cluster's share split equally
+    over the cluster's ranks; None (equal per rank) without shares. A cluster the shares do
+    not name (one that joined mid-run) weighs as the named clusters' ranks do on average."""
+    if not shares:
+        return None
+    counts = Counter(ranks_cluster)
+    named = [c for c in counts if c in shares]
+    if not named:
+        return None
+    mean = sum(shares[c] for c in named) / sum(counts[c] for c in named)
+    return [shares[c] / counts[c] if c in shares else mean for c in ranks_cluster]
+
+
+def shard(
+    indices: torch.Tensor, rank: int, world: int, weights: Sequence[float] | None = None
+) -> torch.Tensor:
+    """This rank's slice of a global batch (`shard_sizes`)."""
+    sizes = shard_sizes(len(indices), world, weights)
     start = sum(sizes[:rank])
     return indices[start : start + sizes[rank]]

@@ -185,6 +185,10 @@ class TrainSpec:
     sends average no more (`training.wan.Pacer`, one exchange of burst). Empty: unpaced."""
     link_schedule: list[tuple[int, float, float]] = field(default_factory=list)
     """(from_step, mbps, rtt_ms): from that step on every link is reshaped (tests, benchmarks)."""
+    batch_shares: dict[str, float] = field(default_factory=dict)
+    """{cluster: share of the global batch} (the plan's, by GPU throughput), split equally
+    over the cluster's workers; empty: an equal share a worker. The gradient stays the whole
+    batch's mean (each worker's loss is weighted by its samples)."""
     slowdown: dict[str, float] = field(default_factory=dict)
     """{cluster: factor >= 1}: that cluster's compute takes `factor` times as long (the worker
     waits out the difference), so heterogeneous clusters can be emulated on one machine."""
@@ -215,6 +219,7 @@ class TrainSpec:
             links=[k for k in self.links if k.a in keep and k.b in keep],
             wan_kbps={c: r for c, r in self.wan_kbps.items() if c in keep},
             slowdown={c: f for c, f in self.slowdown.items() if c in keep},
+            batch_shares={c: v for c, v in self.batch_shares.items() if c in keep},
             regions={c: self.regions[c] for c in clusters} if keep <= set(self.regions) else {},
         )
 
@@ -236,6 +241,11 @@ class TrainSpec:
             )
         if self.checkpoint_every < 0:
             raise ValueError("checkpoint_every: must be >= 0")
+        for name, share in self.batch_shares.items():
+            if name not in self.clusters:
+                raise ValueError(f"batch_shares: {name!r} is not one of the run's clusters")
+            if not (math.isfinite(share) and share > 0):
+                raise ValueError(f"batch_shares: {name!r} needs a share > 0, not {share!r}")
         if self.artefact not in ARTEFACTS:
             raise ValueError(f"artefact: {self.artefact!r}; use one of {', '.join(ARTEFACTS)}")
         if self.resume and not self.checkpoint:

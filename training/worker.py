@@ -27,7 +27,7 @@ from grammar import Sync
 from training.auto import runs_auto
 from training.checkpoint import FORMAT, check_identity, open_store
 from training.collective import Collective, flatten, split
-from training.data import batch_indices, shard, shard_sizes
+from training.data import batch_indices, rank_weights, shard, shard_sizes
 from training.faults import Agreement, GroupBroken, Position, agree, is_collective_error
 from training.logs import capture
 from training.residency import cluster_slice
@@ -161,7 +161,8 @@ class Worker:
         self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.shapes = [p.shape for p in self.params]
-        sizes = shard_sizes(self.batch, self.world)
+        self.weights = rank_weights(spec.batch_shares, self.ranks_cluster)
+        sizes = shard_sizes(self.batch, self.world, self.weights)
         ctx = SyncContext(
             spec=spec,
             comm=self.comm,
@@ -272,7 +273,7 @@ class Worker:
         t0 = time.perf_counter()
         cpu0 = time.thread_time()
         idx = batch_indices(len(self.x), self.batch, self.spec.seed, self.local_step)
-        mine = shard(idx, self.rank, self.world)
+        mine = shard(idx, self.rank, self.world, self.weights)
         x, y = self.x[mine].to(self.device), self.y[mine].to(self.device)
         if self.spec.data == "local" and y.dim() == 1:
             self.labels_read.update(int(v) for v in y.unique())
@@ -282,7 +283,7 @@ class Worker:
         if scope is Scope.GLOBAL:
             denom = len(idx)
         else:  # the cluster's batch
-            sizes = shard_sizes(len(idx), self.world)
+            sizes = shard_sizes(len(idx), self.world, self.weights)
             denom = sum(sizes[r] for r in self.cluster_ranks)
         (loss * (len(mine) / denom)).backward()
         self.loss_sum += float(loss.detach())

@@ -59,6 +59,25 @@ def test_every_step_uncompressed_equals_single_process_full_batch(tmp_path: Path
     assert not torch.allclose(init["0.weight"], got["0.weight"])
 
 
+def test_uneven_batch_shares_train_exactly_the_full_batch(tmp_path: Path) -> None:
+    """The plan's batch shares (a fast cluster takes most of the batch) change who computes
+    what, not the gradient: each step is still the whole batch's mean."""
+    steps = 8
+    report = training.run(
+        TrainSpec(
+            task=MLP,
+            clusters={"a": 2, "b": 1},
+            steps=steps,
+            batch_shares={"a": 0.9, "b": 0.1},
+            checkpoint=str(tmp_path / "ck"),
+            eval_every=8,
+        )
+    )
+    assert report.steps == steps
+    _, got = final_params(str(tmp_path / "ck"))
+    _assert_close(got, full_batch_reference(MLP, steps))
+
+
 def test_elastic_resume_on_other_clusters_continues_the_same_training(tmp_path: Path) -> None:
     ck = str(tmp_path / "ck")
     spec = TrainSpec(

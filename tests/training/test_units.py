@@ -11,7 +11,7 @@ import torch
 from grammar import Sync, SyncKind, parse_compression, parse_sync
 from training.adaptive import choose, estimate_bytes
 from training.checkpoint import DirectoryStore, open_store
-from training.data import batch_indices, shard, shard_sizes
+from training.data import batch_indices, rank_weights, shard, shard_sizes
 from training.placement import cluster_resource
 from training.spec import TrainSpec, parse_clusters
 from training.wan import Link, LinkTable, load_links_file, load_regions_file, ring_edges
@@ -24,6 +24,24 @@ def test_shards_cover_the_global_batch_exactly() -> None:
         parts = [shard(idx, r, world) for r in range(world)]
         assert torch.equal(torch.cat(parts), idx)
         assert sum(shard_sizes(128, world)) == 128
+
+
+def test_batch_shares_split_by_weight_and_every_rank_gets_a_sample() -> None:
+    # the plan's 94/6 split of H100 + T4: a cluster's share over its ranks
+    weights = rank_weights({"h100": 0.94, "t4": 0.06}, ["h100", "h100", "t4"])
+    assert weights == pytest.approx([0.47, 0.47, 0.06])
+    sizes = shard_sizes(100, 3, weights)
+    assert sum(sizes) == 100 and sizes == [47, 47, 6]
+    idx = batch_indices(1000, 100, seed=1, step=2)
+    assert torch.equal(torch.cat([shard(idx, r, 3, weights) for r in range(3)]), idx)
+    assert shard_sizes(5, 3, [0.98, 0.01, 0.01]) == [3, 1, 1]  # a sample a rank at least
+    assert rank_weights({}, ["a", "b"]) is None
+    # a cluster that joined mid-run weighs as the named ones' ranks do on average
+    assert rank_weights({"a": 0.75, "b": 0.25}, ["a", "b", "c"]) == pytest.approx([0.75, 0.25, 0.5])
+    with pytest.raises(ValueError, match="batch_shares: 'z'"):
+        TrainSpec(clusters={"a": 1}, batch_shares={"z": 1.0}).validate()
+    with pytest.raises(ValueError, match="share > 0"):
+        TrainSpec(clusters={"a": 1}, batch_shares={"a": 0.0}).validate()
 
 
 def test_batches_depend_only_on_seed_and_step() -> None:
