@@ -2,14 +2,14 @@
 
 One step of hierarchical data parallelism on clusters S with g_c GPUs each:
 
-- compute: the runtime splits the global batch equally per worker, so the slowest cluster's
-  GPUs set the pace of a step: T_c = W / (G r_min), G = sum_c g_c, r_c = peak TFLOPS x
-  efficiency, r_min the slowest member's. Under `partial:H` and `async-ps:S` (`runs_ahead`)
-  the fast clusters do not wait: in one step of the slowest, cluster c takes
-  k_c = min(SPEED_BOUND, floor(r_c / r_min)) steps (the runtime's `steps_per_tick`), so the
-  same samples take G / sum_c g_c k_c times the steps: the step time below is divided by that
-  speedup, and so are the exchanges. (Called without the GPU count, `estimate_parts` and
-  `score` fall back to a split by throughput, W / sum_c g_c r_c.)
+- compute: the runtime splits the global batch by throughput (the estimate's
+  `batch_shares`, which the launcher hands it), so no cluster waits on another:
+  T_c = W / sum_c g_c r_c, r_c = peak TFLOPS x efficiency. Under `partial:H` and
+  `async-ps:S` (`runs_ahead`) the batch is split equally per worker and the fast clusters
+  run ahead instead: the slowest sets the pace of a tick, T_c = W / (G r_min), G = sum_c g_c,
+  and in one tick cluster c takes k_c = min(SPEED_BOUND, floor(r_c / r_min)) steps (the
+  runtime's `steps_per_tick`), so the same samples take G / sum_c g_c k_c times the steps:
+  the step time below is divided by that speedup, and so are the exchanges.
 - intra-cluster: exact ring all-reduce, T_i = max_c [2(p-1)a + 2(p-1)/p n/B_c] (clusters reduce
   in parallel), a = ALPHA_INTRA_S, n = 4 bytes x params.
 - WAN: the cluster leaders exchange the compressed payload n' in a ring. All-reducible payloads
@@ -524,8 +524,10 @@ class CostModel:
             gpus=sum(gpus.values()),
             ahead=self.ahead_rate(names, (gpus[n] for n in names)),
         )
+        total = sum(gpus.values())
+        even = self.sync(sync).runs_ahead and len(names) > 1
         shares = tuple(
-            (a.cluster, a.gpus * self.rate[a.cluster] / rate)
+            (a.cluster, a.gpus / total if even else a.gpus * self.rate[a.cluster] / rate)
             for a in sorted(placement, key=lambda a: a.cluster)
         )
         return replace(est, batch_shares=shares)
@@ -643,16 +645,20 @@ class CostModel:
                 (kind, runs_ahead, eff_steps, over, wan_s, tail, floor, per, fixed, period)
             )
         slow = self.pace(names)[0]
-        for _, intra_s, price, gpus, ahead in allocs:
+        for rate, intra_s, price, gpus, ahead in allocs:
             setup = setup0 + per_gpu * gpus
-            # equal split per worker: the slowest member's GPUs set the pace of a step
+            # the batch split by throughput; under the modes that run ahead, equally per
+            # worker (the slowest member's GPUs set the pace of a tick)
             even = gpus * slow
-            compute = self.work / even
             speedup = ahead / even
-            fwd, bwd = _FORWARD_FRACTION * compute, f * compute
+            split = self.work / rate
+            paced = self.work / even
             # `max(a, b)` as `b if b > a else a` (the same float, the first of equals): the
             # builtin boxes its arguments in the compiled build (`scheduler.native`)
-            local = fwd + (intra_s if intra_s > bwd else bwd)
+            fwd_s, bwd_s = _FORWARD_FRACTION * split, f * split
+            local_s = fwd_s + (intra_s if intra_s > bwd_s else bwd_s)
+            fwd_p, bwd_p = _FORWARD_FRACTION * paced, f * paced
+            local_p = fwd_p + (intra_s if intra_s > bwd_p else bwd_p)
             for (
                 kind,
                 runs_ahead,
@@ -665,6 +671,10 @@ class CostModel:
                 fixed,
                 period,
             ) in terms:
+                if runs_ahead:
+                    local, fwd, bwd = local_p, fwd_p, bwd_p
+                else:
+                    local, fwd, bwd = local_s, fwd_s, bwd_s
                 if kind == _LOCAL:
                     step = local + tail
                 elif kind == _STALE:
@@ -730,10 +740,15 @@ class CostModel:
             step = step_time(compute, intra_s, NO_WAN, _EVERY_STEP) + extra
             return _Parts(compute, step, steps, steps, NO_WAN, extra)
         sm = self.sync(sync)
-        # equal split per worker: the slowest member's GPUs set the pace of a step
-        even = gpus * self.pace(names)[0] if gpus is not None else rate
-        speedup = (ahead if ahead is not None else even) / even if sm.runs_ahead else 1.0
-        compute = self.work / even
+        if sm.runs_ahead and gpus is not None:
+            # equal split per worker, the slowest member's GPUs set the pace of a tick
+            # and the fast clusters take several steps in it
+            even = gpus * self.pace(names)[0]
+            speedup = (ahead if ahead is not None else even) / even
+            compute = self.work / even
+        else:  # the batch split by throughput (`batch_shares`): no cluster waits on another
+            speedup = 1.0
+            compute = self.work / rate
         wan = self.gossip_wan(names, compression) if sm.neighbours else self.wan(names, compression)
         extra = self.snapshot.step_overhead_s
         step = (step_time(compute, intra_s, wan, sm) + extra) / speedup

@@ -141,6 +141,9 @@ class _Search:
         self.runner_up: dict[tuple[str, ...], _Choice] = {}
         self._subset_cache: dict[tuple[str, ...], _Choice | None] = {}
         self._quick_cache: dict[tuple[str, ...], _Choice | None] = {}
+        self._screen_top: list[float] = []
+        """The objective of the FULL_EVALS best feasible screened sets, negated (a heap):
+        `_finish` scores in full only sets that rank among them."""
         self._partial_cache: dict[tuple[str, ...], float] = {}
         multi_c = AUTO_COMPRESSIONS if job.compression == "auto" else (job.compression,)
         multi_s = AUTO_SYNCS if job.sync == "auto" else (job.sync,)
@@ -264,16 +267,16 @@ class _Search:
 
     def _dp_allocs(self, names: tuple[str, ...], caps: list[int]) -> list[_Alloc]:
         m = self.model
-        # state: gpus so far -> list of (ahead rate, price, tau, gpus tuple), pairwise
+        # state: gpus so far -> list of (ahead rate, rate, price, tau, gpus tuple), pairwise
         # non-dominated; with the GPU count fixed by the key, the step time falls with the
-        # ahead rate (runs-ahead modes) or depends on the count alone (the others)
-        states: dict[int, list[tuple[float, float, float, tuple[int, ...]]]] = {
-            0: [(0.0, 0.0, 0.0, ())]
-        }
+        # ahead rate (runs-ahead modes, split equally) or with the throughput (the others,
+        # split by throughput)
+        states: dict[int, list[_Point]] = {0: [(0.0, 0.0, 0.0, 0.0, ())]}
         slow, ticks = m.pace(names) if len(names) > 1 else (0.0, {})
         for n, cap in zip(names, caps, strict=True):
-            nxt: dict[int, list[tuple[float, float, float, tuple[int, ...]]]] = {}
-            r, pr = (slow * ticks[n] if ticks else m.rate[n]), m.price[n]
+            nxt: dict[int, list[_Point]] = {}
+            r, pr = m.rate[n], m.price[n]
+            ra = slow * ticks[n] if ticks else r
             row = m.intra_row(n, cap)
             for used, pts in states.items():
                 for g in range(1, cap + 1):
@@ -282,11 +285,13 @@ class _Search:
                         break
                     t = row[g - 1]
                     bucket = nxt.setdefault(tot, [])
-                    for rate, price, tau, gs in pts:
-                        bucket.append((rate + g * r, price + g * pr, max(tau, t), (*gs, g)))
+                    for ahead, rate, price, tau, gs in pts:
+                        bucket.append(
+                            (ahead + g * ra, rate + g * r, price + g * pr, max(tau, t), (*gs, g))
+                        )
             states = {tot: _pareto(pts) for tot, pts in nxt.items()}
         final = [p for tot, pts in sorted(states.items()) if tot >= self.gmin for p in pts]
-        return [self._alloc(names, gs) for _, _, _, gs in final]
+        return [self._alloc(names, p[4]) for p in final]
 
     def _alloc(
         self, names: tuple[str, ...], gpus: tuple[int, ...], intra: float | None = None
@@ -319,6 +324,12 @@ class _Search:
             if self.rank(best) < self.rank(self.best):
                 self.best = best
         cache[names] = best
+        if quick and best is not None and self.ok(best):
+            worth = -self.key(best)[0]
+            if len(self._screen_top) >= FULL_EVALS:
+                heapq.heappushpop(self._screen_top, worth)
+            else:
+                heapq.heappush(self._screen_top, worth)
         return best
 
     def _score(self, names: tuple[str, ...], allocs: list[_Alloc]) -> _Choice | None:
@@ -565,18 +576,26 @@ class _Search:
 
     def _cannot_beat(self, names: tuple[str, ...], rank: tuple[int, tuple[object, ...]]) -> bool:
         """Whether no choice on `names` can rank before `rank` (a feasible set's screening
-        rank): its floor in the objective is above that set's, or its time floor misses the
-        deadline. Growth and local search move only to a set that ranks before the current
-        one, so screening such a set changed nothing but the screening cache (most of a plan
-        at 100 clusters: a gang that fits one cluster tried every pair around each seed)."""
+        rank) nor rank among the FULL_EVALS best screened so far (those `_finish` scores in
+        full): its floor in the objective is above both, or its floors miss the deadline or
+        the budget. Growth and local search move only to a set that ranks before the current
+        one, and `_finish` reads only the best screened, so screening such a set changes
+        nothing (most of a plan at 100 clusters: a gang that fits one cluster tried every pair
+        around each seed)."""
         if not self.prune or rank[0] != 0 or names in self._quick_cache:
             return False
+        if len(self._screen_top) < FULL_EVALS:
+            return False  # it could still rank among the sets `_finish` scores in full
         t_floor, c_floor = self._floors(names)
-        if self.deadline is not None and t_floor > self.deadline:
-            return True
+        if (self.deadline is not None and t_floor > self.deadline) or (
+            self.budget is not None and c_floor > self.budget
+        ):
+            return True  # infeasible: after every feasible set
+        floor = t_floor if self.objective == "time" else c_floor
         best = rank[1][0]
         assert isinstance(best, float)
-        return (t_floor if self.objective == "time" else c_floor) > best
+        # not a move (it cannot rank before `rank`), nor among the FULL_EVALS best screened
+        return floor > best and floor > -self._screen_top[0]
 
     def _reach(self, cands: Sequence[str]) -> None:
         """Screen one pairwise-linked set with room for the gang, when `_heuristic` found none.
@@ -756,14 +775,17 @@ def _cost_key(ch: _Choice) -> tuple[float, float, int, tuple[str, ...], tuple[in
     return (ch.cost, ch.time, len(ch.alloc.names), ch.alloc.names, ch.alloc.gpus)
 
 
-def _pareto(
-    pts: list[tuple[float, float, float, tuple[int, ...]]],
-) -> list[tuple[float, float, float, tuple[int, ...]]]:
-    """Points not dominated in (rate up, price down, tau down); duplicates keep the first."""
-    pts = sorted(pts, key=lambda p: (-p[0], p[1], p[2], p[3]))
-    out: list[tuple[float, float, float, tuple[int, ...]]] = []
+_Point = tuple[float, float, float, float, tuple[int, ...]]
+"""A partial allocation of `_dp_allocs`: ahead rate, rate, price, tau, GPUs per member."""
+
+
+def _pareto(pts: list[_Point]) -> list[_Point]:
+    """Points not dominated in (ahead rate up, rate up, price down, tau down); duplicates
+    keep the first."""
+    pts = sorted(pts, key=lambda p: (-p[0], -p[1], p[2], p[3], p[4]))
+    out: list[_Point] = []
     for p in pts:
-        if not any(q[1] <= p[1] and q[2] <= p[2] for q in out):
+        if not any(q[1] >= p[1] and q[2] <= p[2] and q[3] <= p[3] for q in out):
             out.append(p)
     return out
 
@@ -1142,16 +1164,18 @@ def _explain_sync(model: CostModel, search: _Search, ch: _Choice, est: Estimate)
     lines: list[str] = []
     if ratio > 1.0 + 1e-9:
         lines.append(
-            f"speeds differ: a GPU of {fastest} is {ratio:.2g}x one of {slowest}; the batch is "
-            f"split equally per worker, so {slowest} sets the pace of every step"
+            f"speeds differ: a GPU of {fastest} is {ratio:.2g}x one of {slowest}; "
             + (
-                f"; under {ch.sync} the faster clusters take up to "
+                f"under {ch.sync} the batch is split equally per worker and the faster "
+                f"clusters take up to "
                 f"{max(ticks.values())} steps per step of {slowest} "
                 f"(bound {SPEED_BOUND}; {', '.join(f'{n} x{ticks[n]}' for n in names)}), "
                 f"{model.ahead_rate(names, ch.alloc.gpus) / (sum(ch.alloc.gpus) * slow):.2f}x "
                 "the samples per second"
                 if sm.runs_ahead
-                else ""
+                else "the batch is split by throughput ("
+                + ", ".join(f"{n} {v:.0%}" for n, v in est.batch_shares)
+                + "), so no cluster waits on another"
             )
         )
     if sm.neighbours:

@@ -427,10 +427,9 @@ class Estimate:
     run takes) and `quality_cost` is what the compressor and sync mode cost in quality: the
     fraction of extra steps they would need to match lossless every-step training
     (`grammar.quality`, or a steps factor fitted from observed runs).
-    `batch_shares` is each cluster's fraction of the global batch were it split by GPU
-    throughput (so no cluster waits on another), for a launcher that splits the data so. The
-    runtime splits it equally per worker today, and the step time assumes that: the slowest
-    cluster sets the pace, except under the modes that let fast clusters run ahead.
+    `batch_shares` is each cluster's fraction of the global batch, the split the run makes
+    (`training.TrainSpec.batch_shares`): by GPU throughput, so no cluster waits on another,
+    or, under the modes that let fast clusters run ahead, equal per GPU.
     """
 
     step_time_s: float

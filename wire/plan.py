@@ -81,6 +81,12 @@ class PlanEstimate(_Value):
         "extra steps they would need to match lossless every-step training (0.1 = 10 %).",
     )
     ring: tuple[str, ...] = Field(default=(), description="Order of clusters on the WAN ring.")
+    batch_shares: dict[str, float] = Field(
+        default_factory=dict,
+        description="Each cluster's fraction of the global batch, the split the run makes: "
+        "by GPU throughput, or equal per GPU under the sync modes that let fast clusters run "
+        "ahead (partial, async-ps). Absent in older plans: equal per worker.",
+    )
     step_overhead_s: float = Field(
         default=0.0, description="Observed per-step overhead included in step_time_s."
     )

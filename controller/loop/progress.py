@@ -247,13 +247,18 @@ def _short_event(job_id: str, cluster: str, rate: float, kbps: int, step: int) -
 
 def _observe(session: Session, handle: RunHandle, p: Progress, previous: Compute | None) -> Compute:
     """Compute time per step of each cluster's GPUs: the calibration data of the cost model.
-    Every worker gets an equal share of the global batch, so each cluster's slowest rank
-    measures its GPU model on flops_per_step / workers. Returns the report's counters, the
-    `previous` of the next report."""
+    A cluster's workers share its part of the global batch equally (its `batch_shares`, or
+    its workers' part of an equal split), so each cluster's slowest rank measures its GPU
+    model on that part of flops_per_step. Returns the report's counters, the `previous` of
+    the next report."""
     latest = (p.step, dict(p.compute_by_cluster))
     if previous is None or p.step <= previous[0] or not handle.flops_per_step:
         return latest
     workers = sum(handle.clusters.values())
+    shares = handle.batch_shares
+    if not set(p.compute_by_cluster) <= set(shares):
+        shares = {}  # a cluster joined: the run weighs it by the others' mean (an estimate)
+    norm = sum(shares.get(c, 0.0) for c in p.compute_by_cluster) or 1.0  # one that left
     for cluster, total in p.compute_by_cluster.items():
         per_step = (total - previous[1].get(cluster, total)) / (p.step - previous[0])
         model = handle.gpu_models.get(cluster)
@@ -264,7 +269,12 @@ def _observe(session: Session, handle: RunHandle, p: Progress, previous: Compute
                 job_id=handle.job_id,
                 gpu_model=normalize_gpu_model(model) or model,
                 gpus=1,
-                flops=handle.flops_per_step / workers,
+                flops=handle.flops_per_step
+                * (
+                    shares[cluster] / norm / max(1, handle.clusters.get(cluster, 1))
+                    if cluster in shares
+                    else 1.0 / workers
+                ),
                 compute_s=per_step,
                 predicted_s=handle.predicted_step_s,
             )

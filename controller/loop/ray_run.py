@@ -31,6 +31,7 @@ from wire.spec import JobSpec
 
 if TYPE_CHECKING:
     from training.pipeline.spec import PipelineSpec
+    from wire.plan import JobPlan
 
 log = logging.getLogger("cpn.launcher")
 
@@ -147,6 +148,7 @@ def launch(
             predicted_step_s=job.placement.estimate.compute_s if job.placement else None,
             fence=train_spec.epoch,
             reserved_kbps=dict(train_spec.wan_kbps),
+            batch_shares=dict(train_spec.batch_shares),
             live=pipeline is None and _live(train_spec),
             running=dict(clusters),
         )
@@ -230,6 +232,7 @@ def train_spec_of(
     return TrainSpec(
         task=spec.task,
         clusters=ring_ordered(clusters, plan.estimate.ring if plan else ()),
+        batch_shares=batch_shares(plan, clusters),
         compression=compression,
         sync=sync,
         steps=spec.steps,
@@ -245,6 +248,15 @@ def train_spec_of(
         regions=regions,
         **spec.args.runtime(),  # typed and bounded by the spec (wire.spec.TrainArgs)
     )
+
+
+def batch_shares(plan: JobPlan | None, clusters: dict[str, int]) -> dict[str, float]:
+    """The plan's split of the global batch over the clusters that run (its estimate's
+    `batch_shares`, in the clusters' own names); {} (equal per worker) without one."""
+    if plan is None:
+        return {}
+    shares = {c: v for c, v in plan.estimate.batch_shares.items() if c in clusters and v > 0}
+    return shares if len(shares) == len(clusters) else {}
 
 
 def ring_ordered(clusters: dict[str, int], ring: Sequence[str]) -> dict[str, int]:

@@ -39,6 +39,9 @@ class RunHandle:
     last_compute: tuple[int, dict[str, float]] | None = None
     reserved_kbps: dict[str, int] = field(default_factory=dict)
     """The WAN rate the run keeps to on each paced cluster (`TrainSpec.wan_kbps`)."""
+    batch_shares: dict[str, float] = field(default_factory=dict)
+    """Each cluster's share of the global batch (`TrainSpec.batch_shares`); empty: equal
+    per worker."""
     wire_seen: tuple[float, dict[str, int]] | None = None
     """The last report's exchange seconds and bytes sent by each cluster."""
     short_reports: dict[str, int] = field(default_factory=dict)

@@ -342,6 +342,7 @@ def plan_of(
         overhead_s=est.overhead_s,
         effective_steps=est.effective_steps,
         ring=tuple(dict.fromkeys(origin(n)[0] for n in est.ring)),  # the clusters' own names
+        batch_shares=_shares_by_cluster(est.batch_shares, origin),
         step_overhead_s=est.step_overhead_s,
         setup_s=est.setup_s,
         total_time_range_s=est.total_time_range_s,
@@ -364,3 +365,15 @@ def plan_of(
         price=breakdown,
         explanation=explanation,
     )
+
+
+def _shares_by_cluster(
+    shares: tuple[tuple[str, float], ...], origin: Callable[[str], tuple[str, str | None]]
+) -> dict[str, float]:
+    """The estimate's batch shares in the clusters' own names (a cluster planned as several
+    names sums them)."""
+    out: dict[str, float] = {}
+    for name, share in shares:
+        cluster = origin(name)[0]
+        out[cluster] = round(out.get(cluster, 0.0) + share, 9)
+    return out

@@ -231,9 +231,10 @@ def test_pruning_keeps_a_set_that_meets_the_deadline() -> None:
 
 def test_screening_skips_sets_that_cannot_beat_the_current_one() -> None:
     """More clusters than the exact search takes: growing a set around each seed screens
-    only the sets whose floor can still beat the seed (`_Search._cannot_beat`), with the same
-    plan, explanation included. The seeds are the H100 clusters; a set that gives up one of
-    their GPUs for a T4 cannot run this compute-bound job faster than one of them alone."""
+    only the sets whose floor can still beat the seed or rank among the best screened
+    (`_Search._cannot_beat`), with the same plan, explanation included. The seeds are the
+    H100 clusters; once six sets are screened, a set that gives up one of their GPUs for a T4
+    cannot run this compute-bound job faster than one of them alone: most are skipped."""
     fast = [cluster(f"h{i:02}", 8, gpu_model="H100") for i in range(4)]
     slow = [cluster(f"t{i:02}", 8, gpu_model="T4") for i in range(8)]
     names = [c.name for c in fast + slow]
@@ -258,5 +259,6 @@ def test_screening_skips_sets_that_cannot_beat_the_current_one() -> None:
         full = plan(snap, j, "time")
     assert pruned == full
     assert isinstance(pruned, Plan) and len(pruned.placement) == 1
-    assert with_pruning and all(n.startswith("h") for s in with_pruning for n in s)
-    assert any(n.startswith("t") for s in scored for n in s)
+    with_t = [s for s in with_pruning if any(n.startswith("t") for n in s)]
+    without_t = [s for s in scored if any(n.startswith("t") for n in s)]
+    assert with_pruning and len(with_t) < len(without_t) / 2
