@@ -98,6 +98,14 @@ class SyncModel:
     """Each cluster exchanges with its ring neighbours only (gossip), not all-reduces."""
 
 
+def splits_by_rate(sync: SyncModel) -> bool:
+    """Whether the run splits the batch by GPU throughput (the modes that average gradients
+    every step: the gradient stays the batch's mean, whoever computes which part) rather
+    than equally per worker (the modes of local updates, where the split would change what
+    each cluster learns from between exchanges)."""
+    return sync.kind != "local-sgd" and not sync.runs_ahead
+
+
 def _powersgd_ratio(rank: int, params: int, layer_shapes: tuple[tuple[int, int], ...]) -> float:
     """Bytes of P (m x r) and Q (n x r) over bytes of M (m x n); 1-D tensors travel dense."""
     if layer_shapes:

@@ -2,14 +2,17 @@
 
 One step of hierarchical data parallelism on clusters S with g_c GPUs each:
 
-- compute: the runtime splits the global batch by throughput (the estimate's
-  `batch_shares`, which the launcher hands it), so no cluster waits on another:
-  T_c = W / sum_c g_c r_c, r_c = peak TFLOPS x efficiency. Under `partial:H` and
-  `async-ps:S` (`runs_ahead`) the batch is split equally per worker and the fast clusters
-  run ahead instead: the slowest sets the pace of a tick, T_c = W / (G r_min), G = sum_c g_c,
-  and in one tick cluster c takes k_c = min(SPEED_BOUND, floor(r_c / r_min)) steps (the
-  runtime's `steps_per_tick`), so the same samples take G / sum_c g_c k_c times the steps:
-  the step time below is divided by that speedup, and so are the exchanges.
+- compute: under the modes that average gradients every step (every-step, adaptive,
+  stale: `splits_by_rate`) the runtime splits the global batch by throughput (the
+  estimate's `batch_shares`, which the launcher hands it), so no cluster waits on another
+  and the gradient is still the batch's mean: T_c = W / sum_c g_c r_c, r_c = peak TFLOPS x
+  efficiency. The modes of local updates (local SGD, streaming, partial, gossip, async-ps)
+  split it equally per worker, as a split changes what each cluster's local steps learn
+  from: the slowest sets the pace, T_c = W / (G r_min), G = sum_c g_c. Under `partial:H` and
+  `async-ps:S` (`runs_ahead`) the fast clusters do not wait: in one tick cluster c takes
+  k_c = min(SPEED_BOUND, floor(r_c / r_min)) steps (the runtime's `steps_per_tick`), so the
+  same samples take G / sum_c g_c k_c times the steps: the step time below is divided by that
+  speedup, and so are the exchanges.
 - intra-cluster: exact ring all-reduce, T_i = max_c [2(p-1)a + 2(p-1)/p n/B_c] (clusters reduce
   in parallel), a = ALPHA_INTRA_S, n = 4 bytes x params.
 - WAN: the cluster leaders exchange the compressed payload n' in a ring. All-reducible payloads
@@ -56,6 +59,7 @@ from scheduler.compression import (
     CompressorModel,
     SyncModel,
     compressor_model,
+    splits_by_rate,
     sync_model,
 )
 from scheduler.gpus import DEFAULT_EFFICIENCY, GPU_PEAK_TFLOPS, peak_tflops
@@ -525,7 +529,7 @@ class CostModel:
             ahead=self.ahead_rate(names, (gpus[n] for n in names)),
         )
         total = sum(gpus.values())
-        even = self.sync(sync).runs_ahead and len(names) > 1
+        even = not splits_by_rate(self.sync(sync)) and len(names) > 1
         shares = tuple(
             (a.cluster, a.gpus / total if even else a.gpus * self.rate[a.cluster] / rate)
             for a in sorted(placement, key=lambda a: a.cluster)
@@ -647,8 +651,8 @@ class CostModel:
         slow = self.pace(names)[0]
         for rate, intra_s, price, gpus, ahead in allocs:
             setup = setup0 + per_gpu * gpus
-            # the batch split by throughput; under the modes that run ahead, equally per
-            # worker (the slowest member's GPUs set the pace of a tick)
+            # the batch split by throughput (gradient modes), or equally per worker (the
+            # modes of local updates: the slowest member's GPUs set the pace)
             even = gpus * slow
             speedup = ahead / even
             split = self.work / rate
@@ -671,7 +675,7 @@ class CostModel:
                 fixed,
                 period,
             ) in terms:
-                if runs_ahead:
+                if kind == _LOCAL or runs_ahead:  # `splits_by_rate`, from the terms
                     local, fwd, bwd = local_p, fwd_p, bwd_p
                 else:
                     local, fwd, bwd = local_s, fwd_s, bwd_s
@@ -740,12 +744,14 @@ class CostModel:
             step = step_time(compute, intra_s, NO_WAN, _EVERY_STEP) + extra
             return _Parts(compute, step, steps, steps, NO_WAN, extra)
         sm = self.sync(sync)
-        if sm.runs_ahead and gpus is not None:
-            # equal split per worker, the slowest member's GPUs set the pace of a tick
-            # and the fast clusters take several steps in it
+        if not splits_by_rate(sm) and gpus is not None:
+            # equal split per worker, the slowest member's GPUs set the pace (of a tick,
+            # in which the fast clusters take several steps where they run ahead)
             even = gpus * self.pace(names)[0]
             speedup = (ahead if ahead is not None else even) / even
             compute = self.work / even
+            if not sm.runs_ahead:
+                speedup = 1.0
         else:  # the batch split by throughput (`batch_shares`): no cluster waits on another
             speedup = 1.0
             compute = self.work / rate

@@ -37,6 +37,7 @@ from scheduler.compression import (
     AUTO_HETERO_SYNCS,
     AUTO_SPARSE_SYNCS,
     AUTO_SYNCS,
+    splits_by_rate,
 )
 from scheduler.cost import CostModel, RankIndex
 from scheduler.rules import (
@@ -1173,9 +1174,15 @@ def _explain_sync(model: CostModel, search: _Search, ch: _Choice, est: Estimate)
                 f"{model.ahead_rate(names, ch.alloc.gpus) / (sum(ch.alloc.gpus) * slow):.2f}x "
                 "the samples per second"
                 if sm.runs_ahead
-                else "the batch is split by throughput ("
-                + ", ".join(f"{n} {v:.0%}" for n, v in est.batch_shares)
-                + "), so no cluster waits on another"
+                else (
+                    "the batch is split by throughput ("
+                    + ", ".join(f"{n} {v:.0%}" for n, v in est.batch_shares)
+                    + "), so no cluster waits on another"
+                )
+                if splits_by_rate(sm)
+                else f"under {ch.sync} the batch is split equally per worker (a split would "
+                f"change what each cluster's local steps learn from), so {slowest} sets the "
+                "pace of every step"
             )
         )
     if sm.neighbours:
