@@ -7,6 +7,7 @@ to an equal value. `auto` is a value of the job, not of a run: the planner repla
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -207,3 +208,52 @@ def parse_compression(text: str | Compression) -> Compression:
 def canonical_compression(text: str) -> str:
     """The canonical form of a compression value (a pydantic validator for string fields)."""
     return str(parse_compression(text))
+
+
+_TOPK_VALUE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int4": 0.6, "int2": 0.3}
+"""A kept top-k value's bytes (4 and 2 bits with their block scales)."""
+_TOPK_INDEX_BYTES = 2.0
+"""A kept top-k value's index: the gaps between sorted indices go as varints (1-2 bytes)."""
+_FRAMING_BYTES = 16
+"""Each tensor's header in a message."""
+
+
+def value_bytes(value: str | Compression) -> float:
+    """Bytes one value of a message costs at `value`, per value of the dense tensor (PowerSGD's
+    depend on the matrix shapes: `message_bytes`). The one byte model of the planner
+    (`scheduler.compression`) and the runtime (`training.auto`, `training.adaptive`)."""
+    c = parse_compression(value)
+    kind = c.kind
+    if kind in (CompressionKind.FP16, CompressionKind.BF16):
+        return 2.0
+    if kind is CompressionKind.INT8:  # a scale (or a min and a step) per piece of 1024
+        return 1.0 + 4.0 / 1024
+    if kind in (CompressionKind.INT4, CompressionKind.INT2):  # a bf16 scale per 128 values
+        bits = 4 if kind is CompressionKind.INT4 else 2
+        return bits / 8.0 + 2.0 / 128
+    if kind is CompressionKind.SIGN:  # one bit, a scale per tensor
+        return 1.0 / 8
+    if kind is CompressionKind.TOPK:
+        return c.density * (_TOPK_VALUE_BYTES[c.values] + _TOPK_INDEX_BYTES)
+    return 4.0
+
+
+def message_bytes(value: str | Compression, shapes: Sequence[tuple[int, ...]]) -> int:
+    """Bytes of one message of `value` carrying tensors of `shapes`: `value_bytes` a value
+    (at least one kept value under top-k), PowerSGD's factors P (m x r) and Q (n x r) for each
+    matrix (a 1-D tensor goes dense), and each tensor's framing."""
+    c = parse_compression(value)
+    total = 0
+    for shape in shapes:
+        n = math.prod(shape)
+        if c.kind is CompressionKind.POWERSGD:
+            rows = shape[0] if len(shape) >= 2 else n
+            cols = n // rows
+            total += 4 * min(n, c.rank * (rows + cols)) if len(shape) >= 2 else 4 * n
+        elif c.kind is CompressionKind.TOPK:
+            kept = max(1, int(c.density * n))
+            total += math.ceil(kept * (_TOPK_VALUE_BYTES[c.values] + _TOPK_INDEX_BYTES))
+        else:
+            total += math.ceil(n * value_bytes(c))
+        total += _FRAMING_BYTES
+    return total

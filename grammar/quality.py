@@ -2,12 +2,13 @@
 quality for time: the least lossy option within `SLACK` of the fastest.
 
 The planner (`scheduler`) and the runtime's `auto` (`training.auto`) both decide with this
-module, so the two layers never keep two policies. A quality cost is the fraction of extra
-optimiser steps an option needs to reach the quality lossless every-step training reaches
-(0.10: it would need 1.1x the steps); the runtime runs the steps it is given, so at equal
-steps a costlier option ends lower. The figures are priors from the runs in `bench/results`
-(`modes.md`, `wan-100mbit.md`, `peers-100mbit.md`, `auto-order-gpt.md`) and the literature;
-`scheduler.calibrate.fit_steps_factor` replaces a sync mode's with what observed runs show.
+module and the menu of `grammar.auto`, so the two layers never keep two policies. A quality
+cost is the fraction of extra optimiser steps an option needs to reach the quality lossless
+every-step training reaches (0.10: it would need 1.1x the steps); the runtime runs the steps
+it is given, so at equal steps a costlier option ends lower. The figures are priors from the
+runs in `bench/results` (`modes.md`, `wan-100mbit.md`, `peers-100mbit.md`,
+`auto-order-gpt.md`) and the literature; `scheduler.calibrate.fit_steps_factor` replaces a
+sync mode's with what observed runs show.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ SPEED_BOUND = 4
 """How many steps a fast cluster may take per step of the slowest under `partial`/`async-ps`
 (the runtime's `steps_per_tick`); the planner's cost model credits exactly that."""
 
-PERIODS: tuple[int, ...] = (32, 64)
-"""Local SGD periods the runtime's `auto` tries, 32 first (a short period with DiLoCo's outer
-step costs quality, a long one too: bench/results/peers-100mbit.md)."""
+INT4_PSEUDO = 0.005
+"""The near-lossless pseudo-gradient levels: under the modes of local updates int8 costs no
+measured quality (bench/results/auto-order-gpt.md: it bought nothing over fp32 every H
+steps), int4 this (less than a doubling of the period: both come before a longer period)."""
 
-NEAR_LOSSLESS: tuple[str, ...] = ("int8", "int4")
-"""Pseudo-gradient levels that cost no measured quality under local SGD and streaming."""
+LOCAL_UPDATES: frozenset[SyncKind] = frozenset(
+    {SyncKind.LOCAL_SGD, SyncKind.STREAMING, SyncKind.PARTIAL, SyncKind.GOSSIP}
+)
+"""The modes whose exchanges carry pseudo-gradients (a period's change), not gradients."""
 
 LOCAL_SGD_PER_DOUBLING = 0.02
 PARTIAL_PENALTY = 0.02
@@ -48,13 +52,19 @@ where nothing less lossy is possible: no speed pays for it."""
 T = TypeVar("T")
 
 
-def compression_cost(value: str | Compression) -> float:
+def compression_cost(value: str | Compression, sync: str | Sync | None = None) -> float:
     """Extra steps (as a fraction) the compressor costs every-step training: int8 and the
     half formats none measured (wan-100mbit.md: int8 87.8 % vs fp32 86.7 %), PowerSGD less
     the higher its rank (rank 1 fell to 65.9 %), top-k and sign the most (top-k never
-    reached the target in peers-100mbit.md; the demo's top-k 1 % collapsed)."""
+    reached the target in peers-100mbit.md; the demo's top-k 1 % collapsed). Under a `sync`
+    of local updates the near-lossless levels cost less (`INT4_PSEUDO`)."""
     c = parse_compression(value)
     kind = c.kind
+    if sync is not None and parse_sync(sync).kind in LOCAL_UPDATES:
+        if kind is CompressionKind.INT8:
+            return 0.0
+        if kind is CompressionKind.INT4:
+            return INT4_PSEUDO
     if kind in (CompressionKind.NONE, CompressionKind.AUTO):
         return 0.0
     if kind in (CompressionKind.FP16, CompressionKind.BF16):
@@ -95,7 +105,7 @@ def sync_cost(value: str | Sync) -> float:
 
 def quality_cost(compression: str | Compression, sync: str | Sync) -> float:
     """The two costs compounded: (1 + c)(1 + s) - 1."""
-    return (1.0 + compression_cost(compression)) * (1.0 + sync_cost(sync)) - 1.0
+    return (1.0 + compression_cost(compression, sync)) * (1.0 + sync_cost(sync)) - 1.0
 
 
 def least_lossy(

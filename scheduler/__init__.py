@@ -18,8 +18,6 @@ from scheduler.calibrate import (
     fit_steps_factor,
 )
 from scheduler.compression import (
-    AUTO_COMPRESSIONS,
-    AUTO_SYNCS,
     CompressorModel,
     SyncModel,
     compressor_model,
@@ -63,8 +61,6 @@ from scheduler.types import (
 from scheduler.waiting import Wait, soonest_wait
 
 __all__ = [
-    "AUTO_COMPRESSIONS",
-    "AUTO_SYNCS",
     "DEFAULT_EFFICIENCY",
     "GPU_PEAK_TFLOPS",
     "OBJECTIVES",

@@ -37,29 +37,11 @@ from grammar import (
     parse_compression,
     parse_sync,
 )
+from grammar.compression import value_bytes
 from grammar.quality import compression_cost, sync_cost
 
-# Candidates the planner tries for compression="auto" / sync="auto" (in this order, so ties
-# resolve to the earlier, milder choice).
-AUTO_COMPRESSIONS: tuple[str, ...] = (
-    "none",
-    "bf16",
-    "int8",
-    "powersgd:8",
-    "powersgd:2",
-    "topk:0.01",
-    "sign",
-)
-AUTO_SYNCS: tuple[str, ...] = ("every-step", "stale:1", "local-sgd:8", "local-sgd:32")
-# Tried as well only on cluster sets whose speeds differ enough that a fast cluster fits a
-# second step into one of the slowest (with equal speeds they only add their quality penalty,
-# so leaving them out there changes no choice and costs no search time) ...
-# `partial:H` diverged when fast clusters ran far ahead until each cluster's pseudo-gradient
-# was normalised by its steps per tick (training/sync/partial.py), so auto may pick it again
-# (measured: bench/results/modes.md).
-AUTO_HETERO_SYNCS: tuple[str, ...] = ("partial:16", "async-ps:4")
-# ... and on sets of three or more clusters whose links are uneven (UNEVEN_LINK_RATIO).
-AUTO_SPARSE_SYNCS: tuple[str, ...] = ("gossip:8", "gossip:32")
+# The candidates of compression="auto" / sync="auto" are `grammar.auto`'s menu, the one the
+# runtime's auto re-decides from too (`grammar.auto.candidates`).
 
 UNEVEN_LINK_RATIO = 4.0
 """Links among a cluster set are uneven when the fastest pair's bandwidth (or the shortest RTT
@@ -82,6 +64,9 @@ class CompressorModel:
     allreducible: bool
 
 
+_EVERY_STEP = Sync(SyncKind.EVERY_STEP)
+
+
 @dataclass(frozen=True)
 class SyncModel:
     """How often the cross-cluster exchange happens and how much it may lag."""
@@ -96,6 +81,8 @@ class SyncModel:
     instead of waiting for it."""
     neighbours: bool = False
     """Each cluster exchanges with its ring neighbours only (gossip), not all-reduces."""
+    value: Sync = _EVERY_STEP
+    """The parsed value, which `grammar.auto.step_seconds` times a step of."""
 
 
 def splits_by_rate(sync: SyncModel) -> bool:
@@ -130,31 +117,20 @@ def compressor_model(
     if c.kind is CompressionKind.AUTO:
         raise ValueError(f"compression 'auto' has no model: the planner replaces it; {_C_HELP}")
     steps = 1.0 + compression_cost(c)
+    # bytes a value as the runtime sends it (`grammar.compression.value_bytes`, its model too)
+    ratio = min(1.0, value_bytes(c) / 4.0)
     if c.kind is CompressionKind.NONE:
         return CompressorModel(name, 1.0, 0.0, steps, True)
     if c.kind in (CompressionKind.FP16, CompressionKind.BF16):
-        return CompressorModel(name, 0.5, 2.0, steps, True)
+        return CompressorModel(name, ratio, 2.0, steps, True)
     if c.kind is CompressionKind.INT8:
-        # one fp32 scale (stochastic) or a min and a step per tensor piece
-        return CompressorModel(name, 0.25 + 1.0 / 1024, 4.0, steps, True)
+        return CompressorModel(name, ratio, 4.0, steps, True)
     if c.kind in (CompressionKind.INT4, CompressionKind.INT2):
-        # 4 or 2 bits a value + one bf16 scale per 128 values
-        bits = 4 if c.kind is CompressionKind.INT4 else 2
-        return CompressorModel(name, (bits + 16.0 / 128) / 32.0, 6.0, steps, True)
+        return CompressorModel(name, ratio, 6.0, steps, True)
     if c.kind is CompressionKind.SIGN:
-        # 1 bit per element + one fp32 scale per tensor (negligible)
-        return CompressorModel(name, 1.0 / 32, 4.0, steps, False)
-    if c.kind is CompressionKind.TOPK:
-        # a value (4 bytes, 2 in half precision, 4 or 2 bits) + an int32 index per kept
-        # element; selection ~ a few passes over the tensor
-        value_bytes = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int4": 0.5, "int2": 0.25}[c.values]
-        return CompressorModel(
-            name,
-            min(1.0, (value_bytes + 4.0) / 4.0 * c.density),
-            16.0,
-            steps,
-            c.momentum == 0.0,
-        )
+        return CompressorModel(name, ratio, 4.0, steps, False)
+    if c.kind is CompressionKind.TOPK:  # selection ~ a few passes over the tensor
+        return CompressorModel(name, ratio, 16.0, steps, c.momentum == 0.0)
     # PowerSGD: two matmuls M Q and M^T P (2 m n r FLOPs each) + orthogonalisation; each
     # leader's factors are all-gathered (the runtime does not all-reduce P and Q)
     return CompressorModel(
@@ -167,13 +143,12 @@ def sync_model(spec: str | Sync) -> SyncModel:
     steps factor is `grammar.quality`'s quality cost.
 
     `adaptive` exchanges every step; its compression level moves at run time, so the plan's
-    compression (the one the planner picks) stands for it. `streaming:H:fF:dD` sends the same
-    bytes per H steps as `local-sgd:H` (each fragment once), so it is modelled as local SGD
-    of period H: its overlap of the exchange with compute is not credited (a conservative
-    step time). `partial:H` and `gossip:P` are modelled as local SGD of period H (P),
-    `async-ps:S` as one exchange in flight; the gain of letting fast clusters run ahead is
-    credited by the cost model (`runs_ahead`), and gossip's neighbour exchange has its own WAN
-    terms (`neighbours`).
+    compression (the one the planner picks) stands for it. `streaming:H:fF:dD` sends the
+    same bytes per H steps as `local-sgd:H` (each fragment once); its step overlaps each
+    fragment with its D steps of compute (`grammar.auto.step_seconds`). `partial:H` and
+    `gossip:P` are modelled as local SGD of period H (P), `async-ps:S` as one exchange in
+    flight; the gain of letting fast clusters run ahead is credited by the cost model
+    (`runs_ahead`), and gossip's neighbour exchange has its own WAN terms (`neighbours`).
     """
     s = parse_sync(spec)
     name = str(s)
@@ -181,16 +156,20 @@ def sync_model(spec: str | Sync) -> SyncModel:
         raise ValueError(f"sync 'auto' has no model: the planner replaces it; {SYNC_HELP}")
     steps = 1.0 + sync_cost(s)
     if s.kind is SyncKind.STALE:
-        return SyncModel(name, "stale", staleness=s.staleness, steps_factor=steps)
+        return SyncModel(name, "stale", staleness=s.staleness, steps_factor=steps, value=s)
     if s.kind in (SyncKind.LOCAL_SGD, SyncKind.STREAMING):
-        return SyncModel(name, "local-sgd", period=s.period, steps_factor=steps)
+        return SyncModel(name, "local-sgd", period=s.period, steps_factor=steps, value=s)
     if s.kind is SyncKind.PARTIAL:
-        return SyncModel(name, "local-sgd", period=s.period, steps_factor=steps, runs_ahead=True)
+        return SyncModel(
+            name, "local-sgd", period=s.period, steps_factor=steps, runs_ahead=True, value=s
+        )
     if s.kind is SyncKind.GOSSIP:
         # each cluster sends its model to its ring neighbours once per P steps
-        return SyncModel(name, "local-sgd", period=s.period, steps_factor=steps, neighbours=True)
+        return SyncModel(
+            name, "local-sgd", period=s.period, steps_factor=steps, neighbours=True, value=s
+        )
     if s.kind is SyncKind.ASYNC_PS:
         # no cluster waits: the push/pull of each step hides behind compute like a step in
         # flight (the PS host's links carry what a ring all-reduce's would)
-        return SyncModel(name, "stale", staleness=1, steps_factor=steps, runs_ahead=True)
-    return SyncModel(name, "every-step")
+        return SyncModel(name, "stale", staleness=1, steps_factor=steps, runs_ahead=True, value=s)
+    return SyncModel(name, "every-step", value=s)

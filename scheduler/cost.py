@@ -25,13 +25,15 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   is exactly T = 2(D-1)a + 2(D-1)/D n'/B. The final broadcast inside each cluster is left
   out: it moves the same bytes as one intra ring round, on links far faster than the WAN.
 - overhead: compressing on the slowest leader, O = flops_per_param x params / r_min.
-- overlap: the share f = BACKWARD_FRACTION of compute an exchange may overlap; 0, as the
-  runtime runs: its workers exchange after the backward pass, in every mode but the stale
-  ones (a planner that credited overlap the runtime never gives promised a shorter step):
-  every-step: (1-f)T_c + max(f T_c, T_i + O + T_w);
-  local-sgd:H: (1-f)T_c + max(f T_c, T_i) + (O + T_w)/H;
-  stale:s (s >= 1): max(local step, O + T_w,bandwidth, (O + T_w)/(s+1)) — up to s exchanges in
-  flight hide latency but not bandwidth; stale:0 is every-step.
+- the step, from its local part L = T_c + T_i and one exchange's latency and transfer (O and
+  the bytes): `grammar.auto.step_seconds`, the one formula the runtime's auto times its
+  candidates with too. Nothing overlaps the backward pass (the runtime exchanges after it; a
+  planner that credited overlap the runtime never gives promised a shorter step):
+  every-step: L + T_w + O; local-sgd:H (partial, gossip): L + (O + T_w)/H;
+  stale:s (s >= 1), async-ps: max(L, O + T_w,bandwidth, (O + T_w)/(s+1)) — up to s exchanges
+  in flight hide latency but not bandwidth; stale:0 is every-step; streaming:H:fF:dD: each
+  fragment waits what it outlasts its D steps of compute, F times a period, and the link
+  carries the F fragments in the period's compute.
 - gossip:P (`neighbours`): every P steps each cluster sends the payload n' to its neighbours
   in the runtime's gossip graph (`grammar.graph.gossip_graph`: the bandwidth-ordered ring
   plus exponential-graph chords as fast as its slowest edge), all at once: max over the
@@ -51,8 +53,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
+from grammar import Sync, SyncKind
+from grammar.auto import step_seconds
 from grammar.graph import bandwidth_ring, gossip_graph
-from grammar.quality import SPEED_BOUND
+from grammar.quality import SPEED_BOUND, compression_cost
 from scheduler.calibrate import POOLED
 from scheduler.compression import (
     UNEVEN_LINK_RATIO,
@@ -67,7 +71,6 @@ from scheduler.types import Assignment, Cluster, Estimate, JobRequest, Placement
 
 BYTES_PER_PARAM = 4
 ALPHA_INTRA_S = 10e-6
-BACKWARD_FRACTION = 0.0
 EXACT_RING_MAX = 6
 
 
@@ -155,23 +158,10 @@ _Ring = tuple[tuple[str, ...], list[tuple[float, float, float]], float]
 
 
 def step_time(compute_s: float, intra_s: float, wan: WanTerms, sync: SyncModel) -> float:
-    """One optimiser step given its parts (see the module docstring for the overlap model)."""
-    f = BACKWARD_FRACTION
-    wan_s = wan.latency_s + wan.bandwidth_s
-    if sync.kind == "local-sgd":
-        return (
-            (1 - f) * compute_s
-            + max(f * compute_s, intra_s)
-            + (wan.overhead_s + wan_s) / sync.period
-        )
-    if sync.kind == "stale" and sync.staleness >= 1:
-        local = (1 - f) * compute_s + max(f * compute_s, intra_s)
-        return max(
-            local,
-            wan.overhead_s + wan.bandwidth_s,
-            (wan.overhead_s + wan_s) / (sync.staleness + 1),
-        )
-    return (1 - f) * compute_s + max(f * compute_s, intra_s + wan.overhead_s + wan_s)
+    """One optimiser step given its parts (`grammar.auto.step_seconds`)."""
+    return step_seconds(
+        sync.value, compute_s + intra_s, wan.latency_s, wan.overhead_s + wan.bandwidth_s
+    )
 
 
 def setup_of(snapshot: Snapshot, names: Iterable[str], gpus: int = 0) -> float:
@@ -270,6 +260,9 @@ class CostModel:
         self._edges: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._intra_rows: dict[str, list[float]] = {}
         self._modes: dict[tuple[str, str], tuple[int, bool, bool, float, int, int]] = {}
+        self._quality_cache: dict[tuple[str, str], float] = {}
+        self._streams: dict[tuple[str, str], Sync] = {}
+        """The streaming values among `_modes`, which `score_set` times by `step_seconds`."""
 
     def rank_index(self) -> RankIndex | None:
         """The snapshot's `RankIndex` for this model's rates and prices; None when the
@@ -299,6 +292,17 @@ class CostModel:
             m = compressor_model(spec, self.job.params, self.job.layer_shapes)
             self._comp_cache[spec] = m
         return m
+
+    def quality(self, compression: str, sync: str) -> float:
+        """What (compression, sync) costs in quality: `grammar.quality.quality_cost`, with
+        the sync mode's cost as fitted from observed runs where there are some."""
+        q = self._quality_cache.get((compression, sync))
+        if q is None:
+            c = compression_cost(compression, sync)
+            q = self._quality_cache[(compression, sync)] = (1.0 + c) * self.sync(
+                sync
+            ).steps_factor - 1.0
+        return q
 
     def sync(self, spec: str) -> SyncModel:
         m = self._sync_cache.get(spec)
@@ -565,8 +569,7 @@ class CostModel:
             wan_s=p.wan.latency_s + p.wan.bandwidth_s,
             overhead_s=p.wan.overhead_s,
             effective_steps=p.eff_steps,
-            quality_cost=self.compressor(compression).steps_factor * self.sync(sync).steps_factor
-            - 1.0,
+            quality_cost=self.quality(compression, sync),
             gpu_cost=gpu_cost,
             egress_cost=egress,
             ring=p.wan.ring,
@@ -624,7 +627,6 @@ class CostModel:
             return times, costs
         extra = self.snapshot.step_overhead_s
         setup0, per_gpu = self.setup(names), self.snapshot.setup_per_gpu_s
-        f = BACKWARD_FRACTION
         terms: list[_ChoiceTerms] = []
         wans: dict[tuple[str, bool], WanTerms] = {}
         for c, s in choices:
@@ -636,17 +638,21 @@ class CostModel:
             if wan is None:
                 wan = self.gossip_wan(names, c) if gossip else self.wan(names, c)
                 wans[(c, gossip)] = wan
-            over, wan_s = wan.overhead_s, wan.latency_s + wan.bandwidth_s
+            # `step_seconds`' terms: the latency and the transfer (coding and bytes)
+            latency, transfer = wan.latency_s, wan.overhead_s + wan.bandwidth_s
             tail = floor = 0.0
-            if kind == _LOCAL:
-                tail = (over + wan_s) / period
+            if kind == _EVERY:
+                tail = latency + transfer
+            elif kind == _LOCAL:
+                tail = (latency + transfer) / period
             elif kind == _STALE:
-                floor, tail = over + wan.bandwidth_s, (over + wan_s) / div
+                floor, tail = transfer, (latency + transfer) / div
             # not running ahead, the speedup is 1.0 and x / 1.0 == x: the egress is fixed
             per = wan.egress_cost
-            fixed = (eff_steps / period if kind == _LOCAL else eff_steps) * per
+            periodic = kind in (_LOCAL, _STREAM)
+            fixed = (eff_steps / period if periodic else eff_steps) * per
             terms.append(
-                (kind, runs_ahead, eff_steps, over, wan_s, tail, floor, per, fixed, period)
+                (kind, runs_ahead, eff_steps, latency, transfer, tail, floor, per, fixed, period)
             )
         slow = self.pace(names)[0]
         for rate, intra_s, price, gpus, ahead in allocs:
@@ -655,44 +661,38 @@ class CostModel:
             # modes of local updates: the slowest member's GPUs set the pace)
             even = gpus * slow
             speedup = ahead / even
-            split = self.work / rate
-            paced = self.work / even
-            # `max(a, b)` as `b if b > a else a` (the same float, the first of equals): the
-            # builtin boxes its arguments in the compiled build (`scheduler.native`)
-            fwd_s, bwd_s = _FORWARD_FRACTION * split, f * split
-            local_s = fwd_s + (intra_s if intra_s > bwd_s else bwd_s)
-            fwd_p, bwd_p = _FORWARD_FRACTION * paced, f * paced
-            local_p = fwd_p + (intra_s if intra_s > bwd_p else bwd_p)
-            for (
+            local_s = self.work / rate + intra_s
+            local_p = self.work / even + intra_s
+            for k, (
                 kind,
                 runs_ahead,
                 eff_steps,
-                over,
-                wan_s,
+                latency,
+                transfer,
                 tail,
                 floor,
                 egress,
                 fixed,
                 period,
-            ) in terms:
-                if kind == _LOCAL or runs_ahead:  # `splits_by_rate`, from the terms
-                    local, fwd, bwd = local_p, fwd_p, bwd_p
-                else:
-                    local, fwd, bwd = local_s, fwd_s, bwd_s
-                if kind == _LOCAL:
-                    step = local + tail
-                elif kind == _STALE:
+            ) in enumerate(terms):
+                periodic = kind in (_LOCAL, _STREAM)
+                # `splits_by_rate`, from the terms
+                local = local_p if periodic or runs_ahead else local_s
+                # `step_seconds` written out (`max(a, b)` as `b if b > a else a`, the same
+                # float: the builtin boxes its arguments in the compiled build)
+                if kind == _STALE:
                     step = floor if floor > local else local
                     if tail > step:
                         step = tail
+                elif kind == _STREAM:
+                    step = step_seconds(self._streams[choices[k]], local, latency, transfer)
                 else:
-                    exchange = intra_s + over + wan_s
-                    step = fwd + (exchange if exchange > bwd else bwd)
+                    step = local + tail
                 step += extra
                 if runs_ahead:
                     total = eff_steps * (step / speedup) + setup
                     x = eff_steps / speedup
-                    if kind == _LOCAL:
+                    if periodic:
                         x /= period
                     times.append(total)
                     costs.append(price * total / 3600.0 + x * egress)
@@ -707,7 +707,10 @@ class CostModel:
         whether fast clusters run ahead, gossip, the steps (`_parts`'), the period and
         staleness + 1. Kept for the plan."""
         sm = self.sync(sync)
-        if sm.kind == "local-sgd":
+        if sm.value.kind is SyncKind.STREAMING:
+            kind = _STREAM
+            self._streams[(compression, sync)] = sm.value
+        elif sm.kind == "local-sgd":
             kind = _LOCAL
         elif sm.kind == "stale" and sm.staleness >= 1:
             kind = _STALE
@@ -790,14 +793,14 @@ class _Parts:
 
 _ChoiceTerms = tuple[int, bool, float, float, float, float, float, float, float, int]
 """`score_set`'s figures of one (compressor, sync) on one set, whatever the GPU split: kind,
-runs ahead, steps, overhead s, WAN s, tail, floor, egress per exchange, the run's egress when it
-does not run ahead, period. A plain tuple: the hot loop unpacks it, and a NamedTuple is built
-through its interpreted `__new__` even when compiled."""
+runs ahead, steps, latency s, transfer s (coding and bytes), tail, floor, egress per
+exchange, the run's egress when it does not run ahead, period. A plain tuple: the hot loop
+unpacks it, and a NamedTuple is built through its interpreted `__new__` even when
+compiled."""
 
 
 _EVERY_STEP = sync_model("every-step")
-_EVERY, _LOCAL, _STALE = 0, 1, 2  # `score_set`'s step formulas (`step_time`)
-_FORWARD_FRACTION = 1 - BACKWARD_FRACTION  # `step_time`'s (1 - f): the same float
+_EVERY, _LOCAL, _STALE, _STREAM = 0, 1, 2, 3  # `score_set`'s step formulas (`step_time`)
 
 
 def best_ring(

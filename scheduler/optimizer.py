@@ -30,15 +30,10 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
 
+from grammar.auto import candidates
 from grammar.quality import MAX_COST, SLACK, SPEED_BOUND, least_lossy
 from grammar.states import ClusterState
-from scheduler.compression import (
-    AUTO_COMPRESSIONS,
-    AUTO_HETERO_SYNCS,
-    AUTO_SPARSE_SYNCS,
-    AUTO_SYNCS,
-    splits_by_rate,
-)
+from scheduler.compression import splits_by_rate
 from scheduler.cost import CostModel, RankIndex
 from scheduler.rules import (
     exclusions,
@@ -146,12 +141,12 @@ class _Search:
         """The objective of the FULL_EVALS best feasible screened sets, negated (a heap):
         `_finish` scores in full only sets that rank among them."""
         self._partial_cache: dict[tuple[str, ...], float] = {}
-        multi_c = AUTO_COMPRESSIONS if job.compression == "auto" else (job.compression,)
-        multi_s = AUTO_SYNCS if job.sync == "auto" else (job.sync,)
-        self.multi = [(c, s) for c in multi_c for s in multi_s]
-        auto = job.sync == "auto"
-        self.hetero = [(c, s) for c in multi_c for s in AUTO_HETERO_SYNCS] if auto else []
-        self.sparse = [(c, s) for c in multi_c for s in AUTO_SPARSE_SYNCS] if auto else []
+        # `grammar.auto`'s menu, the runtime's auto's too
+        c, s = job.compression, job.sync
+        self.multi = candidates(c, s)
+        base = set(self.multi)
+        self.hetero = [p for p in candidates(c, s, hetero=True) if p not in base]
+        self.sparse = [p for p in candidates(c, s, sparse=True) if p not in base]
         self.single = [
             (
                 "none" if job.compression == "auto" else job.compression,
@@ -1033,7 +1028,7 @@ def _plan_with_preemption(
 
 
 def _quality(model: CostModel, ch: _Choice) -> float:
-    return model.compressor(ch.compression).steps_factor * model.sync(ch.sync).steps_factor - 1
+    return model.quality(ch.compression, ch.sync)
 
 
 def _least_lossy(
@@ -1062,7 +1057,12 @@ def _least_lossy(
             ch = _Choice(a, comp, sync, t, c)
             if search.ok(ch):
                 options.append(ch)
-    chosen = least_lossy(options, measure, lambda ch: _quality(model, ch), slack, search.key)
+
+    def rank(ch: _Choice) -> tuple[object, ...]:  # of equals, the lighter on the links
+        key = search.key(ch)
+        return (*key[:2], model.compressor(ch.compression).ratio, *key[2:])
+
+    chosen = least_lossy(options, measure, lambda ch: _quality(model, ch), slack, rank)
     q, qb = _quality(model, chosen), _quality(model, best)
     unit = "s" if by_time else "$"
     if (chosen.compression, chosen.sync) == (best.compression, best.sync):

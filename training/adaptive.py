@@ -6,41 +6,11 @@ exchange headers), so all leaders switch to the same level on the same step.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
-from grammar import Compression, CompressionKind, parse_compression
+from grammar import Compression, CompressionKind
+from grammar.compression import message_bytes
 from training.wan import Link
-
-
-def estimate_bytes(level: str | Compression, shapes: Sequence[tuple[int, ...]]) -> int:
-    """Roughly how many bytes one message of `level` takes for tensors of `shapes`."""
-    c = parse_compression(level)
-    total = 0
-    for shape in shapes:
-        n = math.prod(shape)
-        if c.kind in (CompressionKind.FP16, CompressionKind.BF16):
-            total += 2 * n
-        elif c.kind is CompressionKind.INT8:
-            total += n + 8
-        elif c.kind in (CompressionKind.INT4, CompressionKind.INT2):
-            bits = 4 if c.kind is CompressionKind.INT4 else 2
-            total += math.ceil(n * bits / 8) + 2 * math.ceil(n / 128)
-        elif c.kind is CompressionKind.SIGN:
-            total += n // 8 + 8
-        elif c.kind is CompressionKind.TOPK:
-            value = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int4": 0.6, "int2": 0.3}[c.values]
-            total += math.ceil(max(1, int(c.density * n)) * (value + 2))  # value + small index
-        elif c.kind is CompressionKind.POWERSGD:
-            if len(shape) >= 2:
-                rows, cols = shape[0], n // shape[0]
-                total += 4 * min(n, c.rank * (rows + cols))
-            else:
-                total += 4 * n
-        else:
-            total += 4 * n
-        total += 16  # per-tensor framing
-    return total
 
 
 def choose(
@@ -64,7 +34,7 @@ def choose(
     if link is None or not levels:
         return levels[0] if levels else Compression(CompressionKind.NONE)
     for level in levels:
-        nbytes = measured.get(str(level)) or estimate_bytes(level, shapes)
+        nbytes = measured.get(str(level)) or message_bytes(level, shapes)
         if rounds * nbytes * 8.0 / link.bandwidth_bps <= compute_s:
             return level
     return levels[-1]

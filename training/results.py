@@ -140,6 +140,8 @@ class SegmentResult:
     runs several per step of the slowest: partial, async-ps)."""
     sync_stats: dict[str, float] = field(default_factory=dict)
     """What the sync mode reports about itself (`SyncStrategy.stats`)."""
+    batch_shares: dict[str, float] = field(default_factory=dict)
+    """Each cluster's share of the global batch, as the run splits it."""
     labels_read: tuple[int, ...] = ()
     """Under local data: the distinct labels of the samples this rank read (what proves a
     label-split cluster read only its own samples)."""

@@ -494,6 +494,7 @@ def run(
         history=history,
         steps_by_cluster=steps_by_cluster,
         data=spec.data,
+        batch_shares=dict(last.batch_shares) if last is not None else {},
         sync_stats=dict(last.sync_stats) if last is not None else {},
         labels_by_cluster=labels_by_cluster if spec.data == "local" else {},
         auto_decisions=list(last.auto_decisions) if last is not None else [],

@@ -394,6 +394,9 @@ class TrainReport:
     sync mode lets fast clusters run ahead (partial, async-ps)."""
     data: str = "shared"
     """"local": every sample stayed in its cluster; only model updates crossed the WAN."""
+    batch_shares: dict[str, float] = field(default_factory=dict)
+    """Each cluster's share of the global batch, as the run split it (the plan's
+    `batch_shares`, to the sample)."""
     sync_stats: dict[str, float] = field(default_factory=dict)
     """What the sync mode reports about itself, e.g. gossip's `degree` and
     `messages_per_round`, the parameter server's `stale_updates` (rank 0's view)."""

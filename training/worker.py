@@ -163,6 +163,11 @@ class Worker:
         self.shapes = [p.shape for p in self.params]
         self.weights = rank_weights(spec.batch_shares, self.ranks_cluster)
         sizes = shard_sizes(self.batch, self.world, self.weights)
+        # each cluster's share of the global batch, as this run splits it
+        self.cluster_shares = {
+            c: sum(sizes[r] for r, x in enumerate(self.ranks_cluster) if x == c) / self.batch
+            for c in self.clusters
+        }
         ctx = SyncContext(
             spec=spec,
             comm=self.comm,
@@ -172,10 +177,7 @@ class Worker:
             cluster_share=sum(sizes[r] for r in self.cluster_ranks) / self.batch,
             device_s=lambda: self.device_s,
             reset_local=lambda: self.opt.state.clear(),
-            cluster_shares={
-                c: sum(sizes[r] for r, x in enumerate(self.ranks_cluster) if x == c) / self.batch
-                for c in self.clusters
-            },
+            cluster_shares=self.cluster_shares,
         )
         auto = runs_auto(spec.sync, spec.compression)  # the runtime's policy picks the rest
         self.strategy: SyncStrategy = make_sync_strategy(auto or self.sync, ctx)
@@ -391,6 +393,7 @@ class Worker:
             compression=str(self.strategy.compression),
             wan=self.comm.counters,
             local_steps=self.local_step,
+            batch_shares=dict(self.cluster_shares),
             sync_stats=self.strategy.stats(),
             labels_read=tuple(sorted(self.labels_read)),
             auto_decisions=self.strategy.decisions(),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from grammar import SyncKind, parse_sync
+from grammar.auto import GRADIENT_LEVELS, PSEUDO_GRADIENT_LEVELS, candidates
 from grammar.quality import (
     MAX_COST,
     SLACK,
@@ -15,7 +17,6 @@ from grammar.quality import (
     sync_cost,
 )
 from scheduler.compression import compressor_model, sync_model
-from training.auto import LADDER
 from training.spec import TrainSpec
 
 
@@ -24,10 +25,29 @@ def test_the_planner_and_the_runtime_read_one_table() -> None:
         assert compressor_model(value).steps_factor == pytest.approx(1 + compression_cost(value))
     for value in ("every-step", "stale:1", "local-sgd:32", "partial:16", "async-ps:4"):
         assert sync_model(value).steps_factor == pytest.approx(1 + sync_cost(value))
-    # the runtime's auto ladder is ordered least to most lossy by the same costs
-    costs = [compression_cost(level) for level in LADDER]
-    assert costs == sorted(costs) and len(set(costs)) == len(costs)
+    # each menu's levels are ordered least to most lossy under the syncs they pair with
+    for levels, sync in ((GRADIENT_LEVELS, "every-step"), (PSEUDO_GRADIENT_LEVELS, "local-sgd:8")):
+        costs = [compression_cost(level, sync) for level in levels]
+        assert costs == sorted(costs), levels
+    # pseudo-gradients: int8 costs no quality (int4 less than a doubling of the period)
+    assert compression_cost("int8", "local-sgd:32") == 0.0 < compression_cost("int8")
+    assert quality_cost("int4", "local-sgd:32") < quality_cost("int8", "local-sgd:64")
     assert TrainSpec(task="builtin:mnist1d-mlp").speed_bound == SPEED_BOUND
+
+
+def test_the_runtime_switches_within_the_planners_menu() -> None:
+    planner = set(candidates("auto", "auto", hetero=True, sparse=True))
+    runtime = candidates("auto", "auto", switchable=True)
+    assert runtime and set(runtime) < planner
+    assert {parse_sync(s).kind for _, s in runtime} == {
+        SyncKind.EVERY_STEP,
+        SyncKind.LOCAL_SGD,
+        SyncKind.STREAMING,
+    }
+    # a fixed value stays fixed in both
+    assert {c for c, _ in candidates("int4", "auto")} == {"int4"}
+    assert {s for _, s in candidates("auto", "local-sgd:8")} == {"local-sgd:8"}
+    assert candidates("none", "every-step") == [("none", "every-step")]
 
 
 def test_lossless_costs_nothing_and_lossy_options_compound() -> None:

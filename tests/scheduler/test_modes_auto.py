@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grammar.auto import GRADIENT_SYNCS, LOCAL_SYNCS
 from grammar.quality import SLACK, SPEED_BOUND
 from scheduler import (
-    AUTO_SYNCS,
     Assignment,
     CostModel,
     Infeasible,
@@ -25,6 +25,7 @@ from scheduler import (
     plan,
 )
 from scheduler.calibrate import fit_steps_factor
+from scheduler.optimizer import _Search
 from tests.scheduler.builders import cluster, job, link
 
 # H100 at efficiency 0.5 = 494.5 TFLOP/s a GPU; c at 0.125 is exactly 4x slower
@@ -33,6 +34,9 @@ FAST_A, FAST_B, SLOW_C = cluster("a", 8), cluster("b", 8), cluster("c", 8, effic
 TRIANGLE = (link("a", "b"), link("b", "c"), link("a", "c"))
 # compute-bound: 1e16 FLOPs a step, 10 M parameters over 10 Gb/s
 BIG_STEP = job(24, params=10_000_000, flops_per_step=1e16)
+
+
+AUTO_SYNCS_ = (*GRADIENT_SYNCS, *LOCAL_SYNCS)
 
 
 def _plan(snap: Snapshot, j: JobRequest, slack: float = SLACK) -> Plan:
@@ -81,7 +85,7 @@ def test_a_4x_slower_cluster_is_given_less_of_the_batch_not_a_mode_that_runs_ahe
     and says how the batch is split."""
     snap = Snapshot((FAST_A, FAST_B, SLOW_C), TRIANGLE)
     got = _plan(snap, BIG_STEP)
-    assert got.sync in AUTO_SYNCS
+    assert got.sync in AUTO_SYNCS_
     why = "\n".join(got.explanation)
     assert "the batch is split by throughput (a 44%, b 44%, c 11%)" in why
     # asked for a mode that runs ahead, the planner keeps it and explains its pace
@@ -95,8 +99,13 @@ def test_uneven_links_make_auto_consider_gossip_and_even_ones_do_not() -> None:
     ring = tuple(link(a, b, 10.0, 20.0) for a, b in ("ab", "bc", "cd", "da"))
     uneven = Snapshot(four, (*ring, link("a", "c", 1.0, 150.0), link("b", "d", 1.0, 150.0)))
     wan_bound = job(32, params=100_000_000, flops_per_step=1e14, compression="none")
-    got = plan(uneven, wan_bound, "time", slack=0.0)  # the fastest: gossip's graph priced
+    # the fastest with a global exchange hides it by streaming, as gossip does; among the
+    # modes that block on their exchange, gossip's graph is the fastest
+    fixed = replace(wan_bound, sync="gossip:8")
+    got = plan(uneven, fixed, "time", slack=0.0)
     assert isinstance(got, Plan) and got.sync.startswith("gossip:")
+    search = _Search(CostModel(uneven, wan_bound), wan_bound, "time", 1, 32)
+    assert any(s.startswith("gossip:") for _, s in search.combos(("a", "b", "c", "d")))
     # the graph the cost model priced: the slow diagonals are no chords, degree 2 each
     assert any(
         "exchanges only with its neighbours in the gossip graph (degree a 2, b 2, c 2, d 2" in line
@@ -104,6 +113,8 @@ def test_uneven_links_make_auto_consider_gossip_and_even_ones_do_not() -> None:
     ), got.explanation
     even = Snapshot(four, tuple(link(a, b) for a, b in itertools.combinations("abcd", 2)))
     assert not _plan(even, wan_bound).sync.startswith("gossip:")
+    search = _Search(CostModel(even, wan_bound), wan_bound, "time", 1, 32)
+    assert not any(s.startswith("gossip:") for _, s in search.combos(("a", "b", "c", "d")))
 
 
 @st.composite
@@ -137,8 +148,10 @@ def test_equal_speeds_keep_the_existing_choice(inst: tuple[Snapshot, JobRequest]
     among the modes it always had, the best of them."""
     snap, j = inst
     got = _plan(snap, j, slack=0.0)  # the fastest (quality weighed: tests/grammar)
-    assert got.sync in AUTO_SYNCS
-    best = min(_plan(snap, replace(j, sync=s), slack=0.0).estimate.total_time_s for s in AUTO_SYNCS)
+    assert got.sync in AUTO_SYNCS_
+    best = min(
+        _plan(snap, replace(j, sync=s), slack=0.0).estimate.total_time_s for s in AUTO_SYNCS_
+    )
     assert got.estimate.total_time_s == pytest.approx(best, rel=1e-9)
     rate = sum(a.gpus * snap.by_name[a.cluster].peak_tflops * 0.5e12 for a in got.placement)
     assert got.estimate.compute_s == pytest.approx(j.flops_per_step / rate)  # type: ignore[operator]

@@ -1,4 +1,5 @@
-"""`--sync auto --compression auto`: the pure policy (`training.auto`) and one emulated run."""
+"""`--sync auto --compression auto`: the runtime's side of `grammar.auto`'s policy
+(`training.auto`), and one emulated run."""
 
 from __future__ import annotations
 
@@ -11,18 +12,14 @@ from typer.testing import CliRunner
 
 from api.cli import app
 from grammar import Sync, SyncKind, parse_compression, parse_sync
+from grammar.auto import candidates, step_seconds
+from grammar.quality import SLACK, quality_cost
 from training.auto import (
-    LADDER,
-    PERIODS,
     AutoPolicy,
     Decision,
     decide,
-    exchange_time,
-    lossiness,
-    periodic_groups,
+    exchange_parts,
     runs_auto,
-    streaming_form,
-    streaming_hides,
     wan_bound_ratio,
 )
 from training.wan import Link
@@ -34,164 +31,110 @@ clusters_ = st.integers(min_value=2, max_value=8)
 mbps_ = st.floats(min_value=1.0, max_value=10_000.0)
 
 
-def quality_rank(d: Decision) -> tuple[int, ...]:
-    """Where `d` stands in the policy's order (lower: less quality cost): every-step, then
-    each group of `periodic_groups`, period by period: blocking, then streaming; last, the
-    lightest exchange where nothing hides."""
-    if d.sync.kind is SyncKind.EVERY_STEP:
-        return (0,)
-    if d.why.startswith("nothing hides"):  # the lightest level, blocking, last of all
-        return (2,)
-    groups = periodic_groups(LADDER, fixed=False)
-    g = next(i for i, group in enumerate(groups) if d.compression in group)
-    streams = d.sync.kind is SyncKind.STREAMING
-    return (1, g, PERIODS.index(d.sync.period), int(streams), groups[g].index(d.compression))
+def q(d: Decision) -> float:
+    return quality_cost(d.compression, d.sync)
 
 
-@settings(max_examples=80, deadline=None)
-@given(computes, params_, clusters_, mbps_, st.floats(min_value=1.0, max_value=100.0))
-def test_more_bandwidth_never_picks_a_costlier_choice(
-    compute: float, params: int, clusters: int, mbps: float, more: float
-) -> None:
-    slow = decide(compute, Link(mbps * MBIT, 0.01), params, clusters)
-    fast = decide(compute, Link(mbps * more * MBIT, 0.01), params, clusters)
-    assert quality_rank(fast) <= quality_rank(slow)
+def steps_of(
+    compute: float, link: Link, params: int, clusters: int
+) -> dict[tuple[str, str], float]:
+    """Every switchable candidate's step, as `decide` times it."""
+    out = {}
+    for level, sync in candidates("auto", "auto", switchable=True):
+        latency, transfer = exchange_parts(level, params, clusters, link)
+        out[(level, sync)] = step_seconds(parse_sync(sync), compute, latency, transfer)
+    return out
 
 
 @settings(max_examples=80, deadline=None)
 @given(computes, params_, clusters_, mbps_)
-def test_the_exchange_hides_under_compute_whenever_anything_can(
+def test_the_least_lossy_candidate_within_the_slack_of_the_fastest(
     compute: float, params: int, clusters: int, mbps: float
 ) -> None:
     link = Link(mbps * MBIT, 0.01)
     d = decide(compute, link, params, clusters)
-    lightest = exchange_time(LADDER[-1], params, clusters, link)
-    if lightest <= 64 * compute:  # something hides: the decision does
-        assert d.hides
-        assert d.exchange_s <= d.sync.period * compute
-    else:  # nothing does: the lightest exchange at the longest period
-        assert (d.compression, d.sync.period) == (LADDER[-1], 64)
-    if d.sync.kind is SyncKind.EVERY_STEP:
-        assert d.exchange_s <= 0.1 * compute
-
-
-def test_the_ladder_fp32_every_step_then_near_lossless_periods_then_lossy() -> None:
-    p, n = 4_000_000, 3  # 16 MB of fp32 a step, a ring of 3 clusters
-    assert decide(0.05, None, p, n).sync.kind is SyncKind.EVERY_STEP
-    assert decide(0.05, Link(1e12, 0.0), p, n).compression == "none"
-    # 100 Mbit/s: int8 (0.43 s) and int4 (0.22 s) are not cheap blocking over 32 steps
-    # (0.16 s); int4 would be over 64 (0.32 s), but the period costs more quality than
-    # streaming does: streaming at 32, int8's fragments (0.11 s) under their 7 steps (0.35 s)
-    d = decide(0.05, Link(100 * MBIT, 0.0), p, n)
-    assert (str(d.sync), d.compression) == ("streaming:32:f4:d7", "int8")
-    assert 0.1 * 32 * 0.05 < exchange_time("int4", p, n, Link(100 * MBIT, 0.0)) < 0.1 * 64 * 0.05
-    # blocking at 64 where streaming at 32 does not hide: only under a looser overhead (at
-    # 0.1, what blocks cheaply over 64 steps streams within its delays over 32); at 10 Mbit/s
-    # int4 (2.2 s) outlasts 32 steps (1.6 s), not 64
-    d = decide(0.05, Link(10 * MBIT, 0.0), p, n, overhead=1.0)
-    assert (str(d.sync), d.compression) == ("local-sgd:64", "int4")
-    # 60 Mbit/s: int4 (0.37 s) blocks cheaply at no period; int8's fragments (0.18 s) fit
-    # their 7 steps: streaming at the near-lossless level before any lighter one
-    d = decide(0.05, Link(60 * MBIT, 0.0), p, n)
-    assert (str(d.sync), d.compression) == ("streaming:32:f4:d7", "int8")
-    d = decide(0.05, Link(20 * MBIT, 0.0), p, n)  # 5x less: int8's fragments no longer fit
-    assert (str(d.sync), d.compression) == ("streaming:32:f4:d7", "int4") and d.hides
-    d = decide(0.05, Link(2 * MBIT, 0.0), p, n)  # int4 hides at no period, int2 neither
-    assert d.compression.startswith("topk") and d.hides
-    assert "streaming" in d.why and "fragment exchange" in d.why
-    # fp32 is never sent every H steps: int8 bought the same quality (NEAR_LOSSLESS)
-    for mbps in (10_000, 1_000, 100, 20, 2):
-        assert decide(0.05, Link(mbps * MBIT, 0.0), p, n).compression != "none"
-
-
-def test_cheap_blocking_runs_exact_local_sgd_costly_blocking_streams() -> None:
-    p, n = 4_000_000, 3
-    # 10 Gbit/s: fp32 takes 17 ms, over 0.1 x a step: no every-step; int8 over 32 steps is
-    # cheap blocking
-    d = decide(0.05, Link(10_000 * MBIT, 0.0), p, n)
-    assert (str(d.sync), d.compression) == ("local-sgd:32", "int8") and d.hides
-    assert "blocking exchange" in d.why
-    # 400 Mbit/s: int8 takes 107 ms, under 0.1 x 32 steps (160 ms): still blocking
-    d = decide(0.05, Link(400 * MBIT, 0.0), p, n)
-    assert (str(d.sync), d.compression) == ("local-sgd:32", "int8")
-    # 200 Mbit/s: int8 takes 213 ms, int4 110 ms: blocking at int4 before streaming int8
-    d = decide(0.05, Link(200 * MBIT, 0.0), p, n)
-    assert (str(d.sync), d.compression) == ("local-sgd:32", "int4")
-    assert d.why.startswith("local-sgd:32 int4: blocking exchange 0.11s")
-    # a slower step gives a longer blocking budget: at 100 Mbit/s int4 blocks cheaply under
-    # 0.1 s steps (0.32 s a period), int8 under 0.15 s ones (0.48 s)
-    d = decide(0.1, Link(100 * MBIT, 0.0), p, n)
-    assert (str(d.sync), d.compression) == ("local-sgd:32", "int4")
-    d = decide(0.15, Link(100 * MBIT, 0.0), p, n)
-    assert (str(d.sync), d.compression) == ("local-sgd:32", "int8")
-
-
-def test_streaming_forms_are_the_grammars_defaults() -> None:
-    for h in (*range(1, 17), 32, 64):
-        s = streaming_form(h)
-        assert s == parse_sync(f"streaming:{h}") == parse_sync(str(s)), h
-    assert (streaming_form(2).fragments, streaming_form(2).delay) == (2, 0)
-    # fragments outlasting their delay by more than 0.1 of the period's compute (F waits a
-    # period) do not hide; within it they do; a link that cannot carry F of them a period
-    # does not either
-    assert not streaming_hides(4.0, 1.0, streaming_form(4), 1.0)
-    s32 = streaming_form(32)  # 4 fragments, delay 7: each may come 0.8 s late (3.2 s a period)
-    assert streaming_hides(30.0, 7.7, s32, 1.0) and not streaming_hides(31.0, 7.9, s32, 1.0)
-    odd = Sync(SyncKind.STREAMING, period=8, fragments=2, delay=7)
-    assert not streaming_hides(9.0, 4.5, odd, 1.0) and streaming_hides(8.0, 4.0, odd, 1.0)
-    # a fragment pays the ring's whole latency: 3 clusters over 100 ms RTT, 0.2 s each
-    # (periods up to 32: int4's 0.22 s would block cheaply over 64 steps)
-    p, n, far = 4_000_000, 3, Link(1_000 * MBIT, 0.1)
-    d = decide(0.05, far, p, n, max_period=32)
-    assert d.sync.kind is SyncKind.STREAMING and d.hides
-    whole, part = exchange_time(d.compression, p, n, far), d.fragment_s
-    assert part > whole / d.sync.fragments and part == pytest.approx(
-        exchange_time(d.compression, p // 4, n, far)
-    )
-    assert part <= d.sync.delay * 0.05
-
-
-def test_a_fixed_local_sgd_stays_blocking_a_fixed_compression_may_stream() -> None:
-    link = Link(1_000 * MBIT, 0.0)
-    fixed = Sync(SyncKind.LOCAL_SGD, period=8)
-    d = decide(0.05, link, 4_000_000, 3, fixed_sync=fixed)
-    assert (d.sync, d.compression) == (fixed, "none") and d.hides  # 3.4 steps <= 8
-    slower = Link(100 * MBIT, 0.0)  # int4 takes 4.4 steps: blocking H=8 is not cheap
-    d = decide(0.05, Link(50 * MBIT, 0.0), 4_000_000, 3, fixed_compression="int4")
-    assert d.sync.kind is SyncKind.STREAMING and d.compression == "int4" and d.hides
-    d = decide(0.05, slower, 4_000_000, 3, fixed_sync=fixed)
-    assert d.sync == fixed and d.compression == "int4"  # fp32 (34 steps), int8 (8.6) do not fit
-    # nothing hides: the lightest exchange, blocking, at the longest period (as before)
-    d = decide(0.05, Link(0.1 * MBIT, 0.0), 4_000_000, 3)
-    assert (str(d.sync), d.compression) == ("local-sgd:64", LADDER[-1]) and not d.hides
-    assert d.why.startswith("nothing hides")
+    steps = steps_of(compute, link, params, clusters)
+    fastest = min(steps.values())
+    assert d.step_s == pytest.approx(steps[(d.compression, str(d.sync))])
+    if q(d) <= 0.5:  # an option over MAX_COST only where nothing else is possible
+        assert d.step_s <= fastest * (1 + SLACK) + 1e-12
+    for (level, sync), t in steps.items():
+        if quality_cost(level, sync) < q(d) - 1e-9:
+            assert t > fastest * (1 + SLACK), (level, sync)
 
 
 @settings(max_examples=80, deadline=None)
-@given(computes, params_, clusters_, mbps_)
-def test_blocking_runs_only_where_it_is_cheap_else_streaming_hides(
-    compute: float, params: int, clusters: int, mbps: float
+@given(computes, params_, clusters_, mbps_, st.floats(min_value=1.0, max_value=100.0))
+def test_more_bandwidth_never_picks_a_lossier_choice(
+    compute: float, params: int, clusters: int, mbps: float, more: float
 ) -> None:
-    d = decide(compute, Link(mbps * MBIT, 0.01), params, clusters)
-    h = d.sync.period
-    if d.sync.kind is SyncKind.STREAMING:
-        assert d.hides and d.exchange_s > 0.1 * h * compute
-        assert d.exchange_s / d.sync.fragments <= d.fragment_s
-        late = max(0.0, d.fragment_s - d.sync.delay * compute) * d.sync.fragments
-        assert late <= 0.1 * h * compute + 1e-12
-        assert d.sync == streaming_form(h)
-    elif d.sync.kind is SyncKind.LOCAL_SGD and not d.why.startswith("nothing hides"):
-        assert d.exchange_s <= 0.1 * h * compute
+    slow = decide(compute, Link(mbps * MBIT, 0.0), params, clusters)
+    fast = decide(compute, Link(mbps * more * MBIT, 0.0), params, clusters)
+    assert q(fast) <= q(slow) + 1e-9
+
+
+def test_the_regimes_from_fp32_every_step_to_streaming_top_k() -> None:
+    """4 M parameters (16 MB of fp32), a ring of 3 clusters, 50 ms of compute a step: the
+    slower the link, the lossier the pick, each the least lossy that keeps the step within
+    10 % of the fastest candidate's (which hides the WAN whole: streaming)."""
+    p, n = 4_000_000, 3
+
+    def pick(mbps: float, compute: float = 0.05) -> tuple[str, str]:
+        d = decide(compute, Link(mbps * MBIT, 0.0), p, n)
+        return str(d.sync), d.compression
+
+    assert decide(0.05, None, p, n).sync.kind is SyncKind.EVERY_STEP
+    assert pick(1e6) == ("every-step", "none")
+    # 10 Gbit/s: fp32 (17 ms) is a third of a step, int8 (4 ms) under a tenth
+    assert pick(10_000) == ("every-step", "int8")
+    assert pick(1_000) == ("local-sgd:8", "int4")
+    assert pick(400) == ("local-sgd:32", "int8")
+    # from here streaming hides the exchange: near-lossless levels first, int8 before int4
+    # and never fp32, which costs the same quality and four times the bytes
+    for mbps in (200, 100, 60):
+        assert pick(mbps) == ("streaming:32:f4:d7", "int8"), mbps
+    assert pick(20) == ("streaming:32:f4:d7", "int4")
+    assert pick(2) == ("streaming:32:f4:d7", "topk:0.02:m0:c4096:int2")
+    # nothing hides: the fastest candidate
+    assert pick(0.1) == ("streaming:64:f4:d15", "topk:0.02:m0:c4096:int2")
+    # a slower step gives the exchange more to hide under: at 100 Mbit/s int4 blocks
+    # cheaply over 8 steps of 0.5 s
+    assert pick(100, compute=0.5) == ("local-sgd:8", "int4")
+
+
+def test_streaming_waits_for_what_its_fragments_outlast() -> None:
+    s32 = parse_sync("streaming:32")  # 4 fragments, delay 7
+    # each fragment (the latency, a quarter of the transfer) has 7 steps of 1 s to arrive
+    assert step_seconds(s32, 1.0, 0.0, 28.0) == 1.0
+    assert step_seconds(s32, 1.0, 0.0, 32.0) == pytest.approx(1.0 + 4 * 1.0 / 32)
+    assert step_seconds(s32, 1.0, 0.0, 64.0) == pytest.approx(1.0 + 4 * 9.0 / 32)
+    # a link that cannot carry the period's fragments in its compute sets the pace (where
+    # the delays are long enough to hide each one alone)
+    late = parse_sync("streaming:8:f2:d7")
+    assert step_seconds(late, 1.0, 0.0, 8.0) == 1.0
+    assert step_seconds(late, 1.0, 0.0, 12.0 * 2) == pytest.approx(3.0)
+    # a fragment pays the ring's whole latency
+    assert step_seconds(s32, 1.0, 7.5, 0.0) == pytest.approx(1.0 + 4 * 0.5 / 32)
+    assert step_seconds(parse_sync("local-sgd:8"), 1.0, 1.0, 7.0) == 2.0
+    assert step_seconds(parse_sync("every-step"), 1.0, 1.0, 7.0) == 9.0
+    assert step_seconds(parse_sync("stale:1"), 1.0, 1.0, 7.0) == 7.0  # bandwidth stays
 
 
 def test_fixed_values_are_kept() -> None:
     link = Link(10 * MBIT, 0.0)
     d = decide(0.05, link, 4_000_000, 3, fixed_compression="int4")
     assert d.compression == "int4" and d.sync.kind is SyncKind.STREAMING
-    d = decide(0.05, link, 4_000_000, 3, fixed_sync=Sync(SyncKind.LOCAL_SGD, period=8))
-    assert d.sync.period == 8 and lossiness(d.compression) > 0
+    fixed = Sync(SyncKind.LOCAL_SGD, period=8)
+    d = decide(0.05, link, 4_000_000, 3, fixed_sync=fixed)
+    assert d.sync == fixed and d.compression != "none"
+    d = decide(0.05, Link(2_000 * MBIT, 0.0), 4_000_000, 3, fixed_sync=fixed)
+    assert (d.sync, d.compression) == (fixed, "int8")  # as lossless as fp32, lighter
     d = decide(0.05, link, 4_000_000, 3, fixed_sync=Sync(SyncKind.EVERY_STEP))
-    assert d.sync.kind is SyncKind.EVERY_STEP and d.compression == LADDER[-1]
+    assert d.sync.kind is SyncKind.EVERY_STEP and d.compression not in ("none", "bf16")
+    # a compressor with a momentum correction is not switched to mid-run
+    assert parse_compression(d.compression).kind.value != "topk" or (
+        parse_compression(d.compression).momentum == 0.0
+    )
 
     def auto(sync: str, compression: str) -> Sync | None:
         return runs_auto(parse_sync(sync), parse_compression(compression))
@@ -214,6 +157,21 @@ def test_policy_redecides_only_after_a_lasting_change() -> None:
     new = policy.observe(28, 0.05, Link(20 * MBIT, 0.0))  # 2nd: re-decided
     assert new is not None and new.sync.kind is SyncKind.STREAMING and new.compression == "int4"
     assert [s for s, _ in policy.history] == [4, 28]
+
+
+def test_a_planned_decision_is_anchored_not_redecided() -> None:
+    """The plan's decision runs from the first step; the first measurement anchors it even
+    where the runtime alone would pick otherwise, and only a lasting change re-decides."""
+    planned = (parse_sync("local-sgd:8"), "none")
+    policy = AutoPolicy(params=4_000_000, clusters=3, planned=planned)
+    assert policy.observe(8, 0.05, Link(100 * MBIT, 0.0)) is None
+    assert policy.current is not None and policy.current.why == "the plan's decision"
+    assert (policy.current.sync, policy.current.compression) == planned
+    assert policy.observe(16, 0.06, Link(120 * MBIT, 0.0)) is None
+    assert policy.observe(24, 0.05, Link(10 * MBIT, 0.0)) is None
+    new = policy.observe(32, 0.05, Link(10 * MBIT, 0.0))
+    assert new is not None and (new.sync, new.compression) != planned
+    assert new == decide(0.05, Link(10 * MBIT, 0.0), 4_000_000, 3)
 
 
 def test_regime_is_fp32_exchange_over_compute() -> None:

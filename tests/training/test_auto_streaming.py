@@ -70,22 +70,23 @@ def test_auto_streams_on_a_slow_link_and_drains_when_it_recovers(pool: WorkerPoo
     assert seen[0][0] == 4, seen
     assert all(parse_sync(s).kind is not SyncKind.EVERY_STEP for _, s, _ in seen), seen
     slow = [(s, sync) for s, sync, _ in seen if 8 < s <= 136]
-    # the slow link made it stream (from the warm-up's local SGD or from local-sgd:32), with
-    # fragments whose exchange fits their delay
+    # the slow link made it stream (from the warm-up's local SGD or from local SGD), its step
+    # within the slack of the fastest candidate's
     assert slow and parse_sync(slow[-1][1]).kind is SyncKind.STREAMING, seen
     streamed = slow[-1][1]
     # the recovered link made it leave that streaming (drained), to local SGD or another
     assert any(s > 136 and sync != streamed for s, sync, _ in seen), seen
     why = next(c.why for c in report.auto_decisions if c.sync == streamed)
-    assert "fragment exchange" in why, why
+    assert why.startswith(streamed) and "step " in why and "quality cost" in why, why
     models = _models(pool)
     assert len(models) == 2
     for k, v in models[0].items():
         assert torch.equal(models[1][k], v), k
     losses = [h["loss"] for h in report.history]
     assert losses[-1] < losses[0], losses
-    # leaving streaming drained it: one blocking exchange on the slow link (~0.2 s or more)
-    assert report.sync_stats["drain_s"] > 0.05, report.sync_stats
+    # leaving streaming drained it: one blocking exchange on the slow link (of the level it
+    # streamed at: 20 ms for the lightest, 0.2 s for int4)
+    assert report.sync_stats["drain_s"] > 0.01, report.sync_stats
 
 
 def test_streaming_reports_the_waits_the_inner_steps_did_not_hide(pool: WorkerPool) -> None:

@@ -1,4 +1,5 @@
-"""The plan is the run: the WAN ring the planner priced is the ring the runtime runs.
+"""The plan is the run: the WAN ring the planner priced is the ring the runtime runs, and a
+job placed by the control plane runs its plan decision by decision.
 
 A real plan over four clusters with one slow link (the planner's ring avoids it), turned into
 the run's TrainSpec by the controller's ordering, trained on a real local Ray: the worker's
@@ -6,13 +7,22 @@ report shows bytes on the ring's edges only, none on the slow link."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 import training
-from controller.loop.ray_run import ring_ordered
+from controller.loop.ray_run import ring_ordered, train_spec_of
+from controller.store.migrate import upgrade
+from controller.store.models import Job
+from grammar import SyncKind, parse_sync
 from scheduler import Plan, Snapshot, plan
+from tests.controller.world import TASK, Net
 from tests.scheduler.builders import cluster, job, link
 from training import TrainSpec
+from wire.spec import JobSpec
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
 
@@ -46,3 +56,53 @@ def test_the_runtime_runs_the_planners_ring() -> None:
 def test_ring_ordered_keeps_clusters_the_ring_does_not_name() -> None:
     assert list(ring_ordered({"a": 1, "b": 2, "c": 1}, ("c", "a"))) == ["c", "a", "b"]
     assert ring_ordered({"a": 1, "b": 2}, ()) == {"a": 1, "b": 2}
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[Net]:
+    """Three datacenters of unequal GPUs (the session's Ray clusters a, b, c) on a real
+    SQLite control plane: a 2x H100, b 1x A100, c 1x L4, joined by 1 Gbit/s links."""
+    url = f"sqlite:///{tmp_path / 'cpn.db'}"
+    upgrade(url)
+    n = Net(url, tmp_path / "checkpoints")
+    for name, gpus, model in (("a", 2, "H100"), ("b", 1, "A100"), ("c", 1, "L4")):
+        n.cluster(name, gpus=gpus, model=model)
+    for x, y in ("ab", "bc", "ca"):
+        n.link(x, y, gbps=1.0, rtt_ms=2.0)
+    yield n
+    n.close()
+
+
+@pytest.mark.parametrize(
+    ("compression", "sync"), [("auto", "auto"), ("int8", "local-sgd:4"), ("none", "stale:1")]
+)
+def test_what_ran_is_what_was_planned_decision_by_decision(
+    net: Net, compression: str, sync: str
+) -> None:
+    """A job placed by the control plane, launched as the controller launches it
+    (`train_spec_of`) and trained on Ray: the report shows the plan's placement, compression
+    and sync, its batch split (by throughput where gradients are averaged every step, equally
+    per worker where clusters take local steps) and bytes on its ring's edges only."""
+    spec = JobSpec(name="p", task=TASK, gpus=4, steps=6, compression=compression, sync=sync)
+    job_id = net.submit(net.tenant("acme"), spec)
+    assert net.place() == [job_id]
+    with net.sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.placement is not None
+        planned = job.placement
+        train = train_spec_of(net.launcher.config, job, spec, net.held(job_id))
+    run = replace(train, checkpoint=None, resume=False, eval_every=3, batch_size=400)
+    report = training.run(run)
+    assert report.clusters == {a.cluster: a.gpus for a in planned.clusters}
+    assert (report.compression, report.sync) == (planned.compression, planned.sync)
+    shares = planned.estimate.batch_shares
+    # to the sample: each of the 4 workers takes a whole number of the 400
+    assert report.batch_shares == pytest.approx(shares, abs=4 / 400)
+    if parse_sync(planned.sync).kind in (SyncKind.EVERY_STEP, SyncKind.STALE):
+        assert shares["a"] > shares["b"] > shares["c"]  # by throughput
+    else:
+        assert shares == pytest.approx({"a": 0.5, "b": 0.25, "c": 0.25})  # per worker
+    ring = planned.estimate.ring
+    edges = set(zip(ring, (*ring[1:], ring[0]), strict=True))
+    used = {edge for edge, n in report.wan_bytes.items() if n > 0}
+    assert used <= edges | {(b, a) for a, b in edges} and used

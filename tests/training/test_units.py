@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grammar import Sync, SyncKind, parse_compression, parse_sync
-from training.adaptive import choose, estimate_bytes
+from grammar.compression import message_bytes
+from training.adaptive import choose
 from training.checkpoint import DirectoryStore, open_store
 from training.data import batch_indices, rank_weights, shard, shard_sizes
 from training.placement import cluster_resource
@@ -232,7 +233,7 @@ def test_adaptive_picks_lightest_level_that_hides_under_compute() -> None:
     assert str(choose(levels, {}, shapes, compute_s=0.001, link=slow)) == "topk:0.01"
     # a measured size beats the estimate
     assert str(choose(levels, {"int8": 4_000_000}, shapes, compute_s=0.1, link=slow)) == "topk:0.01"
-    assert estimate_bytes("powersgd:4", [(100, 50)]) == 4 * 4 * 150 + 16
+    assert message_bytes("powersgd:4", [(100, 50)]) == 4 * 4 * 150 + 16
     assert str(choose(levels, {}, shapes, compute_s=0.1, link=None)) == "none"
 
 

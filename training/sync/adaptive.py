@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from grammar import Compression, Sync, parse_compression
-from training.adaptive import choose, estimate_bytes
+from grammar.compression import message_bytes
+from training.adaptive import choose
 from training.exchange import Exchanged
 from training.sync.base import SyncContext
 from training.sync.every_step import EveryStepSync
@@ -67,7 +68,7 @@ class AdaptiveSync(EveryStepSync):
         levels = self.spec.adaptive_levels
         per_link = {
             str(lv): self.measured.get(str(lv))
-            or round(estimate_bytes(lv, self.shapes) * self._crossings(lv))
+            or round(message_bytes(lv, self.shapes) * self._crossings(lv))
             for lv in levels
         }
         self.compression = choose(levels, per_link, self.shapes, compute, link, rounds=1)
