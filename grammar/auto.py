@@ -12,7 +12,8 @@ Three parts, each used by both layers, so the two never keep two policies:
   with it over a snapshot (`scheduler.cost`), the runtime over what it measures
   (`training.auto`);
 - the rule: of the candidates within `grammar.quality.SLACK` of the fastest, the least lossy
-  (`grammar.quality.least_lossy`, by `grammar.quality.quality_cost`).
+  (`grammar.quality.least_lossy`, by `grammar.quality.quality_cost`); of equal ones, one that
+  survives a lost datacenter in place (`resilience`), then the faster, then the lighter.
 
 The runtime can switch at run time only between the kinds in `SWITCHABLE` (at a point where
 every cluster holds the same parameters); a plan that picked another mode runs it as planned.
@@ -65,6 +66,13 @@ SWITCHABLE: frozenset[SyncKind] = frozenset(
     {SyncKind.EVERY_STEP, SyncKind.LOCAL_SGD, SyncKind.STREAMING}
 )
 """The modes the runtime's `auto` moves between while a run goes on."""
+
+SURVIVES_LOSS: frozenset[SyncKind] = frozenset(
+    {SyncKind.EVERY_STEP, SyncKind.ADAPTIVE, SyncKind.LOCAL_SGD}
+)
+"""The modes whose run goes on without a lost datacenter, in place (the runtime's fault
+domains: `training.sync.regroups`); the others restart from a checkpoint. Of candidates of
+equal quality cost within the slack, `auto` takes one of these first (`resilience`)."""
 
 _GRADIENT_KINDS = frozenset({SyncKind.EVERY_STEP, SyncKind.STALE, SyncKind.ADAPTIVE})
 
@@ -145,3 +153,9 @@ def step_seconds(sync: Sync, local_s: float, latency_s: float, transfer_s: float
         step = transfer_s if transfer_s > local_s else local_s
         return tail if tail > step else step
     return local_s + (latency_s + transfer_s)
+
+
+def resilience(sync: str | Sync) -> int:
+    """0 for a mode that survives a lost datacenter in place (`SURVIVES_LOSS`), 1 for one
+    that restarts: the first key among candidates of equal quality cost."""
+    return 0 if parse_sync(sync).kind in SURVIVES_LOSS else 1

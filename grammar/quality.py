@@ -83,10 +83,29 @@ def compression_cost(value: str | Compression, sync: str | Sync | None = None) -
     return 0.4 / max(1, c.rank)  # PowerSGD
 
 
-def sync_cost(value: str | Sync) -> float:
+LOCAL_DATA_COST: dict[SyncKind, float] = {
+    SyncKind.LOCAL_SGD: 0.03,
+    SyncKind.PARTIAL: 0.03,
+    SyncKind.STREAMING: 0.20,
+    SyncKind.GOSSIP: 0.12,
+    SyncKind.ASYNC_PS: 0.12,
+}
+"""What each mode costs more on local (label-skewed) data than on shared data, from the points
+each ended below every-step on shared data in bench/results/local-data.md (local SGD and
+partial 2.9 with the plain-average outer step cpn runs there, gossip 6.9, async-ps 7.5,
+streaming 11.5; every-step 1.3, within noise: 0), at about 0.02 of extra steps a point of
+accuracy as modes.md's period doublings give."""
+
+
+def sync_cost(value: str | Sync, local_data: bool = False) -> float:
     """Extra steps the sync mode costs (local SGD 0.02 a doubling of its period: H=16 ended
-    4.3 points below every-step in modes.md; the modes that let clusters drift more)."""
+    4.3 points below every-step in modes.md; the modes that let clusters drift more), and on
+    `local_data` what its clusters' drift apart costs more (`LOCAL_DATA_COST`)."""
     s = parse_sync(value)
+    return _sync_cost(s) + (LOCAL_DATA_COST.get(s.kind, 0.0) if local_data else 0.0)
+
+
+def _sync_cost(s: Sync) -> float:
     kind = s.kind
     if kind is SyncKind.STALE:
         return STALE_PER_STEP * s.staleness
@@ -103,9 +122,11 @@ def sync_cost(value: str | Sync) -> float:
     return 0.0
 
 
-def quality_cost(compression: str | Compression, sync: str | Sync) -> float:
+def quality_cost(
+    compression: str | Compression, sync: str | Sync, local_data: bool = False
+) -> float:
     """The two costs compounded: (1 + c)(1 + s) - 1."""
-    return (1.0 + compression_cost(compression, sync)) * (1.0 + sync_cost(sync)) - 1.0
+    return (1.0 + compression_cost(compression, sync)) * (1.0 + sync_cost(sync, local_data)) - 1.0
 
 
 def least_lossy(

@@ -53,10 +53,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
-from grammar import Sync, SyncKind
+from grammar import Sync, SyncKind, parse_sync
 from grammar.auto import step_seconds
 from grammar.graph import bandwidth_ring, gossip_graph
-from grammar.quality import SPEED_BOUND, compression_cost
+from grammar.quality import LOCAL_DATA_COST, SPEED_BOUND, compression_cost
 from scheduler.calibrate import POOLED
 from scheduler.compression import (
     UNEVEN_LINK_RATIO,
@@ -299,9 +299,12 @@ class CostModel:
         q = self._quality_cache.get((compression, sync))
         if q is None:
             c = compression_cost(compression, sync)
-            q = self._quality_cache[(compression, sync)] = (1.0 + c) * self.sync(
-                sync
-            ).steps_factor - 1.0
+            # on local data, what the mode's drift costs more (`grammar.quality`)
+            local = (
+                LOCAL_DATA_COST.get(parse_sync(sync).kind, 0.0) if self.job.data_clusters else 0.0
+            )
+            q = (1.0 + c) * (self.sync(sync).steps_factor + local) - 1.0
+            self._quality_cache[(compression, sync)] = q
         return q
 
     def sync(self, spec: str) -> SyncModel:

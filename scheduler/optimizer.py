@@ -30,7 +30,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
 
-from grammar.auto import candidates
+from grammar.auto import candidates, resilience
 from grammar.quality import MAX_COST, SLACK, SPEED_BOUND, least_lossy
 from grammar.states import ClusterState
 from scheduler.compression import splits_by_rate
@@ -1058,9 +1058,9 @@ def _least_lossy(
             if search.ok(ch):
                 options.append(ch)
 
-    def rank(ch: _Choice) -> tuple[object, ...]:  # of equals, the lighter on the links
+    def rank(ch: _Choice) -> tuple[object, ...]:  # of equals: resilient, then lighter
         key = search.key(ch)
-        return (*key[:2], model.compressor(ch.compression).ratio, *key[2:])
+        return (resilience(ch.sync), *key[:2], model.compressor(ch.compression).ratio, *key[2:])
 
     chosen = least_lossy(options, measure, lambda ch: _quality(model, ch), slack, rank)
     q, qb = _quality(model, chosen), _quality(model, best)

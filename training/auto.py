@@ -7,9 +7,10 @@ those within `grammar.quality.SLACK` of the fastest (`grammar.quality.least_loss
 the menu, the quality costs and the step formula the planner decides with. Only the inputs
 differ: the planner's are a snapshot's, these are what the run measures. `AutoPolicy`
 re-decides when the measured bandwidth or compute moves by more than a factor for a few
-rounds in a row (hysteresis), so noise does not flap the mode; a run that starts from its
-plan's decision (`AutoPolicy.start`) keeps it until they do. Every rank calls it with the same
-all-reduced numbers, so every cluster decides the same.
+rounds in a row (hysteresis), so noise does not flap the mode. Every rank calls it with the
+same all-reduced numbers, so every cluster decides the same. A job the control plane runs
+gets its plan's concrete decision and runs it as planned (its mode fixed, fault domains
+included); this policy re-decides for `cpn train --sync auto`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from grammar import Compression, Sync, SyncKind, parse_sync
-from grammar.auto import candidates, step_seconds
+from grammar.auto import candidates, resilience, step_seconds
 from grammar.compression import message_bytes
 from grammar.quality import SLACK, least_lossy, quality_cost
 from training.wan import Link
@@ -97,6 +98,7 @@ def decide(
     fixed_sync: Sync | None = None,
     fixed_compression: str | None = None,
     crossings: Callable[[str], float] | None = None,
+    local_data: bool = False,
 ) -> Decision:
     """Sync and compression by `grammar.auto`'s policy: of its switchable candidates (those
     `fixed_sync` / `fixed_compression` leave open, periods up to `max_period`), timed by
@@ -104,8 +106,12 @@ def decide(
     `link_from_exchange`), the least lossy within `slack` of the fastest. None or one
     cluster: nothing crosses a WAN, so every-step at the first level. `compute_s` is the part
     of a step an exchange can hide under (forward/backward, intra-cluster all-reduce,
-    optimizer step)."""
+    optimizer step). On `local_data` the quality costs are local data's."""
     compute_s = max(compute_s, 1e-6)
+
+    def quality(level: str, sync: Sync) -> float:
+        return quality_cost(level, sync, local_data)
+
     pairs = candidates(
         fixed_compression or "auto", fixed_sync or Sync(SyncKind.AUTO), switchable=True
     )
@@ -131,24 +137,24 @@ def decide(
         )
     parts = {lv: exchange_parts(lv, params, clusters, link, crossings) for lv, _ in options}
     step = {o: step_seconds(o[1], compute_s, *parts[o[0]]) for o in options}
-    level, sync = least_lossy(  # of equals, the faster, then the lighter on the link
+    level, sync = least_lossy(  # of equals: resilient, then faster, then lighter
         options,
         step.__getitem__,
-        lambda o: quality_cost(o[0], o[1]),
+        lambda o: quality(o[0], o[1]),
         slack,
-        lambda o: (step[o], parts[o[0]][1]),
+        lambda o: (resilience(o[1]), step[o], parts[o[0]][1]),
     )
     fastest = min(options, key=step.__getitem__)
     t = step[(level, sync)]
     why = (
         f"{sync} {level}: step {t:.3g}s (compute {compute_s:.3g}s, exchange "
         f"{sum(parts[level]):.3g}s at {link.bandwidth_bps / 1e6:.3g} Mbit/s), quality cost "
-        f"{quality_cost(level, sync):.1%}"
+        f"{quality(level, sync):.1%}"
     )
     if (level, sync) != fastest:
         why += (
             f"; the least lossy within {slack:.0%} of the fastest, {fastest[1]} {fastest[0]} "
-            f"({step[fastest]:.3g}s, quality cost {quality_cost(*fastest):.1%})"
+            f"({step[fastest]:.3g}s, quality cost {quality(*fastest):.1%})"
         )
     return Decision(sync, level, why, sum(parts[level]), compute_s, bps, t)
 
@@ -156,11 +162,7 @@ def decide(
 @dataclass
 class AutoPolicy:
     """`decide` with hysteresis: re-decide only when bandwidth or compute moved more than
-    `factor` away from what the current decision was made on, `patience` rounds in a row.
-    With `planned` (the plan's (sync, compression), which the run starts with), the first
-    measurement anchors that decision instead of deciding afresh: the runtime does not
-    re-decide what the planner decided, only what a lasting change of the link or the
-    compute asks it to."""
+    `factor` away from what the current decision was made on, `patience` rounds in a row."""
 
     params: int
     clusters: int
@@ -171,7 +173,7 @@ class AutoPolicy:
     max_period: int = 64
     crossings: Callable[[str], float] | None = None
     """Copies of a message of each level the busiest link carries (None: a ring's)."""
-    planned: tuple[Sync, str] | None = None
+    local_data: bool = False
     current: Decision | None = None
     strikes: int = 0
     history: list[tuple[int, Decision]] = field(default_factory=list)
@@ -186,16 +188,8 @@ class AutoPolicy:
             fixed_sync=self.fixed_sync,
             fixed_compression=self.fixed_compression,
             crossings=self.crossings,
+            local_data=self.local_data,
         )
-
-    def _anchor(self, sync: Sync, level: str, compute_s: float, link: Link | None) -> Decision:
-        """The plan's decision with what it was measured to run on."""
-        bps = link.bandwidth_bps if link else None
-        if link is None or self.clusters < 2:
-            return Decision(sync, level, "the plan's decision", 0.0, compute_s, bps, compute_s)
-        parts = exchange_parts(level, self.params, self.clusters, link, self.crossings)
-        step = step_seconds(sync, max(compute_s, 1e-6), *parts)
-        return Decision(sync, level, "the plan's decision", sum(parts), compute_s, bps, step)
 
     def _moved(self, compute_s: float, link: Link | None) -> bool:
         cur = self.current
@@ -212,10 +206,6 @@ class AutoPolicy:
         """The new decision when one is due (the first, or after `patience` rounds out of
         band), else None: keep running what runs."""
         if self.current is None:
-            if self.planned is not None:  # running already: anchored, not re-decided
-                self.current = self._anchor(*self.planned, compute_s, link)
-                self.history.append((step, self.current))
-                return None
             self.current = self._decide(compute_s, link)
             self.history.append((step, self.current))
             return self.current

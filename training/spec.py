@@ -100,6 +100,11 @@ under which it picks `compression: auto`."""
 DATA_MODES = ("shared", "local")
 """Where a run's samples come from: the whole set on every cluster, or each cluster's own."""
 
+OUTER_BY_DATA: dict[str, tuple[float, float]] = {"shared": (0.7, 0.9), "local": (1.0, 0.0)}
+"""The outer step's (lr, momentum) by where the data is: DiLoCo's Nesterov step on shared
+data; on local data (label-skewed) the plain average, since the outer momentum compounds
+the skew of each round's averaged pseudo-gradient (bench/results/local-data.md)."""
+
 ARTEFACTS = ("best", "last")
 """The model a run leaves: its best evaluation's, or its last step's."""
 
@@ -170,11 +175,12 @@ class TrainSpec:
     gloo_ifname: str | None = None  # None: "lo" on a local Ray, CPN_GLOO_IFNAME or unset otherwise
     gpus_per_worker: float = 0.0
     max_restarts: int = 3
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
     outer_nesterov: bool = True
-    """The outer step (local SGD, streaming) is SGD with this lr and momentum, Nesterov's when
-    `outer_nesterov` and the momentum is > 0."""
+    """The outer step (local SGD, streaming, partial) is SGD with this lr and momentum,
+    Nesterov's when `outer_nesterov` and the momentum is > 0; None: by the data
+    (`outer_settings`)."""
     adaptive_levels: Parsed[Sequence[str | Compression], tuple[Compression, ...]] = Parsed(
         _levels, ("none", "bf16", "int8", "topk:0.1:m0", "topk:0.01:m0", "topk:0.001:m0")
     )
@@ -287,12 +293,11 @@ class TrainSpec:
             raise ValueError("speed_bound: must be >= 1, e.g. 4")
         if self.data not in DATA_MODES:
             raise ValueError(f"data: {self.data!r} is not one of {', '.join(DATA_MODES)}")
-        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
-            raise ValueError(f"outer_lr: {self.outer_lr} must be a number > 0, e.g. 0.7")
-        if not (math.isfinite(self.outer_momentum) and 0.0 <= self.outer_momentum < 1.0):
-            raise ValueError(
-                f"outer_momentum: {self.outer_momentum} must be in [0, 1), e.g. 0.9 (0: none)"
-            )
+        lr, momentum = self.outer_settings
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"outer_lr: {lr} must be a number > 0, e.g. 0.7")
+        if not (math.isfinite(momentum) and 0.0 <= momentum < 1.0):
+            raise ValueError(f"outer_momentum: {momentum} must be in [0, 1), e.g. 0.9 (0: none)")
 
     def _check_grammar(self) -> None:
         """What the grammar's parse (on assignment) cannot see: `auto` is the runtime policy's
@@ -305,6 +310,16 @@ class TrainSpec:
             )
         if self.sync.kind is SyncKind.ADAPTIVE and not self.adaptive_levels:
             raise ValueError("adaptive_levels: name at least one compression level")
+
+    @property
+    def outer_settings(self) -> tuple[float, float]:
+        """(lr, momentum) of the outer step: as given, else DiLoCo's on shared data and the
+        plain average (FedAvg) on local data (`OUTER_BY_DATA`)."""
+        lr, momentum = OUTER_BY_DATA[self.data if self.data in OUTER_BY_DATA else "shared"]
+        return (
+            lr if self.outer_lr is None else self.outer_lr,
+            momentum if self.outer_momentum is None else self.outer_momentum,
+        )
 
     @property
     def world_size(self) -> int:

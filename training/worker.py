@@ -30,7 +30,7 @@ from training.collective import Collective, flatten, split
 from training.data import batch_indices, rank_weights, shard, shard_sizes
 from training.faults import Agreement, GroupBroken, Position, agree, is_collective_error
 from training.logs import capture
-from training.residency import cluster_slice
+from training.residency import local_samples
 from training.results import BestModel, SegmentResult, at_least_as_good
 from training.spec import TrainSpec
 from training.sync import Scope, SyncContext, SyncStrategy, make_sync_strategy, regroups
@@ -130,9 +130,10 @@ class Worker:
 
         task: Task = load_task(spec.task)
         self.task = task
-        self.x, self.y = as_tensors(task.train)
         if spec.data == "local":  # only this cluster's samples, never another's
-            self.x, self.y = cluster_slice(task, self.x, self.y, self.cluster, self.clusters)
+            self.x, self.y = local_samples(task, self.cluster, self.clusters)
+        else:
+            self.x, self.y = as_tensors(task.train)
         self.labels_read: set[int] = set()
         self.slowdown = float(spec.slowdown.get(self.cluster, 1.0))
         self.xe, self.ye = as_tensors(task.eval)

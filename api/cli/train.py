@@ -151,11 +151,16 @@ def train(
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="Global batch size."),
     lr: float | None = typer.Option(None, "--lr", min=0.0, help="Inner learning rate."),
     seed: int = typer.Option(0, "--seed"),
-    outer_lr: float = typer.Option(
-        0.7, "--outer-lr", help="Outer learning rate of local-sgd/streaming (> 0)."
+    outer_lr: float | None = typer.Option(
+        None,
+        "--outer-lr",
+        help="Outer learning rate of local-sgd/streaming (> 0); default 0.7, 1.0 on local data.",
     ),
-    outer_momentum: float = typer.Option(
-        0.9, "--outer-momentum", help="Outer momentum of local-sgd/streaming, in [0, 1) (0: none)."
+    outer_momentum: float | None = typer.Option(
+        None,
+        "--outer-momentum",
+        help="Outer momentum of local-sgd/streaming, in [0, 1) (0: none); default 0.9, 0 on "
+        "local data.",
     ),
     nesterov: bool = typer.Option(
         True, "--nesterov/--no-nesterov", help="Nesterov's outer momentum (with a momentum > 0)."

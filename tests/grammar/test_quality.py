@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from grammar import SyncKind, parse_sync
-from grammar.auto import GRADIENT_LEVELS, PSEUDO_GRADIENT_LEVELS, candidates
+from grammar import DOCUMENTED_SYNCS, SyncKind, parse_sync
+from grammar.auto import (
+    GRADIENT_LEVELS,
+    PSEUDO_GRADIENT_LEVELS,
+    SURVIVES_LOSS,
+    candidates,
+    resilience,
+)
 from grammar.quality import (
     MAX_COST,
     SLACK,
@@ -73,3 +79,27 @@ def test_least_lossy_within_the_slack_of_the_fastest() -> None:
     assert pick(ruinous[:1]) == "ruinous"
     with pytest.raises(ValueError):
         pick([])
+
+
+def test_local_data_costs_the_modes_that_drift_more() -> None:
+    for sync in ("every-step", "stale:1"):
+        assert sync_cost(sync, local_data=True) == sync_cost(sync)
+    costs = {s: sync_cost(s, True) - sync_cost(s) for s in ("local-sgd:16", "gossip:16",
+             "async-ps:4", "streaming:16")}  # fmt: skip
+    assert 0 < costs["local-sgd:16"] < costs["gossip:16"] <= costs["async-ps:4"]
+    assert costs["async-ps:4"] < costs["streaming:16"]
+    assert quality_cost("int8", "local-sgd:16", local_data=True) > quality_cost(
+        "int8", "local-sgd:16"
+    )
+
+
+def test_the_modes_auto_calls_resilient_are_those_the_runtime_regroups() -> None:
+    from training.sync import regroups
+
+    for value in DOCUMENTED_SYNCS:
+        sync = parse_sync(value)
+        if not sync.is_auto:
+            assert (sync.kind in SURVIVES_LOSS) == regroups(sync), value
+    # of equal quality cost within the slack, a resilient mode first
+    assert resilience("local-sgd:32") < resilience("partial:16")
+    assert quality_cost("int8", "local-sgd:32") == pytest.approx(quality_cost("int8", "partial:16"))

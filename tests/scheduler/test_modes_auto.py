@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar.auto import GRADIENT_SYNCS, LOCAL_SYNCS
-from grammar.quality import SLACK, SPEED_BOUND
+from grammar.quality import SLACK, SPEED_BOUND, quality_cost
 from scheduler import (
     Assignment,
     CostModel,
@@ -184,3 +184,15 @@ def test_a_fitted_penalty_reaches_the_planner() -> None:
     assert isinstance(got, Plan) and got.sync == "partial:16"
     assert got.estimate.quality_cost == pytest.approx(fitted["partial"] - 1.0)
     assert got.estimate.quality_cost > prior
+
+
+def test_local_data_weighs_what_each_mode_costs_there() -> None:
+    """On local data a mode's quality cost adds what its drift costs there
+    (`grammar.quality.LOCAL_DATA_COST`); every-step's does not change."""
+    snap = Snapshot((cluster("a", 8), cluster("b", 8)), (link("a", "b"),))
+    for sync in ("local-sgd:16", "gossip:16", "every-step"):
+        shared = job(16, compression="none", sync=sync)
+        local = replace(shared, data_clusters=("a", "b"))
+        a, b = _plan(snap, shared).estimate, _plan(snap, local).estimate
+        assert b.quality_cost == pytest.approx(quality_cost("none", sync, local_data=True)), sync
+        assert (b.quality_cost > a.quality_cost) == (sync != "every-step"), sync

@@ -159,21 +159,6 @@ def test_policy_redecides_only_after_a_lasting_change() -> None:
     assert [s for s, _ in policy.history] == [4, 28]
 
 
-def test_a_planned_decision_is_anchored_not_redecided() -> None:
-    """The plan's decision runs from the first step; the first measurement anchors it even
-    where the runtime alone would pick otherwise, and only a lasting change re-decides."""
-    planned = (parse_sync("local-sgd:8"), "none")
-    policy = AutoPolicy(params=4_000_000, clusters=3, planned=planned)
-    assert policy.observe(8, 0.05, Link(100 * MBIT, 0.0)) is None
-    assert policy.current is not None and policy.current.why == "the plan's decision"
-    assert (policy.current.sync, policy.current.compression) == planned
-    assert policy.observe(16, 0.06, Link(120 * MBIT, 0.0)) is None
-    assert policy.observe(24, 0.05, Link(10 * MBIT, 0.0)) is None
-    new = policy.observe(32, 0.05, Link(10 * MBIT, 0.0))
-    assert new is not None and (new.sync, new.compression) != planned
-    assert new == decide(0.05, Link(10 * MBIT, 0.0), 4_000_000, 3)
-
-
 def test_regime_is_fp32_exchange_over_compute() -> None:
     # 4 M parameters = 128 Mbit of fp32; 1.28 s at 100 Mbit/s over 0.1 s of compute
     assert wan_bound_ratio(4_000_000, 0.1, 100.0) == pytest.approx(12.8)

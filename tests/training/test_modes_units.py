@@ -11,7 +11,7 @@ from grammar import Sync, SyncKind, parse_compression, parse_sync
 from training.collective import Collective
 from training.compression import make_compressor
 from training.exchange import Piece, decode, encode
-from training.residency import split_by_label
+from training.residency import local_samples, split_by_label
 from training.spec import LinkSpec, TrainSpec, parse_slowdown
 from training.sync import AsyncPSSync, GossipSync, PartialSync, SyncContext, make_sync_strategy
 from training.sync.async_ps import ParameterServer
@@ -24,6 +24,7 @@ from training.sync.hetero import (
     staleness_weight,
     steps_per_tick,
 )
+from training.tasks.base import OptimizerSpec, Task
 from training.wan import LinkTable
 
 
@@ -132,6 +133,54 @@ def test_label_split_is_non_iid_disjoint_and_complete() -> None:
     # fewer labels than clusters: contiguous parts, still disjoint and complete
     two = split_by_label(torch.tensor([0, 1] * 5), ["a", "b", "c"])
     assert sorted(int(i) for p in two.values() for i in p) == list(range(10))
+
+
+class _Counted(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A dataset that remembers which samples were read."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.read = n, set[int]()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.read.add(i)
+        return torch.full((2,), float(i)), torch.tensor(i % 3)
+
+
+def _task(**hooks: object) -> Task:
+    data = _Counted(30)
+    return Task(lambda: torch.nn.Linear(2, 3), torch.nn.functional.cross_entropy, data, data,
+                OptimizerSpec(), **hooks)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_a_cluster_reads_only_its_own_samples() -> None:
+    clusters = ["a", "b", "c"]
+    # indices the task names: a Dataset is read there and nowhere else
+    task = _task(cluster_data=lambda c, cs: range(cs.index(c), 30, 3))
+    _, y = local_samples(task, "b", clusters)
+    assert task.train.read == set(range(1, 30, 3)) and set(y.tolist()) == {1}  # type: ignore[union-attr]
+    # samples loaded where they live: `train` is never read
+    task = _task(cluster_train=lambda c, cs: (torch.zeros(4, 2), torch.full((4,), 2)))
+    _, y = local_samples(task, "c", clusters)
+    assert len(y) == 4 and task.train.read == set()  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="cluster_train gave cluster 'c' no samples"):
+        local_samples(
+            _task(cluster_train=lambda c, cs: (torch.zeros(0, 2), torch.zeros(0))), "c", clusters
+        )
+    # no hook: the whole set is read, then split by label as before
+    _, y = local_samples(_task(), "a", clusters)
+    assert set(y.tolist()) == {0} and len(y) == 10
+
+
+def test_the_outer_step_is_diloco_s_on_shared_data_the_plain_average_on_local_data() -> None:
+    assert TrainSpec().outer_settings == (0.7, 0.9)
+    assert TrainSpec(data="local").outer_settings == (1.0, 0.0)
+    assert TrainSpec(data="local", outer_momentum=0.5).outer_settings == (1.0, 0.5)
+    assert TrainSpec(outer_lr=0.3).outer_settings == (0.3, 0.9)
+    with pytest.raises(ValueError, match="outer_momentum"):
+        TrainSpec(data="local", outer_momentum=1.0).validate()
 
 
 def test_spec_checks_slowdown_and_data() -> None:

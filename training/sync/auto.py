@@ -65,6 +65,7 @@ class AutoSync(SyncStrategy):
             fixed_sync=fixed_sync,
             fixed_compression=fixed_compression,
             crossings=self._crossings,
+            local_data=ctx.spec.data == "local",
         )
         self.warmup = max(1, min(WARMUP, ctx.spec.steps))
         self.inner = LocalSGDSync(Sync(SyncKind.LOCAL_SGD, period=self.warmup), ctx)

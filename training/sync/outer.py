@@ -10,11 +10,10 @@ from training.spec import TrainSpec
 
 
 def make_outer(anchor: Sequence[torch.Tensor], spec: TrainSpec) -> torch.optim.SGD:
-    """SGD over the `anchor` tensors with the run's outer lr and momentum, Nesterov's when
-    `spec.outer_nesterov` (torch allows it only with momentum)."""
+    """SGD over the `anchor` tensors with the run's outer lr and momentum
+    (`TrainSpec.outer_settings`), Nesterov's when `spec.outer_nesterov` (torch allows it
+    only with momentum)."""
+    lr, momentum = spec.outer_settings
     return torch.optim.SGD(
-        list(anchor),
-        lr=spec.outer_lr,
-        momentum=spec.outer_momentum,
-        nesterov=spec.outer_nesterov and spec.outer_momentum > 0,
+        list(anchor), lr=lr, momentum=momentum, nesterov=spec.outer_nesterov and momentum > 0
     )

@@ -48,6 +48,10 @@ class Task:
     cluster_data: Callable[[str, list[str]], Sequence[int]] | None = None
     """Data residency (`data: local`): the training-set indices cluster `name` of `clusters`
     holds; None: the built-in non-IID split by label (`training.residency`)."""
+    cluster_train: Callable[[str, list[str]], Data] | None = None
+    """Data residency (`data: local`): the samples cluster `name` of `clusters` holds, loaded
+    where they live; a cluster's workers call it instead of reading `train`, so none reads
+    another cluster's samples."""
 
 
 def as_tensors(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
