@@ -131,8 +131,10 @@ def step_seconds(sync: Sync, local_s: float, latency_s: float, transfer_s: float
 
     - every-step (adaptive): local + the exchange;
     - local SGD, partial and gossip (their own exchange's terms): local + the exchange / H;
-    - stale:s (s >= 1), async-ps (one update in flight): max(local, transfer, exchange /
-      (s + 1)): exchanges in flight hide latency, not bandwidth;
+    - stale:s (s >= 1): max(local, transfer, exchange / (s + 1)): exchanges in flight hide
+      latency, not bandwidth;
+    - async-ps: local + the push and pull a leader waits for (its own server's; the exchange
+      between regions' servers flies apart and is not waited for);
     - streaming:H:fF:dD: each of the F fragments (the latency, 1/F of the transfer) has D
       steps of compute to arrive; what outlasts them is waited for, F times a period; and the
       link must carry the F fragments in the period's compute.
@@ -147,9 +149,8 @@ def step_seconds(sync: Sync, local_s: float, latency_s: float, transfer_s: float
         waited = local_s + f * late / sync.period if late > 0.0 else local_s
         busy = (f * latency_s + transfer_s) / sync.period
         return busy if busy > waited else waited
-    if (kind is SyncKind.STALE and sync.staleness >= 1) or kind is SyncKind.ASYNC_PS:
-        ahead = 1 if kind is SyncKind.ASYNC_PS else sync.staleness
-        tail = (latency_s + transfer_s) / (ahead + 1)
+    if kind is SyncKind.STALE and sync.staleness >= 1:
+        tail = (latency_s + transfer_s) / (sync.staleness + 1)
         step = transfer_s if transfer_s > local_s else local_s
         return tail if tail > step else step
     return local_s + (latency_s + transfer_s)

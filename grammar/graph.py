@@ -1,14 +1,15 @@
-"""The gossip graph over a job's clusters, from the bandwidth of their links.
+"""The graphs a job's clusters exchange over, from the bandwidth of their links: the ring,
+the gossip graph, where the parameter servers live.
 
-Shared by the planner (`scheduler.cost`, which prices a gossip round on it) and the runtime
-(`training.sync.gossip`, which exchanges over it), so the graph the plan assumed is the graph
-the run uses. Pure standard library: a link's bandwidth is asked of a callable, in any unit
+Shared by the planner (`scheduler.cost`, which prices an exchange on them) and the runtime
+(`training.sync`, which exchanges over them), so the graph the plan assumed is the graph the
+run uses. Pure standard library: a link's bandwidth is asked of a callable, in any unit
 (only ratios matter); 0 means no link or unknown.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 Bandwidth = Callable[[str, str], float]
 """The bandwidth of the link between two clusters (any unit; 0: none or unknown)."""
@@ -76,3 +77,32 @@ def metropolis_weights(graph: dict[str, list[str]]) -> dict[str, dict[str, float
         w[c] = 1.0 - sum(w.values())
         out[c] = w
     return out
+
+
+def ps_host(clusters: Sequence[str], bandwidth: Bandwidth | None) -> str:
+    """Where a parameter server lives: the cluster with the most bandwidth to all others
+    (every push and pull crosses one of its links); the first cluster on ties or without
+    bandwidths."""
+    if bandwidth is None:
+        return clusters[0]
+    return max(clusters, key=lambda c: sum(bandwidth(c, o) for o in clusters if o != c))
+
+
+def region_groups(clusters: Sequence[str], regions: Mapping[str, str]) -> dict[str, list[str]]:
+    """The clusters of each region, in the given order (regions in order of first member);
+    one group of all clusters when `regions` is empty."""
+    groups: dict[str, list[str]] = {}
+    for c in clusters:
+        groups.setdefault(regions.get(c, ""), []).append(c)
+    return groups
+
+
+def region_hosts(
+    groups: Mapping[str, Sequence[str]], bandwidth: Bandwidth | None
+) -> tuple[str, dict[str, str]]:
+    """Where a hierarchical parameter server lives: each region's server at its member with
+    the most bandwidth to the others of its region (`ps_host`: its clusters' pushes cross
+    those links), and the global one at the regional host with the most bandwidth to the
+    other regional hosts (the region exchanges cross those)."""
+    hosts = {r: ps_host(members, bandwidth) for r, members in groups.items()}
+    return ps_host(list(hosts.values()), bandwidth), hosts

@@ -78,7 +78,8 @@ class SyncModel:
     steps_factor: float = 1.0
     runs_ahead: bool = False
     """Fast clusters take up to SPEED_BOUND steps per step of the slowest (partial, async-ps)
-    instead of waiting for it."""
+    instead of waiting for it: more samples in the same steps of the slowest, which is what
+    the run counts (its time is the slowest's)."""
     neighbours: bool = False
     """Each cluster exchanges with its ring neighbours only (gossip), not all-reduces."""
     value: Sync = _EVERY_STEP
@@ -146,9 +147,10 @@ def sync_model(spec: str | Sync) -> SyncModel:
     compression (the one the planner picks) stands for it. `streaming:H:fF:dD` sends the
     same bytes per H steps as `local-sgd:H` (each fragment once); its step overlaps each
     fragment with its D steps of compute (`grammar.auto.step_seconds`). `partial:H` and
-    `gossip:P` are modelled as local SGD of period H (P), `async-ps:S` as one exchange in
-    flight; the gain of letting fast clusters run ahead is credited by the cost model
-    (`runs_ahead`), and gossip's neighbour exchange has its own WAN terms (`neighbours`).
+    `gossip:P` are modelled as local SGD of period H (P), `async-ps:S` by where the runtime
+    puts its servers (`CostModel.ps_wan`); letting fast clusters run ahead gives them more
+    samples, not the run fewer steps (`runs_ahead`), and gossip's neighbour exchange has its
+    own WAN terms (`neighbours`).
     """
     s = parse_sync(spec)
     name = str(s)
@@ -169,7 +171,7 @@ def sync_model(spec: str | Sync) -> SyncModel:
             name, "local-sgd", period=s.period, steps_factor=steps, neighbours=True, value=s
         )
     if s.kind is SyncKind.ASYNC_PS:
-        # no cluster waits: the push/pull of each step hides behind compute like a step in
-        # flight (the PS host's links carry what a ring all-reduce's would)
-        return SyncModel(name, "stale", staleness=1, steps_factor=steps, runs_ahead=True, value=s)
+        # each leader waits for its own server's push and pull; the servers of several
+        # regions exchange apart (`CostModel.ps_wan`)
+        return SyncModel(name, "async-ps", steps_factor=steps, runs_ahead=True, value=s)
     return SyncModel(name, "every-step", value=s)

@@ -9,10 +9,10 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   efficiency. The modes of local updates (local SGD, streaming, partial, gossip, async-ps)
   split it equally per worker, as a split changes what each cluster's local steps learn
   from: the slowest sets the pace, T_c = W / (G r_min), G = sum_c g_c. Under `partial:H` and
-  `async-ps:S` (`runs_ahead`) the fast clusters do not wait: in one tick cluster c takes
-  k_c = min(SPEED_BOUND, floor(r_c / r_min)) steps (the runtime's `steps_per_tick`), so the
-  same samples take G / sum_c g_c k_c times the steps: the step time below is divided by that
-  speedup, and so are the exchanges.
+  `async-ps:S` (`runs_ahead`) the fast clusters do not wait: in one tick (a step of the
+  slowest) cluster c takes k_c = min(SPEED_BOUND, floor(r_c / r_min)) steps (the runtime's
+  `steps_per_tick`). The run takes the job's steps in ticks, so that buys samples, not time:
+  the step time and the exchanges are those of the ticks.
 - intra-cluster: exact ring all-reduce, T_i = max_c [2(p-1)a + 2(p-1)/p n/B_c] (clusters reduce
   in parallel), a = ALPHA_INTRA_S, n = 4 bytes x params.
 - WAN: the cluster leaders exchange the compressed payload n' in a ring. All-reducible payloads
@@ -30,8 +30,12 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   candidates with too. Nothing overlaps the backward pass (the runtime exchanges after it; a
   planner that credited overlap the runtime never gives promised a shorter step):
   every-step: L + T_w + O; local-sgd:H (partial, gossip): L + (O + T_w)/H;
-  stale:s (s >= 1), async-ps: max(L, O + T_w,bandwidth, (O + T_w)/(s+1)) — up to s exchanges
-  in flight hide latency but not bandwidth; stale:0 is every-step; streaming:H:fF:dD: each
+  stale:s (s >= 1): max(L, O + T_w,bandwidth, (O + T_w)/(s+1)) — up to s exchanges in flight
+  hide latency but not bandwidth; stale:0 is every-step; async-ps: L + O + T_ps, where T_ps
+  is the slowest push and pull of a cluster to its region's server (`ps_wan`: the servers
+  where the runtime puts them, `grammar.graph.region_hosts`; 0 where a region is one
+  cluster), and the regions' servers exchange apart, one exchange in flight, at most one a
+  step: min(1, step / its round trip) of them a step; streaming:H:fF:dD: each
   fragment waits what it outlasts its D steps of compute, F times a period, and the link
   carries the F fragments in the period's compute.
 - gossip:P (`neighbours`): every P steps each cluster sends the payload n' to its neighbours
@@ -55,7 +59,7 @@ from typing import cast
 
 from grammar import Sync, SyncKind, parse_sync
 from grammar.auto import step_seconds
-from grammar.graph import bandwidth_ring, gossip_graph
+from grammar.graph import bandwidth_ring, gossip_graph, region_groups, region_hosts
 from grammar.quality import LOCAL_DATA_COST, SPEED_BOUND, compression_cost
 from scheduler.calibrate import POOLED
 from scheduler.compression import (
@@ -256,6 +260,7 @@ class CostModel:
         self._comp_cache: dict[str, CompressorModel] = {}
         self._sync_cache: dict[str, SyncModel] = {}
         self._gossip_cache: dict[tuple[tuple[str, ...], str], WanTerms] = {}
+        self._ps_cache: dict[tuple[tuple[str, ...], str], tuple[WanTerms, WanTerms]] = {}
         self._pace_cache: dict[tuple[str, ...], tuple[float, dict[str, int]]] = {}
         self._edges: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._intra_rows: dict[str, list[float]] = {}
@@ -453,6 +458,58 @@ class CostModel:
         self._gossip_cache[key] = terms
         return terms
 
+    def ps_wan(self, names: tuple[str, ...], compression: str) -> tuple[WanTerms, WanTerms]:
+        """An `async-ps` run's WAN, where the runtime puts its servers
+        (`grammar.graph.region_hosts`, over the clusters' regions): what a tick waits for and
+        sends (each cluster's leader pushes the payload to its server and pulls as much back,
+        blocking: the slowest such round trip; nothing where a region is one cluster) and one
+        exchange between the regions' servers (each regional host to the global one and back;
+        one in flight at a time, never waited for: `_parts` counts how many fit). Flat (one
+        region): the cluster's server is the global one and there is no region exchange."""
+        if len(names) < 2:
+            return NO_WAN, NO_WAN
+        key = (names, compression)
+        hit = self._ps_cache.get(key)
+        if hit is not None:
+            return hit
+        cm = self.compressor(compression)
+        payload = self.nbytes * cm.ratio
+        by = self.snapshot.by_name
+        groups = region_groups(names, {n: by[n].region for n in names})
+        top, hosts = region_hosts(groups, self._pair_gbps)
+        overhead = cm.overhead_flops_per_param * self.job.params / self.pace(names)[0]
+        ring = tuple(bandwidth_ring(names, self._pair_gbps))
+
+        def star(pairs: list[tuple[str, str]]) -> WanTerms:
+            """Round trips member -> host -> member of `pairs`, all at once."""
+            if not pairs:
+                return WanTerms(0.0, 0.0, overhead, 0.0, 0.0, ring, None)
+            legs = {
+                (a, h): (self._edge(a, h), self._edge(h, a)) for a, h in pairs
+            }  # (alpha, bandwidth, price) there and back
+
+            def wait(e: tuple[str, str]) -> float:
+                there, back = legs[e]
+                return there[0] + back[0] + payload / there[1] + payload / back[1]
+
+            worst = max(legs, key=lambda e: (wait(e), e))
+            there, back = legs[worst]
+            return WanTerms(
+                latency_s=there[0] + back[0],
+                bandwidth_s=payload / there[1] + payload / back[1],
+                overhead_s=overhead,
+                bytes=2 * len(legs) * payload,
+                egress_cost=sum(payload / 1e9 * (t[2] + b[2]) for t, b in legs.values()),
+                ring=ring,
+                bottleneck=worst,
+            )
+
+        members = [(c, hosts[r]) for r, cs in groups.items() for c in cs if c != hosts[r]]
+        relays = [(h, top) for h in hosts.values() if h != top] if len(groups) > 1 else []
+        hit = (star(members), star(relays) if relays else NO_WAN)
+        self._ps_cache[key] = hit
+        return hit
+
     def _rings(self, names: tuple[str, ...]) -> tuple[_Ring, ...]:
         """Candidate ring orders for a cluster set: the best for the dense payload (bandwidth
         bound) and the best for a vanishing one (latency bound). Each compressor then uses
@@ -533,7 +590,6 @@ class CostModel:
             compression,
             sync,
             gpus=sum(gpus.values()),
-            ahead=self.ahead_rate(names, (gpus[n] for n in names)),
         )
         total = sum(gpus.values())
         even = not splits_by_rate(self.sync(sync)) and len(names) > 1
@@ -552,12 +608,10 @@ class CostModel:
         compression: str,
         sync: str,
         gpus: int | None = None,
-        ahead: float | None = None,
     ) -> Estimate:
         """The estimate from aggregate parts (lets the optimizer skip re-summing): `rate` is
-        the throughput sum_c g_c r_c, `gpus` the GPU count G and `ahead` the throughput with
-        fast clusters running ahead (`ahead_rate`); see the module docstring."""
-        p = self._parts(names, rate, intra_s, compression, sync, gpus, ahead)
+        the throughput sum_c g_c r_c and `gpus` the GPU count G; see the module docstring."""
+        p = self._parts(names, rate, intra_s, compression, sync, gpus)
         setup = self.setup(names, gpus)
         total = p.eff_steps * p.step + setup
         gpu_cost = price_per_hour * total / 3600.0
@@ -594,10 +648,9 @@ class CostModel:
         compression: str,
         sync: str,
         gpus: int | None = None,
-        ahead: float | None = None,
     ) -> tuple[float, float]:
         """(total time, cost) exactly as `estimate_parts` computes them, without the record."""
-        p = self._parts(names, rate, intra_s, compression, sync, gpus, ahead)
+        p = self._parts(names, rate, intra_s, compression, sync, gpus)
         total = p.eff_steps * p.step + self.setup(names, gpus)
         return total, price_per_hour * total / 3600.0 + p.exchanges * p.wan.egress_cost
 
@@ -605,10 +658,10 @@ class CostModel:
         self,
         names: tuple[str, ...],
         choices: Sequence[tuple[str, str]],
-        allocs: Iterable[tuple[float, float, float, int, float]],
+        allocs: Iterable[tuple[float, float, float, int]],
     ) -> tuple[list[float], list[float]]:
         """`score` of every (compressor, sync) in `choices` on each allocation of the set
-        `names` (rate, intra_s, price per hour, GPUs, ahead rate): the total times and the
+        `names` (rate, intra_s, price per hour, GPUs): the total times and the
         costs, allocation after allocation, each in `choices` order.
 
         The search's hot path (thousands of choices a plan): what does not depend on the GPU
@@ -622,9 +675,9 @@ class CostModel:
         times: list[float] = []
         costs: list[float] = []
         if len(names) < 2:
-            for r, i, p, g, a in allocs:
+            for r, i, p, g in allocs:
                 for c, s in choices:
-                    t, cost = self.score(names, r, i, p, c, s, g, a)
+                    t, cost = self.score(names, r, i, p, c, s, g)
                     times.append(t)
                     costs.append(cost)
             return times, costs
@@ -637,6 +690,9 @@ class CostModel:
             if mode is None:
                 mode = self._mode(c, s)
             kind, runs_ahead, gossip, eff_steps, period, div = mode
+            if kind == _PS:  # its region exchanges depend on the step: `_parts` itself
+                terms.append((kind, runs_ahead, eff_steps, 0.0, 0.0, 0.0, 0.0, 0.0))
+                continue
             wan = wans.get((c, gossip))
             if wan is None:
                 wan = self.gossip_wan(names, c) if gossip else self.wan(names, c)
@@ -650,20 +706,15 @@ class CostModel:
                 tail = (latency + transfer) / period
             elif kind == _STALE:
                 floor, tail = transfer, (latency + transfer) / div
-            # not running ahead, the speedup is 1.0 and x / 1.0 == x: the egress is fixed
-            per = wan.egress_cost
             periodic = kind in (_LOCAL, _STREAM)
-            fixed = (eff_steps / period if periodic else eff_steps) * per
-            terms.append(
-                (kind, runs_ahead, eff_steps, latency, transfer, tail, floor, per, fixed, period)
-            )
+            egress = (eff_steps / period if periodic else eff_steps) * wan.egress_cost
+            terms.append((kind, runs_ahead, eff_steps, latency, transfer, tail, floor, egress))
         slow = self.pace(names)[0]
-        for rate, intra_s, price, gpus, ahead in allocs:
+        for rate, intra_s, price, gpus in allocs:
             setup = setup0 + per_gpu * gpus
             # the batch split by throughput (gradient modes), or equally per worker (the
             # modes of local updates: the slowest member's GPUs set the pace)
             even = gpus * slow
-            speedup = ahead / even
             local_s = self.work / rate + intra_s
             local_p = self.work / even + intra_s
             for k, (
@@ -675,9 +726,13 @@ class CostModel:
                 tail,
                 floor,
                 egress,
-                fixed,
-                period,
             ) in enumerate(terms):
+                if kind == _PS:
+                    c, s = choices[k]
+                    t, money = self.score(names, rate, intra_s, price, c, s, gpus)
+                    times.append(t)
+                    costs.append(money)
+                    continue
                 periodic = kind in (_LOCAL, _STREAM)
                 # `splits_by_rate`, from the terms
                 local = local_p if periodic or runs_ahead else local_s
@@ -692,17 +747,9 @@ class CostModel:
                 else:
                     step = local + tail
                 step += extra
-                if runs_ahead:
-                    total = eff_steps * (step / speedup) + setup
-                    x = eff_steps / speedup
-                    if periodic:
-                        x /= period
-                    times.append(total)
-                    costs.append(price * total / 3600.0 + x * egress)
-                else:
-                    total = eff_steps * step + setup
-                    times.append(total)
-                    costs.append(price * total / 3600.0 + fixed)
+                total = eff_steps * step + setup
+                times.append(total)
+                costs.append(price * total / 3600.0 + egress)
         return times, costs
 
     def _mode(self, compression: str, sync: str) -> tuple[int, bool, bool, float, int, int]:
@@ -713,6 +760,8 @@ class CostModel:
         if sm.value.kind is SyncKind.STREAMING:
             kind = _STREAM
             self._streams[(compression, sync)] = sm.value
+        elif sm.kind == "async-ps":
+            kind = _PS
         elif sm.kind == "local-sgd":
             kind = _LOCAL
         elif sm.kind == "stale" and sm.staleness >= 1:
@@ -740,7 +789,6 @@ class CostModel:
         compression: str,
         sync: str,
         gpus: int | None,
-        ahead: float | None,
     ) -> _Parts:
         steps = float(self.job.steps)
         if len(names) < 2:
@@ -751,24 +799,33 @@ class CostModel:
             return _Parts(compute, step, steps, steps, NO_WAN, extra)
         sm = self.sync(sync)
         if not splits_by_rate(sm) and gpus is not None:
-            # equal split per worker, the slowest member's GPUs set the pace (of a tick,
-            # in which the fast clusters take several steps where they run ahead)
-            even = gpus * self.pace(names)[0]
-            speedup = (ahead if ahead is not None else even) / even
-            compute = self.work / even
-            if not sm.runs_ahead:
-                speedup = 1.0
+            # equal split per worker: the slowest member's GPUs set the pace of a step (a
+            # tick, in which the fast clusters of the modes that run ahead take several
+            # local steps: more samples, not fewer ticks; the run takes the job's steps)
+            compute = self.work / (gpus * self.pace(names)[0])
         else:  # the batch split by throughput (`batch_shares`): no cluster waits on another
-            speedup = 1.0
             compute = self.work / rate
-        wan = self.gossip_wan(names, compression) if sm.neighbours else self.wan(names, compression)
         extra = self.snapshot.step_overhead_s
-        step = (step_time(compute, intra_s, wan, sm) + extra) / speedup
-        eff_steps = steps
-        exchanges = eff_steps / speedup
-        if sm.kind == "local-sgd":
-            exchanges /= sm.period
-        return _Parts(compute, step, eff_steps, exchanges, wan, extra)
+        if sm.kind == "async-ps":
+            wan, relay = self.ps_wan(names, compression)
+            step = step_time(compute, intra_s, wan, sm) + extra
+            if relay.bytes > 0:  # the region exchanges that fit, one in flight, one a tick
+                lasts = relay.latency_s + relay.bandwidth_s + relay.overhead_s
+                share = min(1.0, step / lasts) if lasts > 0 else 1.0
+                wan = WanTerms(
+                    wan.latency_s,
+                    wan.bandwidth_s,
+                    wan.overhead_s,
+                    wan.bytes + share * relay.bytes,
+                    wan.egress_cost + share * relay.egress_cost,
+                    wan.ring,
+                    wan.bottleneck or relay.bottleneck,
+                )
+            return _Parts(compute, step, steps, steps, wan, extra)
+        wan = self.gossip_wan(names, compression) if sm.neighbours else self.wan(names, compression)
+        step = step_time(compute, intra_s, wan, sm) + extra
+        exchanges = steps / sm.period if sm.kind == "local-sgd" else steps
+        return _Parts(compute, step, steps, exchanges, wan, extra)
 
 
 class _Parts:
@@ -794,16 +851,16 @@ class _Parts:
         self.extra = extra
 
 
-_ChoiceTerms = tuple[int, bool, float, float, float, float, float, float, float, int]
+_ChoiceTerms = tuple[int, bool, float, float, float, float, float, float]
 """`score_set`'s figures of one (compressor, sync) on one set, whatever the GPU split: kind,
-runs ahead, steps, latency s, transfer s (coding and bytes), tail, floor, egress per
-exchange, the run's egress when it does not run ahead, period. A plain tuple: the hot loop
+runs ahead (split equally), steps, latency s, transfer s (coding and bytes), tail, floor,
+the run's egress. A plain tuple: the hot loop
 unpacks it, and a NamedTuple is built through its interpreted `__new__` even when
 compiled."""
 
 
 _EVERY_STEP = sync_model("every-step")
-_EVERY, _LOCAL, _STALE, _STREAM = 0, 1, 2, 3  # `score_set`'s step formulas (`step_time`)
+_EVERY, _LOCAL, _STALE, _STREAM, _PS = 0, 1, 2, 3, 4  # `score_set`'s step formulas (`step_time`)
 
 
 def best_ring(

@@ -74,7 +74,7 @@ _NONE: frozenset[str] = frozenset()
 # and a dataclass's `__init__` is generated Python that a compiled build (`scheduler.native`)
 # still calls through the interpreter; a frozen one sets each field through object.__setattr__.
 class _Alloc:
-    __slots__ = ("ahead", "gpus", "intra", "names", "price", "rate")
+    __slots__ = ("gpus", "intra", "names", "price", "rate")
 
     def __init__(
         self,
@@ -83,14 +83,12 @@ class _Alloc:
         rate: float,
         intra: float,
         price: float,
-        ahead: float = 0.0,
     ) -> None:
         self.names = names
         self.gpus = gpus
         self.rate = rate
         self.intra = intra
         self.price = price
-        self.ahead = ahead  # throughput with fast clusters running ahead (`CostModel.ahead_rate`)
 
 
 class _Choice:
@@ -263,16 +261,13 @@ class _Search:
 
     def _dp_allocs(self, names: tuple[str, ...], caps: list[int]) -> list[_Alloc]:
         m = self.model
-        # state: gpus so far -> list of (ahead rate, rate, price, tau, gpus tuple), pairwise
-        # non-dominated; with the GPU count fixed by the key, the step time falls with the
-        # ahead rate (runs-ahead modes, split equally) or with the throughput (the others,
-        # split by throughput)
-        states: dict[int, list[_Point]] = {0: [(0.0, 0.0, 0.0, 0.0, ())]}
-        slow, ticks = m.pace(names) if len(names) > 1 else (0.0, {})
+        # state: gpus so far -> list of (rate, price, tau, gpus tuple), pairwise non-dominated;
+        # with the GPU count fixed by the key, the step time falls with the throughput (the
+        # modes split by throughput; those split equally depend on the GPU count alone)
+        states: dict[int, list[_Point]] = {0: [(0.0, 0.0, 0.0, ())]}
         for n, cap in zip(names, caps, strict=True):
             nxt: dict[int, list[_Point]] = {}
             r, pr = m.rate[n], m.price[n]
-            ra = slow * ticks[n] if ticks else r
             row = m.intra_row(n, cap)
             for used, pts in states.items():
                 for g in range(1, cap + 1):
@@ -281,13 +276,11 @@ class _Search:
                         break
                     t = row[g - 1]
                     bucket = nxt.setdefault(tot, [])
-                    for ahead, rate, price, tau, gs in pts:
-                        bucket.append(
-                            (ahead + g * ra, rate + g * r, price + g * pr, max(tau, t), (*gs, g))
-                        )
+                    for rate, price, tau, gs in pts:
+                        bucket.append((rate + g * r, price + g * pr, max(tau, t), (*gs, g)))
             states = {tot: _pareto(pts) for tot, pts in nxt.items()}
         final = [p for tot, pts in sorted(states.items()) if tot >= self.gmin for p in pts]
-        return [self._alloc(names, p[4]) for p in final]
+        return [self._alloc(names, p[3]) for p in final]
 
     def _alloc(
         self, names: tuple[str, ...], gpus: tuple[int, ...], intra: float | None = None
@@ -302,7 +295,6 @@ class _Search:
             sum(g * m.rate[n] for n, g in zip(names, gpus, strict=True)),
             intra,
             sum(g * m.price[n] for n, g in zip(names, gpus, strict=True)),
-            m.ahead_rate(names, gpus) if len(names) > 1 else 0.0,
         )
 
     def subset(self, names: tuple[str, ...], quick: bool = False) -> _Choice | None:
@@ -339,7 +331,7 @@ class _Search:
         """
         choices = self.combos(names)
         times, costs = self.model.score_set(
-            names, choices, [(a.rate, a.intra, a.price, sum(a.gpus), a.ahead) for a in allocs]
+            names, choices, [(a.rate, a.intra, a.price, sum(a.gpus)) for a in allocs]
         )
         by_time = self.objective == "time"
         dl, budget = self.deadline, self.budget
@@ -517,10 +509,7 @@ class _Search:
         gpus = [snap.by_name[n].gpus_free for n in names]
         rate = sum(g * m.rate[n] for n, g in zip(names, gpus, strict=True))
         intra = max(m.intra(n, g) for n, g in zip(names, gpus, strict=True))
-        ahead = m.ahead_rate(names, gpus) if len(names) > 1 else 0.0
-        best = min(
-            m.score_set(names, self.combos(names), [(rate, intra, 0.0, sum(gpus), ahead)])[0]
-        )
+        best = min(m.score_set(names, self.combos(names), [(rate, intra, 0.0, sum(gpus))])[0])
         self._partial_cache[names] = best
         return best
 
@@ -771,17 +760,16 @@ def _cost_key(ch: _Choice) -> tuple[float, float, int, tuple[str, ...], tuple[in
     return (ch.cost, ch.time, len(ch.alloc.names), ch.alloc.names, ch.alloc.gpus)
 
 
-_Point = tuple[float, float, float, float, tuple[int, ...]]
-"""A partial allocation of `_dp_allocs`: ahead rate, rate, price, tau, GPUs per member."""
+_Point = tuple[float, float, float, tuple[int, ...]]
+"""A partial allocation of `_dp_allocs`: rate, price, tau, GPUs per member."""
 
 
 def _pareto(pts: list[_Point]) -> list[_Point]:
-    """Points not dominated in (ahead rate up, rate up, price down, tau down); duplicates
-    keep the first."""
-    pts = sorted(pts, key=lambda p: (-p[0], -p[1], p[2], p[3], p[4]))
+    """Points not dominated in (rate up, price down, tau down); duplicates keep the first."""
+    pts = sorted(pts, key=lambda p: (-p[0], p[1], p[2], p[3]))
     out: list[_Point] = []
     for p in pts:
-        if not any(q[1] >= p[1] and q[2] <= p[2] and q[3] <= p[3] for q in out):
+        if not any(q[0] >= p[0] and q[1] <= p[1] and q[2] <= p[2] for q in out):
             out.append(p)
     return out
 
@@ -1050,9 +1038,7 @@ def _least_lossy(
             continue  # its best is already outside the slack: so are its other choices
         a = top.alloc
         combos = search.combos(names)
-        times, costs = model.score_set(
-            names, combos, [(a.rate, a.intra, a.price, sum(a.gpus), a.ahead)]
-        )
+        times, costs = model.score_set(names, combos, [(a.rate, a.intra, a.price, sum(a.gpus))])
         for (comp, sync), t, c in zip(combos, times, costs, strict=True):
             ch = _Choice(a, comp, sync, t, c)
             if search.ok(ch):
@@ -1206,9 +1192,9 @@ def _explain_sync(model: CostModel, search: _Search, ch: _Choice, est: Estimate)
         g = sum(ch.alloc.gpus)
         best_plain = min(
             (
-                model.score(
-                    names, ch.alloc.rate, ch.alloc.intra, ch.alloc.price, c, s, g, ch.alloc.ahead
-                )[0 if search.objective == "time" else 1],
+                model.score(names, ch.alloc.rate, ch.alloc.intra, ch.alloc.price, c, s, g)[
+                    0 if search.objective == "time" else 1
+                ],
                 c,
                 s,
             )
@@ -1253,7 +1239,7 @@ def evaluate(
     alloc = search._alloc(names, tuple(a.gpus for a in order))
     for comp, sync in search.combos(names):
         est = model.estimate_parts(
-            names, alloc.rate, alloc.intra, alloc.price, comp, sync, sum(alloc.gpus), alloc.ahead
+            names, alloc.rate, alloc.intra, alloc.price, comp, sync, sum(alloc.gpus)
         )
         search._record(_Choice(alloc, comp, sync, est.total_time_s, est.cost))
     best = search.best

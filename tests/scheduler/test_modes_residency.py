@@ -50,7 +50,7 @@ def test_job_spec_data_field_reaches_the_scheduler() -> None:
 
 @pytest.mark.parametrize(
     ("value", "kind", "period"),
-    [("partial:4", "local-sgd", 4), ("gossip:2", "local-sgd", 2), ("async-ps:2", "stale", 1)],
+    [("partial:4", "local-sgd", 4), ("gossip:2", "local-sgd", 2), ("async-ps:2", "async-ps", 1)],
 )
 def test_the_planner_models_each_new_mode(value: str, kind: str, period: int) -> None:
     model = sync_model(value)

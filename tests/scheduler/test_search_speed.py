@@ -128,10 +128,10 @@ def test_score_set_is_score_bit_for_bit(inst: tuple[Snapshot, JobRequest]) -> No
             allocs = search.allocs(sub)
             choices = search.combos(sub)
             times, costs = model.score_set(
-                sub, choices, [(a.rate, a.intra, a.price, sum(a.gpus), a.ahead) for a in allocs]
+                sub, choices, [(a.rate, a.intra, a.price, sum(a.gpus)) for a in allocs]
             )
             want = [
-                model.score(sub, a.rate, a.intra, a.price, c, s, sum(a.gpus), a.ahead)
+                model.score(sub, a.rate, a.intra, a.price, c, s, sum(a.gpus))
                 for a in allocs
                 for c, s in choices
             ]
@@ -152,7 +152,7 @@ def test_floors_are_never_above_a_sets_fastest_and_cheapest_choices(
             if not allocs:
                 continue
             scores = [
-                model.score(sub, a.rate, a.intra, a.price, c, s, sum(a.gpus), a.ahead)
+                model.score(sub, a.rate, a.intra, a.price, c, s, sum(a.gpus))
                 for a in allocs
                 for c, s in search.combos(sub)
             ]

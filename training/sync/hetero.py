@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from grammar import graph
-from grammar.graph import Bandwidth, metropolis_weights, ring_neighbours
+from grammar.graph import Bandwidth, metropolis_weights, region_groups, ring_neighbours
 from training.wan import LinkTable
 
 __all__ = [
@@ -51,16 +51,8 @@ def bandwidth_ring(clusters: Sequence[str], links: LinkTable | None) -> list[str
 
 
 def ps_host(clusters: Sequence[str], links: LinkTable | None) -> str:
-    """Where the parameter server lives: the cluster with the most bandwidth to all others
-    (every push and pull crosses one of its links); the first cluster on ties or unshaped."""
-
-    def total(c: str) -> float:
-        if links is None:
-            return 0.0
-        found = [links.get(c, o) for o in clusters if o != c]
-        return sum(x.bandwidth_bps for x in found if x is not None)
-
-    return max(clusters, key=total)
+    """`grammar.graph.ps_host` over the link table: the host the planner priced."""
+    return graph.ps_host(clusters, link_bandwidth(links))
 
 
 def staleness_weight(staleness: int, bound: int) -> float:
@@ -79,21 +71,8 @@ def gossip_graph(
     return graph.gossip_graph(clusters, link_bandwidth(links), keep)
 
 
-def region_groups(clusters: Sequence[str], regions: dict[str, str]) -> dict[str, list[str]]:
-    """The clusters of each region, in the given order (regions in order of first member);
-    one group of all clusters when `regions` is empty."""
-    groups: dict[str, list[str]] = {}
-    for c in clusters:
-        groups.setdefault(regions.get(c, ""), []).append(c)
-    return groups
-
-
 def region_hosts(
     groups: dict[str, list[str]], links: LinkTable | None
 ) -> tuple[str, dict[str, str]]:
-    """Where a hierarchical parameter server lives: each region's server at its member with
-    the most bandwidth to the others of its region (`ps_host`: its clusters' pushes cross
-    those links), and the global one at the regional host with the most bandwidth to the
-    other regional hosts (the region exchanges cross those)."""
-    hosts = {r: ps_host(members, links) for r, members in groups.items()}
-    return ps_host(list(hosts.values()), links), hosts
+    """`grammar.graph.region_hosts` over the link table: the hosts the planner priced."""
+    return graph.region_hosts(groups, link_bandwidth(links))
