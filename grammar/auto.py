@@ -118,6 +118,22 @@ def candidates(
     return pairs
 
 
+def adaptable(
+    compression: str | Compression,
+    sync: str | Sync,
+    planned_compression: str | Compression,
+    planned_sync: str | Sync,
+) -> tuple[str, ...]:
+    """What of a job's `compression` and `sync` the runtime may re-decide mid-run, starting
+    from the plan's concrete pair: the parts the job left to `auto` ("compression", "sync"),
+    where the planned pair is one the runtime can switch from (`candidates(switchable=True)`);
+    () where nothing was left to `auto` or the plan picked a mode the runtime cannot leave."""
+    c, s = parse_compression(compression), parse_sync(sync)
+    parts = tuple(p for p, auto in (("sync", s.is_auto), ("compression", c.is_auto)) if auto)
+    planned = (str(parse_compression(planned_compression)), str(parse_sync(planned_sync)))
+    return parts if parts and planned in candidates(c, s, switchable=True) else ()
+
+
 def _corrects_momentum(level: str) -> bool:
     c = parse_compression(level)
     return c.kind is CompressionKind.TOPK and c.momentum > 0.0

@@ -8,16 +8,18 @@ the menu, the quality costs and the step formula the planner decides with. Only 
 differ: the planner's are a snapshot's, these are what the run measures. `AutoPolicy`
 re-decides when the measured bandwidth or compute moves by more than a factor for a few
 rounds in a row (hysteresis), so noise does not flap the mode. Every rank calls it with the
-same all-reduced numbers, so every cluster decides the same. A job the control plane runs
-gets its plan's concrete decision and runs it as planned (its mode fixed, fault domains
-included); this policy re-decides for `cpn train --sync auto`.
+same all-reduced numbers, so every cluster decides the same. Under `cpn train --sync auto` it
+makes the first decision itself; a job the control plane runs starts from its plan's
+concrete decision (`AutoPolicy.start`) and, where the user left sync or compression to
+`auto` (`TrainSpec.adapt`), re-decides only when the link moves away from what the plan
+was made on.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Set
+from dataclasses import dataclass, field, replace
 
 from grammar import Compression, Sync, SyncKind, parse_sync
 from grammar.auto import candidates, resilience, step_seconds
@@ -99,9 +101,11 @@ def decide(
     fixed_compression: str | None = None,
     crossings: Callable[[str], float] | None = None,
     local_data: bool = False,
+    kinds: Set[SyncKind] | None = None,
 ) -> Decision:
     """Sync and compression by `grammar.auto`'s policy: of its switchable candidates (those
-    `fixed_sync` / `fixed_compression` leave open, periods up to `max_period`), timed by
+    `fixed_sync` / `fixed_compression` leave open, periods up to `max_period`, sync modes of
+    `kinds` where given), timed by
     `step_seconds` at `compute_s` a step over `link` (the slowest; from the link table or
     `link_from_exchange`), the least lossy within `slack` of the fastest. None or one
     cluster: nothing crosses a WAN, so every-step at the first level. `compute_s` is the part
@@ -115,6 +119,8 @@ def decide(
     pairs = candidates(
         fixed_compression or "auto", fixed_sync or Sync(SyncKind.AUTO), switchable=True
     )
+    if kinds is not None:
+        pairs = [(lv, v) for lv, v in pairs if parse_sync(v).kind in kinds] or pairs
     options = [
         (level, parse_sync(v))
         for level, v in pairs
@@ -161,8 +167,9 @@ def decide(
 
 @dataclass
 class AutoPolicy:
-    """`decide` with hysteresis: re-decide only when bandwidth or compute moved more than
-    `factor` away from what the current decision was made on, `patience` rounds in a row."""
+    """`decide` with hysteresis: re-decide only when bandwidth (and, with `watch_compute`,
+    compute) moved more than `factor` away from what the current decision was made on,
+    `patience` rounds in a row."""
 
     params: int
     clusters: int
@@ -174,6 +181,10 @@ class AutoPolicy:
     crossings: Callable[[str], float] | None = None
     """Copies of a message of each level the busiest link carries (None: a ring's)."""
     local_data: bool = False
+    kinds: Set[SyncKind] | None = None
+    """The sync modes it may pick (None: every switchable one)."""
+    watch_compute: bool = True
+    """Whether a change of compute alone re-decides (a planned run watches its link only)."""
     current: Decision | None = None
     strikes: int = 0
     history: list[tuple[int, Decision]] = field(default_factory=list)
@@ -189,6 +200,20 @@ class AutoPolicy:
             fixed_compression=self.fixed_compression,
             crossings=self.crossings,
             local_data=self.local_data,
+            kinds=self.kinds,
+        )
+
+    def start(self, sync: Sync, compression: str, link: Link | None) -> None:
+        """Run the planner's decision first, made on `link` (None: the link is anchored at the
+        first measurement, as the compute always is): not a decision of this policy, so not
+        in its `history`."""
+        self.current = Decision(
+            sync,
+            compression,
+            "as planned",
+            0.0,
+            math.nan,
+            link.bandwidth_bps if link is not None else None,
         )
 
     def _moved(self, compute_s: float, link: Link | None) -> bool:
@@ -197,7 +222,7 @@ class AutoPolicy:
         bps = link.bandwidth_bps if link else None
         if (bps is None) != (cur.bandwidth_bps is None):
             return True
-        ratios = [compute_s / max(cur.compute_s, 1e-9)]
+        ratios = [compute_s / max(cur.compute_s, 1e-9)] if self.watch_compute else []
         if bps is not None and cur.bandwidth_bps:
             ratios.append(bps / cur.bandwidth_bps)
         return any(r > self.factor or r < 1.0 / self.factor for r in ratios)
@@ -209,6 +234,11 @@ class AutoPolicy:
             self.current = self._decide(compute_s, link)
             self.history.append((step, self.current))
             return self.current
+        if math.isnan(self.current.compute_s):  # a planned start's first measurement
+            bps = self.current.bandwidth_bps
+            if bps is None and link is not None:
+                bps = link.bandwidth_bps
+            self.current = replace(self.current, compute_s=compute_s, bandwidth_bps=bps)
         if not self._moved(compute_s, link):
             self.strikes = 0
             return None
@@ -237,9 +267,10 @@ def wan_bound_ratio(params: int, compute_s: float, mbps: float) -> float:
     return 4.0 * params * 8.0 / (mbps * 1e6) / max(compute_s, 1e-9)
 
 
-def runs_auto(sync: Sync, compression: Compression) -> Sync | None:
+def runs_auto(sync: Sync, compression: Compression, *, adapt: bool = False) -> Sync | None:
     """`Sync(auto)` when the run's policy picks something (sync or compression is auto, not
-    under adaptive, which picks its own levels), else None: the given sync runs as is."""
-    if sync.is_auto or (compression.is_auto and sync.kind is not SyncKind.ADAPTIVE):
+    under adaptive, which picks its own levels; or it may re-decide a plan's, `adapt`), else
+    None: the given sync runs as is."""
+    if adapt or sync.is_auto or (compression.is_auto and sync.kind is not SyncKind.ADAPTIVE):
         return Sync(SyncKind.AUTO)
     return None

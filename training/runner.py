@@ -26,7 +26,7 @@ from training.ray_actors import (
     outcomes,
     wait_all,
 )
-from training.results import ExchangeCounters, SegmentResult, quality_of
+from training.results import AutoChoice, ExchangeCounters, SegmentResult, quality_of
 from training.spec import Progress, TrainReport, TrainSpec
 
 if TYPE_CHECKING:
@@ -286,6 +286,9 @@ def run(
     last_all: list[SegmentResult] = []
     history: list[dict[str, float]] = []
     changes: list[dict[str, Any]] = []
+    decided: list[AutoChoice] = []
+    """The auto policy's decisions so far, across restarts and regroups (each attempt's
+    worker reports its own)."""
     restarts = 0
     regrouped = 0
     stopped = False
@@ -390,6 +393,7 @@ def run(
                         continue
                     last, last_all = results[0], results
                     step = last.step
+                    decided += [d for d in last.auto_decisions if d not in decided]
                     wall = time.perf_counter() - t0
                     wan = base_wan + last.wan
                     history.append(
@@ -424,6 +428,7 @@ def run(
                                 exchange_s=wan.wall_s,
                                 clusters=dict(spec.clusters),
                                 membership=list(changes),
+                                auto_decisions=list(decided),
                                 logs=[*said, *printed],
                             )
                         )
@@ -497,7 +502,7 @@ def run(
         batch_shares=dict(last.batch_shares) if last is not None else {},
         sync_stats=dict(last.sync_stats) if last is not None else {},
         labels_by_cluster=labels_by_cluster if spec.data == "local" else {},
-        auto_decisions=list(last.auto_decisions) if last is not None else [],
+        auto_decisions=decided,
         final_eval_loss=(
             last.eval_loss if last is not None and last.eval_loss is not None else float("nan")
         ),

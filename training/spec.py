@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Generic, TypeVar, overload
 
 from grammar import Compression, Sync, SyncKind, parse_compression, parse_sync
+from grammar.auto import adaptable
 from grammar.quality import SPEED_BOUND
 from training.logs import LogLine
 from training.placement import cluster_resource
@@ -214,6 +215,11 @@ class TrainSpec:
     fault_grace_s: float = 60.0
     """Under fault domains, how long a collective waits for a silent peer before the run
     counts its cluster lost (longer than the slowest cluster's lag at an outer round)."""
+    adapt: tuple[str, ...] = ()
+    """What of `sync` ("sync") and `compression` ("compression") the runtime's auto policy may
+    re-decide when the measured link moves away from the one the run started on: the run
+    starts on the concrete `sync` and `compression` given (a plan's) and reports each change
+    in `auto_decisions` (`grammar.auto.adaptable` says which parts a plan leaves open)."""
 
     def with_clusters(self, clusters: dict[str, int]) -> TrainSpec:
         """This run on `clusters` (a cluster left or joined): what names a cluster that is
@@ -310,6 +316,23 @@ class TrainSpec:
             )
         if self.sync.kind is SyncKind.ADAPTIVE and not self.adaptive_levels:
             raise ValueError("adaptive_levels: name at least one compression level")
+        if self.adapt:
+            unknown = [p for p in self.adapt if p not in ("sync", "compression")]
+            if unknown:
+                raise ValueError(f"adapt: {unknown}; name only 'sync' and 'compression'")
+            open_ = dict.fromkeys(self.adapt, "auto")
+            left = adaptable(
+                open_.get("compression", self.compression),
+                open_.get("sync", self.sync),
+                self.compression,
+                self.sync,
+            )
+            if not left:
+                raise ValueError(
+                    f"adapt: the runtime cannot re-decide from sync '{self.sync}' with "
+                    f"compression '{self.compression}'; start from every-step, local-sgd:H or "
+                    "streaming with a compression of the auto menu, or leave adapt empty"
+                )
 
     @property
     def outer_settings(self) -> tuple[float, float]:
@@ -370,6 +393,9 @@ class Progress:
     logs: list[LogLine] = field(default_factory=list)
     """What the workers printed since the last report, and what the driver said (a cluster
     left, a restart and its error), in time order."""
+    auto_decisions: list[AutoChoice] = field(default_factory=list)
+    """Every decision of the run's auto policy so far, oldest first (a planned run's changes
+    from its plan: `TrainSpec.adapt`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: `wan_bytes` as `{"src->dst": bytes}`."""

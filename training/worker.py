@@ -180,7 +180,8 @@ class Worker:
             reset_local=lambda: self.opt.state.clear(),
             cluster_shares=self.cluster_shares,
         )
-        auto = runs_auto(spec.sync, spec.compression)  # the runtime's policy picks the rest
+        # the runtime's policy picks the rest, or re-decides what the plan left to it
+        auto = runs_auto(spec.sync, spec.compression, adapt=bool(spec.adapt))
         self.strategy: SyncStrategy = make_sync_strategy(auto or self.sync, ctx)
         comp = self.comm.compressor(self.strategy.compression)
         no_momentum = comp.momentum_correction and self.strategy.exchanges_gradients

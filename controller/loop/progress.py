@@ -32,6 +32,7 @@ from controller.store.models import (
     utcnow,
 )
 from training import Progress
+from training.results import AutoChoice
 
 log = logging.getLogger("cpn.progress")
 
@@ -156,6 +157,9 @@ def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progre
                 )
                 if shorts[cluster] == SHORT_REPORTS:
                     session.add(_short_event(job.id, cluster, rate, kbps, p.step))
+        decided = batch[-1].auto_decisions[handle.decisions_seen :]
+        for choice in decided:
+            session.add(_adapted_event(job.id, choice))
         if deltas:
             meter_wan(session, job, deltas, handle.wan_since, now)
         logged = _log(session, job.id, batch, handle.log_lines)
@@ -164,6 +168,7 @@ def _write(factory: sessionmaker[Session], handle: RunHandle, batch: list[Progre
     handle.last_compute = last_compute
     handle.wire_seen = wire
     handle.short_reports = shorts
+    handle.decisions_seen += len(decided)
     if deltas:
         handle.wan_since = now
     return True
@@ -241,6 +246,25 @@ def _short_event(job_id: str, cluster: str, rate: float, kbps: int, step: int) -
             "step": step,
             "measured_bps": round(rate),
             "reserved_bps": kbps * 1000,
+        },
+    )
+
+
+def _adapted_event(job_id: str, choice: AutoChoice) -> JobEvent:
+    """A change of the run's sync or compression by the auto policy, away from its plan (the
+    user left them to `auto`, `TrainSpec.adapt`): the plan's estimate no longer holds."""
+    return JobEvent(
+        job_id=job_id,
+        kind="warning",
+        message=(
+            f"step {choice.step}: the run now syncs {choice.sync} with {choice.compression} "
+            f"compression, not as planned, because the link moved: {choice.why}"
+        ),
+        data={
+            "step": choice.step,
+            "sync": choice.sync,
+            "compression": choice.compression,
+            "why": choice.why,
         },
     )
 

@@ -24,6 +24,7 @@ from controller.jobs.request import spec_of
 from controller.loop.runs import RunHandle
 from controller.store.models import Allocation, Cluster, Job, utcnow
 from controller.values.tasks import builtin_work
+from grammar.auto import adaptable
 from grammar.states import ACTIVE
 from training import LinkSpec, TrainSpec
 from training.location import child, is_object_store
@@ -194,7 +195,8 @@ def train_spec_of(
     config: LauncherConfig, job: Job, spec: JobSpec, clusters: dict[str, int]
 ) -> TrainSpec:
     """What the workers are asked to do: the spec's task and arguments, and from the plan its
-    compression and sync (unless the spec fixed them), the links it was planned over (to
+    compression and sync (unless the spec fixed them; what it left to auto the runtime may
+    re-decide on a moved link, `TrainSpec.adapt`), the links it was planned over (to
     emulate or pace) and the WAN rate it reserved (to pace), each cluster's region (so
     `async-ps` runs a server per region when the placement spans regions); where to
     checkpoint."""
@@ -207,6 +209,9 @@ def train_spec_of(
     sync = spec.sync
     if sync == "auto":
         sync = plan.sync if plan else "every-step"
+    # what the spec left to auto, the runtime may re-decide when the link moves (from the
+    # plan's pair, by the same policy; each change becomes a job event)
+    adapt = adaptable(spec.compression, spec.sync, compression, sync) if len(clusters) > 1 else ()
     checkpoint = child(config.checkpoint_root, job.id)
     store = open_store(checkpoint)
     store.prepare()
@@ -246,6 +251,7 @@ def train_spec_of(
         max_restarts=2,
         data=spec.data.residency,
         regions=regions,
+        adapt=adapt,
         **spec.args.runtime(),  # typed and bounded by the spec (wire.spec.TrainArgs)
     )
 

@@ -56,6 +56,8 @@ class RunHandle:
     """Every cluster that left or joined the run so far (`Progress.membership`)."""
     changes_seen: int = 0
     """How many of the run's membership changes the controller has written down."""
+    decisions_seen: int = 0
+    """How many of the run's auto decisions (`Progress.auto_decisions`) are events already."""
     log_lines: int | None = None
     """The job's log lines (`JobLog`) after this run's last batch (None: none written yet):
     past `LOGS_KEPT`, the oldest are trimmed."""

@@ -15,6 +15,7 @@ import torch
 
 import training
 from grammar import SyncKind, parse_sync
+from grammar.auto import SURVIVES_LOSS
 from training import TrainSpec
 from training.checkpoint import open_store
 from training.runner import WorkerPool
@@ -173,3 +174,34 @@ def test_every_step_after_the_local_warm_up_keeps_the_clusters_equal(pool: Worke
     models = _models(pool)
     for k, v in models[0].items():
         assert torch.equal(models[1][k], v), k
+
+
+def test_a_planned_run_keeps_its_plan_until_the_link_slows_then_re_decides(
+    pool: WorkerPool,
+) -> None:
+    """A control-plane run (`adapt`) starts on its plan's local-sgd:8 fp32 with no warm-up;
+    on the fast link it never re-decides. When the link slows (at step 64), the next two
+    observations (each period) see it and the policy moves to a lighter pair, among the modes
+    that shrink in place (fault domains are on); the decision and its reason are reported."""
+    planned = {
+        "task": MLP,
+        "clusters": {"a": 1, "b": 1},
+        "sync": "local-sgd:8",
+        "compression": "none",
+        "adapt": ("sync", "compression"),
+        "link_mbps": FAST,
+        "rtt_ms": RTT,
+    }
+    steady = training.run(TrainSpec(**planned, steps=48, eval_every=48), pool=pool)  # type: ignore[arg-type]
+    assert steady.auto_decisions == [] and steady.compression == "none"
+    slowed = training.run(
+        TrainSpec(**planned, steps=128, eval_every=64, link_schedule=[(64, SLOW, RTT)]),  # type: ignore[arg-type]
+        pool=pool,
+    )
+    assert slowed.auto_decisions, slowed.sync_stats
+    first = slowed.auto_decisions[0]
+    assert 64 <= first.step <= 88, slowed.auto_decisions
+    assert (first.sync, first.compression) != ("local-sgd:8", "none")
+    assert parse_sync(first.sync).kind in SURVIVES_LOSS
+    assert "0.5 Mbit/s" in first.why, first.why
+    assert slowed.steps == 128

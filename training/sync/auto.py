@@ -10,6 +10,11 @@ of the measured exchange. Afterwards the same measurements are taken at every sy
 what runs (each local SGD or streaming period; every `OBSERVE_EVERY` steps under every-step)
 and `AutoPolicy` switches mode when they moved by more than its factor for a few rounds.
 
+A planned run (`TrainSpec.adapt`: a job the control plane runs, whose user left sync or
+compression to `auto`) has no warm-up: it starts on its plan's mode, anchors the policy on
+the plan's link and its first measured compute, and switches only when the link moves; under
+fault domains it keeps to the modes that survive a lost cluster in place, as its plan did.
+
 Switches happen only where every cluster holds the same parameters, since the next mode
 takes its anchor (or its every-step replicas) from them: right after a local SGD exchange or
 an every-step step; streaming, whose fragments are at every step in a different state of
@@ -31,11 +36,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grammar import Compression, CompressionKind, Sync, SyncKind, parse_compression
+from grammar import Compression, CompressionKind, Sync, SyncKind, parse_compression, parse_sync
+from grammar.auto import SURVIVES_LOSS
 from training.auto import AutoPolicy, Decision, link_from_exchange, parse_fixed
 from training.collective import split
 from training.results import AutoChoice
-from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.base import Scope, SyncContext, SyncStrategy, regroups
 from training.sync.every_step import EveryStepSync
 from training.sync.local_sgd import LocalSGDSync
 from training.sync.streaming import StreamingSync
@@ -57,19 +63,37 @@ class AutoSync(SyncStrategy):
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
         self.inner: SyncStrategy | None = None
         super().__init__(sync, ctx)
-        fixed_sync, fixed_compression = parse_fixed(ctx.spec.sync, ctx.spec.compression)
+        spec = ctx.spec
+        self.planned = bool(spec.adapt)
+        """Started on the plan's sync and compression (no warm-up), re-deciding what
+        `spec.adapt` leaves open."""
+        if self.planned:
+            fixed_sync = None if "sync" in spec.adapt else spec.sync
+            fixed_compression = None if "compression" in spec.adapt else str(spec.compression)
+        else:
+            fixed_sync, fixed_compression = parse_fixed(spec.sync, spec.compression)
         params = sum(p.numel() for p in ctx.params)
+        live = self.planned and spec.fault_domains and regroups(spec.sync)
         self.policy = AutoPolicy(
             params,
             len(ctx.comm.clusters),
             fixed_sync=fixed_sync,
             fixed_compression=fixed_compression,
             crossings=self._crossings,
-            local_data=ctx.spec.data == "local",
+            local_data=spec.data == "local",
+            kinds=SURVIVES_LOSS if live else None,
+            watch_compute=not self.planned,
         )
-        self.warmup = max(1, min(WARMUP, ctx.spec.steps))
-        self.inner = LocalSGDSync(Sync(SyncKind.LOCAL_SGD, period=self.warmup), ctx)
-        self.inner.compression = parse_compression(fixed_compression or "int8")
+        self.warmup = max(1, min(WARMUP, spec.steps))
+        if self.planned:
+            table = ctx.comm.links_now(0)
+            link = table.slowest(ctx.comm.clusters) if table is not None else None
+            self.policy.start(spec.sync, str(spec.compression), link)
+            self.inner = _strategy(spec.sync, ctx)
+            self.inner.compression = spec.compression
+        else:
+            self.inner = LocalSGDSync(Sync(SyncKind.LOCAL_SGD, period=self.warmup), ctx)
+            self.inner.compression = parse_compression(fixed_compression or "int8")
         self.computes: list[float] = []
         """Per step, the seconds a WAN exchange can hide under: forward/backward, the
         intra-cluster all-reduce and the optimizer step, without the step's WAN waits."""
@@ -144,16 +168,33 @@ class AutoSync(SyncStrategy):
         return self.inner.cluster_state()
 
     def state_dict(self) -> dict[str, Any]:
+        """The running mode's state; a planned run's names that mode (`auto_sync`)."""
         assert self.inner is not None
-        return self.inner.state_dict()
+        out = self.inner.state_dict()
+        if self.planned and self.policy.current is not None:
+            out["auto_sync"] = str(self.policy.current.sync)
+        return out
 
     def load_state_dict(
         self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
     ) -> None:
-        """A resumed run measures and decides afresh (its warm-up starts at the resume step)
+        """A planned run starts again on its plan's mode: it takes the state written by that
+        mode's kind (a period changed by the policy keeps its anchor and outer momentum),
+        else starts that mode afresh from the parameters, and measures from there.
+
+        A resumed run measures and decides afresh (its warm-up starts at the resume step)
         from the parameters; but where it stopped under streaming, each cluster resumes its
         own parameters, so the warm-up's anchor is streaming's (the same on every cluster)
         and its exchange carries each cluster's progress since, in-flight fragments' too."""
+        if self.planned:
+            assert self.inner is not None
+            written = str((state or {}).get("auto_sync", ""))
+            if state is not None and written and parse_sync(written).kind is self.spec.sync.kind:
+                own = {k: v for k, v in state.items() if k != "auto_sync"}
+                self.inner.load_state_dict(own, cluster_state)
+            else:
+                self.inner.load_state_dict(None, None)
+            return
         assert isinstance(self.inner, LocalSGDSync)
         self.inner.load_state_dict(None, None)
         layout = list((state or {}).get("layout", []))
@@ -219,6 +260,8 @@ class AutoSync(SyncStrategy):
     def _observe(self, step: int) -> None:
         compute, exchange_s, edge_bytes = self._measure()
         link = self._link(step, exchange_s, edge_bytes)
+        if link is None and self.planned:
+            return  # nothing measured: no evidence that the plan's link moved
         new = self.policy.observe(step + 1, compute, link)
         if new is not None:
             self._switch(new, step + 1)
@@ -231,8 +274,10 @@ class AutoSync(SyncStrategy):
         assert inner is not None
         sync = decision.sync
         # the warm-up's local SGD is not kept: its outer momentum holds a pseudo-gradient of
-        # `WARMUP` steps, another scale than a period's, so the first mode starts afresh
-        if sync.kind is SyncKind.LOCAL_SGD and isinstance(inner, LocalSGDSync) and self.choices:
+        # `WARMUP` steps, another scale than a period's, so the first mode starts afresh (a
+        # planned run has no warm-up: its plan's local SGD is kept)
+        kept = self.choices or self.planned
+        if sync.kind is SyncKind.LOCAL_SGD and isinstance(inner, LocalSGDSync) and kept:
             inner.period = sync.period  # keeps the anchor and the outer momentum
         elif isinstance(inner, StreamingSync) and _same_streaming(inner, sync):
             # only the compression changes: exchanges in flight keep the level they left
@@ -244,13 +289,8 @@ class AutoSync(SyncStrategy):
                 inner.drain(step - 1)
             inner.close()
             self.past_stats = _summed(self.past_stats, inner.stats())
-            new: SyncStrategy
-            if sync.kind is SyncKind.LOCAL_SGD:
-                new = LocalSGDSync(sync, self.ctx)
-            elif sync.kind is SyncKind.STREAMING:
-                new = StreamingSync(sync, self.ctx)  # its anchor: the parameters, all equal
-            else:
-                new = EveryStepSync(Sync(SyncKind.EVERY_STEP), self.ctx)
+            new = _strategy(sync, self.ctx)  # streaming's anchor: the parameters, all equal
+            if sync.kind is SyncKind.EVERY_STEP:
                 # the clusters' momentum differs after local steps: lockstep from equal state
                 self.ctx.reset_local()
             new.load_state_dict(None, None)
@@ -258,6 +298,15 @@ class AutoSync(SyncStrategy):
         assert self.inner is not None
         self.inner.compression = parse_compression(decision.compression)
         self.choices.append(AutoChoice(step, str(sync), decision.compression, decision.why))
+
+
+def _strategy(sync: Sync, ctx: SyncContext) -> SyncStrategy:
+    """The strategy of a mode the policy runs (local SGD, streaming, else every-step)."""
+    if sync.kind is SyncKind.LOCAL_SGD:
+        return LocalSGDSync(sync, ctx)
+    if sync.kind is SyncKind.STREAMING:
+        return StreamingSync(sync, ctx)
+    return EveryStepSync(Sync(SyncKind.EVERY_STEP), ctx)
 
 
 def _summed(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
