@@ -118,6 +118,21 @@ class Collective:
         if len(self.cluster_ranks) > 1:
             dist.broadcast(flat, src=self.cluster_ranks[0], group=self.intra)
 
+    def all_max(self, t: torch.Tensor) -> torch.Tensor:
+        """`t`'s elementwise max over every rank of the run, in place: inside each cluster,
+        between the leaders, then back inside each cluster. It goes through the run's own
+        groups (never the world group), as every other collective here does."""
+        moved = t.to(self.device)
+        if len(self.cluster_ranks) > 1:
+            dist.all_reduce(moved, op=dist.ReduceOp.MAX, group=self.intra)
+        if self.exchanger is not None and len(self.clusters) > 1:
+            leaders = moved.cpu()
+            dist.all_reduce(leaders, op=dist.ReduceOp.MAX, group=self.exchanger.group)
+            moved.copy_(leaders.to(self.device))
+        self.broadcast(moved)
+        t.copy_(moved.to(t.device))
+        return t
+
     def links_now(self, step: int) -> LinkTable | None:
         """The link table in force at `step` (`link_schedule` reshapes every link)."""
         links = self.links

@@ -33,6 +33,16 @@ def _spec(tmp_path: Path, **kw: object) -> TrainSpec:
     return TrainSpec(**base)  # type: ignore[arg-type]
 
 
+PLANNED: dict[str, object] = {
+    "adapt": ("sync", "compression"),
+    "compression": "int8",
+    "sync": "local-sgd:8",
+}
+"""A control-plane job that left sync and compression to auto: it runs under `AutoSync`,
+started on its plan's pair, and must shrink and grow in place as a fixed plan does."""
+MODES = pytest.mark.parametrize("mode", [{}, PLANNED], ids=["fixed", "adapting"])
+
+
 def _kill_cluster(cluster: str, rank: int) -> None:
     names = [n for n in ray.util.list_named_actors() if n.endswith(f"-w{rank}")]
     assert names, ray.util.list_named_actors()
@@ -40,8 +50,11 @@ def _kill_cluster(cluster: str, rank: int) -> None:
         ray.kill(ray.get_actor(n), no_restart=True)
 
 
-def test_a_killed_cluster_leaves_and_the_others_go_on(tmp_path: Path) -> None:
-    clean = training.run(_spec(tmp_path / "clean"))
+@MODES
+def test_a_killed_cluster_leaves_and_the_others_go_on(
+    tmp_path: Path, mode: dict[str, object]
+) -> None:
+    clean = training.run(_spec(tmp_path / "clean", **mode))
     seen: list[training.Progress] = []
 
     def kill_c(p: training.Progress) -> None:
@@ -49,7 +62,7 @@ def test_a_killed_cluster_leaves_and_the_others_go_on(tmp_path: Path) -> None:
         if len(seen) == 2:
             _kill_cluster("c", 2)
 
-    report = training.run(_spec(tmp_path / "killed"), on_progress=kill_c)
+    report = training.run(_spec(tmp_path / "killed", **mode), on_progress=kill_c)
     assert report.restarts == 0  # no cluster restarted, none read a checkpoint
     assert report.resumed_from_step is None
     assert report.steps == 48
@@ -63,7 +76,10 @@ def test_a_killed_cluster_leaves_and_the_others_go_on(tmp_path: Path) -> None:
     assert abs(report.final_accuracy - clean.final_accuracy) <= 0.05
 
 
-def test_the_caller_takes_a_cluster_away_and_adds_another(tmp_path: Path) -> None:
+@MODES
+def test_the_caller_takes_a_cluster_away_and_adds_another(
+    tmp_path: Path, mode: dict[str, object]
+) -> None:
     version = [0, {"a": 1, "b": 1, "c": 1}]
     steps: list[int] = []
 
@@ -75,7 +91,7 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(tmp_path: Path) -> Non
             version[:] = [2, {"a": 1, "b": 1, "d": 2}]
 
     report = run(
-        _spec(tmp_path),
+        _spec(tmp_path, **mode),
         on_progress=follow,
         membership=lambda: Membership(int(version[0]), dict(version[1])),  # type: ignore[call-overload]
     )

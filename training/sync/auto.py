@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from grammar import Compression, CompressionKind, Sync, SyncKind, parse_compression, parse_sync
 from grammar.auto import SURVIVES_LOSS
 from training.auto import AutoPolicy, Decision, link_from_exchange, parse_fixed
 from training.collective import split
+from training.compression import make_compressor
 from training.results import AutoChoice
 from training.sync.base import Scope, SyncContext, SyncStrategy, regroups
 from training.sync.every_step import EveryStepSync
@@ -79,7 +79,7 @@ class AutoSync(SyncStrategy):
             len(ctx.comm.clusters),
             fixed_sync=fixed_sync,
             fixed_compression=fixed_compression,
-            crossings=self._crossings,
+            crossings=_crossings(len(ctx.comm.clusters)),
             local_data=spec.data == "local",
             kinds=SURVIVES_LOSS if live else None,
             watch_compute=not self.planned,
@@ -213,13 +213,6 @@ class AutoSync(SyncStrategy):
 
     # -------------------------------------------------------------- measuring and deciding
 
-    def _crossings(self, level: str) -> float:
-        """Copies of one message at `level` on the busiest link: 2(n-1)/n through the ring,
-        n-1 in an all-gather (as `AdaptiveSync`)."""
-        n = len(self.comm.clusters)
-        ring = self.comm.uses_ring(parse_compression(level))
-        return 2.0 * (n - 1) / n if ring else float(n - 1)
-
     def _observe_now(self, step: int) -> bool:
         cur = self.policy.current
         if cur is None:  # the warm-up's first exchange (after a resume too, wherever it is)
@@ -246,9 +239,7 @@ class AutoSync(SyncStrategy):
         leader = self.comm.is_leader
         edge = float(self.mark[0] - edge0) if leader else 0.0
         neg_wall = -float(self.mark[1] - wall0) if leader else -math.inf
-        t = torch.tensor([compute, neg_wall, edge], dtype=torch.float64)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        t = self.comm.all_max(torch.tensor([compute, neg_wall, edge], dtype=torch.float64))
         return float(t[0]), -float(t[1]), float(t[2])
 
     def _link(self, step: int, exchange_s: float, edge_bytes: float) -> Link | None:
@@ -307,6 +298,20 @@ def _strategy(sync: Sync, ctx: SyncContext) -> SyncStrategy:
     if sync.kind is SyncKind.STREAMING:
         return StreamingSync(sync, ctx)
     return EveryStepSync(Sync(SyncKind.EVERY_STEP), ctx)
+
+
+def _crossings(clusters: int) -> Callable[[str], float]:
+    """Copies of one message at a level on the busiest link among `clusters`: 2(n-1)/n
+    through the ring, n-1 in an all-gather (as `AdaptiveSync`). A plain function of the
+    level, so the policy keeps no reference to the run's groups (a shrunk run's old groups
+    must close when it leaves them)."""
+
+    def copies(level: str) -> float:
+        if make_compressor(parse_compression(level)).ring:
+            return 2.0 * (clusters - 1) / clusters
+        return float(clusters - 1)
+
+    return copies
 
 
 def _summed(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
