@@ -15,6 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from training.spec import LinkSpec
 
 __all__ = [
     "Agreement",
@@ -53,6 +57,14 @@ class Membership:
 
     version: int
     clusters: dict[str, int]
+    """In the order of the caller's ring."""
+    links: tuple[LinkSpec, ...] | None = None
+    """The caller's plan on `clusters`: the links to emulate or pace among them, what each
+    cluster's sends keep to (`wan_kbps`) and its share of the global batch. None: the run
+    keeps its own (a newcomer then gets the default link, no reservation, an average
+    share)."""
+    wan_kbps: dict[str, int] | None = None
+    batch_shares: dict[str, float] | None = None
 
 
 class Recovery(StrEnum):

@@ -346,7 +346,12 @@ def run(
                         target = _follow(spec.clusters, want.clusters)
                         if target != spec.clusters:
                             began = time.perf_counter()
-                            new_spec = spec.with_clusters(target)
+                            new_spec = spec.with_clusters(
+                                _ordered(target, want.clusters),
+                                links=want.links,
+                                wan_kbps=want.wan_kbps,
+                                batch_shares=want.batch_shares,
+                            )
                             try:
                                 check_capacity(new_spec)
                             except ValueError as exc:  # no worker slot there: stay as we are
@@ -536,3 +541,10 @@ def _follow(now: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
     wants (their worker counts kept: a running cluster is not resized), then its new ones."""
     kept = {c: n for c, n in now.items() if c in wanted}
     return {**kept, **{c: n for c, n in wanted.items() if c not in now}} if kept else dict(now)
+
+
+def _ordered(target: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
+    """`target` in the order of `wanted` (the caller's ring); the clusters it does not name
+    keep their place after them."""
+    first = [c for c in wanted if c in target]
+    return {c: target[c] for c in [*first, *(c for c in target if c not in wanted)]}

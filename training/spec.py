@@ -221,17 +221,29 @@ class TrainSpec:
     starts on the concrete `sync` and `compression` given (a plan's) and reports each change
     in `auto_decisions` (`grammar.auto.adaptable` says which parts a plan leaves open)."""
 
-    def with_clusters(self, clusters: dict[str, int]) -> TrainSpec:
+    def with_clusters(
+        self,
+        clusters: dict[str, int],
+        *,
+        links: Sequence[LinkSpec] | None = None,
+        wan_kbps: dict[str, int] | None = None,
+        batch_shares: dict[str, float] | None = None,
+    ) -> TrainSpec:
         """This run on `clusters` (a cluster left or joined): what names a cluster that is
-        gone is dropped; a newcomer gets the default link, no reservation, no slowdown."""
+        gone is dropped. `links`, `wan_kbps`, `batch_shares`: the caller's plan on them
+        (`training.faults.Membership`); without one a newcomer gets the default link, no
+        reservation and an average share, and no slowdown either way."""
         keep = set(clusters)
+        links = self.links if links is None else links
+        wan_kbps = self.wan_kbps if wan_kbps is None else wan_kbps
+        batch_shares = self.batch_shares if batch_shares is None else batch_shares
         return replace(
             self,
             clusters=dict(clusters),
-            links=[k for k in self.links if k.a in keep and k.b in keep],
-            wan_kbps={c: r for c, r in self.wan_kbps.items() if c in keep},
+            links=[k for k in links if k.a in keep and k.b in keep],
+            wan_kbps={c: r for c, r in wan_kbps.items() if c in keep},
             slowdown={c: f for c, f in self.slowdown.items() if c in keep},
-            batch_shares={c: v for c, v in self.batch_shares.items() if c in keep},
+            batch_shares={c: v for c, v in batch_shares.items() if c in keep},
             regions={c: self.regions[c] for c in clusters} if keep <= set(self.regions) else {},
         )
 

@@ -228,4 +228,5 @@ class Controller:
         ]
         if observations:
             self._efficiency = scheduler.calibrate(observations)
+            self.launcher.efficiency = self._efficiency
             log.info("calibrated efficiency: %s", self._efficiency)

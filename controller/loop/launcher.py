@@ -10,19 +10,22 @@ database.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controller.jobs import lifecycle
+from controller.jobs.request import spec_of
 from controller.loop import progress
 from controller.loop.policy import Stop, StopReason, stop_requested
-from controller.loop.ray_run import LauncherConfig, RayConnection, launch
-from controller.loop.runs import RunHandle
+from controller.loop.ray_run import LauncherConfig, RayConnection, launch, run_layout
+from controller.loop.replan import Replanned, held_slots, replan
+from controller.loop.runs import RunHandle, RunLayout
 from controller.loop.settle import settle
 from controller.money import budget
 from controller.network.allocations import Slot, reserve
-from controller.store.models import Allocation, Cluster, ClusterGpus, Job, utcnow
+from controller.store.models import Allocation, Cluster, ClusterGpus, Job, JobEvent, utcnow
 from controller.values.errors import Conflict
 from grammar.states import ClusterState
 from training.faults import Recovery, recover
@@ -40,6 +43,9 @@ class Launcher:
         self.config = config
         self.handles: dict[str, RunHandle] = {}
         self.ray = RayConnection(factory, config)
+        self.efficiency: Mapping[str, float] | None = None
+        """The calibrated GPU efficiency the controller plans with (a running job's plan is
+        re-estimated with it when a cluster leaves or joins)."""
 
     def launch(self, job_id: str) -> bool:
         """Start the run of a SCHEDULED (or adopted RUNNING) job owned by this replica."""
@@ -143,9 +149,11 @@ class Launcher:
 
     def _leave(self, handle: RunHandle, cluster: str, why: str) -> None:
         """`cluster` leaves the run: its GPUs and WAN share go back (once), the job stays
-        RUNNING, and the run is asked to go on without it."""
+        RUNNING, its plan is re-estimated on what is left, and the run is asked to go on
+        without it."""
         wanted = dict(handle.wanted.clusters if handle.wanted else handle.running)
         wanted.pop(cluster, None)
+        layout: RunLayout | None = None
         with self.factory() as session, session.begin():
             job = session.get(Job, handle.job_id)
             row = session.scalar(select(Cluster).where(Cluster.name == cluster))
@@ -158,8 +166,27 @@ class Launcher:
                 f"{why}: the job goes on without it on {', '.join(wanted) or 'no cluster'}"
                 " (no restart, no checkpoint read); its GPUs are released",
             )
-        handle.want(wanted)
+            new = self._replan(session, job, handle, held_slots(session, job.id))
+            if new is not None and new.plan is not None:
+                layout = self._adopt(session, job, new, wanted)
+        handle.want(wanted, layout)
         log.info("job %s: %s left the run (%s)", handle.job_id, cluster, why)
+
+    def _replan(
+        self, session: Session, job: Job, handle: RunHandle, slots: list[Slot]
+    ) -> Replanned | None:
+        """The job's plan on `slots`, its decisions kept (`controller.loop.replan`)."""
+        left = max(0, spec_of(job).steps - handle.step)
+        return replan(session, job, slots, self.efficiency, utcnow(), left)
+
+    def _adopt(
+        self, session: Session, job: Job, new: Replanned, clusters: dict[str, int]
+    ) -> RunLayout:
+        """Store `new` as the job's plan, say so in an event, and lay the run out by it."""
+        assert new.plan is not None
+        job.placement = new.plan
+        session.add(JobEvent(job_id=job.id, kind="info", message=new.note))
+        return run_layout(self.config, new.plan, clusters)
 
     def _follow(self, handle: RunHandle) -> None:
         """Write down the clusters the run itself lost (a worker died, a link went silent)
@@ -199,11 +226,12 @@ class Launcher:
             missing = sum(handle.clusters.values()) - sum(handle.wanted.clusters.values())
             if missing <= 0 or set(handle.wanted.clusters) != set(handle.running):
                 continue  # whole, or a change the run has not made yet
+            joined: tuple[str, dict[str, int], RunLayout | None] | None = None
             with self.factory() as session, session.begin():
                 job = session.get(Job, handle.job_id)
                 if job is None:
                     continue
-                free = session.execute(
+                candidates = session.execute(
                     select(Cluster.name, ClusterGpus.model)
                     .join(ClusterGpus, ClusterGpus.cluster_id == Cluster.id)
                     .where(
@@ -212,12 +240,27 @@ class Launcher:
                         ClusterGpus.allocatable - ClusterGpus.in_use >= missing,
                     )
                     .order_by(Cluster.name.not_in(list(handle.clusters)), Cluster.name)
-                ).first()
-                if free is None:
-                    continue
-                try:
-                    reserve(session, job, [Slot(free.name, free.model, missing)])
-                except Conflict:
-                    continue
-            handle.want({**handle.wanted.clusters, free.name: missing})
-            log.info("job %s: %s joins with %d GPU(s)", handle.job_id, free.name, missing)
+                ).all()
+                for name, model in candidates:
+                    slot = Slot(name, model, missing)
+                    new = self._replan(session, job, handle, [*held_slots(session, job.id), slot])
+                    if new is not None and new.refused:
+                        log.info("job %s: %s cannot join: %s", handle.job_id, name, new.note)
+                        continue
+                    rate = new.plan.wan_kbps.get(name, 0) if new and new.plan else 0
+                    try:
+                        with session.begin_nested():
+                            reserve(session, job, [slot], {name: rate} if rate else None)
+                    except Conflict:
+                        continue
+                    clusters = {**handle.wanted.clusters, name: missing}
+                    layout = None
+                    if new is not None and new.plan is not None:
+                        layout = self._adopt(session, job, new, clusters)
+                    joined = (name, clusters, layout)
+                    break
+            if joined is None:
+                continue
+            name, clusters, layout = joined
+            handle.want(clusters, layout)
+            log.info("job %s: %s joins with %d GPU(s)", handle.job_id, name, missing)

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from controller.access import scrub
 from controller.jobs import lifecycle
 from controller.jobs.request import spec_of
-from controller.loop.runs import RunHandle
+from controller.loop.runs import RunHandle, RunLayout
 from controller.store.models import Allocation, Cluster, Job, utcnow
 from controller.values.tasks import builtin_work
 from grammar.auto import adaptable
@@ -216,6 +216,34 @@ def train_spec_of(
     store = open_store(checkpoint)
     store.prepare()
     resume = bool(store.steps())
+    layout = run_layout(config, plan, clusters)
+    regions = {s.cluster: s.region for s in (plan.clusters if plan else ()) if s.region is not None}
+    every = spec.args.checkpoint_every
+    return TrainSpec(
+        task=spec.task,
+        clusters=layout.clusters,
+        batch_shares=layout.batch_shares,
+        compression=compression,
+        sync=sync,
+        steps=spec.steps,
+        links=list(layout.links),
+        wan_kbps=layout.wan_kbps,
+        checkpoint=checkpoint,
+        checkpoint_every=max(1, spec.steps // 10) if every is None else every,
+        resume=resume,
+        run_id=job.id,  # a resume reads only this job's checkpoints
+        epoch=job.fence,  # the run's fencing epoch; `launch` sets the one it takes
+        max_restarts=2,
+        data=spec.data.residency,
+        regions=regions,
+        adapt=adapt,
+        **spec.args.runtime(),  # typed and bounded by the spec (wire.spec.TrainArgs)
+    )
+
+
+def run_layout(config: LauncherConfig, plan: JobPlan | None, clusters: dict[str, int]) -> RunLayout:
+    """The plan's layout of a run on `clusters`, at launch and when a cluster leaves or joins
+    (`training.faults.Membership`)."""
     links: list[LinkSpec] = []
     reserved: dict[str, int] = {}
     if plan is not None and len(clusters) > 1:
@@ -232,27 +260,11 @@ def train_spec_of(
             for k in plan.links
             if k.src in clusters and k.dst in clusters and (emulated or k.paced)
         ]
-    regions = {s.cluster: s.region for s in (plan.clusters if plan else ()) if s.region is not None}
-    every = spec.args.checkpoint_every
-    return TrainSpec(
-        task=spec.task,
+    return RunLayout(
         clusters=ring_ordered(clusters, plan.estimate.ring if plan else ()),
-        batch_shares=batch_shares(plan, clusters),
-        compression=compression,
-        sync=sync,
-        steps=spec.steps,
-        links=links,
+        links=tuple(links),
         wan_kbps=reserved,
-        checkpoint=checkpoint,
-        checkpoint_every=max(1, spec.steps // 10) if every is None else every,
-        resume=resume,
-        run_id=job.id,  # a resume reads only this job's checkpoints
-        epoch=job.fence,  # the run's fencing epoch; `launch` sets the one it takes
-        max_restarts=2,
-        data=spec.data.residency,
-        regions=regions,
-        adapt=adapt,
-        **spec.args.runtime(),  # typed and bounded by the spec (wire.spec.TrainArgs)
+        batch_shares=batch_shares(plan, clusters),
     )
 
 

@@ -15,8 +15,19 @@ from typing import Any
 
 from controller.loop.policy import Stop
 from controller.store.models import utcnow
-from training import Progress, TrainReport
+from training import LinkSpec, Progress, TrainReport
 from training.faults import Membership
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where a plan puts its run on `clusters`: their ring order, the links to emulate or
+    pace, what each paced cluster's sends keep to, each cluster's share of the batch."""
+
+    clusters: dict[str, int]
+    links: tuple[LinkSpec, ...]
+    wan_kbps: dict[str, int]
+    batch_shares: dict[str, float]
 
 
 @dataclass
@@ -52,6 +63,8 @@ class RunHandle:
     """The clusters the controller wants the run on (the run reads it between segments)."""
     running: dict[str, int] = field(default_factory=dict)
     """The clusters the run trains on now, from its last report."""
+    step: int = 0
+    """The steps the run has made, from its last report."""
     changes: list[dict[str, Any]] = field(default_factory=list)
     """Every cluster that left or joined the run so far (`Progress.membership`)."""
     changes_seen: int = 0
@@ -81,6 +94,7 @@ class RunHandle:
             self.pending.append(progress)
             if progress.clusters:
                 self.running = dict(progress.clusters)
+            self.step = max(self.step, progress.step)
             self.changes = list(progress.membership)
 
     def new_changes(self) -> list[dict[str, Any]]:
@@ -93,10 +107,21 @@ class RunHandle:
     def membership(self) -> Membership | None:
         return self.wanted
 
-    def want(self, clusters: dict[str, int]) -> None:
-        """Ask the run to go on on `clusters` (a cluster left, or one joins)."""
+    def want(self, clusters: dict[str, int], layout: RunLayout | None = None) -> None:
+        """Ask the run to go on on `clusters` (a cluster left, or one joins), laid out as
+        `layout` says (the job's plan on them; None: as the run sees fit)."""
         version = self.wanted.version + 1 if self.wanted is not None else 1
-        self.wanted = Membership(version, dict(clusters))
+        if layout is None:
+            self.wanted = Membership(version, dict(clusters))
+            return
+        self.wanted = Membership(
+            version,
+            {c: clusters[c] for c in layout.clusters if c in clusters}
+            | {c: n for c, n in clusters.items() if c not in layout.clusters},
+            links=layout.links,
+            wan_kbps=dict(layout.wan_kbps),
+            batch_shares=dict(layout.batch_shares),
+        )
 
     def take(self) -> list[Progress]:
         with self.lock:

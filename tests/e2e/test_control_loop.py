@@ -160,6 +160,9 @@ def test_agent_killed_mid_diloco_job_shrinks_and_grows_back(world: World) -> Non
     world.agents[victim].kill(signal.SIGKILL)
     wait_for(lambda: any(f"cluster {victim} went DOWN" in m for m in events()), 60, "shrink")
     at_shrink = step()
+    shrunk = world.job(job["id"])["placement"]  # the plan follows: re-estimated on two
+    assert victim not in {c["cluster"] for c in shrunk["clusters"]}, shrunk
+    assert any(m.startswith("plan updated") for m in events())
     wait_for(lambda: step() >= at_shrink + 60, 120, "progress on two clusters")
     assert world.job(job["id"])["state"] == "RUNNING"
     world.start_agent(victim)
@@ -169,6 +172,11 @@ def test_agent_killed_mid_diloco_job_shrinks_and_grows_back(world: World) -> Non
     assert world.states(job["id"]) == ["PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED"]
     messages = events()
     assert not any("resuming from checkpoint" in m for m in messages), messages
+    assert sum(m.startswith("plan updated") for m in messages) == 2, messages
+    grown = world.job(job["id"])["placement"]
+    assert {c["cluster"] for c in grown["clusters"]} == {
+        c["cluster"] for c in running["placement"]["clusters"]
+    }
     final = [e for e in world.admin.paginate(f"/v1/jobs/{job['id']}/events") if e["to_state"]]
     membership = final[-1]["data"]["report"]["membership"]  # what the demo shows
     changes = [(m["cluster"], m["change"]) for m in membership if m["change"] != "refused"]

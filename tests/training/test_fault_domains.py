@@ -80,21 +80,19 @@ def test_a_killed_cluster_leaves_and_the_others_go_on(
 def test_the_caller_takes_a_cluster_away_and_adds_another(
     tmp_path: Path, mode: dict[str, object]
 ) -> None:
-    version = [0, {"a": 1, "b": 1, "c": 1}]
+    wanted = [Membership(0, {"a": 1, "b": 1, "c": 1})]
     steps: list[int] = []
+    # the caller's plan on the grown run: d first in its ring, a heavier share for a
+    shares = {"a": 0.5, "b": 0.25, "d": 0.25}
 
     def follow(p: training.Progress) -> None:
         steps.append(p.step)
         if len(steps) == 1:
-            version[:] = [1, {"a": 1, "b": 1}]
+            wanted[0] = Membership(1, {"a": 1, "b": 1})
         elif len(steps) == 3:
-            version[:] = [2, {"a": 1, "b": 1, "d": 2}]
+            wanted[0] = Membership(2, {"d": 2, "a": 1, "b": 1}, batch_shares=shares)
 
-    report = run(
-        _spec(tmp_path, **mode),
-        on_progress=follow,
-        membership=lambda: Membership(int(version[0]), dict(version[1])),  # type: ignore[call-overload]
-    )
+    report = run(_spec(tmp_path, **mode), on_progress=follow, membership=lambda: wanted[0])
     assert report.restarts == 0
     assert [(m["cluster"], m["change"]) for m in report.membership] == [
         ("c", "left"),
@@ -103,6 +101,8 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(
     joined = report.membership[1]
     assert joined["step"] == steps[2]  # the newcomer started at the survivors' step
     assert report.clusters == {"a": 1, "b": 1, "d": 2}
+    assert list(report.clusters) == ["d", "a", "b"]  # in the caller's ring order
+    assert report.batch_shares == pytest.approx(shares, abs=0.05)  # not equal per worker
     assert report.steps == 48
     assert report.wan_setup_bytes > 0  # the newcomer's state crossed from a peer
     assert report.final_accuracy > 0.3
