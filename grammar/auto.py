@@ -68,11 +68,19 @@ SWITCHABLE: frozenset[SyncKind] = frozenset(
 """The modes the runtime's `auto` moves between while a run goes on."""
 
 SURVIVES_LOSS: frozenset[SyncKind] = frozenset(
-    {SyncKind.EVERY_STEP, SyncKind.ADAPTIVE, SyncKind.LOCAL_SGD}
+    {
+        SyncKind.EVERY_STEP,
+        SyncKind.ADAPTIVE,
+        SyncKind.LOCAL_SGD,
+        SyncKind.STREAMING,
+        SyncKind.PARTIAL,
+        SyncKind.GOSSIP,
+    }
 )
 """The modes whose run goes on without a lost datacenter, in place (the runtime's fault
-domains: `training.sync.regroups`); the others restart from a checkpoint. Of candidates of
-equal quality cost within the slack, `auto` takes one of these first (`resilience`)."""
+domains: `training.sync.regroups`, which a test holds it to); the others restart from a
+checkpoint. Of candidates of equal quality cost within the slack, `auto` takes one of these
+first (`resilience`)."""
 
 _GRADIENT_KINDS = frozenset({SyncKind.EVERY_STEP, SyncKind.STALE, SyncKind.ADAPTIVE})
 

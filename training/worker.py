@@ -350,8 +350,10 @@ class Worker:
         """Hold this rank's state in memory and drop every process group: once nothing
         refers to a group its sockets close, so a peer blocked on this rank fails now, not
         after the grace window (gloo's abort leaves them open)."""
-        self.held = self._state(own=True)
         strategy: SyncStrategy | None = getattr(self, "strategy", None)
+        if strategy is not None:
+            strategy.abandon()
+        self.held = self._state(own=True)
         if strategy is not None:
             strategy.close()
             del self.strategy

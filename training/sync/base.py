@@ -147,6 +147,12 @@ class SyncStrategy(ABC):
         cluster gets the first cluster's), or None on a fresh start or when the checkpoint was
         written by another sync mode."""
 
+    def abandon(self) -> None:  # noqa: B027 - optional hook
+        """The run's group broke (a cluster was lost; `regroups` modes only): forget the
+        exchanges in flight without waiting for them, before this rank's state is held for
+        the re-formed run. What is left must be the same on every survivor that stopped at
+        the same step, whatever of the broken exchange reached it."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release threads or other resources (the process may train another run)."""
 

@@ -33,8 +33,14 @@ from training.sync.hetero import gossip_graph, metropolis_weights
 
 
 class GossipSync(SyncStrategy):
-    """`gossip:P`: see the module docstring."""
+    """`gossip:P`: see the module docstring.
 
+    It shrinks and grows in place: a re-formed run builds the graph of its clusters again,
+    and every replica starts from the same point (the task's initial model, as at a fresh
+    start), so the first message after it carries a cluster's whole change and the replicas
+    of every neighbour agree again."""
+
+    regroups = True
     exchanges_gradients = False
 
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:

@@ -35,9 +35,11 @@ from training.sync.local_sgd import LocalSGDSync
 
 
 class PartialSync(LocalSGDSync):
-    """`partial:H`; `self.steps` holds each cluster's local steps per step this round."""
+    """`partial:H`; `self.steps` holds each cluster's local steps per step this round.
 
-    regroups = False
+    It shrinks and grows in place as local SGD does: the survivors keep their local steps
+    per step (`state_dict`), a newcomer starts at one, and the next round's end measures
+    every cluster's speed again."""
 
     WINDOW = 64
     """Local step times the speed estimate is the median of."""

@@ -70,8 +70,14 @@ class InFlight:
 
 
 class StreamingSync(SyncStrategy):
-    """See the module docstring."""
+    """See the module docstring.
 
+    It shrinks and grows in place: when a cluster is lost, every survivor drops the
+    fragments in flight (`abandon`), applied or not on another survivor alike, so the anchors
+    stay the same everywhere; each dropped fragment's pseudo-gradient stays in the clusters'
+    parameters and goes at that fragment's next turn, spanning two periods."""
+
+    regroups = True
     exchanges_gradients = False
 
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
@@ -264,6 +270,14 @@ class StreamingSync(SyncStrategy):
             if not self.multi and result is not None:
                 mine = result.to(device)
             self.inflight.append(InFlight(p, sent, apply_at, mine))
+
+    def abandon(self) -> None:
+        """Drop every fragment in flight, finished or not, without waiting for its exchange
+        (a peer of it is gone; its thread fails on the closed group)."""
+        self.inflight.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
 
     def close(self) -> None:
         if self.pool is not None:
