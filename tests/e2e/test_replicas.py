@@ -175,24 +175,32 @@ def test_two_replicas_never_overcommit(pg_server_url: str, tmp_path: Path) -> No
         assert all(len(v) == 1 for v in events.values())
         assert sum(sum(c["gpus"] for c in j["placement"]["clusters"]) for j in placed) <= 100
 
-        # Free the capacity: cancelling the placed jobs lets the waiting ones in.
-        for job in placed:
-            admin.post(f"/v1/jobs/{job['id']}/cancel")
-        jobs = wait_for(quiet, 120, "the waiting jobs placed after cancellations")
-        assert any(j["state"] == "SCHEDULED" for j in jobs)
+        def owners_seen() -> set[str]:
+            with create_engine(pg_server_url).connect() as conn:
+                return {
+                    r[0]
+                    for r in conn.execute(
+                        text("SELECT DISTINCT owner FROM jobs WHERE owner IS NOT NULL")
+                    )
+                }
+
+        # Free the capacity: cancelling the placed jobs lets the waiting ones in. Which
+        # replica's pass takes a freed GPU first is a race (under load one may win a round
+        # whole), so rounds go on, a few at most, until both have placed work.
+        for _ in range(4):
+            for job in placed:
+                admin.post(f"/v1/jobs/{job['id']}/cancel")
+            jobs = wait_for(quiet, 120, "the waiting jobs placed after cancellations")
+            placed = [j for j in jobs if j["state"] == "SCHEDULED"]
+            assert placed
+            if len(owners_seen()) == 2:
+                break
         watcher.stop.set()
         watcher.join(10)
         assert watcher.checks > 50, watcher.checks
         assert watcher.violations == []
         assert watcher.max_reserved <= CLUSTERS * GPUS_PER_CLUSTER
-        with create_engine(pg_server_url).connect() as conn:
-            owners_seen = {
-                r[0]
-                for r in conn.execute(
-                    text("SELECT DISTINCT owner FROM jobs WHERE owner IS NOT NULL")
-                )
-            }
-        assert len(owners_seen) == 2, owners_seen
+        assert len(owners_seen()) == 2, owners_seen()
     finally:
         admin.close()
         for plane in planes:
