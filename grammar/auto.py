@@ -75,6 +75,7 @@ SURVIVES_LOSS: frozenset[SyncKind] = frozenset(
         SyncKind.STREAMING,
         SyncKind.PARTIAL,
         SyncKind.GOSSIP,
+        SyncKind.ASYNC_PS,
     }
 )
 """The modes whose run goes on without a lost datacenter, in place (the runtime's fault

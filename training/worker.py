@@ -321,7 +321,7 @@ class Worker:
             self.comm_s += t2 - t1
             self.local_step += 1
         t3 = time.perf_counter()
-        self.pending = True  # a loss from here on leaves the outer round to finish
+        self.pending = strategy.global_rounds  # a loss from here on leaves the round to finish
         strategy.after_step(self.step)
         self.comm_s += time.perf_counter() - t3
         self.step += 1

@@ -102,5 +102,5 @@ def test_the_modes_auto_calls_resilient_are_those_the_runtime_regroups() -> None
             assert (sync.kind in SURVIVES_LOSS) == regroups(sync), value
     # of equal quality cost within the slack, a resilient mode first
     assert resilience("local-sgd:32") == resilience("partial:16") == resilience("gossip:8") == 0
-    assert resilience("local-sgd:32") < resilience("async-ps:4")
+    assert resilience("async-ps:4") == 0
     assert resilience("every-step") < resilience("stale:1")

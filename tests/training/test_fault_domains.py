@@ -50,8 +50,9 @@ MODES = pytest.mark.parametrize(
         PARTIAL,
         {"sync": "gossip:4", "compression": "int8"},
         {"sync": "streaming:8", "compression": "int8"},
+        {"sync": "async-ps:4", "compression": "int8"},
     ],
-    ids=["fixed", "adapting", "partial", "gossip", "streaming"],
+    ids=["fixed", "adapting", "partial", "gossip", "streaming", "async-ps"],
 )
 
 
@@ -119,6 +120,27 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(
     assert report.wan_setup_bytes > 0  # the newcomer's state crossed from a peer
     # chance is 0.10; a clean run of each mode on these clusters ends at 0.30-0.34 at 48 steps
     assert report.final_accuracy > 0.25
+
+
+def test_async_ps_goes_on_when_its_servers_host_is_lost(tmp_path: Path) -> None:
+    """The parameter server lives with cluster a's leader (rank 0, the first cluster: no
+    link table): a's loss takes the server with it; b and c find it gone at their next
+    push, re-form and go on on a new server of their own, without a restart."""
+    seen: list[training.Progress] = []
+
+    def kill_a(p: training.Progress) -> None:
+        seen.append(p)
+        if len(seen) == 2:
+            _kill_cluster("a", 0)
+
+    spec = _spec(tmp_path, sync="async-ps:4", compression="int8")
+    report = training.run(spec, on_progress=kill_a)
+    assert report.restarts == 0 and report.resumed_from_step is None
+    left = [(m["cluster"], m["why"]) for m in report.membership if m["change"] == "left"]
+    assert left == [("a", "gone")]
+    assert report.clusters == {"b": 1, "c": 1}
+    assert report.steps == 48
+    assert report.final_accuracy > 0.25  # chance is 0.10
 
 
 def test_without_fault_domains_a_kill_restarts_from_the_checkpoint(tmp_path: Path) -> None:

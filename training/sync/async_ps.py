@@ -29,6 +29,7 @@ from grammar import Compression, CompressionKind, Sync, parse_compression
 from training.collective import flatten, split
 from training.compression import Compressor, make_compressor
 from training.exchange import Piece, decode, encode, param_pieces
+from training.faults import GroupBroken
 from training.results import ExchangeCounters, WanBytes
 from training.sync.base import Scope, SyncContext, SyncStrategy, count_leaders_sends
 from training.sync.hetero import (
@@ -240,8 +241,15 @@ def _actor(cls: type, name: str) -> Any:
 
 
 class AsyncPSSync(SyncStrategy):
-    """`async-ps:S`: see the module docstring."""
+    """`async-ps:S`: see the module docstring.
 
+    It shrinks and grows in place: a cluster's loss reaches the others only through the
+    server (its host's loss: a push finds the server gone, `GroupBroken`); the re-formed run
+    starts new servers from the new global host's parameters, and every cluster takes them
+    (`load_state_dict`), losing at most the progress not pushed yet."""
+
+    regroups = True
+    global_rounds = False
     exchanges_gradients = False
     WINDOW = 64
     """Local step times the speed estimate is the median of."""
@@ -276,6 +284,8 @@ class AsyncPSSync(SyncStrategy):
             else 0
         )
         self.barriers = 0
+        self.started = False
+        """The servers run (`load_state_dict` started or joined them)."""
 
     @property
     def scope(self) -> Scope:
@@ -295,10 +305,25 @@ class AsyncPSSync(SyncStrategy):
     def load_state_dict(
         self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
     ) -> None:
-        """Start the server from the (restored) parameters; leaders learn its name."""
+        """Start the server from the (restored) parameters; leaders learn its name. With a
+        `state` (a resume, or a run re-formed without a cluster) the clusters' parameters may
+        differ: every cluster then takes the new server's (its host's), counted as set-up
+        bytes. A state passed on once the servers run (a newcomer's, `Worker._agree`) is
+        only this cluster's new anchor."""
         self.anchor = flatten([p.detach() for p in self.ctx.params]).clone()
-        if not self.comm.is_leader or len(self.comm.clusters) < 2:
+        if len(self.comm.clusters) < 2 or self.started:
             return
+        self.started = True
+        if self.comm.is_leader:
+            self._start_servers(take=state is not None)
+        if state is not None:
+            flat = self.anchor.to(self.comm.device)
+            self.comm.broadcast(flat)
+            self._load(flat)
+
+    def _start_servers(self, *, take: bool) -> None:
+        """Leaders: the global server (and each region's) from the global host's parameters;
+        `take`: every leader first takes those as its own anchor."""
         import ray
 
         exchanger = self.comm.exchanger
@@ -323,6 +348,10 @@ class AsyncPSSync(SyncStrategy):
         dist.barrier(group=exchanger.group)
         if self.global_server is None:
             self.global_server = ray.get_actor(name[0])
+        if take:
+            self.anchor = ray.get(self.global_server.final.remote())
+            if me != self.global_host:
+                exchanger.count_setup({(self.global_host, me): self.anchor.numel() * 4})
         self.server = self.global_server
         if self.hierarchical:
             self.server = None
@@ -362,9 +391,12 @@ class AsyncPSSync(SyncStrategy):
         # the median device time of the last steps (`SyncContext.device_s`): one stalled
         # step must not make a cluster look slow
         mean_s = statistics.median(self.times) if self.times else 0.0
-        pull, self.version, slowest = ray.get(
-            self.server.push.remote(self.comm.cluster, payload, self.version, mean_s)
-        )
+        try:
+            pull, self.version, slowest = ray.get(
+                self.server.push.remote(self.comm.cluster, payload, self.version, mean_s)
+            )
+        except ray.exceptions.RayActorError as exc:  # its host's worker (and cluster) is gone
+            raise GroupBroken(f"the parameter server at {self.host} is gone: {exc}") from None
         got = decode(self.host, pull, self.decompressors).tensors
         view = self.anchor.to("cpu", torch.float32) + torch.cat(
             [t.reshape(-1).float() for t in got]

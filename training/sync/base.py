@@ -85,6 +85,13 @@ class SyncStrategy(ABC):
     state (`training.faults`): what it holds between steps is all in `state_dict` and
     `cluster_state`, and an outer round broken half-way can be run again whole."""
 
+    global_rounds: bool = True
+    """Whether its sync points are rounds every cluster takes part in, so a loss inside one
+    leaves it open, to finish among the survivors. False where clusters meet a server or
+    their neighbours on their own clocks (async-ps, gossip): a survivor that stopped in an
+    exchange has lost nothing by it, and the survivors that stopped at different steps take
+    the state of the one furthest on (`training.faults.agree`)."""
+
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
         self.sync = sync
         self.ctx = ctx

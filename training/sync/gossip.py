@@ -41,6 +41,7 @@ class GossipSync(SyncStrategy):
     of every neighbour agree again."""
 
     regroups = True
+    global_rounds = False
     exchanges_gradients = False
 
     def __init__(self, sync: Sync, ctx: SyncContext) -> None:
