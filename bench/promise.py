@@ -10,8 +10,9 @@ and final and best accuracy against the same task trained every step on one clus
 the same workers and steps (run after the control plane stops, on the same local Ray).
 
 Goals (a benchmark, not tests): decisions equal on every job; wall-time error median <= 15 %
-and p90 <= 35 %; WAN bytes error <= 10 %; no held quote exceeded; no job more than 2 points
-below its single-cluster reference unless its plan said so.
+and p90 <= 35 %; WAN bytes error <= 10 %; the WAN share of wall time the plan predicts
+within 5 points of the run's; no held quote exceeded; no job more than 2 points below its
+single-cluster reference unless its plan said so.
 
 Run: `.venv/bin/python -m bench.promise [--only N,M] [--no-save]`; writes
 bench/results/promise.md, promise.json and promise.png. Two cores: run nothing beside it.
@@ -100,6 +101,20 @@ class Row:
     best_acc: float | None
     reference_acc: float | None = None
     warning: str = ""
+    est_wan_share: float | None = None
+    """The share of the run's wall time its steps wait on the WAN, as the plan has it: the
+    step's time beyond compute, the intra-cluster reduce and the fitted step overhead, times
+    the steps, over the estimated run time. None: one cluster, or a pipeline."""
+    wan_share: float | None = None
+    """The same, as it ran: rank 0's exchange waits less its intra-cluster reduces (the
+    report's `comm_s - intra_s`) over the run time."""
+
+    @property
+    def wan_share_error(self) -> float | None:
+        """Points between the plan's WAN share and the run's."""
+        if self.est_wan_share is None or self.wan_share is None:
+            return None
+        return abs(self.wan_share - self.est_wan_share)
 
     @property
     def time_error(self) -> float:
@@ -139,6 +154,16 @@ def compare(
     credit = -sum((Decimal(e["amount"]) for e in ledger if e["kind"] == "credit"), Decimal(0))
     price = (plan.get("price") or {}).get("total", est.get("cost") or 0.0)
     best = report.get("best_accuracy")
+    actual_s = (finished - started).total_seconds()
+    est_share = share = None
+    if mode == "data" and len(plan["clusters"]) > 1 and est.get("compute_s") is not None:
+        local = float(est["compute_s"]) + float(est.get("intra_s") or 0.0)
+        waited = float(est["step_time_s"]) - local - float(est.get("step_overhead_s") or 0.0)
+        steps = int(report.get("steps") or 0)
+        est_share = max(0.0, waited) * steps / float(est["total_time_s"])
+        if actual_s > 0 and "intra_s" in report:
+            exposed = float(report.get("comm_s") or 0.0) - float(report["intra_s"])
+            share = max(0.0, exposed) / actual_s
     return Row(
         case=case,
         clusters=", ".join(f"{c['cluster']}:{c['gpus']}" for c in plan["clusters"]),
@@ -146,7 +171,7 @@ def compare(
         ran=ran if mode == "data" else f"{mode} ({ran})",
         decisions_equal=same,
         est_s=float(est["total_time_s"]),
-        actual_s=(finished - started).total_seconds(),
+        actual_s=actual_s,
         est_wan_mb=float(est["wan_bytes"]) / 1e6,
         actual_wan_mb=sum((report.get("wan_bytes") or {}).values()) / 1e6,
         est_cost=float(price),
@@ -157,6 +182,8 @@ def compare(
         final_acc=report.get("final_accuracy"),
         best_acc=best if isinstance(best, float) else None,
         warning=str(report.get("warning") or ""),
+        est_wan_share=est_share,
+        wan_share=share,
     )
 
 
@@ -164,6 +191,7 @@ def summary(rows: list[Row]) -> dict[str, Any]:
     """The goals, measured."""
     errors = sorted(r.time_error for r in rows)
     wan = [e for e in (r.wan_error for r in rows) if e is not None]
+    shares = [e for e in (r.wan_share_error for r in rows) if e is not None]
     p90 = errors[min(len(errors) - 1, int(0.9 * len(errors)))] if errors else 0.0
     below = [
         r.case
@@ -179,6 +207,9 @@ def summary(rows: list[Row]) -> dict[str, Any]:
         "time_error_median": statistics.median(errors) if errors else 0.0,
         "time_error_p90": p90,
         "wan_error_max": max(wan) if wan else 0.0,
+        "wan_share_error_max": max(shares) if shares else 0.0,
+        "wan_share_within_5_points": sum(e <= 0.05 for e in shares),
+        "wan_share_jobs": len(shares),
         "held_exceeded": sum(r.held and r.billed > r.est_cost + 1e-6 for r in rows),
         "credits": sum(r.credit > 0 for r in rows),
         "below_reference_unannounced": below,
@@ -290,13 +321,16 @@ def _table(rows: list[Row]) -> list[str]:
     head = (
         "| job | placement | planned | ran | equal | est s | actual s | err | est WAN MB | "
         "WAN MB | est $ | billed $ | credit $ | quality cost | final acc | best acc | "
-        "1-cluster every-step | warning |"
+        "1-cluster every-step | est WAN share | WAN share | warning |"
     )
-    out = [head, "|" + "---|" * 18]
+    out = [head, "|" + "---|" * 20]
     for r in rows:
 
         def acc(x: float | None) -> str:
             return f"{x:.3f}" if x is not None else "-"
+
+        def pct(x: float | None) -> str:
+            return f"{x:.0%}" if x is not None else "-"
 
         out.append(
             f"| {r.case} | {r.clusters} | {r.planned} | {r.ran} | "
@@ -304,7 +338,8 @@ def _table(rows: list[Row]) -> list[str]:
             f"{r.time_error:.0%} | {r.est_wan_mb:.2f} | {r.actual_wan_mb:.2f} | "
             f"{r.est_cost:.4f}{' (held)' if r.held else ''} | {r.billed:.4f} | "
             f"{r.credit:.4f} | {r.quality_cost:.0%} | {acc(r.final_acc)} | {acc(r.best_acc)} | "
-            f"{acc(r.reference_acc)} | {'diverged' if r.warning else ''} |"
+            f"{acc(r.reference_acc)} | {pct(r.est_wan_share)} | {pct(r.wan_share)} | "
+            f"{'diverged' if r.warning else ''} |"
         )
     return out
 

@@ -133,6 +133,8 @@ class SegmentResult:
     comm_s: float
     compression: str
     """The compression level in use (adaptive sync changes it during the run)."""
+    intra_s: float = 0.0
+    """Of `comm_s`, the intra-cluster gradient reduces (`Collective.intra_s`)."""
     wan: ExchangeCounters = field(default_factory=ExchangeCounters)
     """This run's exchange totals so far; zero on ranks that are not cluster leaders."""
     local_steps: int = 0

@@ -280,7 +280,7 @@ def run(
     wanted = membership() if membership is not None else None
     seen_version = wanted.version if wanted is not None else 0
     seg = spec.eval_every or max(1, spec.steps // 20)
-    base_compute, base_comm = 0.0, 0.0
+    base_compute, base_comm, base_intra = 0.0, 0.0, 0.0
     base_wan = ExchangeCounters()  # earlier groups' totals (a new group zeroes the workers')
     last: SegmentResult | None = None
     last_all: list[SegmentResult] = []
@@ -296,10 +296,11 @@ def run(
 
     def bank() -> None:
         """Fold the group's counters into the run's before a new group zeroes them."""
-        nonlocal base_compute, base_comm, base_wan
+        nonlocal base_compute, base_comm, base_intra, base_wan
         if last is not None:
             base_compute += last.compute_s
             base_comm += last.comm_s
+            base_intra += last.intra_s
             base_wan = base_wan + last.wan
 
     said: list[LogLine] = []
@@ -491,6 +492,7 @@ def run(
         wall_s=wall,
         compute_s=base_compute + (last.compute_s if last is not None else 0.0),
         comm_s=base_comm + (last.comm_s if last is not None else 0.0),
+        intra_s=base_intra + (last.intra_s if last is not None else 0.0),
         wan_s=wan.wall_s,
         wan_bytes=wan.wan_bytes,
         wan_bytes_total=wan.sent_bytes,

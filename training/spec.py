@@ -428,6 +428,8 @@ class TrainReport:
     wall_s: float
     compute_s: float
     comm_s: float
+    """Rank 0's seconds in its steps' exchanges: the intra-cluster reduce (`intra_s`) and
+    what of the WAN exchange the steps waited for."""
     wan_s: float
     wan_bytes: WanBytes
     """Bytes per directed link `(src, dst)`; `to_dict` writes them `{"src->dst": n}`."""
@@ -442,6 +444,9 @@ class TrainReport:
     wan_setup_bytes: int = 0
     """Of `wan_bytes_total`, what the start-up sent: the digests that check every worker built
     the same model, and the model itself only where some did not."""
+    intra_s: float = 0.0
+    """Of `comm_s`, rank 0's intra-cluster reduces: the rest is the WAN the steps waited
+    for (`bench.promise` sets it against the plan's WAN share)."""
     steps_by_cluster: dict[str, int] = field(default_factory=dict)
     """Local optimizer steps each cluster took (this attempt); equal to `steps` unless the
     sync mode lets fast clusters run ahead (partial, async-ps)."""

@@ -394,6 +394,7 @@ class Worker:
             eval_loss=ev.loss if ev is not None else None,
             compute_s=self.compute_s,
             comm_s=self.comm_s,
+            intra_s=self.comm.intra_s,
             compression=str(self.strategy.compression),
             wan=self.comm.counters,
             local_steps=self.local_step,

@@ -35,6 +35,7 @@ REPORT_KEYS = (
     "wall_s",
     "compute_s",
     "comm_s",
+    "intra_s",
     "wan_s",
     "wan_bytes",
     "wan_bytes_total",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bench.promise import CASES, compare, ring_edges, summary
 
 
@@ -74,3 +76,20 @@ def test_the_set_is_varied() -> None:
     assert {"auto", "every-step", "local-sgd", "stale", "partial", "async-ps", "gossip"} <= syncs
     assert any(c.held for c in CASES) and any(not c.held for c in CASES)
     assert any(c.spec.get("parallelism") == "pipeline" for c in CASES)
+
+
+def test_the_wan_share_is_the_plan_s_waits_against_the_run_s() -> None:
+    job = _job()
+    est = {**job["held_price"]["estimate"], "step_time_s": 0.05, "compute_s": 0.03,
+           "intra_s": 0.01, "step_overhead_s": 0.0}  # fmt: skip
+    job["held_price"] = {**job["held_price"], "estimate": est}
+    report = {**REPORT, "steps": 300, "comm_s": 6.0, "intra_s": 2.5}
+    row = compare("x", job, report, [])
+    assert row.est_wan_share == pytest.approx(0.01 * 300 / 30.0)  # its waits over its time
+    assert row.wan_share == pytest.approx((6.0 - 2.5) / 25.0)  # the run's over its time
+    assert row.wan_share_error is not None and abs(row.wan_share_error - 0.04) < 1e-9
+    assert summary([row])["wan_share_within_5_points"] == 1
+    # one cluster waits on no WAN: no share to compare
+    one = _job()
+    one["held_price"] = {**one["held_price"], "clusters": [{"cluster": "a", "gpus": 2}]}
+    assert compare("x", one, report, []).wan_share_error is None
