@@ -24,7 +24,7 @@ from controller.loop.replan import Replanned, held_slots, replan
 from controller.loop.runs import RunHandle, RunLayout
 from controller.loop.settle import settle
 from controller.money import budget
-from controller.network.allocations import Slot, reserve
+from controller.network.allocations import Slot, reserve, resize_wan
 from controller.store.models import Allocation, Cluster, ClusterGpus, Job, JobEvent, utcnow
 from controller.values.errors import Conflict
 from grammar.states import ClusterState
@@ -182,11 +182,22 @@ class Launcher:
     def _adopt(
         self, session: Session, job: Job, new: Replanned, clusters: dict[str, int]
     ) -> RunLayout:
-        """Store `new` as the job's plan, say so in an event, and lay the run out by it."""
+        """Store `new` as the job's plan, its WAN rates moved on the ports (`resize_wan`:
+        where a port has too little left, the cluster keeps what it held and the plan says
+        so), say so in an event, and lay the run out by it."""
         assert new.plan is not None
-        job.placement = new.plan
-        session.add(JobEvent(job_id=job.id, kind="info", message=new.note))
-        return run_layout(self.config, new.plan, clusters)
+        held = resize_wan(session, job, new.plan.wan_kbps)
+        plan = new.plan
+        note = new.note
+        kept = {c: r for c, r in held.items() if r < plan.wan_kbps.get(c, 0)}
+        if kept:
+            plan = plan.model_copy(update={"wan_kbps": {**plan.wan_kbps, **kept}})
+            note += "; the WAN rate stays at what the ports had left on " + ", ".join(
+                f"{c} ({r / 1000:,.1f} Mbit/s)" for c, r in sorted(kept.items())
+            )
+        job.placement = plan
+        session.add(JobEvent(job_id=job.id, kind="info", message=note))
+        return run_layout(self.config, plan, clusters)
 
     def _follow(self, handle: RunHandle) -> None:
         """Write down the clusters the run itself lost (a worker died, a link went silent)
@@ -247,10 +258,9 @@ class Launcher:
                     if new is not None and new.refused:
                         log.info("job %s: %s cannot join: %s", handle.job_id, name, new.note)
                         continue
-                    rate = new.plan.wan_kbps.get(name, 0) if new and new.plan else 0
-                    try:
+                    try:  # its WAN rate with the others' (`_adopt`), where the ports have it
                         with session.begin_nested():
-                            reserve(session, job, [slot], {name: rate} if rate else None)
+                            reserve(session, job, [slot])
                     except Conflict:
                         continue
                     clusters = {**handle.wanted.clusters, name: missing}

@@ -133,16 +133,51 @@ def _ensure_port(session: Session, cluster_id: str, direction: str) -> None:
     )
 
 
+def resize_wan(session: Session, job: Job, wanted: Mapping[str, int]) -> dict[str, int]:
+    """Move the WAN rate the job's open allocations hold on each cluster's ports to
+    `wanted` (cluster name -> kbit/s; its plan changed: a cluster left or joined). A rise
+    is taken like a reservation (`reserve_wan`, under a savepoint): where a port has too
+    little left, that cluster keeps what it held. A fall is given back. Returns the rate
+    held per cluster afterwards."""
+    first: dict[str, Allocation] = {}
+    for alloc, name in session.execute(
+        select(Allocation, Cluster.name)
+        .join(Cluster, Cluster.id == Allocation.cluster_id)
+        .where(Allocation.job_id == job.id, Allocation.ended_at.is_(None))
+        .order_by(Allocation.wan_kbps.is_(None), Allocation.id)
+    ).all():
+        first.setdefault(name, alloc)  # the one that carries the cluster's rate, if any
+    held: dict[str, int] = {}
+    for name, alloc in first.items():
+        old, new = alloc.wan_kbps or 0, max(0, int(wanted.get(name, 0)))
+        if new > old:
+            try:
+                with session.begin_nested():
+                    reserve_wan(session, alloc.cluster_id, name, new - old)
+            except Conflict:
+                new = old
+        elif new < old:
+            _return_wan(session, alloc.cluster_id, old - new)
+        alloc.wan_kbps = new or None
+        held[name] = new
+    session.flush()
+    return held
+
+
 def _give_back_wan(session: Session, alloc: Allocation) -> None:
     """Return an allocation's WAN reservation to its cluster's ports; never below zero."""
-    kbps = alloc.wan_kbps or 0
+    _return_wan(session, alloc.cluster_id, alloc.wan_kbps or 0)
+
+
+def _return_wan(session: Session, cluster_id: str, kbps: int) -> None:
+    """Return `kbps` of the cluster's uplink and downlink; never below zero."""
     if kbps <= 0:
         return
     for direction in ("up", "down"):
         session.execute(
             update(WanPort)
             .where(
-                WanPort.cluster_id == alloc.cluster_id,
+                WanPort.cluster_id == cluster_id,
                 WanPort.direction == direction,
                 WanPort.reserved_kbps >= kbps,
             )

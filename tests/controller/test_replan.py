@@ -9,8 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from controller.loop.runs import RunHandle
+from controller.store.models import Allocation, Cluster, WanPort
 from tests.controller.world import Net, progress, spec
 from wire.spec import DataSpec
 
@@ -108,3 +110,46 @@ def test_a_local_data_job_takes_no_cluster_that_lacks_its_data(net: Net) -> None
     net.launcher.tick()  # south is READY with 4 free GPUs: the run does not take them
     assert handle.wanted is not None and set(handle.wanted.clusters) == {"east", "west"}
     assert net.held(job_id) == {"east": 4, "west": 4}
+
+
+def _declare_ports(net: Net, *clusters: str, gbps: float = 10.0) -> None:
+    with net.sessions() as s, s.begin():
+        for row in s.scalars(select(Cluster).where(Cluster.name.in_(clusters))):
+            row.labels = {**row.labels, "uplink_gbps": str(gbps), "downlink_gbps": str(gbps)}
+
+
+def _port_books(net: Net) -> tuple[dict[str, int], dict[str, int]]:
+    """(reserved on each cluster's uplink, the job allocations' rates summed per cluster)."""
+    with net.sessions() as s:
+        up = (
+            select(Cluster.name, WanPort.reserved_kbps)
+            .join(Cluster, Cluster.id == WanPort.cluster_id)
+            .where(WanPort.direction == "up")
+        )
+        ports: dict[str, int] = {}
+        for name, reserved in s.execute(up):
+            ports[name] = reserved
+        held: dict[str, int] = {}
+        for name, kbps in s.execute(
+            select(Cluster.name, Allocation.wan_kbps)
+            .join(Cluster, Cluster.id == Allocation.cluster_id)
+            .where(Allocation.ended_at.is_(None))
+        ):
+            held[name] = held.get(name, 0) + (kbps or 0)
+    return ports, held
+
+
+def test_the_wan_rates_held_follow_the_new_plan(net: Net) -> None:
+    _declare_ports(net, "east", "west", "north")
+    job_id, handle = _running(net)
+    before = net.job(job_id).placement
+    assert before is not None and all(r > 0 for r in before.wan_kbps.values())
+    net.lose("north")
+    net.launcher.tick()
+    after = net.job(job_id).placement
+    assert after is not None and set(after.wan_kbps) == {"east", "west"}
+    ports, held = _port_books(net)
+    assert held == after.wan_kbps  # what the allocations hold is the new plan's rate
+    assert ports == {"east": held["east"], "west": held["west"], "north": 0}  # north's back
+    wanted = handle.wanted
+    assert wanted is not None and wanted.wan_kbps == after.wan_kbps  # what the run paces to
