@@ -345,14 +345,18 @@ def run(
                     if want is not None and want.version > seen_version:
                         seen_version = want.version
                         target = _follow(spec.clusters, want.clusters)
-                        if target != spec.clusters:
+                        new_spec = spec.with_clusters(
+                            _ordered(target, want.clusters),
+                            links=want.links,
+                            wan_kbps=want.wan_kbps,
+                            batch_shares=want.batch_shares,
+                        )
+                        # the caller's new plan on the clusters the run already has (after a
+                        # loss the run shrank itself) is a re-form too: its rates and shares
+                        # are what the ports now hold for it
+                        moved = list(new_spec.clusters) != list(spec.clusters)
+                        if moved or new_spec != spec:
                             began = time.perf_counter()
-                            new_spec = spec.with_clusters(
-                                _ordered(target, want.clusters),
-                                links=want.links,
-                                wan_kbps=want.wan_kbps,
-                                batch_shares=want.batch_shares,
-                            )
                             try:
                                 check_capacity(new_spec)
                             except ValueError as exc:  # no worker slot there: stay as we are

@@ -153,7 +153,7 @@ def launch(
             live=pipeline is None and _live(train_spec),
             running=dict(clusters),
         )
-        handle.want(clusters)
+        handle.want(dict(train_spec.clusters))  # in the ring order the run starts in
         message = (
             f"launched {sum(clusters.values())} "
             + ("workers" if pipeline is None else f"stage workers ({_stages_text(pipeline)})")

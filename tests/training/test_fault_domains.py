@@ -122,6 +122,27 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(
     assert report.final_accuracy > 0.25
 
 
+def test_after_a_loss_the_callers_new_plan_for_the_survivors_is_what_runs(tmp_path: Path) -> None:
+    """The run shrinks itself when c dies; the caller (the controller) then re-plans the
+    survivors with other batch shares and ring order: the run re-forms to run that plan."""
+    wanted = [Membership(0, {"a": 1, "b": 1, "c": 1})]
+    shares = {"a": 0.25, "b": 0.75}
+    seen: list[training.Progress] = []
+
+    def follow(p: training.Progress) -> None:
+        seen.append(p)
+        if len(seen) == 2:
+            _kill_cluster("c", 2)
+        elif p.clusters == {"a": 1, "b": 1} and wanted[0].version == 0:
+            wanted[0] = Membership(1, {"b": 1, "a": 1}, batch_shares=shares)
+
+    report = run(_spec(tmp_path), on_progress=follow, membership=lambda: wanted[0])
+    assert report.restarts == 0
+    assert [(m["cluster"], m["change"]) for m in report.membership] == [("c", "left")]
+    assert list(report.clusters) == ["b", "a"]
+    assert report.batch_shares == pytest.approx(shares, abs=0.05)
+
+
 def test_async_ps_goes_on_when_its_servers_host_is_lost(tmp_path: Path) -> None:
     """The parameter server lives with cluster a's leader (rank 0, the first cluster: no
     link table): a's loss takes the server with it; b and c find it gone at their next
