@@ -12,7 +12,7 @@ the end of an outer round) and whether an interrupted outer round is finished fi
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -30,6 +30,7 @@ __all__ = [
     "agree",
     "is_collective_error",
     "recover",
+    "ring_ordered",
 ]
 
 
@@ -143,3 +144,11 @@ def is_collective_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and (
         "gloo" in text or "Connection closed by peer" in text or "Timed out" in text
     )
+
+
+def ring_ordered(clusters: Mapping[str, int], ring: Sequence[str]) -> dict[str, int]:
+    """`clusters` in the order of `ring` (the WAN ring the planner priced: the runtime's
+    ring runs the clusters in their given order); those the ring does not name keep their
+    place after it."""
+    first = [c for c in ring if c in clusters]
+    return {c: clusters[c] for c in [*first, *(c for c in clusters if c not in first)]}

@@ -15,7 +15,7 @@ from dataclasses import replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from training.faults import GroupBroken, Lost, Membership, Recovery, recover
+from training.faults import GroupBroken, Lost, Membership, Recovery, recover, ring_ordered
 from training.logs import LogLine
 from training.placement import cluster_resource
 from training.ray_actors import (
@@ -346,7 +346,7 @@ def run(
                         seen_version = want.version
                         target = _follow(spec.clusters, want.clusters)
                         new_spec = spec.with_clusters(
-                            _ordered(target, want.clusters),
+                            ring_ordered(target, list(want.clusters)),
                             links=want.links,
                             wan_kbps=want.wan_kbps,
                             batch_shares=want.batch_shares,
@@ -547,10 +547,3 @@ def _follow(now: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
     wants (their worker counts kept: a running cluster is not resized), then its new ones."""
     kept = {c: n for c, n in now.items() if c in wanted}
     return {**kept, **{c: n for c, n in wanted.items() if c not in now}} if kept else dict(now)
-
-
-def _ordered(target: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
-    """`target` in the order of `wanted` (the caller's ring); the clusters it does not name
-    keep their place after them."""
-    first = [c for c in wanted if c in target]
-    return {c: target[c] for c in [*first, *(c for c in target if c not in wanted)]}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ from controller.values.tasks import builtin_work
 from grammar.auto import adaptable
 from grammar.states import ACTIVE
 from training import LinkSpec, TrainSpec
+from training.faults import ring_ordered
 from training.location import child, is_object_store
 from wire.spec import JobSpec
 
@@ -275,14 +275,6 @@ def batch_shares(plan: JobPlan | None, clusters: dict[str, int]) -> dict[str, fl
         return {}
     shares = {c: v for c, v in plan.estimate.batch_shares.items() if c in clusters and v > 0}
     return shares if len(shares) == len(clusters) else {}
-
-
-def ring_ordered(clusters: dict[str, int], ring: Sequence[str]) -> dict[str, int]:
-    """The clusters in the order of the WAN ring the planner priced (the runtime's ring runs
-    the clusters in their given order); clusters the ring does not name keep their place
-    after it."""
-    first = [c for c in ring if c in clusters]
-    return {c: clusters[c] for c in [*first, *(c for c in clusters if c not in first)]}
 
 
 def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> PipelineSpec | None:

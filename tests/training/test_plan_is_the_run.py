@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import training
-from controller.loop.ray_run import ring_ordered, train_spec_of
+from controller.loop.ray_run import train_spec_of
 from controller.store.migrate import upgrade
 from controller.store.models import Job
 from grammar import SyncKind, parse_sync
@@ -22,6 +22,7 @@ from scheduler import Plan, Snapshot, plan
 from tests.controller.world import TASK, Net
 from tests.scheduler.builders import cluster, job, link
 from training import TrainSpec
+from training.faults import ring_ordered
 from wire.spec import JobSpec
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
