@@ -25,6 +25,7 @@ from controller.loop.runs import RunHandle, RunLayout
 from controller.loop.settle import settle
 from controller.money import budget
 from controller.network.allocations import Slot, reserve, resize_wan
+from controller.network.snapshot import World, build_world
 from controller.store.models import Allocation, Cluster, ClusterGpus, Job, JobEvent, utcnow
 from controller.values.errors import Conflict
 from grammar.states import ClusterState
@@ -173,11 +174,16 @@ class Launcher:
         log.info("job %s: %s left the run (%s)", handle.job_id, cluster, why)
 
     def _replan(
-        self, session: Session, job: Job, handle: RunHandle, slots: list[Slot]
+        self,
+        session: Session,
+        job: Job,
+        handle: RunHandle,
+        slots: list[Slot],
+        world: World | None = None,
     ) -> Replanned | None:
         """The job's plan on `slots`, its decisions kept (`controller.loop.replan`)."""
         left = max(0, spec_of(job).steps - handle.step)
-        return replan(session, job, slots, self.efficiency, utcnow(), left)
+        return replan(session, job, slots, self.efficiency, utcnow(), left, world)
 
     def _adopt(
         self, session: Session, job: Job, new: Replanned, clusters: dict[str, int]
@@ -242,7 +248,7 @@ class Launcher:
                 job = session.get(Job, handle.job_id)
                 if job is None:
                     continue
-                candidates = session.execute(
+                query = (
                     select(Cluster.name, ClusterGpus.model)
                     .join(ClusterGpus, ClusterGpus.cluster_id == Cluster.id)
                     .where(
@@ -251,10 +257,16 @@ class Launcher:
                         ClusterGpus.allocatable - ClusterGpus.in_use >= missing,
                     )
                     .order_by(Cluster.name.not_in(list(handle.clusters)), Cluster.name)
-                ).all()
+                )
+                data = spec_of(job).data
+                if data.residency == "local" and data.clusters:  # only where its data is
+                    query = query.where(Cluster.name.in_(list(data.clusters)))
+                candidates = session.execute(query).all()
+                world = build_world(session, job.qos_class, utcnow()) if candidates else None
+                held = held_slots(session, job.id)
                 for name, model in candidates:
                     slot = Slot(name, model, missing)
-                    new = self._replan(session, job, handle, [*held_slots(session, job.id), slot])
+                    new = self._replan(session, job, handle, [*held, slot], world)
                     if new is not None and new.refused:
                         log.info("job %s: %s cannot join: %s", handle.job_id, name, new.note)
                         continue

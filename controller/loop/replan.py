@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 import scheduler
 from controller.jobs.request import job_request, spec_of
 from controller.network.allocations import Slot
-from controller.network.snapshot import build_world
+from controller.network.snapshot import World, build_world
 from controller.store.models import Allocation, Cluster, Job
 from controller.values.plan import plan_of
 from wire.plan import JobPlan
@@ -53,16 +53,18 @@ def replan(
     efficiency: Mapping[str, float] | None,
     now: datetime,
     remaining_steps: int,
+    world: World | None = None,
 ) -> Replanned | None:
     """The job's plan on `slots` with its decisions kept, and the line that says what
     changed; `refused` when the job cannot run there (a local-data job on a cluster without
     its data). None when there is nothing to re-estimate (no plan, a pipeline, a cluster
-    the snapshot does not price now): the run goes on under its old plan."""
+    the snapshot does not price now): the run goes on under its old plan. `world`: the
+    network as read in this transaction, when the caller weighs several `slots`."""
     old = job.placement
     if old is None or old.parallel.mode != "data" or not slots:
         return None
     spec = spec_of(job)
-    world = build_world(session, job.qos_class, now)
+    world = world or build_world(session, job.qos_class, now)
     names = {origin: name for name, origin in world.origins.items()}
     own: dict[str, int] = {}
     for s in held_slots(session, job.id):
