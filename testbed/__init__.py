@@ -121,6 +121,32 @@ class Testbed:
         if recorded is not None and recorded.token == self.token:
             _save(self)
 
+    def kill_node(self, name: str) -> int:
+        """Datacenter `name` loses power: SIGTERM then SIGKILL to every process in its namespace
+        (its Ray node and the workers on it). Returns how many would not die (0 normally)."""
+        return net.kill_ns_processes(self.datacenter(name).netns)
+
+    def start_node(self, name: str, timeout: float = RAY_START_TIMEOUT_S) -> None:
+        """Start datacenter `name`'s Ray node again (after `kill_node`) and wait until the head
+        sees every datacenter's node alive."""
+        dc = self.datacenter(name)
+        res = json.dumps({f"cpn-cluster-{dc.name}": dc.workers})
+        args = ["--address", self.ray_address, "--node-ip-address", dc.ip, "--resources", res]
+        _ray_start(dc.netns, args, self.token)
+        _wait_nodes(self, 1 + len(self.datacenters), timeout)
+
+    def cut(self, name: str) -> None:
+        """Cut datacenter `name`'s uplink: every packet in or out of it is dropped."""
+        dc = self.datacenter(name)
+        net.cut(dc.netns, UPLINK_IF)  # out of the datacenter
+        net.cut(HUB_NS, dc.hub_if)  # into it
+
+    def mend(self, name: str) -> None:
+        """Carry packets on datacenter `name`'s uplink again at its rate (after `cut`)."""
+        dc = self.datacenter(name)
+        net.shape(dc.netns, UPLINK_IF, dc.mbit)
+        net.shape(HUB_NS, dc.hub_if, dc.mbit)
+
 
 def _state_file() -> Path:
     return STATE_DIR / "state.json"

@@ -81,6 +81,13 @@ def reshape(ns: str, dev: str, mbit: float) -> None:
     in_ns(ns, "tc", "qdisc", "change", "dev", dev, "root", "tbf", *tbf_args(mbit))
 
 
+def cut(ns: str, dev: str) -> None:
+    """Drop every packet leaving `dev`: a `pfifo` of no room replaces its shaping (`tc`'s
+    drop actions and `matchall` are not in every kernel; this is). Silence, not a reset, is
+    what a failed WAN path looks like from the other end. `shape` undoes it."""
+    in_ns(ns, "tc", "qdisc", "replace", "dev", dev, "root", "pfifo", "limit", "0")
+
+
 def counters(ns: str, dev: str = UPLINK_IF) -> tuple[int, int]:
     """(tx_bytes, rx_bytes) of an interface, link-layer bytes (Ethernet + IP + TCP + payload)."""
     out = sh("ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev)

@@ -2,7 +2,11 @@
 
 A checkpoint is one torch-serialised dict (model, optimizer, compressor states per cluster,
 sync state, data position) written atomically as `step-NNNNNNNN.pt`; `latest()` finds the
-newest complete one. `open_store(uri)` picks the store: a path or `file://` is a
+newest complete one. A cluster's own part may be written beside it, from that cluster, as
+`step-NNNNNNNN.<cluster>.pt` (`save_part`): the checkpoint names its parts and `load` merges
+them, so a cluster's optimizer and compressor state never crosses the WAN to be saved. Parts
+are written first and the checkpoint last, so a checkpoint that exists is whole.
+`open_store(uri)` picks the store: a path or `file://` is a
 `DirectoryStore`, `s3://bucket/prefix` (or any other installed fsspec protocol) an
 `ObjectStore`. Both keep the same names under their root, so the rules below are written once.
 
@@ -42,6 +46,9 @@ if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
+_PART = re.compile(r"^step-(\d{8})\.([a-z0-9][a-z0-9._-]{0,62})\.pt$")
+PARTS = "parts"
+"""The key of a checkpoint listing the clusters whose parts were written beside it."""
 BEST_FILE = "best.pt"
 """The model of the run's best evaluation (`save_best`): the job's artefact unless its spec
 asks for the last checkpoint. Never pruned with the step checkpoints."""
@@ -192,8 +199,22 @@ class CheckpointStore(ABC):
         buf = io.BytesIO()
         torch.save(plain(state), buf)
         self._write(f"step-{step:08d}.pt", buf.getvalue())
-        for old in self.steps()[: -self.keep]:
-            self._remove(f"step-{old:08d}.pt")
+        kept = self.steps()[-self.keep :]
+        for name in self._names():
+            m = _NAME.match(name) or _PART.match(name)
+            if m and int(m.group(1)) not in kept and int(m.group(1)) < kept[0]:
+                self._remove(name)
+
+    def save_part(self, step: int, cluster: str, epoch: int, part: dict[str, Any]) -> None:
+        """Write `cluster`'s part of the checkpoint of `step` (before the checkpoint itself,
+        which lists it under `parts`); StaleRun (nothing written) when the fence is past
+        `epoch`."""
+        if not _PART.match(f"step-{step:08d}.{cluster}.pt"):
+            raise ValueError(f"cluster {cluster!r}: not a name a checkpoint part can carry")
+        self.check_fence(epoch)
+        buf = io.BytesIO()
+        torch.save(plain(part), buf)
+        self._write(f"step-{step:08d}.{cluster}.pt", buf.getvalue())
 
     def save_best(self, state: dict[str, Any]) -> None:
         """Write the best evaluation's model atomically over the previous best; StaleRun
@@ -213,8 +234,13 @@ class CheckpointStore(ABC):
         return self._load(BEST_FILE, self.where_best())
 
     def load(self, step: int) -> dict[str, Any]:
-        """The checkpoint of `step`, read as data only; CheckpointRefused when it is not."""
-        return self._load(f"step-{step:08d}.pt", self.where(step))
+        """The checkpoint of `step` with its clusters' parts merged in, read as data only;
+        CheckpointRefused when it is not."""
+        state = self._load(f"step-{step:08d}.pt", self.where(step))
+        for cluster in state.pop(PARTS, None) or []:
+            name = f"step-{step:08d}.{cluster}.pt"
+            state.setdefault("clusters", {})[cluster] = self._load(name, self._where(name))
+        return state
 
     def _load(self, name: str, where: str) -> dict[str, Any]:
         data = self._read(name)

@@ -25,7 +25,7 @@ from torch import nn
 
 from grammar import Sync
 from training.auto import runs_auto
-from training.checkpoint import FORMAT, check_identity, open_store
+from training.checkpoint import FORMAT, PARTS, check_identity, open_store
 from training.collective import Collective, flatten, split
 from training.data import batch_indices, rank_weights, shard, shard_sizes
 from training.faults import Agreement, GroupBroken, Position, agree, is_collective_error
@@ -38,6 +38,9 @@ from training.tasks import Evaluation, Task, as_tensors, evaluate, load_task
 from training.wan import LinkTable
 
 CHECKPOINT_VERSION = FORMAT
+TRANSFER_FLOOR_BYTES_S = 250_000.0
+"""The slowest a peer's state may cross the WAN (2 Mbit/s) before its transfer counts as
+failed: a joining cluster's wait is bounded by the state's size, not by the grace window."""
 
 
 def free_port() -> int:
@@ -225,7 +228,9 @@ class Worker:
 
     def _pass_state(self, plan: Agreement) -> None:
         """The source's state to every receiver: across the WAN once per cluster (to its
-        first receiving rank, which passes it on inside the cluster); read as data only."""
+        first receiving rank, which passes it on inside the cluster); read as data only.
+        The state is a few times the model: its transfer is timed by its size (at least
+        `TRANSFER_FLOOR_BYTES_S`), not by the grace window that bounds a training exchange."""
         source = plan.source
         assert source is not None
         data: torch.Tensor | None = None
@@ -233,8 +238,11 @@ class Worker:
             buf = io.BytesIO()
             torch.save(self._state(own=True), buf)
             data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([0 if data is None else data.numel()], dtype=torch.int64)
+        dist.broadcast(size, src=source)
+        n = int(size.item())
+        timeout = timedelta(seconds=self.spec.fault_grace_s + n / TRANSFER_FLOOR_BYTES_S)
         first: dict[str, int] = {}
-        wan: dict[tuple[str, str], int] = {}
         for r in plan.receivers:
             cluster = self.ranks_cluster[r]
             src = first.setdefault(cluster, source)
@@ -242,25 +250,18 @@ class Worker:
                 first[cluster] = r
             if self.rank == src:
                 assert data is not None
-                dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst=r)
-                dist.send(data, dst=r)
-                if cluster != self.cluster:
-                    edge = (self.cluster, cluster)
-                    wan[edge] = wan.get(edge, 0) + data.numel()
+                work = dist.isend(data, dst=r)
+                assert work is not None  # this rank is in the group
+                work.wait(timeout=timeout)
             elif self.rank == r:
-                size = torch.zeros(1, dtype=torch.int64)
-                dist.recv(size, src=src)
-                data = torch.empty(int(size.item()), dtype=torch.uint8)
-                dist.recv(data, src=src)
-        sent: list[Any] = [None] * self.world  # every leader counts the whole transfer
-        dist.all_gather_object(sent, wan)
-        if self.comm.exchanger is not None:
-            total: dict[tuple[str, str], int] = {}
-            for part in sent:
-                for edge, n in part.items():
-                    total[edge] = total.get(edge, 0) + n
-            if total:
-                self.comm.exchanger.count_setup(total)
+                data = torch.empty(n, dtype=torch.uint8)
+                work = dist.irecv(data, src=src)
+                assert work is not None
+                work.wait(timeout=timeout)
+        home = self.ranks_cluster[source]
+        wan = {(home, c): n for c in first if c != home}  # every rank counts it alike
+        if self.comm.exchanger is not None and wan:
+            self.comm.exchanger.count_setup(wan)
         if self.rank in plan.receivers:
             assert data is not None
             state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
@@ -412,16 +413,24 @@ class Worker:
     # ------------------------------------------------------------------ checkpoints
 
     def _checkpoint(self) -> None:
-        """Rank 0 writes one file: the model, each cluster leader's state, the sync state."""
+        """Each cluster's leader writes its cluster's part from where it is (its optimizer and
+        compressor state are as large as the model, twice: gathering them to rank 0 crossed the
+        WAN with all of it at every checkpoint); after a barrier, rank 0 writes the checkpoint
+        (the model, its own cluster's part, the sync state) naming the others' parts."""
         self.ckpt_due = False
         self.last_ckpt = self.step
-        if self.is_leader:
-            gathered: list[Any] = [None] * len(self.clusters)
-            dist.all_gather_object(gathered, (self.cluster, self._mine()), group=self.leaders)
+        if not self.is_leader:
+            return
+        store = open_store(self.spec.checkpoint or "")
+        mine = self._mine()
+        if self.rank != 0:
+            store.save_part(self.step, self.cluster, self.spec.epoch, mine)
+        dist.barrier(group=self.leaders)  # every part is written before a checkpoint names it
         if self.rank != 0:
             return
-        state = self._state(clusters=dict(gathered))
-        open_store(self.spec.checkpoint or "").save(self.step, state)
+        state = self._state(clusters={self.cluster: mine})
+        state[PARTS] = [c for c in self.clusters if c != self.cluster]
+        store.save(self.step, state)
 
     def _keeps_best(self) -> bool:
         return bool(self.spec.checkpoint) and self.spec.artefact == "best" and self.rank == 0

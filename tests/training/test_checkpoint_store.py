@@ -126,6 +126,31 @@ def test_save_keep_steps_and_load(uri: str) -> None:
     assert open_store(uri).steps() == [4, 6]  # a fresh store (another process) sees them
 
 
+def test_clusters_parts_are_written_beside_and_merged_on_load(uri: str) -> None:
+    """A cluster's part is written from that cluster (`save_part`, before the checkpoint that
+    names it); `load` merges the parts; old steps' parts go with their checkpoints, and a part
+    of a stale attempt is refused like a checkpoint."""
+    store = open_store(uri)
+    store.keep = 1
+    for step in (2, 4):
+        store.save_part(step, "us-east", 0, {"optimizer": torch.full((2,), float(step))})
+        state = {**_state(step=step), "clusters": {"eu-west": {"optimizer": torch.zeros(2)}}}
+        store.save(step, {**state, "parts": ["us-east"]})
+    assert store.steps() == [4]
+    found = store.latest()
+    assert found is not None and "parts" not in found[1]
+    clusters = found[1]["clusters"]
+    assert set(clusters) == {"eu-west", "us-east"}
+    assert torch.equal(clusters["us-east"]["optimizer"], torch.full((2,), 4.0))
+    assert not store._read("step-00000002.us-east.pt")  # pruned with step 2
+    with pytest.raises(ValueError, match="cluster 'a/b'"):
+        store.save_part(6, "a/b", 0, {})
+    open_store(uri).fence(1)
+    with pytest.raises(StaleRun):
+        store.save_part(6, "us-east", 0, {})
+    assert not store._read("step-00000006.us-east.pt")
+
+
 def test_a_planted_pickle_is_refused_and_runs_no_code(uri: str, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
 
