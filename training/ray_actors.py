@@ -84,9 +84,17 @@ class Outcome:
     done: bool = False
 
 
-def outcomes(refs: list[Any], grace_s: float) -> tuple[list[Outcome], float | None]:
+def outcomes(
+    refs: list[Any], grace_s: float, actors: list[Any] | None = None
+) -> tuple[list[Outcome], float | None]:
     """Every call's outcome: all of them, or, once one failed, those that end within
-    `grace_s` after it (the others are left unanswered). Also when the first failed."""
+    `grace_s` after it (the others are left unanswered). Also when the first failed.
+
+    With `actors` (each call's actor, made with `PROBE_GROUP`), the ones still busy when the
+    first call fails are asked `ping` on a thread of their own: one that answers within
+    `PROBE_S` is slow, not lost, and is waited for; one that does not is unreachable (its
+    node, or the link to it, is gone) and is not waited for: a cut link costs the grace
+    window once (the survivors' own timeout), not twice."""
     import ray
 
     out = [Outcome() for _ in refs]
@@ -94,6 +102,7 @@ def outcomes(refs: list[Any], grace_s: float) -> tuple[list[Outcome], float | No
     pending = list(refs)
     deadline = time.monotonic() + SEGMENT_TIMEOUT_S
     failed_at: float | None = None
+    pings: dict[Any, Any] = {}
     while pending:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -109,6 +118,25 @@ def outcomes(refs: list[Any], grace_s: float) -> tuple[list[Outcome], float | No
                 if failed_at is None:
                     failed_at = time.monotonic()
                     deadline = min(deadline, failed_at + grace_s)
+        if failed_at is not None and actors is not None and pending:
+            if not pings:
+                pings = {r: ping(actors[index[r]]) for r in pending}
+            elif time.monotonic() > failed_at + PROBE_S:
+                answered, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=0)
+                heard = set(answered)
+                pending = [r for r in pending if pings.get(r) in heard]  # the rest: silent
     if failed_at is None and pending:
         raise TimeoutError(f"workers made no progress for {SEGMENT_TIMEOUT_S:.0f} s")
     return out, failed_at
+
+
+PROBE_GROUP = {"probe": 1}
+"""The concurrency group a worker actor is made with, so `ping` answers while it trains."""
+PROBE_S = 5.0
+"""How long an actor that is still busy may take to answer `ping` before it counts as
+unreachable: a Ray call's round trip over the WAN, with room for a loaded host."""
+
+
+def ping(actor: Any) -> Any:
+    """The ref of `actor.ping()` on its probe thread (answers while `run` is busy)."""
+    return actor.ping.options(concurrency_group="probe").remote()

@@ -19,6 +19,7 @@ from training.faults import GroupBroken, Lost, Membership, Recovery, recover, ri
 from training.logs import LogLine
 from training.placement import cluster_resource
 from training.ray_actors import (
+    PROBE_GROUP,
     check_capacity,
     ensure_ray,
     kill,
@@ -121,7 +122,7 @@ class WorkerGroup:
         import ray
 
         # a peer blocked on a silent one fails within the grace window: wait that out
-        done, failed_at = outcomes(refs, self.spec.fault_grace_s + 10.0)
+        done, failed_at = outcomes(refs, self.spec.fault_grace_s + 10.0, self.actors)
         if failed_at is None:
             return [o.value for o in done]
         lost: dict[str, Lost] = {}
@@ -205,7 +206,8 @@ def _start(spec: TrainSpec, rank: int, ranks: list[str], ifname: str | None, nam
 
     from training.worker import Worker
 
-    remote: Any = ray.remote(Worker)
+    make: Any = ray.remote  # its stubs lack `concurrency_groups`
+    remote: Any = make(concurrency_groups=PROBE_GROUP)(Worker)
     return remote.options(
         name=f"{name}-w{rank}",
         num_cpus=0,

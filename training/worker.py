@@ -100,6 +100,11 @@ class Worker:
 
     # ------------------------------------------------------------------ setup
 
+    def ping(self) -> bool:
+        """Answered on the actor's probe thread while `run` is busy: the driver tells a slow
+        cluster from an unreachable one by it (`training.ray_actors.outcomes`)."""
+        return True
+
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the rendezvous store."""
         import ray

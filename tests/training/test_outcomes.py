@@ -1,0 +1,73 @@
+"""How the driver waits on a segment under fault domains (`training.ray_actors.outcomes`): once a
+call fails, a busy actor that answers `ping` is slow and is waited for; one that does not is
+unreachable and is not waited for (on a local Ray, an actor whose ping thread is held stands in
+for one behind a cut link: it is alive but cannot answer)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import ray
+
+from training.ray_actors import PROBE_GROUP, PROBE_S, outcomes
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+class Member:
+    """A worker stand-in: `run` fails, ends late, or hangs; `ping` answers or is held."""
+
+    def __init__(self, run: str, answers: bool) -> None:
+        self.how = run
+        self.answers = answers
+        self.release = threading.Event()
+
+    def run(self) -> str:
+        if self.how == "fail":
+            raise RuntimeError("group broken")
+        if self.how == "slow":
+            time.sleep(PROBE_S + 3.0)
+            return "done"
+        self.release.wait(120)  # silent: never ends on its own
+        return "late"
+
+    def ping(self) -> bool:
+        if not self.answers:
+            self.release.wait(120)
+        return True
+
+
+def _members(*kinds: tuple[str, bool]) -> list[Any]:
+    make: Any = ray.remote  # its stubs lack `concurrency_groups`
+    remote: Any = make(concurrency_groups=PROBE_GROUP)(Member)
+    return [remote.options(num_cpus=0).remote(how, answers) for how, answers in kinds]
+
+
+def test_an_unreachable_member_is_not_waited_for_a_slow_one_is() -> None:
+    actors = _members(("fail", True), ("slow", True), ("silent", False))
+    try:
+        began = time.monotonic()
+        done, failed_at = outcomes([a.run.remote() for a in actors], 60.0, actors)
+        took = time.monotonic() - began
+        assert failed_at is not None
+        assert [o.done for o in done] == [True, True, False]
+        assert done[1].value == "done"  # the slow one was waited for
+        assert took < 30.0  # not the 60 s window: the silent one was given up after its probe
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+def test_without_probes_a_silent_member_costs_the_whole_window() -> None:
+    actors = _members(("fail", True), ("silent", False))
+    try:
+        began = time.monotonic()
+        done, _ = outcomes([a.run.remote() for a in actors], 6.0)
+        assert [o.done for o in done] == [True, False]
+        assert time.monotonic() - began >= 6.0
+    finally:
+        for a in actors:
+            ray.kill(a)
