@@ -19,7 +19,8 @@ Runs, one after the other, nothing beside them:
   once, so the restart gets all three datacenters back sooner than the fault-domain run gets c:
   the comparison favours it;
 - `torchft clean` and `torchft, node killed` (`--torchft`): torchft 0.2.0's DiLoCo, one replica
-  group per datacenter, the lighthouse in the hub, `min_replicas` 2; c's process is SIGKILLed
+  group per datacenter, the lighthouse in the hub, `min_replicas` 2, a quorum waiting up to
+  10 s for every replica still heartbeating; c's process is SIGKILLed
   at a third; at two thirds a new one starts, joins the next quorum and heals from a peer
   (torchft's own recovery). fp32: torchft has no compression.
 
@@ -148,6 +149,7 @@ def torchft_worker(a: argparse.Namespace) -> None:
     """One datacenter's replica group (one process) of torchft DiLoCo, fp32, quorum-tolerant:
     `min_replica_size` 2, so a and b go on without c; a restarted c (`--start-step`) joins the
     next quorum and heals from a peer. Every rank writes its step to `rundir/step-<group>`."""
+    import socket
     from datetime import timedelta
 
     import torch
@@ -159,6 +161,9 @@ def torchft_worker(a: argparse.Namespace) -> None:
     from training.data import batch_indices, shard
 
     os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
+    # torchft's checkpoint server (a newcomer heals from it) advertises the host name, which
+    # names no address inside a testbed namespace: advertise the datacenter's own
+    socket.gethostname = lambda: a.dc_ip
     task, x, y, xe, ye, model = _task_setup(a.task, a.seed, a.timeout)
     store = dist.TCPStore(a.dc_ip, a.store_port, 1, is_master=True, wait_for_workers=False)
     timeout = timedelta(seconds=a.timeout)
@@ -250,7 +255,8 @@ def _torchft_run(bed: Any, a: argparse.Namespace, fault: bool, rundir: Path) -> 
     lighthouse = subprocess.Popen(
         [
             *("ip", "netns", "exec", HUB_NS, str(lh), "--min_replicas", "2"),
-            *("--bind", f"{HUB_IP}:{LIGHTHOUSE_PORT}", "--join_timeout_ms", "1000"),
+            # a quorum waits this long for every replica still heartbeating (a dead one stops)
+            *("--bind", f"{HUB_IP}:{LIGHTHOUSE_PORT}", "--join_timeout_ms", "10000"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -240,8 +240,16 @@ class Worker:
         assert source is not None
         data: torch.Tensor | None = None
         if self.rank == source:
+            state = self._state(own=True)
+            if all(self.ranks_cluster[r] != self.cluster for r in plan.receivers):
+                # another cluster's inner optimizer and compressors are its own (a newcomer's
+                # fresh): the model and the sync state (anchors, outer optimizer) are what it
+                # takes, about half of what this cluster holds
+                part = state["clusters"][self.cluster]
+                del part["optimizer"]
+                part["compressors"] = {}
             buf = io.BytesIO()
-            torch.save(self._state(own=True), buf)
+            torch.save(state, buf)
             data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
         size = torch.tensor([0 if data is None else data.numel()], dtype=torch.int64)
         dist.broadcast(size, src=source)
@@ -523,9 +531,11 @@ class Worker:
         entry = clusters.get(self.cluster) or next(iter(clusters.values()))
         if entry.get("model") is not None:  # clusters' parameters differed: this one's own view
             self.model.load_state_dict(entry["model"])
-        # an optimizer of another kind (e.g. momentum correction now on) starts fresh
+        # an optimizer of another kind (e.g. momentum correction now on) starts fresh, and
+        # a peer's state passed to another cluster carries none (`_pass_state`)
         with contextlib.suppress(ValueError):
-            self.opt.load_state_dict(entry["optimizer"])
+            if "optimizer" in entry:
+                self.opt.load_state_dict(entry["optimizer"])
         sync = state["sync"]
         if sync.get("kind") == self.sync.kind.value:
             self.comm.compute_ema = float(sync.get("compute_ema", 0.0))
