@@ -199,10 +199,10 @@ class CheckpointStore(ABC):
         buf = io.BytesIO()
         torch.save(plain(state), buf)
         self._write(f"step-{step:08d}.pt", buf.getvalue())
-        kept = self.steps()[-self.keep :]
+        oldest = self.steps()[-self.keep :][0]  # a newer step's parts may be on their way
         for name in self._names():
             m = _NAME.match(name) or _PART.match(name)
-            if m and int(m.group(1)) not in kept and int(m.group(1)) < kept[0]:
+            if m and int(m.group(1)) < oldest:
                 self._remove(name)
 
     def save_part(self, step: int, cluster: str, epoch: int, part: dict[str, Any]) -> None:
