@@ -124,6 +124,7 @@ def cpn_driver(a: argparse.Namespace) -> None:
             state["want"] = Membership(1, dict(clusters))
 
     def on_progress(p: Progress) -> None:
+        state["compute"] = dict(p.compute_by_cluster)  # since the group last re-formed
         for line in p.logs:
             print(f"[{p.step}] {line}", file=sys.stderr, flush=True)
         if a.mode == "clean":
@@ -131,7 +132,7 @@ def cpn_driver(a: argparse.Namespace) -> None:
         if "lost" not in state and p.step >= a.steps // 3:
             state["lost"] = p.step
             threading.Thread(target=lose, daemon=True).start()
-        elif a.mode != "restart" and "back" not in state and p.step >= 2 * a.steps // 3:
+        elif a.mode != "restart" and "back" not in state and p.step >= int(a.back * a.steps):
             state["back"] = p.step
             threading.Thread(target=back, daemon=True).start()
 
@@ -139,6 +140,7 @@ def cpn_driver(a: argparse.Namespace) -> None:
     keep = ("wall_s", "final_accuracy", "history", "restarts", "membership", "wan_bytes")
     out = {k: rep.get(k) for k in keep}
     out["fault_events"] = state["events"]
+    out["compute_by_cluster"] = state.get("compute", {})  # 0 for one that sat the end out
     print(json.dumps(out, default=str))
 
 
@@ -273,7 +275,7 @@ def _torchft_run(bed: Any, a: argparse.Namespace, fault: bool, rundir: Path) -> 
             if fault and not events and s >= a.steps // 3:
                 os.killpg(procs[lost].pid, signal.SIGKILL)
                 events.append({"what": f"{LOST} killed", "step": s, "t": time.perf_counter() - t0})
-            elif fault and len(events) == 1 and s >= 2 * a.steps // 3:
+            elif fault and len(events) == 1 and s >= int(a.back * a.steps):
                 procs[lost].wait()
                 procs[lost] = spawn(lost, s)
                 events.append({"what": f"{LOST} started", "step": s, "t": time.perf_counter() - t0})
@@ -318,6 +320,7 @@ def _one(bed: Any, a: argparse.Namespace, name: str, who: str, mode: str, fault:
     else:
         argv = [sys.executable, "-m", "bench.fault_testbed", "cpn-driver", "--mode", mode]
         argv += ["--fault", fault, "--task", a.task, "--steps", str(a.steps)]
+        argv += ["--back", str(a.back)]
         argv += ["--sync", a.sync, "--compression", a.compression, "--seed", str(a.seed)]
         argv += ["--workers", str(a.workers), "--grace-s", str(a.grace_s)]
         argv += ["--checkpoint", str(rundir / "ckpt")]
@@ -360,7 +363,8 @@ def _table(rows: list[dict[str, Any]], a: argparse.Namespace, command: str) -> t
         f"namespace testbed on 2 cores, datacenters a, b, c x {a.workers} worker(s), uplinks "
         f"{a.mbit:g} Mbit/s (tc tbf both ways), {a.task}, {a.steps} steps; cpn {a.sync} "
         f"{a.compression}, grace {a.grace_s:g} s, a checkpoint every {a.steps // 10} steps; "
-        f"torchft DiLoCo fp32 H={a.period}, min_replicas 2; c lost at 1/3, back at 2/3"
+        f"torchft DiLoCo fp32 H={a.period}, min_replicas 2; "
+        f"c lost at 1/3 of the steps, back at {a.back:.2g}"
     )
     lines = [
         "# A lost datacenter on the WAN testbed: fault domains, checkpoint-restart, torchft",
@@ -392,9 +396,15 @@ def _table(rows: list[dict[str, Any]], a: argparse.Namespace, command: str) -> t
     lines += [""]
     for r in rows:
         for m in r.get("membership") or []:
+            ready = (
+                f" (its workers started and loaded in {m['ready_s']:.2f} s while the others "
+                "trained on)"
+                if "ready_s" in m
+                else ""
+            )
             lines.append(
                 f"- {r['run']}: step {m['step']}: {m['cluster']} {m['change']} ({m['why']}), "
-                f"re-formed in {m['recovery_s']:.2f} s"
+                f"re-formed in {m['recovery_s']:.2f} s{ready}"
             )
     by = {r["run"]: r for r in rows if "error" not in r}
     rs = by.get("restart, node killed")
@@ -439,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     for q in (p, d, w):
         q.add_argument("--task", default="builtin:gpt-stdlib")
         q.add_argument("--steps", type=int, default=320)
+        q.add_argument("--back", type=float, default=2 / 3, help="c returns at this fraction")
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--grace-s", type=float, default=20.0)
     for q in (p, d):

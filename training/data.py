@@ -27,7 +27,15 @@ def shard_sizes(batch: int, world: int, weights: Sequence[float] | None = None) 
     """Each rank's part of a batch of `batch`: equal without `weights`, the remainder to the
     first ranks; else in proportion to each rank's weight (the planner's batch shares, so a
     faster GPU takes more samples and no cluster waits on another), by largest remainder
-    (ties to the first ranks), one sample at least a rank."""
+    (ties to the first ranks), one sample at least a rank. A rank of weight 0 takes none (a
+    member sitting out a round: `SyncStrategy.seats_at`)."""
+    if weights is not None and len(weights) == world and min(weights) == 0 < max(weights):
+        active = [k for k in range(world) if weights[k] > 0]
+        sizes = [0] * world
+        parts = shard_sizes(batch, len(active), [weights[k] for k in active])
+        for k, n in zip(active, parts, strict=True):
+            sizes[k] = n
+        return sizes
     if weights is None or batch < world:
         q, r = divmod(batch, world)
         return [q + (1 if k < r else 0) for k in range(world)]

@@ -11,7 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -142,15 +142,17 @@ class WorkerGroup:
                 raise err
         raise SegmentBroken(lost, failed_at, first)
 
-    def resize(self, spec: TrainSpec, name: str) -> tuple[WorkerGroup, int]:
+    def resize(
+        self, spec: TrainSpec, name: str, started: dict[str, list[Any]] | None = None
+    ) -> tuple[WorkerGroup, int]:
         """The group on `spec.clusters` (clusters left or joined): the workers of clusters
-        gone are ended, new ones start for clusters joining; every member re-forms, keeping
-        its own state, and a newcomer takes a peer's (`Worker._agree`). The new group and
-        the step it stands at."""
+        gone are ended, clusters joining bring theirs (`started`, already loaded) or new ones
+        start; every member re-forms, keeping its own state, and a newcomer takes a peer's
+        (`Worker._agree`). The new group and the step it stands at."""
         import ray
 
         ranks = ranks_of(spec)
-        mine: dict[str, list[Any]] = {}
+        mine: dict[str, list[Any]] = {c: list(a) for c, a in (started or {}).items()}
         for c, a in zip(self.ranks, self.actors, strict=True):
             if c in spec.clusters:
                 mine.setdefault(c, []).append(a)
@@ -198,6 +200,46 @@ class WorkerGroup:
     def kill(self) -> None:
         for a in self.actors:
             kill(a)
+
+
+@dataclass
+class Joining:
+    """Clusters a running job is taking in: their workers started and loading the task
+    (`Worker.prepare`) while the others train on; the run re-forms with them once every one
+    is ready, at the end of a segment."""
+
+    want: Membership
+    """The caller's membership that asked for them."""
+    actors: dict[str, list[Any]]
+    prepared: list[Any]
+    """The refs of their `prepare` calls."""
+    began: float
+
+    @classmethod
+    def start(
+        cls, spec: TrainSpec, clusters: list[str], ifname: str | None, name: str, want: Membership
+    ) -> Joining:
+        """The workers of `clusters` as ranks of `spec` (each takes its final rank when the
+        group re-forms), each loading the task."""
+        ranks = ranks_of(spec)
+        actors: dict[str, list[Any]] = {}
+        for rank, c in enumerate(ranks):
+            if c in clusters:
+                actors.setdefault(c, []).append(_start(spec, rank, ranks, ifname, name))
+        prepared = [a.prepare.remote() for group in actors.values() for a in group]
+        return cls(want, actors, prepared, time.perf_counter())
+
+    def ready(self) -> bool:
+        """Whether every newcomer finished loading (or failed to: `ray.get` says which)."""
+        import ray
+
+        done, _ = ray.wait(self.prepared, num_returns=len(self.prepared), timeout=0)
+        return len(done) == len(self.prepared)
+
+    def kill(self) -> None:
+        for group in self.actors.values():
+            for a in group:
+                kill(a)
 
 
 def _start(spec: TrainSpec, rank: int, ranks: list[str], ifname: str | None, name: str) -> Any:
@@ -312,7 +354,17 @@ def run(
         now = time.time()
         said.extend(LogLine(now, "driver", "stderr", line) for line in text.splitlines())
 
-    def note(step: int, cluster: str, change: str, why: str, workers: int, took: float) -> None:
+    def note(
+        step: int,
+        cluster: str,
+        change: str,
+        why: str,
+        workers: int,
+        took: float,
+        ready_s: float | None = None,
+    ) -> None:
+        """A membership change: `took`, what the run stood still for; `ready_s`, how long a
+        newcomer started and loaded while the others trained on."""
         say(f"step {step}: cluster {cluster} {change} ({why}), {workers} worker(s)")
         changes.append(
             {
@@ -323,9 +375,39 @@ def run(
                 "workers": workers,
                 "recovery_s": round(took, 3),
                 "wall_s": round(time.perf_counter() - (t0 or time.perf_counter()), 3),
+                **({} if ready_s is None else {"ready_s": round(ready_s, 3)}),
             }
         )
 
+    def change_to(
+        group: WorkerGroup,
+        step: int,
+        new_spec: TrainSpec,
+        started: dict[str, list[Any]],
+        ready_s: float,
+    ) -> tuple[WorkerGroup, int]:
+        """Re-form `group` on `new_spec` (the caller's change; `started`: newcomers' workers,
+        ready) and note who left and joined; a change that moves no cluster (a new plan on
+        the same ones) re-forms too: its rates and shares are what the ports now hold."""
+        nonlocal spec, last, regrouped
+        if list(new_spec.clusters) == list(spec.clusters) and new_spec == spec:
+            return group, step
+        began = time.perf_counter()
+        bank()
+        last = None
+        regrouped += 1
+        group, step = group.resize(new_spec, f"cpn-{run_id}-g{regrouped}", started)
+        took = time.perf_counter() - began
+        for c in spec.clusters:
+            if c not in new_spec.clusters:
+                note(step, c, "left", Lost.REMOVED, spec.clusters[c], took)
+        for c in new_spec.clusters:
+            if c not in spec.clusters:
+                note(step, c, "joined", "added", new_spec.clusters[c], took, ready_s)
+        spec = new_spec
+        return group, step
+
+    joining: Joining | None = None
     try:
         check_capacity(spec)
         while True:  # one attempt a pass: a restart ends it, the next resumes
@@ -346,38 +428,48 @@ def run(
                     want = membership() if (membership is not None and live) else None
                     if want is not None and want.version > seen_version:
                         seen_version = want.version
+                        if joining is not None:  # the caller changed its mind again
+                            joining.kill()
+                            joining = None
                         target = _follow(spec.clusters, want.clusters)
-                        new_spec = spec.with_clusters(
-                            ring_ordered(target, list(want.clusters)),
-                            links=want.links,
-                            wan_kbps=want.wan_kbps,
-                            batch_shares=want.batch_shares,
-                        )
-                        # the caller's new plan on the clusters the run already has (after a
-                        # loss the run shrank itself) is a re-form too: its rates and shares
-                        # are what the ports now hold for it
-                        moved = list(new_spec.clusters) != list(spec.clusters)
-                        if moved or new_spec != spec:
-                            began = time.perf_counter()
-                            try:
-                                check_capacity(new_spec)
-                            except ValueError as exc:  # no worker slot there: stay as we are
-                                for c in target:
-                                    if c not in spec.clusters:
-                                        note(step, c, "refused", str(exc), target[c], 0.0)
-                                continue
-                            bank()
-                            last = None
-                            regrouped += 1
-                            group, step = group.resize(new_spec, f"cpn-{run_id}-g{regrouped}")
-                            took = time.perf_counter() - began
-                            for c in spec.clusters:
-                                if c not in target:
-                                    note(step, c, "left", Lost.REMOVED, spec.clusters[c], took)
-                            for c in target:
-                                if c not in spec.clusters:
-                                    note(step, c, "joined", "added", target[c], took)
-                            spec = new_spec
+                        new_spec = _planned(spec, target, want)
+                        newcomers = [c for c in target if c not in spec.clusters]
+                        try:
+                            check_capacity(new_spec)
+                        except ValueError as exc:  # no worker slot there: stay as we are
+                            for c in newcomers:
+                                note(step, c, "refused", str(exc), target[c], 0.0)
+                            continue
+                        if newcomers:  # they start and load while the others train on
+                            joining = Joining.start(
+                                new_spec, newcomers, ifname, f"cpn-{run_id}-j{want.version}", want
+                            )
+                            say(f"step {step}: cluster(s) {', '.join(newcomers)} starting")
+                        else:
+                            group, step = change_to(group, step, new_spec, {}, 0.0)
+                    if joining is not None and joining.ready():
+                        came, joining = joining, None
+                        try:
+                            ray.get(came.prepared, timeout=60)
+                        except ray.exceptions.RayError as exc:  # lost again while starting
+                            came.kill()
+                            for c, actors in came.actors.items():
+                                note(step, c, "refused", str(exc)[:200], len(actors), 0.0)
+                        else:
+                            # the run's clusters now (one may have left meanwhile) and the
+                            # newcomers, as the caller asked
+                            target = _follow(
+                                spec.clusters,
+                                {
+                                    c: n
+                                    for c, n in came.want.clusters.items()
+                                    if c in spec.clusters or c in came.actors
+                                },
+                            )
+                            new_spec = _planned(spec, target, came.want)
+                            group, step = change_to(
+                                group, step, new_spec, came.actors, time.perf_counter() - came.began
+                            )
                     try:
                         results = group.run_segment(min(step + seg, spec.steps))
                     except SegmentBroken as broken:
@@ -467,6 +559,8 @@ def run(
                 if not ended:
                     group.kill()
     finally:
+        if joining is not None:
+            joining.kill()
         if started:
             ray.shutdown()
     wall = time.perf_counter() - (t0 or time.perf_counter())
@@ -542,6 +636,17 @@ def _artefact(
     if not found:
         return {}
     return {"which": "last", "step": found[-1], "where": store.where(found[-1])}
+
+
+def _planned(spec: TrainSpec, target: dict[str, int], want: Membership) -> TrainSpec:
+    """`spec` on the clusters `target`, in the caller's ring order, with the caller's plan
+    for them (links, reserved rates, batch shares)."""
+    return spec.with_clusters(
+        ring_ordered(target, list(want.clusters)),
+        links=want.links,
+        wan_kbps=want.wan_kbps,
+        batch_shares=want.batch_shares,
+    )
 
 
 def _follow(now: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:

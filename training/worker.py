@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import io
 import os
 import socket
+import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from grammar import Sync
 from training.auto import runs_auto
@@ -41,6 +45,81 @@ CHECKPOINT_VERSION = FORMAT
 TRANSFER_FLOOR_BYTES_S = 250_000.0
 """The slowest a peer's state may cross the WAN (2 Mbit/s) before its transfer counts as
 failed: a joining cluster's wait is bounded by the state's size, not by the grace window."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A task and the samples a rank trains and evaluates on, for the run that `key` names
+    (task, data residency, cluster, clusters)."""
+
+    key: tuple[Any, ...]
+    task: Task
+    x: torch.Tensor
+    y: torch.Tensor
+    xe: torch.Tensor
+    ye: torch.Tensor
+
+    def samples(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.x, self.y, self.xe, self.ye
+
+
+class Receiving:
+    """A peer's state on its way to this rank (`Worker._pass_state`), waited for on a
+    thread of its own (gloo says a receive is done only to the one who waits on it), which
+    passes it on to `mates` (this cluster's other receivers) once it is here."""
+
+    def __init__(
+        self, work: Any, data: torch.Tensor, timeout: timedelta, mates: list[int], group: Any
+    ) -> None:
+        self.work, self.data, self.timeout = work, data, timeout
+        self.mates, self.group = mates, group
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._wait, name="cpn-peer-state", daemon=True)
+        self.thread.start()
+
+    def _wait(self) -> None:
+        try:
+            self.work.wait(timeout=self.timeout)
+            for dst in self.mates:
+                work = dist.isend(self.data, dst=dst, group=self.group)
+                assert work is not None
+                work.wait(timeout=self.timeout)
+        except BaseException as exc:  # noqa: BLE001 - raised where the state is taken
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def arrived(self) -> bool:
+        return self.done.is_set()
+
+    def result(self) -> torch.Tensor:
+        """The state's bytes, once here (and passed on); the transfer's error if it failed."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.data
+
+
+def _stored_once(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` with each tensor of its sync state that equals one of the model's replaced by
+    that one, which `torch.save` then writes once: at the end of an outer round the anchors
+    are the model, and a peer's state crosses the WAN a third smaller, exactly."""
+    model: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    for t in state["model"].values():
+        model.setdefault((t.shape, t.dtype), []).append(t)
+
+    def same(x: torch.Tensor) -> torch.Tensor:
+        return next((m for m in model.get((x.shape, x.dtype), []) if torch.equal(m, x)), x)
+
+    return {**state, "sync": tree_map_only(torch.Tensor, same, state["sync"])}
+
+
+def _own_copies(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` (as read) with its sync state's tensors copied: after `_stored_once` some
+    share storage with the model's or with each other, and an optimizer takes its state
+    tensors as they come."""
+    return {**state, "sync": tree_map_only(torch.Tensor, torch.clone, state["sync"])}
 
 
 def free_port() -> int:
@@ -72,11 +151,20 @@ class Worker:
         """The current step's local steps are done but its outer round (`after_step`) is not."""
         self.held: dict[str, Any] | None = None
         """This rank's own state across a `regroup`, in memory (no checkpoint is read)."""
+        self.idle: frozenset[int] = frozenset()
+        """Ranks that joined late (`_agree`): they train nothing and weigh nothing until the
+        end of the first round by which every one of them has its peer's state (`_seat`)."""
+        self.receiving: Receiving | None = None
+        self.sending: list[tuple[Any, torch.Tensor]] = []
+        """A peer's state on its way from this rank: (work, buffer)."""
+        self.transfer_timeout = timedelta(seconds=spec.fault_grace_s)
         if gloo_ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
         torch.set_num_threads(1)
         self.capture = capture(f"{self.cluster}/{rank}")
         """What this process prints, for the job's log (taken with each report)."""
+        self.loaded: Loaded | None = None
+        """The task and its samples, kept across `regroup` and `reinit` (`prepare`)."""
 
     def reinit(
         self, spec: TrainSpec, rank: int, ranks_cluster: list[str], gloo_ifname: str | None
@@ -85,18 +173,22 @@ class Worker:
         last run printed is reported as this one's."""
         self.close()
         self.capture.take()
+        loaded = self.loaded
         self.__init__(spec, rank, ranks_cluster, gloo_ifname)  # type: ignore[misc]
+        self.loaded = loaded
 
     def regroup(
         self, spec: TrainSpec, rank: int, ranks_cluster: list[str], gloo_ifname: str | None
     ) -> None:
         """Keep this rank's state in memory and leave its process group, to `setup` again
         as `rank` of the run on `spec.clusters` (a cluster left or joined)."""
-        held = self.held if self.held is not None else self._state(own=True)
-        pending = self.pending
+        held = self.held
+        if held is None and hasattr(self, "strategy") and not self._unseated():
+            held = self._state(own=True)  # else a newcomer still: it holds no state of its own
+        pending, loaded = self.pending, self.loaded
         self.close()
         self.__init__(spec, rank, ranks_cluster, gloo_ifname)  # type: ignore[misc]
-        self.held, self.pending = held, pending
+        self.held, self.pending, self.loaded = held, pending, loaded
 
     # ------------------------------------------------------------------ setup
 
@@ -104,6 +196,21 @@ class Worker:
         """Answered on the actor's probe thread while `run` is busy: the driver tells a slow
         cluster from an unreachable one by it (`training.ray_actors.outcomes`)."""
         return True
+
+    def prepare(self) -> None:
+        """Load the task and this rank's samples: seconds that a cluster joining a running
+        job spends while the others train on (`training.runner`), not while they wait."""
+        spec = self.spec
+        key = (spec.task, spec.data, self.cluster, tuple(self.clusters))
+        if self.loaded is not None and self.loaded.key == key:
+            return
+        task: Task = load_task(spec.task)
+        if spec.data == "local":  # only this cluster's samples, never another's
+            x, y = local_samples(task, self.cluster, self.clusters)
+        else:
+            x, y = as_tensors(task.train)
+        xe, ye = as_tensors(task.eval)
+        self.loaded = Loaded(key, task, x, y, xe, ye)
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the rendezvous store."""
@@ -135,16 +242,19 @@ class Worker:
                 intra = g
         self.intra = intra
         self.leaders: Any = dist.new_group(self.leader_ranks, backend="gloo", timeout=timeout)
+        # a peer's state crosses on a group of its own, beside the training's collectives
+        self.transfer: Any = (
+            dist.new_group(list(range(self.world)), backend="gloo", timeout=timeout)
+            if self.live
+            else None
+        )
 
-        task: Task = load_task(spec.task)
-        self.task = task
-        if spec.data == "local":  # only this cluster's samples, never another's
-            self.x, self.y = local_samples(task, self.cluster, self.clusters)
-        else:
-            self.x, self.y = as_tensors(task.train)
+        self.prepare()
+        assert self.loaded is not None
+        task = self.task = self.loaded.task
+        self.x, self.y, self.xe, self.ye = self.loaded.samples()
         self.labels_read: set[int] = set()
         self.slowdown = float(spec.slowdown.get(self.cluster, 1.0))
-        self.xe, self.ye = as_tensors(task.eval)
         self.batch = min(spec.batch_size or task.batch_size, len(self.x))
         torch.manual_seed(spec.seed)
         self.model: nn.Module = task.model()
@@ -170,20 +280,14 @@ class Worker:
         self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.shapes = [p.shape for p in self.params]
-        self.weights = rank_weights(spec.batch_shares, self.ranks_cluster)
-        sizes = shard_sizes(self.batch, self.world, self.weights)
-        # each cluster's share of the global batch, as this run splits it
-        self.cluster_shares = {
-            c: sum(sizes[r] for r, x in enumerate(self.ranks_cluster) if x == c) / self.batch
-            for c in self.clusters
-        }
-        ctx = SyncContext(
+        self._split()
+        self.ctx = ctx = SyncContext(
             spec=spec,
             comm=self.comm,
             model=self.model,
             params=self.params,
             apply=self._apply,
-            cluster_share=sum(sizes[r] for r in self.cluster_ranks) / self.batch,
+            cluster_share=self.cluster_shares[self.cluster],
             device_s=lambda: self.device_s,
             reset_local=lambda: self.opt.state.clear(),
             cluster_shares=self.cluster_shares,
@@ -220,22 +324,45 @@ class Worker:
     def _agree(self, mine: Position) -> None:
         """After re-forming: members that stopped at the same place keep their own state
         (and finish the outer round the loss broke, among themselves); a newcomer, or a
-        member that missed the end of a round, takes the state of one furthest on."""
+        member that missed the end of a round, takes the state of one furthest on. Where the
+        mode seats a member late (`SyncStrategy.seats_at`) and the receivers are whole
+        clusters, the others train on while the state crosses the WAN."""
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, (mine.step, mine.pending))
-        plan = agree([Position(int(a), bool(b)) for a, b in gathered])
+        positions = [Position(int(a), bool(b)) for a, b in gathered]
+        plan = agree(positions)
         if plan.finish_round:
             self.strategy.after_step(self.step)
             self.step += 1
             self.pending = False
-        if plan.source is not None:
-            self._pass_state(plan)
+        if plan.source is None:
+            return
+        at = positions[plan.source].step
+        seat = self.strategy.seats_at(at)
+        receivers = set(plan.receivers)
+        whole = all(
+            r in receivers
+            for r, c in enumerate(self.ranks_cluster)
+            if c in {self.ranks_cluster[x] for x in receivers}
+        )
+        late = seat is not None and seat > at and whole
+        self._pass_state(plan)
+        if not late:
+            self._catch_up()
+            self._sent()
+            return
+        self.idle = frozenset(receivers)
+        self._split(self.idle)
+        if self.rank in receivers:
+            self.step = self.local_step = at  # where the others stand
+            self.strategy.defer()  # its rounds' outcomes, kept until its state is here
 
     def _pass_state(self, plan: Agreement) -> None:
-        """The source's state to every receiver: across the WAN once per cluster (to its
-        first receiving rank, which passes it on inside the cluster); read as data only.
-        The state is a few times the model: its transfer is timed by its size (at least
-        `TRANSFER_FLOOR_BYTES_S`), not by the grace window that bounds a training exchange."""
+        """Start the source's state on its way to every receiver: across the WAN once per
+        cluster (to its first receiving rank, which passes it on inside the cluster, once it
+        has it: `_catch_up`); read as data only. The state is a few times the model: its
+        transfer is timed by its size (at least `TRANSFER_FLOOR_BYTES_S`), not by the grace
+        window that bounds a training exchange."""
         source = plan.source
         assert source is not None
         data: torch.Tensor | None = None
@@ -244,12 +371,12 @@ class Worker:
             if all(self.ranks_cluster[r] != self.cluster for r in plan.receivers):
                 # another cluster's inner optimizer and compressors are its own (a newcomer's
                 # fresh): the model and the sync state (anchors, outer optimizer) are what it
-                # takes, about half of what this cluster holds
+                # takes
                 part = state["clusters"][self.cluster]
                 del part["optimizer"]
                 part["compressors"] = {}
             buf = io.BytesIO()
-            torch.save(state, buf)
+            torch.save(_stored_once(state), buf)
             data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
         size = torch.tensor([0 if data is None else data.numel()], dtype=torch.int64)
         dist.broadcast(size, src=source)
@@ -257,29 +384,92 @@ class Worker:
         timeout = timedelta(seconds=self.spec.fault_grace_s + n / TRANSFER_FLOOR_BYTES_S)
         first: dict[str, int] = {}
         for r in plan.receivers:
-            cluster = self.ranks_cluster[r]
-            src = first.setdefault(cluster, source)
-            if src == source:
-                first[cluster] = r
-            if self.rank == src:
-                assert data is not None
-                work = dist.isend(data, dst=r)
+            first.setdefault(self.ranks_cluster[r], r)
+        if self.rank == source:
+            assert data is not None
+            for dst in first.values():
+                work = dist.isend(data, dst=dst, group=self.transfer)
                 assert work is not None  # this rank is in the group
-                work.wait(timeout=timeout)
-            elif self.rank == r:
-                data = torch.empty(n, dtype=torch.uint8)
-                work = dist.irecv(data, src=src)
-                assert work is not None
-                work.wait(timeout=timeout)
+                self.sending.append((work, data))
+        elif self.rank in plan.receivers:
+            lead = first[self.cluster]
+            buf_in = torch.empty(n, dtype=torch.uint8)
+            src = source if self.rank == lead else lead
+            work = dist.irecv(buf_in, src=src, group=self.transfer)
+            assert work is not None
+            mates = [r for r in plan.receivers if self.ranks_cluster[r] == self.cluster]
+            mates.remove(lead)
+            self.receiving = Receiving(
+                work, buf_in, timeout, mates if self.rank == lead else [], self.transfer
+            )
         home = self.ranks_cluster[source]
         wan = {(home, c): n for c in first if c != home}  # every rank counts it alike
         if self.comm.exchanger is not None and wan:
             self.comm.exchanger.count_setup(wan)
-        if self.rank in plan.receivers:
-            assert data is not None
-            state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
-            self._load(state)
-            self.pending = False
+        self.transfer_timeout = timeout
+
+    def _catch_up(self) -> None:
+        """A receiver: wait for the peer's state, pass it on to this cluster's other
+        receivers (the first one's task), and take it."""
+        got, self.receiving = self.receiving, None
+        if got is None:
+            return
+        data = got.result()
+        state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
+        step, local_step = self.step, self.local_step
+        self._load(_own_copies(state))
+        self.pending = False
+        if self.rank in self.idle:  # joined late: the rounds since the state was taken
+            self.strategy.replay()
+            self.step, self.local_step = step, local_step
+
+    def _seat(self) -> None:
+        """At a round's end while ranks sit out: every rank says whether its state is still
+        on its way; once none is, everyone takes part from the next step."""
+        if self.receiving is not None and self.receiving.arrived():
+            self._catch_up()
+        waiting = torch.tensor([int(self.receiving is not None)])
+        dist.all_reduce(waiting, op=dist.ReduceOp.MAX)
+        if int(waiting.item()) == 0:
+            self._seated()
+
+    def _seated(self) -> None:
+        """Everyone takes part from the next step (the late members' states are here, or
+        waited for now)."""
+        self._catch_up()
+        self._sent()
+        self.idle = frozenset()
+        self._split()
+
+    def _sent(self) -> None:
+        """The source: wait until the state it sends has arrived (at once where the
+        receivers wait for it; at their seat, where every receiver has it)."""
+        sending, self.sending = self.sending, []
+        for work, _ in sending:
+            work.wait(timeout=self.transfer_timeout)
+
+    def _unseated(self) -> bool:
+        """Whether this rank joined and holds no state of its own yet (its peer's state has
+        not arrived, or it sits out the round it joined in): re-forming again, it is a
+        newcomer still."""
+        return self.receiving is not None or self.rank in self.idle
+
+    def _split(self, idle: frozenset[int] = frozenset()) -> None:
+        """Each rank's part of the global batch (the plan's shares; nothing for the `idle`
+        ranks), and each cluster's share of it, which the strategy weighs its exchange by."""
+        weights = rank_weights(self.spec.batch_shares, self.ranks_cluster)
+        if idle:
+            weights = [0.0 if r in idle else w for r, w in enumerate(weights or [1.0] * self.world)]
+        self.weights = weights
+        sizes = shard_sizes(self.batch, self.world, weights)
+        self.cluster_shares = {
+            c: sum(sizes[r] for r, x in enumerate(self.ranks_cluster) if x == c) / self.batch
+            for c in self.clusters
+        }
+        ctx: SyncContext | None = getattr(self, "ctx", None)
+        if ctx is not None:
+            ctx.cluster_shares = self.cluster_shares
+            ctx.cluster_share = self.cluster_shares[self.cluster]
 
     # ------------------------------------------------------------------ one step
 
@@ -323,7 +513,14 @@ class Worker:
         """One step: `local_steps` local steps (several on a fast cluster in modes that let
         it run ahead), then the strategy's `after_step`."""
         strategy = self.strategy
-        for _ in range(strategy.local_steps(self.step)):
+        if self.receiving is not None and self.receiving.arrived():
+            self._catch_up()
+        if self.rank in self.idle:  # sitting out: its state is on its way, or just came
+            self.local_step += strategy.local_steps(self.step)  # the batches the others draw
+            todo = 0
+        else:
+            todo = strategy.local_steps(self.step)
+        for _ in range(todo):
             t0 = time.perf_counter()
             self._local_backward(strategy.scope)
             t1 = time.perf_counter()
@@ -340,6 +537,8 @@ class Worker:
         self.comm_s += time.perf_counter() - t3
         self.step += 1
         self.pending = False
+        if self.idle and self.strategy.seats_at(self.step - 1) == self.step:
+            self._seat()  # a round's end
 
     # ------------------------------------------------------------------ driver calls
 
@@ -367,12 +566,14 @@ class Worker:
         strategy: SyncStrategy | None = getattr(self, "strategy", None)
         if strategy is not None:
             strategy.abandon()
-        self.held = self._state(own=True)
+        self.held = None if self._unseated() else self._state(own=True)
         if strategy is not None:
             strategy.close()
             del self.strategy
         self.comm = None  # type: ignore[assignment]
-        self.leaders = self.intra = None
+        self.leaders = self.intra = self.transfer = None
+        if hasattr(self, "ctx"):  # it holds the Collective, and with it the groups
+            del self.ctx
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
         gc.collect()
@@ -389,14 +590,19 @@ class Worker:
                 self.comm_s += time.perf_counter() - t0
             if spec.checkpoint and every and self.step % every == 0:
                 self.ckpt_due = True
-            if self.ckpt_due and self.strategy.at_sync_point(self.step):
+            if self.step == spec.steps and 0 in self.idle:
+                self._seated()  # rank 0 evaluates and writes the model: it waits for its state
+            # others still sitting out end without theirs: they trained nothing, and hold
+            # nothing anyone reads (the checkpoint leaves their clusters out)
+            if self.ckpt_due and 0 not in self.idle and self.strategy.at_sync_point(self.step):
                 self._checkpoint()
         if spec.checkpoint and self.step == spec.steps and self.last_ckpt != self.step:
             self._checkpoint()
         return self._stats(evaluate)
 
     def _stats(self, evaluate: bool) -> SegmentResult:
-        ev = self.evaluate() if evaluate else None
+        sitting = self.rank in self.idle  # its model is a peer's, old, or a fresh one
+        ev = self.evaluate() if evaluate and not sitting else None
         if ev is not None:
             self._keep_if_best(ev)
         loss = self.loss_sum / max(self.loss_n, 1)
@@ -423,26 +629,38 @@ class Worker:
     def evaluate(self) -> Evaluation:
         return evaluate(self.task, self.model, self.xe, self.ye, self.device)
 
+    def digest(self) -> str:
+        """A hash of this rank's parameters: members that hold the same model agree on it
+        (at the end of an outer round every member of a local-SGD run does)."""
+        h = hashlib.sha256()
+        for p in self.params:
+            h.update(p.detach().cpu().numpy().tobytes())
+        return h.hexdigest()
+
     # ------------------------------------------------------------------ checkpoints
 
     def _checkpoint(self) -> None:
         """Each cluster's leader writes its cluster's part from where it is (its optimizer and
         compressor state are as large as the model, twice: gathering them to rank 0 crossed the
         WAN with all of it at every checkpoint); after a barrier, rank 0 writes the checkpoint
-        (the model, its own cluster's part, the sync state) naming the others' parts."""
+        (the model, its own cluster's part, the sync state) naming the others' parts. A
+        cluster sitting out (joined late, its peer's state not taken yet) writes none: on a
+        resume it starts as a newcomer does."""
         self.ckpt_due = False
         self.last_ckpt = self.step
         if not self.is_leader:
             return
         store = open_store(self.spec.checkpoint or "")
-        mine = self._mine()
-        if self.rank != 0:
+        sitting = {self.ranks_cluster[r] for r in self.idle}
+        mine = self._mine() if self.cluster not in sitting else None
+        if self.rank != 0 and mine is not None:
             store.save_part(self.step, self.cluster, self.spec.epoch, mine)
         dist.barrier(group=self.leaders)  # every part is written before a checkpoint names it
         if self.rank != 0:
             return
+        assert mine is not None  # rank 0 sits out of no checkpoint (`_run`)
         state = self._state(clusters={self.cluster: mine})
-        state[PARTS] = [c for c in self.clusters if c != self.cluster]
+        state[PARTS] = [c for c in self.clusters if c != self.cluster and c not in sitting]
         store.save(self.step, state)
 
     def _keeps_best(self) -> bool:
@@ -553,5 +771,6 @@ class Worker:
         if strategy is not None:
             strategy.close()
             del self.strategy
+        self.receiving, self.sending = None, []
         if dist.is_initialized():
             dist.destroy_process_group()

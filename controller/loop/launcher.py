@@ -230,8 +230,15 @@ class Launcher:
                             row.id,
                             utcnow(),
                             f"cluster {cluster} joined the run at step {change['step']} with "
-                            f"{change['workers']} worker(s); it took the model from a peer "
-                            f"in {change['recovery_s']:.1f} s",
+                            f"{change['workers']} worker(s)"
+                            + (
+                                f", started and loaded in {change['ready_s']:.1f} s while the "
+                                "others trained on"
+                                if "ready_s" in change
+                                else ""
+                            )
+                            + f"; the run re-formed in {change['recovery_s']:.1f} s and the "
+                            "cluster took the model from a peer",
                         )
 
     def _grow(self) -> None:

@@ -270,25 +270,38 @@ def _adapted_event(job_id: str, choice: AutoChoice) -> JobEvent:
 
 
 def _observe(session: Session, handle: RunHandle, p: Progress, previous: Compute | None) -> Compute:
-    """Compute time per step of each cluster's GPUs: the calibration data of the cost model.
-    A cluster's workers share its part of the global batch equally (its `batch_shares`, or
-    its workers' part of an equal split), so each cluster's slowest rank measures its GPU
-    model on that part of flops_per_step. Returns the report's counters, the `previous` of
-    the next report."""
-    latest = (p.step, dict(p.compute_by_cluster))
+    """Write down what the report `p` measured of each cluster's GPUs (`observations`).
+    Returns the report's counters, the `previous` of the next report."""
+    session.add_all(observations(handle, p, previous))
+    return (p.step, dict(p.compute_by_cluster))
+
+
+def observations(handle: RunHandle, p: Progress, previous: Compute | None) -> list[StepObservation]:
+    """Compute time per step of each cluster's GPUs since the `previous` report: the
+    calibration data of the cost model. A cluster's workers share its part of the global
+    batch equally (its `batch_shares`, or its workers' part of an equal split), so each
+    cluster's slowest rank measures its GPU model on that part of flops_per_step. None where
+    the run did not train on its planned split since: a cluster left or joined, one sat out
+    (it joined late and its state was on its way: no compute), or the counters restarted."""
     if previous is None or p.step <= previous[0] or not handle.flops_per_step:
-        return latest
+        return []
+    per_step = {
+        c: (total - previous[1].get(c, total)) / (p.step - previous[0])
+        for c, total in p.compute_by_cluster.items()
+    }
+    if set(per_step) != set(previous[1]) or min(per_step.values(), default=0.0) <= 0:
+        return []
     workers = sum(handle.clusters.values())
     shares = handle.batch_shares
-    if not set(p.compute_by_cluster) <= set(shares):
+    if not set(per_step) <= set(shares):
         shares = {}  # a cluster joined: the run weighs it by the others' mean (an estimate)
-    norm = sum(shares.get(c, 0.0) for c in p.compute_by_cluster) or 1.0  # one that left
-    for cluster, total in p.compute_by_cluster.items():
-        per_step = (total - previous[1].get(cluster, total)) / (p.step - previous[0])
+    norm = sum(shares.get(c, 0.0) for c in per_step) or 1.0
+    out: list[StepObservation] = []
+    for cluster, compute_s in per_step.items():
         model = handle.gpu_models.get(cluster)
-        if per_step <= 0 or model is None:  # a restart resets the counters
+        if model is None:
             continue
-        session.add(
+        out.append(
             StepObservation(
                 job_id=handle.job_id,
                 gpu_model=normalize_gpu_model(model) or model,
@@ -299,8 +312,8 @@ def _observe(session: Session, handle: RunHandle, p: Progress, previous: Compute
                     if cluster in shares
                     else 1.0 / workers
                 ),
-                compute_s=per_step,
+                compute_s=compute_s,
                 predicted_s=handle.predicted_step_s,
             )
         )
-    return latest
+    return out

@@ -15,6 +15,7 @@ from controller.network.snapshot import step_overhead
 from controller.store.db import make_engine
 from controller.store.models import Job, JobMetric, Tenant, utcnow
 from tests.scheduler.builders import cluster, job, link
+from training import Progress
 from wire.plan import JobPlan, PlanEstimate, Share
 
 
@@ -206,3 +207,40 @@ def test_set_up_that_grows_with_the_workers_is_fitted_per_gpu(db_url: str) -> No
             assert dict(seen.setup_by_cluster) == pytest.approx({"a": 1.0})
     finally:
         engine.dispose()
+
+
+def test_a_run_is_measured_only_where_it_trained_on_its_planned_split() -> None:
+    """Compute per step is written down for each cluster between two reports of the same
+    members that all trained; not across a join, nor while a newcomer sat out a round (its
+    state on its way: the others trained on a split without it), nor across a restart."""
+    from dataclasses import replace as with_
+
+    from controller.loop.progress import observations
+    from controller.loop.runs import RunHandle
+    from tests.controller.world import progress
+
+    handle = RunHandle(
+        job_id="j",
+        clusters={"a": 1, "b": 1, "c": 2},
+        gpu_models={"a": "H100", "b": "A100", "c": "A100"},
+        flops_per_step=1e12,
+        predicted_step_s=None,
+        batch_shares={"a": 0.5, "b": 0.25, "c": 0.25},
+    )
+
+    def at(step: int, **compute: float) -> Progress:
+        return with_(progress(step, dict.fromkeys(compute, 1)), compute_by_cluster=compute)
+
+    got = observations(handle, at(20, a=2.0, b=4.0), (10, {"a": 1.0, "b": 2.0}))
+    assert {o.gpu_model: (o.compute_s, o.flops) for o in got} == {
+        "H100": (0.1, 1e12 * 0.5 / 0.75),
+        "A100": (0.2, 1e12 * 0.25 / 0.75),
+    }
+    joined = at(30, a=3.0, b=6.0, c=0.0)  # c joined: it sits out while its state crosses
+    assert observations(handle, joined, (20, {"a": 2.0, "b": 4.0})) == []
+    sat_out = at(40, a=4.0, b=8.0, c=0.0)
+    assert observations(handle, sat_out, (30, joined.compute_by_cluster)) == []
+    trained = at(50, a=5.0, b=10.0, c=1.0)
+    assert len(observations(handle, trained, (40, sat_out.compute_by_cluster))) == 3
+    restarted = at(60, a=0.5, b=1.0, c=0.1)  # a new group's counters start again
+    assert observations(handle, restarted, (50, trained.compute_by_cluster)) == []

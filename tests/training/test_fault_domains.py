@@ -102,6 +102,15 @@ def test_a_killed_cluster_leaves_and_the_others_go_on(
     assert abs(report.final_accuracy - clean.final_accuracy) <= tolerance
 
 
+def _wait_loaded(name: str) -> None:
+    """Until the joining workers named `*name*` have loaded the task: this run is short, and
+    a newcomer still loading when it ends never joins. Their `prepare` is idempotent and
+    runs one call at a time, so this call returns once the driver's has."""
+    actors = [n for n in ray.util.list_named_actors() if name in n]
+    assert actors, f"no joining worker named *{name}*"
+    ray.get([ray.get_actor(n).prepare.remote() for n in actors], timeout=120)
+
+
 @CALLER
 def test_the_caller_takes_a_cluster_away_and_adds_another(
     tmp_path: Path, mode: dict[str, object]
@@ -115,8 +124,11 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(
         steps.append(p.step)
         if len(steps) == 1:
             wanted[0] = Membership(1, {"a": 1, "b": 1})
-        elif len(steps) == 3:
+        elif len(steps) == 2:
             wanted[0] = Membership(2, {"d": 2, "a": 1, "b": 1}, batch_shares=shares)
+        elif len(steps) == 3:  # d's workers start and load while a and b train on
+            assert p.clusters == {"a": 1, "b": 1}
+            _wait_loaded("-j2-w")
 
     report = run(_spec(tmp_path, **mode), on_progress=follow, membership=lambda: wanted[0])
     assert report.restarts == 0
@@ -125,7 +137,10 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(
         ("d", "joined"),
     ]
     joined = report.membership[1]
-    assert joined["step"] == steps[2]  # the newcomer started at the survivors' step
+    # the newcomer's workers started and loaded while a and b trained on; it joined at a
+    # step the survivors had reached, not from a checkpoint
+    assert joined["ready_s"] > 0.0
+    assert joined["step"] in steps[1:]
     assert report.clusters == {"a": 1, "b": 1, "d": 2}
     assert list(report.clusters) == ["d", "a", "b"]  # in the caller's ring order
     assert report.batch_shares == pytest.approx(shares, abs=0.05)  # not equal per worker
@@ -133,6 +148,41 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(
     assert report.wan_setup_bytes > 0  # the newcomer's state crossed from a peer
     # chance is 0.10; a clean run of each mode on these clusters ends at 0.30-0.34 at 48 steps
     assert report.final_accuracy > 0.25
+
+
+def test_a_newcomer_sits_out_the_round_its_state_crosses_in_and_ends_it_as_the_others(
+    tmp_path: Path,
+) -> None:
+    """a and b train on while c's two workers take b's state (local SGD seats them at the
+    round's end: `SyncStrategy.seats_at`); they train nothing and weigh nothing until then,
+    take part in its outer step all the same, and hold the model a and b hold from there."""
+    wanted = [Membership(0, {"a": 1, "b": 1})]
+    seen: list[training.Progress] = []
+    digests: list[set[str]] = []
+    trained: list[float] = []
+
+    def follow(p: training.Progress) -> None:
+        seen.append(p)
+        if len(seen) == 1:
+            wanted[0] = Membership(1, {"c": 2, "a": 1, "b": 1})
+        elif len(seen) == 2:
+            _wait_loaded("-j1-w")
+        elif "c" in p.clusters:  # every report is at an outer round's end (eval_every 4)
+            names = [n for n in ray.util.list_named_actors() if n.startswith("cpn-")]
+            digests.append(set(ray.get([ray.get_actor(n).digest.remote() for n in names])))
+            trained.append(p.compute_by_cluster["c"])
+
+    spec = _spec(tmp_path, clusters={"a": 1, "b": 1}, eval_every=4, compression="none")
+    report = run(spec, on_progress=follow, membership=lambda: wanted[0])
+    assert [(m["cluster"], m["change"]) for m in report.membership] == [("c", "joined")]
+    assert report.restarts == 0 and report.clusters == {"c": 2, "a": 1, "b": 1}
+    assert digests, "c never took part"
+    assert len(digests[-1]) == 1, digests  # one model on every rank
+    # a rank sitting out holds no model of its own yet; c's did, and trained, before the end
+    assert trained[-2] > 0.0, trained
+    at = trained.index(next(t for t in trained if t > 0.0))
+    assert all(len(d) == 1 for d in digests[at:]), digests
+    assert report.final_accuracy > 0.25  # chance is 0.10
 
 
 def test_after_a_loss_the_callers_new_plan_for_the_survivors_is_what_runs(tmp_path: Path) -> None:

@@ -87,6 +87,40 @@ def test_local_sgd_is_at_a_sync_point_every_period_and_at_the_end() -> None:
     assert [s for s in range(1, 11) if strategy.at_sync_point(s)] == [4, 8, 10]
 
 
+def test_local_sgd_seats_a_late_member_that_replays_the_rounds_it_sat_out_exactly() -> None:
+    """A member that joined late takes each outer step's sum while its state is on its way
+    (`defer`), then the state as of its joining, then the kept sums (`replay`): it ends with
+    the anchor, parameters and outer momentum of a member that was there all along, bitwise."""
+    import copy
+
+    spec = TrainSpec(sync="diloco:4", steps=10)
+    here = make_sync_strategy(parse_sync(spec.sync), _context(spec))
+    late = make_sync_strategy(parse_sync(spec.sync), _context(spec))  # other random weights
+    assert isinstance(here, LocalSGDSync) and isinstance(late, LocalSGDSync)
+    assert [here.seats_at(s) for s in (0, 3, 4, 9)] == [4, 4, 8, 10]
+    gen = torch.Generator().manual_seed(0)
+    sums = [torch.randn(8, generator=gen) for _ in range(3)]  # Linear(3, 2): 6 + 2 values
+    here._move_anchor(sums[0], average=False)  # momentum of its own before the join
+    joined_with = copy.deepcopy(here.state_dict())
+    late.defer()
+    for who in (here, late):
+        who._move_anchor(sums[1], average=False)
+        who._move_anchor(sums[2], average=True)  # the run's last step: the plain average
+    with torch.no_grad():  # the peer's model (the Worker loads it before the sync state)
+        for p, a in zip(late.ctx.params, joined_with["anchor"], strict=True):
+            p.copy_(a)
+    late.load_state_dict(joined_with, None)
+    late.replay()
+    for mine, theirs in zip(late.anchor, here.anchor, strict=True):
+        assert torch.equal(mine, theirs)
+    for mine, theirs in zip(late.ctx.params, here.ctx.params, strict=True):
+        assert torch.equal(mine, theirs)
+    assert all(
+        torch.equal(late.outer.state[a]["momentum_buffer"], here.outer.state[b]["momentum_buffer"])
+        for a, b in zip(late.anchor, here.anchor, strict=True)
+    )
+
+
 def test_streaming_staggers_its_fragments_over_the_period() -> None:
     # fragment p leaves after the steps s with s + 1 = (p + 1) H / F (mod H): F per period
     assert fragment_offsets(8, 4) == [2, 4, 6, 8]

@@ -125,6 +125,23 @@ class SyncStrategy(ABC):
         """What the mode decided at run time (auto), reported as the run's `auto_decisions`."""
         return ()
 
+    def seats_at(self, step: int) -> int | None:
+        """The end of the global round `step` is in: where a member that joined at `step`,
+        its state still crossing the WAN, may take part. Until then it trains nothing and
+        weighs nothing in the rounds' exchanges, which it takes part in all the same
+        (`defer`, `replay`), while the others train on. None: the members wait for the
+        state before training (the mode cannot seat one late)."""
+        return None
+
+    def defer(self) -> None:
+        """A member joining late, before its state is here: keep each round's outcome (the
+        others' sum) instead of applying it to a state it does not hold yet."""
+        raise NotImplementedError(f"{type(self).__name__} seats no member late")
+
+    def replay(self) -> None:
+        """After `load_state_dict` took the peer's state: apply the rounds kept since."""
+        raise NotImplementedError(f"{type(self).__name__} seats no member late")
+
     def after_step(self, step: int) -> None:  # noqa: B027 - optional hook
         """After the local optimizer step of `step` (local SGD's outer step goes here)."""
 

@@ -30,6 +30,8 @@ class LocalSGDSync(SyncStrategy):
         self.period = sync.period
         self.anchor = [p.detach().clone() for p in ctx.params]
         self.outer = make_outer(self.anchor, ctx.spec)
+        self.kept: list[tuple[torch.Tensor, bool]] | None = None
+        """Joining late (`defer`): each outer step's sum, applied once the state is here."""
 
     @property
     def scope(self) -> Scope:
@@ -47,6 +49,19 @@ class LocalSGDSync(SyncStrategy):
 
     def at_sync_point(self, step: int) -> bool:
         return step % self.period == 0 or step == self.spec.steps
+
+    def seats_at(self, step: int) -> int | None:
+        """The next outer step's: a pseudo-gradient weighted 0 adds nothing to the sum, and
+        every member moves the same anchor by the same sums, in the same order."""
+        return min((step // self.period + 1) * self.period, self.spec.steps)
+
+    def defer(self) -> None:
+        self.kept = []
+
+    def replay(self) -> None:
+        kept, self.kept = self.kept, None
+        for delta, average in kept or []:
+            self._move_anchor(delta, average=average)
 
     def _outer_step(self, step: int, *, average: bool = False) -> None:
         """Average the pseudo-gradients over clusters, take a Nesterov outer step; or, with
@@ -66,6 +81,9 @@ class LocalSGDSync(SyncStrategy):
     def _move_anchor(self, delta: torch.Tensor, *, average: bool) -> None:
         """An outer step on the clusters' summed pseudo-gradient `delta` (flat), or with
         `average` the anchor minus it; then every parameter is the anchor."""
+        if self.kept is not None:
+            self.kept.append((delta.clone(), average))
+            return
         parts = split(delta, [a.shape for a in self.anchor])
         if average:
             with torch.no_grad():

@@ -53,6 +53,11 @@ class PartialSync(LocalSGDSync):
     def local_steps(self, step: int) -> int:
         return self.steps[self.comm.cluster]
 
+    def seats_at(self, step: int) -> int | None:
+        """None: a round's end also measures every cluster's speed from its local steps,
+        which a member sitting the round out has none of."""
+        return None
+
     def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
         self.times.append(self.ctx.device_s())
         del self.times[: -self.WINDOW]
