@@ -346,7 +346,7 @@ class Worker:
             if c in {self.ranks_cluster[x] for x in receivers}
         )
         late = seat is not None and seat > at and whole
-        self._pass_state(plan)
+        self._pass_state(plan, late)
         if not late:
             self._catch_up()
             self._sent()
@@ -357,12 +357,13 @@ class Worker:
             self.step = self.local_step = at  # where the others stand
             self.strategy.defer()  # its rounds' outcomes, kept until its state is here
 
-    def _pass_state(self, plan: Agreement) -> None:
+    def _pass_state(self, plan: Agreement, late: bool) -> None:
         """Start the source's state on its way to every receiver: across the WAN once per
         cluster (to its first receiving rank, which passes it on inside the cluster, once it
         has it: `_catch_up`); read as data only. The state is a few times the model: its
         transfer is timed by its size (at least `TRANSFER_FLOOR_BYTES_S`), not by the grace
-        window that bounds a training exchange."""
+        window that bounds a training exchange. Receivers seated `late` are sent no
+        parameters: they train none before the outer step that sets them from the anchors."""
         source = plan.source
         assert source is not None
         data: torch.Tensor | None = None
@@ -375,6 +376,9 @@ class Worker:
                 part = state["clusters"][self.cluster]
                 del part["optimizer"]
                 part["compressors"] = {}
+            if late:
+                params = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+                state["model"] = {k: v for k, v in state["model"].items() if k not in params}
             buf = io.BytesIO()
             torch.save(_stored_once(state), buf)
             data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
@@ -417,7 +421,7 @@ class Worker:
         data = got.result()
         state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
         step, local_step = self.step, self.local_step
-        self._load(_own_copies(state))
+        self._load(_own_copies(state), params=self.rank not in self.idle)
         self.pending = False
         if self.rank in self.idle:  # joined late: the rounds since the state was taken
             self.strategy.replay()
@@ -737,13 +741,14 @@ class Worker:
         check_identity(state, self.spec.run_id or "", self.spec.epoch, where)
         self._load(state)
 
-    def _load(self, state: dict[str, Any]) -> None:
-        """Take `state` (a checkpoint, or a peer's or this rank's own held in memory)."""
+    def _load(self, state: dict[str, Any], params: bool = True) -> None:
+        """Take `state` (a checkpoint, or a peer's or this rank's own held in memory); without
+        `params`, a state sent to a member seated late, which holds the model's buffers only."""
         if state["task"] != self.spec.task:
             raise ValueError(f"checkpoint is for task {state['task']!r}, not {self.spec.task!r}")
         self.step = int(state["step"])
         self.local_step = self.step
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(state["model"], strict=params)
         clusters: dict[str, Any] = state["clusters"]
         # elastic: a new cluster takes the first cluster's optimizer state and fresh compressors
         entry = clusters.get(self.cluster) or next(iter(clusters.values()))
