@@ -390,7 +390,7 @@ def run(
         ready) and note who left and joined; a change that moves no cluster (a new plan on
         the same ones) re-forms too: its rates and shares are what the ports now hold."""
         nonlocal spec, last, regrouped
-        if list(new_spec.clusters) == list(spec.clusters) and new_spec == spec:
+        if new_spec == spec:  # the same clusters, in the same order, on the same plan
             return group, step
         began = time.perf_counter()
         bank()
