@@ -25,7 +25,9 @@ $(CHECKOV_STAMP): tests/helm/checkov-requirements.txt
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r tests/helm/checkov-requirements.txt
 	@touch $(CHECKOV_STAMP)
 
+# promtool (tests/service/test_metrics.py lints /metrics with it) comes with Debian's prometheus.
 tools: $(CHECKOV_STAMP)
+	@command -v promtool >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus)
 
 # The web console's browser tests (tests/ui) drive Debian's chromium through Playwright; no
 # browser is ever downloaded (`playwright install` is never run).

@@ -302,6 +302,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         **docs.fastapi_urls(settings),
     )
     docs.install(app, settings)
+    docs.document_problems(app)
     # Error text a tenant may read (worker errors in job events) masks these too.
     scrub.remember(settings.admin_token, settings.database_url)
     peers = PeerTable(discovery=settings.link_discovery)

@@ -1,5 +1,7 @@
 """Prometheus metrics: request rate and latency by route, heartbeats, cluster states, failed
-authentications and rate-limit refusals, placement latency, link bandwidth and WAN bytes.
+authentications and rate-limit refusals, placement latency, link bandwidth and WAN bytes, and
+queue and quota gauges per tenant and cluster. Names and values in base units (seconds,
+bytes), as `promtool check metrics` asks.
 
 `helm/cpn/dashboards/cpn.json` (the Grafana dashboard) queries these; its test checks that
 every metric it names is exported here."""
@@ -81,19 +83,19 @@ class Metrics:
             registry=self.registry,
         )
         self.wan_ports = Scraped(
-            "cpn_wan_port_bits_per_second",
+            "cpn_wan_port_bytes_per_second",
             "Each datacenter's WAN uplink and downlink: what placed jobs reserve of it "
-            "(reserved) and the capacity an admin declared (capacity), bits per second.",
+            "(reserved) and the capacity an admin declared (capacity), bytes per second.",
             ("cluster", "direction", "kind"),
         )
         self.link_bandwidth = Scraped(
-            "cpn_link_bandwidth_gbps",
-            "Effective bandwidth of each WAN link (measured over declared), Gbit/s.",
+            "cpn_link_bandwidth_bytes_per_second",
+            "Effective bandwidth of each WAN link (measured over declared), bytes per second.",
             ("src", "dst", "source"),
         )
         self.link_rtt = Scraped(
-            "cpn_link_rtt_ms",
-            "Effective round-trip time of each WAN link, milliseconds.",
+            "cpn_link_rtt_seconds",
+            "Effective round-trip time of each WAN link, seconds.",
             ("src", "dst", "source"),
         )
         self.wan_bytes = Scraped(
@@ -101,6 +103,31 @@ class Metrics:
             "WAN bytes metered per link since the start.",
             ("src", "dst"),
             CounterMetricFamily,
+        )
+        # Kueue's queue and quota gauges, per tenant (its queue) and per cluster.
+        self.tenant_jobs = Scraped(
+            "cpn_tenant_jobs",
+            "Each tenant's jobs not yet finished, by state (PENDING: waiting for a placement).",
+            ("tenant", "state"),
+        )
+        self.tenant_gpus = Scraped(
+            "cpn_tenant_gpus",
+            "GPUs each tenant's jobs hold now (in_use) and its quota (quota; absent: none).",
+            ("tenant", "kind"),
+        )
+        self.tenant_dollars = Scraped(
+            "cpn_tenant_dollars",
+            "Each tenant's money: its ledger's total (charged), what its running jobs are "
+            "estimated to cost yet (held), and its budget (budget; absent: none), dollars.",
+            ("tenant", "kind"),
+        )
+        self.cluster_gpus = Scraped(
+            "cpn_cluster_gpus",
+            "GPUs of each cluster (count, allocatable, in_use).",
+            ("cluster", "kind"),
+        )
+        self.cluster_jobs = Scraped(
+            "cpn_cluster_jobs", "Jobs holding GPUs on each cluster now.", ("cluster",)
         )
         self.scraped = (
             self.cluster_states,
@@ -110,6 +137,11 @@ class Metrics:
             self.link_rtt,
             self.wan_ports,
             self.wan_bytes,
+            self.tenant_jobs,
+            self.tenant_gpus,
+            self.tenant_dollars,
+            self.cluster_gpus,
+            self.cluster_jobs,
         )
         for collector in self.scraped:
             self.registry.register(collector)

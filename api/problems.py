@@ -179,9 +179,9 @@ def _field_error(error: Any, body: Any) -> dict[str, str]:
     return {"field": "body", "message": message}
 
 
-def _needs_key(dependant: Dependant) -> bool:
+def needs_key(dependant: Dependant) -> bool:
     """Whether a route (or any of its dependencies) asks for the caller's key."""
-    return any(sub.call is get_principal or _needs_key(sub) for sub in dependant.dependencies)
+    return any(sub.call is get_principal or needs_key(sub) for sub in dependant.dependencies)
 
 
 def install(app: FastAPI) -> None:
@@ -206,7 +206,7 @@ def install(app: FastAPI) -> None:
         the body before it solves the route's dependencies, so a body that is not JSON would
         otherwise tell an anonymous caller about itself before it is asked for a key."""
         route = request.scope.get("route")
-        if not isinstance(route, APIRoute) or not _needs_key(route.dependant):
+        if not isinstance(route, APIRoute) or not needs_key(route.dependant):
             return None
         try:
             await request_principal(request)

@@ -11,12 +11,15 @@ renamed the shares that quote options stored as `placement`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, computed_field
 
 import scheduler
 from wire.spec import CompressionValue, SyncValue
+
+_PAIR = WithJsonSchema({"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2})
+"""A (low, high) pair as OpenAPI 3.1 tools read it (`items`, not only `prefixItems`)."""
 
 
 class _Value(BaseModel):
@@ -70,7 +73,7 @@ class PlanEstimate(_Value):
         description="Seconds outside the steps (launch, set-up, checkpoints, evaluation, the "
         "drain), fitted from observed runs; included in total_time_s and the cost.",
     )
-    total_time_range_s: tuple[float, float] | None = Field(
+    total_time_range_s: Annotated[tuple[float, float], _PAIR] | None = Field(
         default=None,
         description="Where the run time lands, low and high: the estimate times what finished "
         "runs took over theirs (10th and 90th percentiles; a prior before any).",

@@ -269,9 +269,9 @@ def test_admins_see_each_uplink_and_downlink_and_what_is_reserved_of_it(
     metrics = httpx.get(f"{live_server.url}/metrics").text
     assert after["up"]["reserved_gbps"] == 1.5 and after["up"]["free_gbps"] == 8.5
     assert after["down"]["reserved_gbps"] == 1.5 and after["down"]["free_gbps"] == 2.5
-    port = 'cpn_wan_port_bits_per_second{cluster="hub",direction="down",kind="%s"}'
-    assert f"{port % 'reserved'} 1.5e+09" in metrics
-    assert f"{port % 'capacity'} 4e+09" in metrics
+    port = 'cpn_wan_port_bytes_per_second{cluster="hub",direction="down",kind="%s"}'
+    assert f"{port % 'reserved'} 1.875e+08" in metrics  # 1.5 Gbit/s
+    assert f"{port % 'capacity'} 5e+08" in metrics
     with live_server.client(tkey["token"]) as tenant_client, pytest.raises(ApiError) as refused:
         tenant_client.ports()
     assert refused.value.status == 403

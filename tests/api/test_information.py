@@ -181,3 +181,71 @@ def test_serve_makes_itself_non_dumpable() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "0"]  # PR_GET_DUMPABLE: dumpable before, not after
+
+
+def test_docs_assets_are_served_by_cpn(live_server: LiveServer) -> None:
+    """The documentation pages load their scripts from cpn itself, never from a CDN."""
+    for page, assets in (
+        ("/docs", ("swagger-ui-bundle.js", "swagger-ui.css")),
+        ("/redoc", ("redoc.standalone.js",)),
+    ):
+        html = httpx.get(f"{live_server.url}{page}").text
+        assert "cdn." not in html and "fonts.googleapis" not in html, page
+        for asset in assets:
+            assert f'"/docs/assets/{asset}"' in html, (page, asset)
+            answer = httpx.get(f"{live_server.url}/docs/assets/{asset}")
+            assert answer.status_code == 200 and len(answer.content) > 100_000, asset
+
+
+def test_openapi_documents_the_problems_the_server_sends(live_server: LiveServer) -> None:
+    """Every error an operation can answer is documented as application/problem+json with
+    the Problem schema, and a real one matches it (schemathesis checks the rest)."""
+    spec = httpx.get(f"{live_server.url}/openapi.json").json()
+    assert "HTTPValidationError" not in str(spec)
+    problem = spec["components"]["schemas"]["Problem"]
+    assert set(problem["required"]) == {"type", "title", "status", "detail"}
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            if path.startswith("/v1/"):
+                assert {"401", "403", "429", "503"} <= set(responses), (method, path)
+            for code, answer in responses.items():
+                if int(code) >= 400:
+                    content = answer["content"]["application/problem+json"]
+                    assert content["schema"] == {"$ref": "#/components/schemas/Problem"}
+    cancel = spec["paths"]["/v1/jobs/{job_id}/cancel"]["post"]["responses"]
+    assert {"404", "409", "412", "422"} <= set(cancel)
+    answer = httpx.get(f"{live_server.url}/v1/jobs/nope")
+    assert answer.status_code == 401
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert set(problem["required"]) <= set(answer.json())
+
+
+@pytest.mark.slow
+def test_spectral_finds_no_error_in_the_openapi(tmp_path: Path) -> None:
+    """Stoplight's spectral (its `spectral:oas` ruleset, from npm) reads the document as
+    generated clients do; warnings (missing descriptions) are allowed, errors are not."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    from api.app import create_app
+    from api.config import Settings
+
+    npx = shutil.which("npx")
+    if npx is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("npx is missing: install Node.js")
+        pytest.skip("npx is missing")
+    document = tmp_path / "openapi.json"
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'cpn.db'}"))
+    document.write_text(json.dumps(app.openapi()))
+    (tmp_path / ".spectral.yaml").write_text('extends: ["spectral:oas"]\n')
+    ran = subprocess.run(
+        [npx, "--yes", "@stoplight/spectral-cli@6", "lint", str(document), "--fail-severity",
+         "error", "-r", str(tmp_path / ".spectral.yaml")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    assert "(0 errors" in ran.stdout or "No results" in ran.stdout, ran.stdout[-3000:]

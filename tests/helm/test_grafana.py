@@ -54,6 +54,8 @@ def exported(migrated_url: str) -> dict[str, set[str]]:
             client.create_cluster(west, "us-west")
             client.declare_link(east, west, bandwidth_gbps=10, rtt_ms=70)
             token = client.create_api_key("agent", east)["token"]
+            tenant = f"acme-{uuid.uuid4().hex[:6]}"  # so the per-tenant gauges have samples
+            client.post("/v1/tenants", {"name": tenant, "gpu_quota": 8, "budget": 100})
         beat = Heartbeat(
             cluster=east,
             gpus=[GpuInventory(model="A100", memory_gib=80, count=8, allocatable=8)],
@@ -94,14 +96,17 @@ def test_every_panel_queries_only_metrics_cpn_exports(
     for wanted in (
         "cpn_clusters",
         "cpn_gpus",
-        "cpn_link_bandwidth_gbps",
+        "cpn_link_bandwidth_bytes_per_second",
         "cpn_jobs",
         "cpn_placement_seconds_bucket",
         "cpn_wan_bytes_total",
         "cpn_http_request_seconds_bucket",
+        "cpn_tenant_jobs",
+        "cpn_tenant_gpus",
+        "cpn_cluster_gpus",
     ):
         assert wanted in queried, f"no panel shows {wanted}"
-    assert {"src", "dst", "source"} <= exported["cpn_link_bandwidth_gbps"]
+    assert {"src", "dst", "source"} <= exported["cpn_link_bandwidth_bytes_per_second"]
 
 
 def test_dashboard_is_importable(dashboard: dict[str, Any]) -> None:

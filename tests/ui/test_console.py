@@ -272,3 +272,31 @@ def test_keyboard_sign_in_and_a_revoked_key_ends_the_session(tab: Tab, console: 
     page.wait_for_url("**/ui/login?next=/ui/usage")
     assert page.request.get("/v1/jobs").status == 401
     assert tab.errors == []
+
+
+def test_api_docs_render_without_internet(tab: Tab, console: Console) -> None:
+    """/docs and /redoc draw every operation with no request leaving the server: the browser
+    refuses any other origin, as a machine without internet would."""
+    page = tab.page
+    elsewhere: list[str] = []
+
+    def offline(route: object) -> None:
+        request = route.request  # type: ignore[attr-defined]
+        if request.url.startswith(console.url):
+            route.continue_()  # type: ignore[attr-defined]
+        else:
+            elsewhere.append(request.url)
+            route.abort()  # type: ignore[attr-defined]
+
+    tab.context.route("**/*", offline)
+    page.goto("/docs")
+    expect(page.locator(".opblock-summary-path").first).to_be_visible()
+    assert page.locator(".opblock").count() >= 40
+    page.locator(".opblock-summary-path", has_text="/v1/jobs/{job_id}/cancel").first.click()
+    expect(page.locator(".responses-table").first).to_contain_text("412")
+    expect(page.locator(".responses-table").first).to_contain_text("application/problem+json")
+    shot(tab, console, "api-docs")
+    page.goto("/redoc")
+    expect(page.get_by_text("/v1/jobs/{job_id}/logs").first).to_be_attached()
+    assert elsewhere == []
+    assert tab.errors == []
