@@ -38,6 +38,7 @@ class Client:
     ) -> None:
         self.url = (url or os.environ.get("CPN_URL") or DEFAULT_URL).rstrip("/")
         token = token or os.environ.get("CPN_TOKEN")
+        self.keyless = not token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             base_url=self.url, headers=headers, timeout=timeout, transport=transport
@@ -62,10 +63,16 @@ class Client:
                 body = response.json()
             except ValueError:
                 body = {}
+            detail = str(body.get("detail", response.text[:200]))
+            if response.status_code == 401 and self.keyless:
+                detail += (
+                    "; no API key was sent: pass --token, set CPN_TOKEN, or `cpn login` "
+                    "(the local `cpn serve` writes its admin key to var/admin-token)"
+                )
             raise ApiError(
                 response.status_code,
                 str(body.get("title", response.reason_phrase)),
-                str(body.get("detail", response.text[:200])),
+                detail,
                 body.get("errors"),
             )
         if response.status_code == 204 or not response.content:

@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ os.environ.setdefault("CPN_COMPILED", "0")
 os.environ["CPN_TESTBED_PREFIX"] = _testbed_prefix(
     os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CPN_TESTBED_PREFIX", "cpntb")
 )
+# The CLI reads contexts from a config file (api.cli.contexts): never the developer's own. A
+# path that does not exist: no context unless a test writes one (its own CPN_CONFIG).
+os.environ["CPN_CONFIG"] = str(Path(tempfile.gettempdir()) / f"cpn-tests-{os.getpid()}-none.yaml")
 _TESTS = Path(__file__).resolve().parent
 _BROAD_SCOPE = re.compile(r"""scope=["'](class|module|package)["']""")
 _ONE_UNIT = ("tests/testbed",)

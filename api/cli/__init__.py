@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from api.cli import admin, agent, apply, db, demo, jobs, plan, serve, testbed, train
+from api.cli import admin, agent, apply, contexts, db, demo, jobs, plan, serve, testbed, train
 from api.cli.errors import usage_error
 
 app = typer.Typer(
@@ -51,7 +51,7 @@ def version() -> None:
     print(VERSION)
 
 
-for module in (serve, db, agent, admin, apply, jobs, plan, train, demo, testbed):
+for module in (serve, db, agent, admin, apply, jobs, plan, train, demo, testbed, contexts):
     module.register(app)
 
 

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from api.cli import contexts
 from api.cli.errors import FAILED, fail
 from api.cli.output import OutputOpt, chosen, emit
 
@@ -105,10 +106,10 @@ def _show(
     fetch: Callable[[Any], list[dict[str, Any]]],
     render: Callable[[list[dict[str, Any]]], Table],
 ) -> None:
-    from api.client import ApiError, Client
+    from api.client import ApiError
 
     try:
-        with Client(url, token) as client:
+        with contexts.client(url, token) as client:
             rows = fetch(client)
     except ApiError as exc:
         raise fail(cmd, None, str(exc), FAILED) from None
@@ -181,10 +182,10 @@ def _flag(verb: str) -> Callable[..., None]:
         token: str | None = TokenOpt,
         as_json: bool = JsonOpt,
     ) -> None:
-        from api.client import ApiError, Client
+        from api.client import ApiError
 
         try:
-            with Client(url, token) as client:
+            with contexts.client(url, token) as client:
                 cluster = client.post(f"/v1/clusters/{quote(name, safe='')}/{verb}")
         except ApiError as exc:
             raise fail(verb, None, str(exc), FAILED) from None

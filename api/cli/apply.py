@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from api.cli import contexts
 from api.cli.errors import BAD_INPUT, FAILED, fail
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def apply(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from api.cli.manifests import ManifestError, parse, plan
-    from api.client import ApiError, Client
+    from api.client import ApiError
 
     text = _read_text("apply", filename)
     try:
@@ -121,7 +122,7 @@ def apply(
         raise fail("apply", filename, "no documents in it; each needs a kind (Cluster, ...)")
     kinds = {p.doc.kind for p in docs}
     console = Console(highlight=False, soft_wrap=True)
-    with Client(url, token) as client:
+    with contexts.client(url, token) as client:
         try:
             current = read_current(client, kinds, _times(docs))
         except ApiError as exc:
@@ -196,13 +197,13 @@ def get(
 ) -> None:
     """Show admin state as documents; `-o yaml` round-trips through `cpn apply -f`."""
     from api.cli.manifests import documents_of, dump_yaml
-    from api.client import ApiError, Client
+    from api.client import ApiError
 
     kinds = _kinds(kind)
     if output not in ("table", "yaml", "json"):
         raise fail("get", "--output", f"{output!r}: use table, yaml or json")
     try:
-        with Client(url, token) as client:
+        with contexts.client(url, token) as client:
             current = read_current(client, set(kinds))
     except ApiError as exc:
         raise fail("get", None, _api_line(exc), FAILED) from None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from api.cli import contexts
 from api.cli.errors import FAILED, fail
 from api.cli.output import OutputOpt, chosen
 from api.cli.output import emit as emit_as
@@ -90,10 +91,10 @@ def api_error_line(exc: Any) -> str:
 @contextmanager
 def connected(cmd: str, url: str | None, token: str | None) -> Iterator[Client]:
     """A client whose API errors end the command with one line and exit code 1."""
-    from api.client import ApiError, Client
+    from api.client import ApiError
 
     try:
-        with Client(url, token) as client:
+        with contexts.client(url, token) as client:
             yield client
     except ApiError as exc:
         raise fail(cmd, None, api_error_line(exc), FAILED) from None
