@@ -29,7 +29,7 @@ COPY migrations ./migrations
 COPY grammar ./grammar
 COPY testbed ./testbed
 COPY wire ./wire
-RUN pip install -c constraints.txt '.[s3]' \
+RUN pip install -c constraints.txt '.[server,s3]' \
  && python -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__"
 
 FROM ${BASE_IMAGE} AS runtime

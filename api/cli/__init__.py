@@ -7,6 +7,7 @@ Each subcommand lives in its own module and registers itself on the Typer app; h
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
@@ -55,6 +56,29 @@ for module in (serve, db, agent, admin, apply, jobs, plan, train, demo, testbed,
     module.register(app)
 
 
+_EXTRAS = {
+    **dict.fromkeys(
+        ("fastapi", "fastapi_offline", "starlette", "uvicorn", "sqlalchemy", "alembic",
+         "psycopg", "pydantic_settings", "prometheus_client", "kubernetes", "pynvml"),
+        "server",
+    ),
+    **dict.fromkeys(("torch", "ray", "numpy", "mnist1d", "sklearn", "matplotlib"), "train"),
+}  # fmt: skip
+"""Which extra brings each module the light client (`pip install cpn`) lacks."""
+
+
+def _command_path(command: Any, args: list[str]) -> list[str]:
+    """The (sub)command names at the start of `args`: `db upgrade` of `db upgrade --x`."""
+    path = []
+    for arg in args:
+        commands = getattr(command, "commands", None) or {}  # a group's subcommands
+        if arg not in commands:
+            break
+        path.append(arg)
+        command = commands[arg]
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; usage errors become one line on stderr and exit code 2."""
     command = typer.main.get_command(app)
@@ -73,5 +97,16 @@ def main(argv: list[str] | None = None) -> None:
         ctx = getattr(exc, "ctx", None)
         print(usage_error(ctx.command_path if ctx is not None else "cpn", exc), file=sys.stderr)
         raise SystemExit(getattr(exc, "exit_code", 2)) from None
+    except ModuleNotFoundError as exc:
+        extra = _EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        where = " ".join(_command_path(command, args))
+        print(
+            f"cpn {where}: error: this command needs cpn's {extra} extra (no module "
+            f"{exc.name!r} here): pip install 'cpn[{extra}]'",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
     if isinstance(rv, int):
         raise SystemExit(rv)
