@@ -221,14 +221,6 @@ def keys_table(keys: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _tenant_scope(client: Any, scope: str) -> str:
-    """A tenant key's scope is the tenant id; a tenant's name is taken too."""
-    for t in client.paginate("/v1/tenants"):
-        if scope in (t["id"], t["name"]):
-            return str(t["id"])
-    return scope  # the API says what is wrong with it
-
-
 def keys_create(
     role: str = typer.Option(..., "--role", help="admin | tenant | agent."),
     scope: str | None = typer.Option(
@@ -249,8 +241,6 @@ def keys_create(
     if role not in ROLES:
         raise fail("admin keys create", "--role", f"{role!r}: use admin, tenant or agent")
     with connected("admin keys create", url, token) as client:
-        if role == "tenant" and scope:
-            scope = _tenant_scope(client, scope)
         key = client.create_api_key(role, scope, name, expires_at)
     if quiet:
         print(key["token"])

@@ -424,7 +424,7 @@ def cancel(
 
 def usage(
     tenant: str | None = typer.Option(
-        None, "--tenant", help="Tenant id (required for admin keys; tenants: your own)."
+        None, "--tenant", help="Tenant id or name (required for admin keys; tenants: your own)."
     ),
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,

@@ -33,6 +33,7 @@ from api.schemas import Page
 from api.streams import EventStream, StreamSlot, StreamSlots
 from api.submissions import SubmissionBatcher
 from controller.access.keys import Principal
+from controller.access.tenancy import find_tenant
 from controller.jobs import lifecycle
 from controller.jobs import service as job_service
 from controller.jobs.service import Submission
@@ -138,7 +139,9 @@ def list_jobs(
     principal: ReaderDep,
     page: PageDep,
     state: StateQuery = None,
-    tenant: Annotated[str | None, Query(max_length=36, description="Admins: one tenant.")] = None,
+    tenant: Annotated[
+        str | None, Query(max_length=63, description="Admins: one tenant, by id or name.")
+    ] = None,
 ) -> Response:
     """Your jobs, newest first (admins: everyone's).
 
@@ -146,8 +149,9 @@ def list_jobs(
     replica has not rendered), so neither SQLAlchemy's per-value processors nor FastAPI's
     second validation run."""
     scope = _scope(principal)
-    if scope is None:  # an admin: everyone's, or the one tenant asked for
-        scope = tenant or None
+    if scope is None and tenant:  # an admin: the one tenant asked for (else everyone's)
+        named = find_tenant(session, tenant)
+        scope = named.id if named is not None else tenant
     body = list_page(
         # Core: columns, not entities, so the ORM has nothing to do
         session.connection(execution_options=autocommit_read(session)),

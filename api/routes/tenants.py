@@ -20,6 +20,7 @@ from api.schemas import (
     TenantPatch,
 )
 from controller.access import keys
+from controller.access.tenancy import find_tenant
 from controller.network import resources
 from controller.store.models import ApiKey, AuditLog, Cluster, Job, Tenant, utcnow
 from controller.values.errors import Conflict, Invalid, NotFound
@@ -28,10 +29,11 @@ from grammar.states import TERMINAL
 router = APIRouter(prefix="/v1", tags=["tenants and keys"])
 
 
-def _tenant(session: SessionDep, tenant_id: str) -> Tenant:
-    tenant = session.get(Tenant, tenant_id)
+def _tenant(session: SessionDep, tenant_id: str, *, lock: bool = False) -> Tenant:
+    """The live tenant a path names by id or by name."""
+    tenant = find_tenant(session, tenant_id, lock=lock)
     if tenant is None or tenant.deleted_at is not None:
-        raise NotFound(f"no tenant with id {tenant_id!r}; list them with GET /v1/tenants")
+        raise NotFound(f"no tenant {tenant_id!r} (an id or a name); list them with GET /v1/tenants")
     return tenant
 
 
@@ -75,7 +77,7 @@ def patch_tenant(
     changes = body.model_dump(exclude_unset=True)
     for key, value in changes.items():
         setattr(tenant, key, value)
-    resources.audit(session, admin.key_id, "tenant.update", "tenant", tenant_id, **changes)
+    resources.audit(session, admin.key_id, "tenant.update", "tenant", tenant.id, **changes)
     session.commit()
     return TenantOut.model_validate(tenant)
 
@@ -85,11 +87,8 @@ def delete_tenant(tenant_id: str, session: SessionDep, admin: AdminDep) -> Respo
     """Delete a tenant that has no live jobs: it leaves the lists and its keys are revoked, but
     its jobs, usage and ledger stay, readable by admins (a soft delete: money is never erased).
     With live jobs it is a 409: cancel them, or let them end, first."""
-    tenant = session.scalars(
-        select(Tenant).where(Tenant.id == tenant_id).with_for_update()  # against placements
-    ).first()
-    if tenant is None or tenant.deleted_at is not None:
-        raise NotFound(f"no tenant with id {tenant_id!r}; list them with GET /v1/tenants")
+    tenant = _tenant(session, tenant_id, lock=True)  # against placements
+    tenant_id = tenant.id
     live = session.scalars(
         select(Job.id)
         .where(Job.tenant_id == tenant_id, Job.state.not_in(TERMINAL))
@@ -118,9 +117,11 @@ def create_api_key(body: ApiKeyIn, session: SessionDep, admin: AdminDep) -> ApiK
     """Mint a key. Its token is in this response only; cpn keeps just a hash."""
     if body.role == "admin" and body.scope:
         raise Invalid("admin keys take no scope; leave `scope` out", field="scope")
-    scoped = session.get(Tenant, body.scope) if body.role == "tenant" and body.scope else None
+    scoped = find_tenant(session, body.scope) if body.role == "tenant" and body.scope else None
     if body.role == "tenant" and (scoped is None or scoped.deleted_at is not None):
-        raise Invalid("a tenant key needs `scope` = an existing tenant id", field="scope")
+        raise Invalid("a tenant key needs `scope` = an existing tenant's id or name", field="scope")
+    if scoped is not None:
+        body = body.model_copy(update={"scope": scoped.id})  # keys are scoped by id
     if body.role == "agent" and (
         not body.scope or not session.scalar(select(Cluster.id).where(Cluster.name == body.scope))
     ):

@@ -11,6 +11,7 @@ from api.deps import ReaderDep, SessionDep
 from api.pagination import PageDep
 from api.schemas import LedgerEntryOut, LedgerOut, UsageOut, UsageRow
 from controller.access.keys import Principal
+from controller.access.tenancy import find_tenant
 from controller.money.metering import tenant_spend
 from controller.store.models import LedgerEntry, Tenant, Usage
 from controller.values.errors import NotFound
@@ -19,8 +20,9 @@ router = APIRouter(prefix="/v1/tenants", tags=["usage and ledger"])
 
 
 def _visible(session: SessionDep, tenant_id: str, principal: Principal) -> Tenant:
-    tenant = session.get(Tenant, tenant_id)
-    if tenant is None or (principal.role == "tenant" and principal.scope != tenant_id):
+    """The tenant a path names by id or name, if the caller may read it (another's: a 404)."""
+    tenant = find_tenant(session, tenant_id)
+    if tenant is None or (principal.role == "tenant" and principal.scope != tenant.id):
         raise NotFound(f"no tenant {tenant_id!r}", field="tenant_id")
     return tenant
 
@@ -28,7 +30,7 @@ def _visible(session: SessionDep, tenant_id: str, principal: Principal) -> Tenan
 @router.get("/{tenant_id}/usage", response_model=UsageOut)
 def usage(tenant_id: str, session: SessionDep, principal: ReaderDep) -> UsageOut:
     """Metered GPU-seconds by cluster, model and class, and WAN bytes by link."""
-    _visible(session, tenant_id, principal)
+    tenant_id = _visible(session, tenant_id, principal).id
     rows = session.execute(
         select(
             Usage.kind,
@@ -58,7 +60,7 @@ def usage(tenant_id: str, session: SessionDep, principal: ReaderDep) -> UsageOut
 def ledger(tenant_id: str, session: SessionDep, principal: ReaderDep, page: PageDep) -> LedgerOut:
     """Append-only charges, oldest first, with their exact total. A deleted tenant's ledger
     stays readable to admins."""
-    _visible(session, tenant_id, principal)
+    tenant_id = _visible(session, tenant_id, principal).id
     total = tenant_spend(session, tenant_id)  # exact on SQLite too (no float SUM)
     count = session.scalar(select(func.count()).where(LedgerEntry.tenant_id == tenant_id)) or 0
     rows = session.scalars(

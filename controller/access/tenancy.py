@@ -93,3 +93,14 @@ def granted_priority() -> ColumnElement[int]:
     return case(
         (Job.priority > Tenant.priority_ceiling, Tenant.priority_ceiling), else_=Job.priority
     )
+
+
+def find_tenant(session: Session, ref: str, *, lock: bool = False) -> Tenant | None:
+    """The tenant `ref` names: its id, else its name (names are unique, deleted ones too, so
+    a name never names two; an id is tried first). With `lock`, the row is locked for update."""
+    for column in (Tenant.id, Tenant.name):
+        query = select(Tenant).where(column == ref)
+        tenant = session.scalars(query.with_for_update() if lock else query).first()
+        if tenant is not None:
+            return tenant
+    return None

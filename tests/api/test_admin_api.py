@@ -284,3 +284,37 @@ def test_admins_see_each_uplink_and_downlink_and_what_is_reserved_of_it(
     assert table.exit_code == 0, table.output
     [row] = [line for line in table.output.splitlines() if " up " in line]
     assert "hub" in row and "10.000" in row and "1.500" in row and "8.500" in row
+
+
+def test_tenants_are_named_by_id_or_name(live_server: LiveServer) -> None:
+    """Where a user types a tenant, its name does as well as its id (issue 51, item 2), and
+    scoping holds by either: another tenant's usage by name is a 404 too."""
+    from typer.testing import CliRunner
+
+    from api.cli import app
+
+    with live_server.client() as admin:
+        acme = admin.post("/v1/tenants", {"name": "acme"})
+        globex = admin.post("/v1/tenants", {"name": "globex"})
+        assert admin.get("/v1/tenants/acme")["id"] == acme["id"]
+        assert admin.request("PATCH", "/v1/tenants/acme", json={"gpu_quota": 7})["gpu_quota"] == 7
+        key = admin.create_api_key("tenant", "acme")
+        assert key["scope"] == acme["id"]  # stored by id
+        assert admin.get("/v1/tenants/acme/usage")["tenant_id"] == acme["id"]
+        assert admin.get("/v1/jobs", tenant="acme")["total"] == 0
+        with pytest.raises(ApiError) as missing:
+            admin.get("/v1/tenants/nobody")
+        assert missing.value.status == 404 and "an id or a name" in missing.value.detail
+    with live_server.client(key["token"]) as tenant:
+        assert tenant.get("/v1/tenants/acme/ledger")["total"] == "0.000000"
+        for ref in ("globex", globex["id"]):
+            with pytest.raises(ApiError) as hidden:
+                tenant.get(f"/v1/tenants/{ref}/usage")
+            assert hidden.value.status == 404
+    auth = ["--url", live_server.url, "--token", live_server.admin_token]
+    used = CliRunner().invoke(app, ["usage", "--tenant", "acme", "-o", "json", *auth])
+    assert used.exit_code == 0, used.output
+    assert acme["id"] in used.output
+    with live_server.client() as admin:
+        admin.request("DELETE", "/v1/tenants/globex")
+        assert [t["name"] for t in admin.paginate("/v1/tenants")] == ["acme"]

@@ -15,9 +15,7 @@ from typing import Any
 
 from tests.security.conftest import World
 
-PUBLIC_PATHS = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
-)
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
 """The routes that answer without a key. Exactly these: the suite checks both ways."""
 
 CONSOLE_PREFIX = "/ui"
