@@ -22,6 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
+from sqlalchemy import select
 
 from api.deps import app_state, audit_failure, console_session, current_principal
 from api.limits import credential_tag
@@ -29,7 +30,7 @@ from api.problems import problem
 from api.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
 from controller.access.keys import Principal, hash_key
 from controller.jobs import service as job_service
-from controller.store.models import utcnow
+from controller.store.models import Tenant, utcnow
 from controller.values.errors import NotFound
 from grammar.states import STATES
 
@@ -104,6 +105,7 @@ def render(
     principal: Principal | None,
     session: ConsoleSession | None,
     status_code: int = 200,
+    who_label: str | None = None,
     **values: str,
 ) -> HTMLResponse:
     """The page's shell: navigation, who is signed in, and the page's own markup."""
@@ -113,7 +115,7 @@ def render(
     )
     who = ""
     if principal is not None:
-        label = principal.role + (f" · {principal.scope}" if principal.scope else "")
+        label = who_label or principal.role + (f" · {principal.scope}" if principal.scope else "")
         who = (
             f'<div class="who"><span>{escape(label)}</span>'
             '<button type="button" id="sign-out">Sign out</button></div>'
@@ -259,6 +261,15 @@ async def sign_out(
     return response
 
 
+def _who(request: Request, principal: Principal) -> str:
+    """Who is signed in, as the header says it: a tenant by its name, not its id."""
+    if principal.role != "tenant" or not principal.scope:
+        return principal.role
+    with app_state(request).sessions() as session:
+        name = session.scalar(select(Tenant.name).where(Tenant.id == principal.scope))
+    return f"tenant · {name or principal.scope}"
+
+
 def _visible_job(request: Request, job_id: str, scope: str | None) -> bool:
     with app_state(request).sessions() as session:
         try:
@@ -279,7 +290,8 @@ async def job_page(request: Request, job_id: str) -> Response:
         return render(
             NOT_FOUND_PAGE, principal, session, 404, what=f"no job {job_id!r} that you can see"
         )
-    return render(JOB_PAGE, principal, session, job_id=job_id)
+    who = await run_in_threadpool(_who, request, principal)
+    return render(JOB_PAGE, principal, session, who_label=who, job_id=job_id)
 
 
 @router.get("/{path:path}")
@@ -291,7 +303,9 @@ async def page(request: Request, path: str) -> Response:
     found = BY_PATH.get(path.rstrip("/"))
     if found is None or principal.role not in found.roles:
         return render(NOT_FOUND_PAGE, principal, session, 404, what=f"no page /ui/{path}")
-    return render(found, principal, session)
+    return render(
+        found, principal, session, who_label=await run_in_threadpool(_who, request, principal)
+    )
 
 
 def install(app: FastAPI) -> None:

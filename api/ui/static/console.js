@@ -146,6 +146,17 @@ async function allPages(path) {
   }
 }
 
+// Tenants by id, so pages show names, not UUIDs. Admins only (a tenant sees only its own
+// objects and may not list tenants); fetched once per page and kept.
+let tenantNamesOnce = null;
+function tenantNames() {
+  if (ROLE !== "admin") return Promise.resolve(new Map());
+  tenantNamesOnce ??= allPages("/v1/tenants").then((ts) => new Map(ts.map((t) => [t.id, t.name])),
+    () => new Map());
+  return tenantNamesOnce;
+}
+const tenantName = (names, id) => (ROLE !== "admin" ? "you" : names.get(id) || (id ? id.slice(0, 8) : "—"));
+
 // ---- sign in and out -----------------------------------------------------------------------
 
 function login() {
@@ -195,15 +206,51 @@ function portText(ports, name) {
   return mine.map((p) => `${p.direction === "up" ? "↑" : "↓"} ${Math.round((100 * p.reserved_gbps) / p.capacity_gbps)}%`).join(" ");
 }
 
+function ringPositions(names) {
+  const pos = {};
+  names.forEach((name, i) => {
+    const a = (2 * Math.PI * i) / Math.max(names.length, 1) - Math.PI / 2;
+    pos[name] = names.length === 1 ? [400, 230] : [400 + 280 * Math.cos(a), 230 + 170 * Math.sin(a)];
+  });
+  return pos;
+}
+
+// A tenant's map: what it can buy (clusters, their GPU models at the standard price, each
+// link's egress price), read from /v1/pricing; nothing of what others use.
+function drawOffer(pricing) {
+  const graph = $("graph");
+  const clusters = [...new Set(pricing.gpu.map((g) => g.cluster))].sort();
+  const pos = ringPositions(clusters);
+  const parts = [graph.querySelector("title")];
+  const drawn = new Set();
+  for (const e of pricing.egress) {
+    const key = [e.src, e.dst].sort().join("|");
+    if (!pos[e.src] || !pos[e.dst] || drawn.has(key)) continue;
+    drawn.add(key);
+    const [[x1, y1], [x2, y2]] = [pos[e.src], pos[e.dst]];
+    const both = pricing.egress.filter((o) => [o.src, o.dst].sort().join("|") === key);
+    parts.push(svg("line", { x1, y1, x2, y2, class: "link ok", "stroke-width": 2 },
+      svg("title", {}, both.map((o) => `${o.src}→${o.dst}: $${num(o.price_per_gb, 4)}/GB`).join("\n"))));
+    parts.push(svg("text", { x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 6, class: "link-label", "text-anchor": "middle" },
+      `$${num(e.price_per_gb, 3)}/GB`));
+  }
+  for (const c of clusters) {
+    const [x, y] = pos[c];
+    const models = pricing.gpu.filter((g) => g.cluster === c && g.qos_class === "standard")
+      .map((g) => `${g.gpu_model} $${num(g.price_per_gpu_hour, 2)}/h`).join(", ");
+    parts.push(svg("g", { class: "node ok", "data-cluster": c },
+      svg("title", {}, `${c}: ${models || "no standard price"}`),
+      svg("circle", { cx: x, cy: y, r: 30 }),
+      svg("text", { x, y: y + 4, "text-anchor": "middle", class: "node-name" }, c),
+      svg("text", { x, y: y + 48, "text-anchor": "middle", class: "node-gpus" }, models)));
+  }
+  graph.replaceChildren(...parts);
+}
+
 function drawNetwork(clusters, links, ports = []) {
   const graph = $("graph");
   const byName = Object.fromEntries(clusters.map((c) => [c.name, c]));
-  const n = clusters.length;
-  const pos = {};
-  clusters.forEach((c, i) => {
-    const a = (2 * Math.PI * i) / Math.max(n, 1) - Math.PI / 2;
-    pos[c.name] = n === 1 ? [400, 230] : [400 + 280 * Math.cos(a), 230 + 170 * Math.sin(a)];
-  });
+  const pos = ringPositions(clusters.map((c) => c.name));
   const keep = graph.querySelector("title");
   const parts = [keep];
   const pairs = new Map();
@@ -241,7 +288,23 @@ function network() {
   if (ROLE !== "admin") {
     const note = $("network-note");
     note.hidden = false;
-    note.textContent = "The live map of clusters and links is an operator's view: sign in with an admin key. Your quotes plan over this network; see Quote and Pricing.";
+    note.textContent = "The clusters you can run on, their GPUs at the standard price per GPU-hour, and the egress price of each link. Quotes plan over this network; Pricing lists every class.";
+    for (const id of ["clusters-h", "links-h", "ports-h"]) $(id).parentElement.hidden = true;
+    document.querySelector(".legend").hidden = true;
+    $("network-intro").hidden = true;
+    $("offer-section").hidden = false;
+    api("GET", "/v1/pricing").then((p) => {
+      drawOffer(p);
+      const rows = new Map();
+      for (const g of p.gpu) {
+        const key = `${g.cluster}|${g.gpu_model}`;
+        if (!rows.has(key)) rows.set(key, { cluster: g.cluster, model: g.gpu_model, prices: {} });
+        rows.get(key).prices[g.qos_class] = `$${num(g.price_per_gpu_hour, 2)}`;
+      }
+      fill($("offer").tBodies[0], [...rows.values()].map((r) => [
+        r.cluster, r.model, r.prices.guaranteed || "—", r.prices.standard || "—", r.prices.spot || "—"]));
+      stamp();
+    }).catch((e) => alertText(e.message));
     return;
   }
   every(3000, async () => {
@@ -283,10 +346,10 @@ function jobs() {
   });
   const refresh = async () => {
     const q = select.value ? `&state=${select.value}` : "";
-    const page = await api("GET", `/v1/jobs?limit=200${q}`);
+    const [page, names] = await Promise.all([api("GET", `/v1/jobs?limit=200${q}`), tenantNames()]);
     fill($("jobs").tBodies[0], page.items.map((j) => [
       el("a", { href: `/ui/jobs/${j.id}` }, j.name, el("span", { class: "muted" }, ` ${j.id.slice(0, 8)}`)),
-      stateBadge(j.state), j.tenant_id.slice(0, 8), j.gpus_min === j.gpus_max ? j.gpus_min : `${j.gpus_min}–${j.gpus_max}`,
+      stateBadge(j.state), tenantName(names, j.tenant_id), j.gpus_min === j.gpus_max ? j.gpus_min : `${j.gpus_min}–${j.gpus_max}`,
       j.qos_class, when(j.created_at), j.reason,
     ]));
     $("jobs-empty").hidden = page.items.length > 0;
@@ -331,6 +394,8 @@ function job() {
   const events = [];
   let current = null;
 
+  let names = new Map();
+  tenantNames().then((n) => { names = n; if (current) showJob(current); });
   const showJob = (j) => {
     current = j;
     $("job-name").textContent = j.name;
@@ -339,7 +404,7 @@ function job() {
     const waits = j.state === "PENDING" || j.state === "RESCHEDULING";
     $("job-reason").textContent = (waits ? "Why it waits: " : "") + (j.reason || "");
     dl($("summary"), [
-      ["Id", j.id], ["Tenant", j.tenant_id], ["Task", String(j.spec.task || "")],
+      ["Id", j.id], ["Tenant", tenantName(names, j.tenant_id)], ["Task", String(j.spec.task || "")],
       ["Steps", String(j.spec.steps || "")], ["GPUs", j.gpus_min === j.gpus_max ? j.gpus_min : `${j.gpus_min}–${j.gpus_max}`],
       ["Priority / QoS", `${j.priority} / ${j.qos_class}${j.preemptible ? ", preemptible" : ""}`],
       ["Attempts", j.attempts], ["Submitted", when(j.created_at)], ["Started", when(j.started_at)], ["Finished", when(j.finished_at)],
@@ -594,9 +659,9 @@ function adminTenants() {
 function adminKeys() {
   const form = $("key-form");
   const refresh = async () => {
-    const keys = await allPages("/v1/api-keys");
+    const [keys, names] = await Promise.all([allPages("/v1/api-keys"), tenantNames()]);
     fill($("keys").tBodies[0], keys.map((k) => [
-      k.prefix || k.id.slice(0, 8), k.name, k.role, k.scope || "—", when(k.created_at), k.revoked_at ? when(k.revoked_at) : "—",
+      k.prefix || k.id.slice(0, 8), k.name, k.role, k.role === "tenant" ? tenantName(names, k.scope) : (k.scope || "—"), when(k.created_at), k.revoked_at ? when(k.revoked_at) : "—",
       k.revoked_at ? "" : actionButton(`Revoke ${k.name || k.id.slice(0, 8)}`, async () => { await api("DELETE", `/v1/api-keys/${k.id}`); await refresh(); }),
     ]));
   };
