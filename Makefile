@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install tools browser demo test lint unit bench compile clean
+.PHONY: install tools browser demo test lint unit bench compile docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,10 +50,15 @@ test: lint tools browser
 	$(PY) -m pytest
 
 # The quick benchmarks: tables on stdout in about a minute, nothing written. The others (they
-# refresh the plots in bench/results/, some need PostgreSQL or root) are run by hand: README.
+# refresh the plots in bench/results/, some need PostgreSQL or root) are run by hand:
+# docs/benchmarks/index.md.
 bench: install
 	$(PY) -m bench.scheduler --quick
 	$(PY) -m bench.compressors
+
+# The docs site in site/ (read it with `python3 -m http.server -d site`); built offline.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Optional: the scheduler's decision code compiled by mypyc (the same plans, ~1.7x faster), used
 # only while the sources it was built from are unchanged (scheduler/native.py). Needs gcc.
@@ -61,4 +66,4 @@ compile: install
 	$(PY) -c "from scheduler.native import build; print('compiled into', build())"
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache cpn.egg-info scheduler/_native scheduler/_native.new
+	rm -rf $(VENV) site .mypy_cache .pytest_cache .ruff_cache cpn.egg-info scheduler/_native scheduler/_native.new

@@ -355,6 +355,7 @@ class UsageRow(BaseModel):
 
 class UsageOut(BaseModel):
     tenant_id: str
+    tenant_name: str
     gpu_seconds: float
     wan_bytes: int
     rows: list[UsageRow]

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
-OUTER = {"outer_lr": 1.0, "outer_momentum": 0.0}  # the demo's (README: DiLoCo on this MLP)
+# the demo's (docs/concepts/training.md: DiLoCo on this MLP)
+OUTER = {"outer_lr": 1.0, "outer_momentum": 0.0}
 
 
 @dataclass(frozen=True)

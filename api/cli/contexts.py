@@ -9,8 +9,9 @@ The config file (`$CPN_CONFIG`, else `$XDG_CONFIG_HOME/cpn/config.yaml`, else
 `~/.config/cpn/config.yaml`) names each context's URL and the file holding its key, never the
 key itself; `cpn login --token-stdin` writes the key to a file of its own (mode 0600) beside
 it. Every command resolves in one order: `--url`/`--token` (or CPN_URL/CPN_TOKEN), then the
-current context (its key only for its own URL), then, for the default local URL, the key
-`cpn serve` wrote to `var/admin-token` (CPN_ADMIN_TOKEN_FILE) in the working directory.
+current context (its key only for its own URL), then, for a server on this machine
+(127.0.0.1, localhost), the key a `cpn serve` run here wrote to `var/admin-token`
+(CPN_ADMIN_TOKEN_FILE) in the working directory.
 """
 
 from __future__ import annotations
@@ -132,10 +133,17 @@ def resolve(url: str | None, token: str | None) -> tuple[str, str | None]:
         return url, token
     if context is not None and _same_url(url, context.url):
         return url, _read_key(context.token_file) if context.token_file else None
-    if _same_url(url, DEFAULT_URL):
+    if _loopback(url):
         local = os.environ.get("CPN_ADMIN_TOKEN_FILE") or str(Path("var") / "admin-token")
         return url, _read_key(local)
     return url, None
+
+
+def _loopback(url: str) -> bool:
+    """A server on this machine: where a `cpn serve` run here may have written its key."""
+    from urllib.parse import urlparse
+
+    return urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
 def client(url: str | None, token: str | None) -> Client:

@@ -447,7 +447,8 @@ def usage(
 def usage_tables(data: dict[str, Any]) -> list[Table]:
     metered, ledger = data["usage"], data["ledger"]
     rows = _table(
-        f"Usage of tenant {metered['tenant_id']}: {metered['gpu_seconds'] / 3600:.4f} GPU-hours, "
+        f"Usage of tenant {metered.get('tenant_name') or metered['tenant_id']}: "
+        f"{metered['gpu_seconds'] / 3600:.4f} GPU-hours, "
         f"{metered['wan_bytes'] / 1e9:.3f} WAN GB",
         ("kind", "cluster", "to", "GPU model", "class", "quantity"),
     )

@@ -30,7 +30,8 @@ def _visible(session: SessionDep, tenant_id: str, principal: Principal) -> Tenan
 @router.get("/{tenant_id}/usage", response_model=UsageOut)
 def usage(tenant_id: str, session: SessionDep, principal: ReaderDep) -> UsageOut:
     """Metered GPU-seconds by cluster, model and class, and WAN bytes by link."""
-    tenant_id = _visible(session, tenant_id, principal).id
+    tenant = _visible(session, tenant_id, principal)
+    tenant_id = tenant.id
     rows = session.execute(
         select(
             Usage.kind,
@@ -50,6 +51,7 @@ def usage(tenant_id: str, session: SessionDep, principal: ReaderDep) -> UsageOut
     ]
     return UsageOut(
         tenant_id=tenant_id,
+        tenant_name=tenant.name,
         gpu_seconds=sum(r.quantity for r in out if r.kind == "gpu_seconds"),
         wan_bytes=int(sum(r.quantity for r in out if r.kind == "wan_bytes")),
         rows=out,

@@ -98,13 +98,14 @@ def test_a_keyless_401_says_how_to_give_a_key(live_server: LiveServer, config: P
 def test_resolution_order(
     live_server: LiveServer, config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Flags win; a context's key goes only to its own URL; the local admin key only to the
-    default URL."""
+    """Flags win; a context's key goes only to its own URL; the local admin key only to a
+    server on this machine."""
     assert resolve(None, None) == (DEFAULT_URL, None)
     (tmp_path / "var").mkdir()
     (tmp_path / "var" / "admin-token").write_text("cpn_local\n")
     assert resolve(None, None) == (DEFAULT_URL, "cpn_local")
     assert resolve("http://elsewhere:8000", None) == ("http://elsewhere:8000", None)
+    assert resolve("http://localhost:9", None) == ("http://localhost:9", "cpn_local")
     key_file = tmp_path / "admin.key"
     key_file.write_text(live_server.admin_token)
     assert cpn("login", "--url", live_server.url, "--token-file", str(key_file))[0] == 0

@@ -21,7 +21,7 @@ RELEASE = "cpn"
 NAMESPACE = "cpn-system"
 KUBE_VERSION = "v1.37.0"
 
-# The three ways the chart is installed (the README's `helm install` lines use the same values).
+# The three ways the chart is installed (docs/operator/kubernetes.md's `helm install` lines use the same values).
 DEFAULT_VALUES: dict[str, Any] = {}
 AGENT_VALUES: dict[str, Any] = {
     "controlPlane": {"enabled": False},

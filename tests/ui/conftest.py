@@ -2,7 +2,7 @@
 
 The browser is the system's (`/usr/bin/chromium`, installed by `make test`'s set-up), never one
 that `playwright install` downloads. Screenshots go to a temporary folder, or to
-CPN_UI_SCREENSHOTS when it is set (the README's picture is taken that way).
+CPN_UI_SCREENSHOTS when it is set (the docs' picture is taken that way).
 """
 
 from __future__ import annotations
