@@ -2,7 +2,9 @@
 
 Exponential backoff with full jitter (AWS architecture blog, "Exponential Backoff And
 Jitter"): many agents that lost the controller at the same moment spread their retries out
-instead of returning in lock-step when it comes back.
+instead of returning in lock-step when it comes back. Not stamina or tenacity (the client's
+submission uses stamina): the agent's loop never gives up and spends this delay between its
+own steps (heartbeat, lease, probes), where a retry that wraps one call has nothing to wrap.
 """
 
 from __future__ import annotations

@@ -7,10 +7,12 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
+import stamina
+from httpx_sse import EventSource
 
 from wire import JobLogOut, JobMetricOut, JobOut, JobSpec, QuoteOut
 
@@ -142,17 +144,16 @@ class Client:
         one job is created (a key is generated when none is given)."""
         key = idempotency_key or f"cpn-{uuid.uuid4()}"
         body = _spec_body(spec)
-        for attempt in range(retries + 1):
-            try:
+        answer: Any = None
+        for attempt in stamina.retry_context(
+            on=_transient, attempts=retries + 1, timeout=None, wait_initial=0.2, wait_max=2.0,
+            wait_jitter=0.2,
+        ):  # fmt: skip
+            with attempt:
                 answer = self.request(
                     "POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key}
                 )
-                return JobOut.model_validate(answer)
-            except ApiError as exc:
-                if exc.status not in (0, 502, 503, 504) or attempt == retries:
-                    raise
-                time.sleep(0.2 * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return JobOut.model_validate(answer)
 
     def jobs(self, state: str | None = None, limit: int | None = None) -> list[JobOut]:
         """Your jobs (an admin: everyone's), newest first; at most `limit` of them."""
@@ -220,7 +221,8 @@ class Client:
                     if response.status_code >= 400:
                         response.read()
                         raise _problem(response)
-                    for kind, data in sse_messages(response.iter_lines()):
+                    for message in EventSource(response).iter_sse():
+                        kind, data = message.event, message.data
                         if kind == "end":
                             return
                         if kind == "resume":
@@ -333,21 +335,7 @@ def _retry_after(response: httpx.Response, most: float = 30.0) -> float:
         return 1.0
 
 
-def sse_messages(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
-    """(event, data) of each server-sent event; comments and ids are skipped (ids travel in
-    the data here)."""
-    kind, data = "message", list[str]()
-    for line in lines:
-        if not line:
-            if data or kind != "message":
-                yield kind, "\n".join(data)
-            kind, data = "message", []
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "event":
-                kind = value
-            elif name == "data":
-                data.append(value)
+def _transient(exc: Exception) -> bool:
+    """A failure a retry under the same Idempotency-Key may get past: the server unreachable,
+    or a proxy's 502/503/504."""
+    return isinstance(exc, ApiError) and exc.status in (0, 502, 503, 504)

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from sqlalchemy import insert
 
-from api.client import ApiError, Client, sse_messages
+from api.client import ApiError, Client
 from controller.jobs.lifecycle import transition
 from controller.network.allocations import Slot, reserve
 from controller.store.db import make_engine, make_sessionmaker
@@ -447,21 +447,3 @@ def test_client_submit_to_an_unreachable_server_raises() -> None:
             client.submit(spec(), retries=1)
     assert exc.value.status == 0 and "cannot reach" in exc.value.detail
     assert (datetime.now(UTC) - started).total_seconds() >= 0.2  # it did retry once
-
-
-def test_sse_messages_parse_the_wire_format() -> None:
-    lines = [
-        ": keep-alive",
-        "",
-        "id: 3",
-        "event: state",
-        'data: {"id": 3}',
-        "",
-        "event: end",
-        "data: {}",
-        "",
-        "data: a",
-        "data:b",
-        "",
-    ]
-    assert list(sse_messages(lines)) == [("state", '{"id": 3}'), ("end", "{}"), ("message", "a\nb")]
