@@ -12,7 +12,7 @@ import os
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -48,6 +48,29 @@ class LauncherConfig:
     ray_num_cpus: int | None = None
 
 
+def _driver_ray() -> Any:
+    """`ray`, imported so that this driver keeps its own SIGTERM handling.
+
+    Ray's C++ failure-signal handler, installed in a driver whose `ray.init` runs off the main
+    thread (here: the control loop's), takes SIGTERM before uvicorn's graceful shutdown and
+    aborts the process, leaving the local Ray's processes behind for the next driver on the
+    machine to find. Ray reads the switch once, when it is first imported; the variable is
+    gone again before `ray.init` starts the local Ray, so its workers keep the handler."""
+    import sys
+
+    if "ray" in sys.modules:
+        return sys.modules["ray"]
+    key = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+    given = key in os.environ
+    os.environ.setdefault(key, "1")
+    try:
+        import ray
+    finally:
+        if not given:
+            os.environ.pop(key, None)
+    return ray
+
+
 class RayConnection:
     """This controller's Ray: an operator's (`ray_address`) or a local one it starts."""
 
@@ -58,7 +81,7 @@ class RayConnection:
 
     def ensure(self, needed: dict[str, int], busy: bool) -> bool:
         """Connect to Ray (once); False when a local Ray lacks a cluster and jobs still run."""
-        import ray
+        ray = _driver_ray()
 
         from training import cluster_resource
 

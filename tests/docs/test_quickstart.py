@@ -27,7 +27,9 @@ def test_the_manual_path_runs_as_written(repo_root: Path, tmp_path: Path) -> Non
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = block(repo_root).replace("8000", str(port))
-    harness = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n"
+    # On any exit, stop what the block started and wait for it: a `cpn serve` still taking its
+    # local Ray down when the test returns would be found by the next test's `ray.init()`.
+    harness = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\n"
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
