@@ -15,33 +15,38 @@ from rich.table import Table
 
 from api.cli import contexts
 from api.cli.errors import FAILED, fail
-from api.cli.output import OutputOpt, chosen, emit
+from api.cli.output import OutputOpt, chosen, emit, print_tables
 
 UrlOpt = typer.Option(None, "--url", envvar="CPN_URL", help="Control plane URL.")
 TokenOpt = typer.Option(None, "--token", envvar="CPN_TOKEN", help="Admin API key.")
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 
 
-def clusters_table(clusters: list[dict[str, Any]]) -> Table:
+def clusters_table(clusters: list[dict[str, Any]], wide: bool = False) -> Table:
     table = Table(title="Clusters")
-    for col in ("name", "region", "state", "cordoned", "GPUs", "last heartbeat"):
+    more = ("draining", "labels", "probe URL") if wide else ()
+    for col in ("name", "region", "state", "cordoned", "GPUs", "last heartbeat", *more):
         table.add_column(col)
     for c in clusters:
         gpus = ", ".join(f"{g['count']}x {g['model']}" for g in c["gpus"]) or "-"
         seen = (c["last_heartbeat_at"] or "-")[11:19] or "-"
         style = {"READY": "green", "SUSPECT": "yellow", "DOWN": "red"}.get(c["state"], "")
-        table.add_row(
+        row = [
             c["name"],
             c["region"],
             f"[{style}]{c['state']}[/]" if style else c["state"],
             "yes" if c["cordoned"] else "no",
             gpus,
             seen,
-        )
+        ]
+        if wide:
+            labels = ", ".join(f"{k}={v}" for k, v in sorted((c.get("labels") or {}).items()))
+            row += ["yes" if c.get("draining") else "no", labels or "-", c.get("probe_url") or "-"]
+        table.add_row(*row)
     return table
 
 
-def links_table(links: list[dict[str, Any]]) -> Table:
+def links_table(links: list[dict[str, Any]], wide: bool = False) -> Table:
     table = Table(title="Links (measured over declared)")
     for col in ("from", "to", "source", "Gbit/s", "RTT ms", "loss", "$/GB", "at"):
         table.add_column(col)
@@ -59,7 +64,7 @@ def links_table(links: list[dict[str, Any]]) -> Table:
     return table
 
 
-def ports_table(ports: list[dict[str, Any]]) -> Table:
+def ports_table(ports: list[dict[str, Any]], wide: bool = False) -> Table:
     table = Table(title="WAN ports (uplinks and downlinks)")
     for col in ("cluster", "way", "capacity Gbit/s", "reserved", "free", "jobs"):
         table.add_column(col)
@@ -68,8 +73,11 @@ def ports_table(ports: list[dict[str, Any]]) -> Table:
         return "-" if value is None else f"{value:.3f}"
 
     for p in ports:
-        jobs = ", ".join(f"{h['job_id'][:8]} {h['reserved_gbps']:.3f}" for h in p["holders"][:3])
-        more = len(p["holders"]) - 3
+        shown = p["holders"] if wide else p["holders"][:3]
+        jobs = ", ".join(
+            f"{h['job_id'] if wide else h['job_id'][:8]} {h['reserved_gbps']:.3f}" for h in shown
+        )
+        more = len(p["holders"]) - len(shown)
         table.add_row(
             p["cluster"],
             p["direction"],
@@ -81,7 +89,7 @@ def ports_table(ports: list[dict[str, Any]]) -> Table:
     return table
 
 
-def gpus_table(gpus: list[dict[str, Any]]) -> Table:
+def gpus_table(gpus: list[dict[str, Any]], wide: bool = False) -> Table:
     table = Table(title="GPUs")
     for col in ("cluster", "state", "model", "GiB", "count", "allocatable", "in use"):
         table.add_column(col)
@@ -104,7 +112,7 @@ def _show(
     token: str | None,
     fmt: str,
     fetch: Callable[[Any], list[dict[str, Any]]],
-    render: Callable[[list[dict[str, Any]]], Table],
+    render: Callable[[list[dict[str, Any]], bool], Table],
 ) -> None:
     from api.client import ApiError
 
@@ -113,10 +121,10 @@ def _show(
             rows = fetch(client)
     except ApiError as exc:
         raise fail(cmd, None, str(exc), FAILED) from None
-    if fmt != "table":
-        emit(rows, fmt)
+    if fmt in ("table", "wide"):
+        print_tables(render(rows, fmt == "wide"), fmt)
     else:
-        Console().print(render(rows))
+        emit(rows, fmt)
 
 
 def clusters(
@@ -201,7 +209,7 @@ def _flag(verb: str) -> Callable[..., None]:
 ROLES = ("admin", "tenant", "agent")
 
 
-def keys_table(keys: list[dict[str, Any]]) -> Table:
+def keys_table(keys: list[dict[str, Any]], wide: bool = False) -> Table:
     table = Table(title="API keys")
     for col in ("id", "name", "prefix", "role", "scope", "created", "expires", "revoked"):
         # Ids are copied into `revoke`: wrapped whole, never cut short.
@@ -274,8 +282,28 @@ def keys_list(
     )
 
 
+def key_id_of(keys: list[dict[str, Any]], ref: str) -> str:
+    """The id of the one live key `ref` names: its id, the start of its id, its name or its
+    token's prefix; LookupError saying why (none, or which several) otherwise."""
+    live = [k for k in keys if not k["revoked_at"]]
+    for matches in (
+        [k for k in keys if k["id"] == ref],
+        [k for k in live if k["id"].startswith(ref)],
+        [k for k in live if k["name"] == ref],
+        [k for k in live if k["prefix"] == ref],
+    ):
+        if len(matches) == 1:
+            return str(matches[0]["id"])
+        if len(matches) > 1:
+            named = ", ".join(f"{k['id'][:8]} ({k['name'] or k['role']})" for k in matches[:5])
+            raise LookupError(f"{ref!r} names {len(matches)} keys ({named}); give more of the id")
+    raise LookupError(f"no live key with id, name or prefix {ref!r} (cpn admin keys list)")
+
+
 def keys_revoke(
-    key_id: str = typer.Argument(..., help="The key's id (see `cpn admin keys list`)."),
+    key: str = typer.Argument(
+        ..., help="The key's id, the start of it, its name or its prefix (cpn admin keys list)."
+    ),
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
     as_json: bool = JsonOpt,
@@ -284,11 +312,15 @@ def keys_revoke(
     from api.cli.jobs import connected
 
     with connected("admin keys revoke", url, token) as client:
-        key = client.request("DELETE", f"/v1/api-keys/{key_id}")
+        try:
+            key_id = key_id_of(list(client.paginate("/v1/api-keys")), key)
+        except LookupError as exc:
+            raise fail("admin keys revoke", "KEY", str(exc)) from None
+        revoked = client.request("DELETE", f"/v1/api-keys/{key_id}")
     if as_json:
-        print(json.dumps(key, indent=2))
+        print(json.dumps(revoked, indent=2))
     else:
-        Console().print(f"revoked {key['id']} ({key['role']}, prefix {key['prefix']})")
+        Console().print(f"revoked {revoked['id']} ({revoked['role']}, prefix {revoked['prefix']})")
 
 
 def register(app: typer.Typer) -> None:

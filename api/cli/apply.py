@@ -200,8 +200,8 @@ def get(
     from api.client import ApiError
 
     kinds = _kinds(kind)
-    if output not in ("table", "yaml", "json"):
-        raise fail("get", "--output", f"{output!r}: use table, yaml or json")
+    if output not in ("table", "wide", "yaml", "json"):
+        raise fail("get", "--output", f"{output!r}: use table, wide, yaml or json")
     try:
         with contexts.client(url, token) as client:
             current = read_current(client, set(kinds))
@@ -215,17 +215,17 @@ def get(
     elif output == "json":
         print(json.dumps([d.document() for d in docs], indent=2))
     else:
-        _tables(docs)
+        _tables(docs, wide=output == "wide")
 
 
-def _tables(docs: list[Doc]) -> None:
+def _tables(docs: list[Doc], wide: bool = False) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from api.cli.manifests import show
 
-    console = Console()
+    console = Console(width=100_000, soft_wrap=True) if wide else Console()
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for d in docs:
         body = d.document()

@@ -230,7 +230,7 @@ def get_contexts(output: str | None = OutputOpt) -> None:
     fmt = chosen("config get-contexts", output, False)
     config = _config_or_fail("config get-contexts")
     contexts = list(config.contexts.values())
-    if fmt != "table":
+    if fmt not in ("table", "wide"):
         emit(
             [
                 {"current": c.name == config.current, "name": c.name, "url": c.url,

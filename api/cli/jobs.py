@@ -17,7 +17,7 @@ import typer
 
 from api.cli import contexts
 from api.cli.errors import FAILED, fail
-from api.cli.output import OutputOpt, chosen
+from api.cli.output import OutputOpt, chosen, print_tables
 from api.cli.output import emit as emit_as
 
 if TYPE_CHECKING:
@@ -155,9 +155,10 @@ def quote_table(quote: dict[str, Any]) -> Table:
     return table
 
 
-def jobs_table(jobs: list[dict[str, Any]], with_tenant: bool) -> Table:
+def jobs_table(jobs: list[dict[str, Any]], with_tenant: bool, wide: bool = False) -> Table:
     cols = ("id", "name", "state", "GPUs", "class", "created", "reason")
-    table = _table("Jobs", ("tenant", *cols) if with_tenant else cols)
+    more = ("priority", "attempts", "placement", "started", "finished") if wide else ()
+    table = _table("Jobs", ("tenant", *cols, *more) if with_tenant or wide else (*cols, *more))
     for j in jobs:
         row = [
             j["id"],
@@ -168,7 +169,15 @@ def jobs_table(jobs: list[dict[str, Any]], with_tenant: bool) -> Table:
             j["created_at"][:19],
             j["reason"],
         ]
-        table.add_row(*([j["tenant_id"], *row] if with_tenant else row))
+        if wide:
+            row += [
+                f"{j['priority']}" + (", preemptible" if j["preemptible"] else ""),
+                str(j["attempts"]),
+                _placement((j.get("placement") or {}).get("placement")),
+                (j["started_at"] or "-")[:19],
+                (j["finished_at"] or "-")[:19],
+            ]
+        table.add_row(*([j["tenant_id"], *row] if with_tenant or wide else row))
     return table
 
 
@@ -232,16 +241,12 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _show(fmt: str, data: Any, render: Callable[[Any], Table | list[Table]]) -> None:
-    if fmt != "table":
+def _show(fmt: str, data: Any, render: Callable[[Any, bool], Table | list[Table]]) -> None:
+    """JSON or YAML as they are; a table (`wide`: more columns, nothing cut) as `render` draws."""
+    if fmt not in ("table", "wide"):
         emit_as(data, fmt)
         return
-    from rich.console import Console
-
-    console = Console()
-    out = render(data)
-    for table in out if isinstance(out, list) else [out]:
-        console.print(table)
+    print_tables(render(data, fmt == "wide"), fmt)
 
 
 def quote(
@@ -256,8 +261,8 @@ def quote(
     spec = load_spec("quote", file)
     with connected("quote", url, token) as client:
         answer = client.quote(spec).model_dump(mode="json")
-    _show(fmt, answer, quote_table)
-    if fmt == "table":
+    _show(fmt, answer, lambda q, _wide: quote_table(q))
+    if fmt in ("table", "wide"):
         print(f"hold this price: cpn submit {file} --quote {answer['id']} --option <option>")
 
 
@@ -359,7 +364,7 @@ def jobs(
             for j in client.jobs(state.upper() if state else None, limit=limit)
         ]
     tenants = {j["tenant_id"] for j in rows}
-    _show(fmt, rows, lambda r: jobs_table(r, with_tenant=len(tenants) > 1))
+    _show(fmt, rows, lambda r, wide: jobs_table(r, with_tenant=len(tenants) > 1, wide=wide))
 
 
 def job(
@@ -394,7 +399,7 @@ def job(
     _show(
         fmt,
         {"job": detail, "events": recent},
-        lambda d: (
+        lambda d, _wide: (
             [job_table(d["job"]), events_table(d["events"])] if d["events"] else job_table(d["job"])
         ),
     )
@@ -441,7 +446,7 @@ def usage(
         metered = client.usage(tenant_id)
         ledger = client.ledger(tenant_id)
     data = {"usage": metered, "ledger": {"total": ledger["total"], "entries": ledger["items"]}}
-    _show(fmt, data, usage_tables)
+    _show(fmt, data, lambda d, _wide: usage_tables(d))
 
 
 def usage_tables(data: dict[str, Any]) -> list[Table]:
@@ -498,7 +503,7 @@ def pricing(
             egress.add_row(e["src"], e["dst"], f"{e['price_per_gb']:.4f}", e["effective_from"][:19])
         return [gpu, egress]
 
-    _show(fmt, prices, render)
+    _show(fmt, prices, lambda p, _wide: render(p))
 
 
 def logs(

@@ -387,6 +387,14 @@ def test_cordon_uncordon_and_drain_from_the_cli(cpn: CliRun, server: LiveServer)
     assert shown["cordoned"] and not shown["draining"]
     listed = cpn("clusters", "-o", "yaml")
     assert listed.code == 0 and f"c-{s}" in {c["name"] for c in yaml.safe_load(listed.out)}
+    admin.request("PATCH", f"/v1/clusters/c-{s}", json={"labels": {"rack": "r" * 60}})
+    table, wide = cpn("clusters"), cpn("clusters", "-o", "wide")  # kubectl's -o wide
+    assert table.code == 0 and wide.code == 0, wide.err
+    assert "labels" not in table.out and "labels" in wide.out
+    [row] = [line for line in wide.out.splitlines() if f"c-{s} " in line]  # one line, whole
+    assert "rack=" + "r" * 60 in row
+    got = cpn("get", "cluster", f"c-{s}", "-o", "wide")
+    assert got.code == 0 and "r" * 60 in got.out
     drained = cpn("drain", f"c-{s}", "--json")
     assert drained.code == 0 and json.loads(drained.out)["draining"] is True
     back = cpn("uncordon", f"c-{s}")

@@ -91,4 +91,25 @@ def test_refusals_are_one_line(cpn: CliRun) -> None:
     line = one_line(scope.err)
     assert line.startswith("cpn admin keys create: error: 422 ") and "scope" in line, line
     gone = cpn("admin", "keys", "revoke", "no-such-key")
-    assert gone.code == 1 and "404 no API key with id 'no-such-key'" in one_line(gone.err)
+    assert gone.code == 2 and one_line(gone.err) == (
+        "cpn admin keys revoke: error: KEY: no live key with id, name or prefix 'no-such-key' "
+        "(cpn admin keys list)"
+    )
+
+
+def test_revoke_takes_a_name_or_the_start_of_an_id(cpn: CliRun, server: LiveServer) -> None:
+    """Issue 51: a key is named as a user reads it in the table; two keys of one name are an
+    error listing both, and nothing is revoked."""
+    label = f"bot-{uuid.uuid4().hex[:6]}"
+    with server.client() as admin:
+        one = admin.create_api_key("admin", None, label)
+        two = admin.create_api_key("admin", None, label)
+    both = cpn("admin", "keys", "revoke", label)
+    assert both.code == 2
+    assert f"names 2 keys ({one['id'][:8]} ({label}), {two['id'][:8]} ({label}))" in both.err
+    assert status_with(server, one["token"]) == status_with(server, two["token"]) == 200
+    by_start = cpn("admin", "keys", "revoke", one["id"][:8])
+    assert by_start.code == 0 and f"revoked {one['id']}" in by_start.out
+    by_name = cpn("admin", "keys", "revoke", label)  # the one left alive of that name
+    assert by_name.code == 0 and f"revoked {two['id']}" in by_name.out
+    assert status_with(server, one["token"]) == status_with(server, two["token"]) == 401
