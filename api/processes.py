@@ -114,6 +114,7 @@ def spawn(
     popen = subprocess.Popen(
         [*prefix, sys.executable, "-m", module, *args],
         env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,  # never the caller's (under pytest-xdist: its channel)
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -245,7 +245,7 @@ def test_spectral_finds_no_error_in_the_openapi(tmp_path: Path) -> None:
     ran = subprocess.run(
         [npx, "--yes", "@stoplight/spectral-cli@6", "lint", str(document), "--fail-severity",
          "error", "-r", str(tmp_path / ".spectral.yaml")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
     assert "(0 errors" in ran.stdout or "No results" in ran.stdout, ran.stdout[-3000:]

@@ -9,11 +9,12 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, start_server
 from tests.service.conftest import build_network
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("migrated_url", ["sqlite"], indirect=True)]
@@ -21,9 +22,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.parametrize("migrated_url", ["sqlite
 HEAVY = ("torch", "ray", "numpy", "fastapi", "sqlalchemy", "uvicorn", "alembic", "psycopg")
 
 
+@pytest.fixture
+def api_only(db_url: str) -> Iterator[LiveServer]:
+    """A server without its control loop: a submitted job stays PENDING, so nothing starts a
+    Ray inside this test's process (a driver here would die with that Ray, and the worker
+    with it, long after the test)."""
+    live = start_server(database_url=db_url, run_controller=False)
+    yield live
+    live.stop()
+
+
 def test_the_light_install_serves_a_tenant(
-    live_server: LiveServer, tmp_path: Path, repo_root: Path
+    api_only: LiveServer, tmp_path: Path, repo_root: Path
 ) -> None:
+    live_server = api_only
     # The package's own files, copied: pip builds in the tree it installs from (build/).
     source = tmp_path / "source"
     source.mkdir()
@@ -35,15 +47,22 @@ def test_the_light_install_serves_a_tenant(
             repo_root / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
         )
     venv = tmp_path / "light"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", str(venv)],
+        check=True, timeout=120, stdin=subprocess.DEVNULL, capture_output=True,
+    )  # fmt: skip
     installed = subprocess.run(
-        [venv / "bin" / "pip", "install", "--quiet", "-c", repo_root / "constraints.txt",
-         str(source)],
-        capture_output=True, text=True, timeout=600,
+        [venv / "bin" / "pip", "install", "--quiet", "--no-input",
+         "-c", repo_root / "constraints.txt", str(source)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-3000:]
     listed = subprocess.run(
-        [venv / "bin" / "pip", "list", "--format=json"], capture_output=True, text=True, check=True
+        [venv / "bin" / "pip", "list", "--format=json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
     )
     names = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert "cpn" in names
@@ -65,6 +84,7 @@ def test_the_light_install_serves_a_tenant(
         return subprocess.run(
             [str(venv / "bin" / "cpn"), *args],
             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+            stdin=subprocess.DEVNULL,
         )  # fmt: skip
 
     assert cpn("--help").returncode == 0

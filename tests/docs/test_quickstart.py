@@ -4,7 +4,9 @@ Step 1 (the install) is the suite's own .venv; the port is a free one instead of
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,10 +39,20 @@ def test_the_manual_path_runs_as_written(repo_root: Path, tmp_path: Path) -> Non
     }
     for name in ("CPN_URL", "CPN_TOKEN", "CPN_DATABASE_URL", "CPN_ADMIN_TOKEN"):
         env.pop(name, None)
-    ran = subprocess.run(
-        ["bash", "-c", harness + script],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420,
+    # A session of its own, as an operator's shell would be: the local Ray that `cpn serve`
+    # starts reaps its own process group, which must not be this test's worker; whatever is
+    # left of the group afterwards is killed with it.
+    block_run = subprocess.Popen(
+        ["bash", "-c", harness + script], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )  # fmt: skip
+    try:
+        stdout, stderr = block_run.communicate(timeout=420)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(block_run.pid, signal.SIGKILL)
+    ran = subprocess.CompletedProcess(block_run.args, block_run.returncode, stdout, stderr)
     logs = "".join(
         f"\n--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted((tmp_path / "var").glob("*.log"))
     )

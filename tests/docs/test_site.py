@@ -17,7 +17,7 @@ def test_the_site_builds_strict_and_offline(repo_root: Path, tmp_path: Path) -> 
     site = tmp_path / "site"
     built = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
-        cwd=repo_root, capture_output=True, text=True, timeout=300,
+        cwd=repo_root, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
     assert built.returncode == 0, built.stderr[-4000:]
