@@ -326,4 +326,5 @@ def test_api_docs_render_without_internet(tab: Tab, console: Console) -> None:
     # ReDoc's "powered by" badge is an image on its CDN: without internet, a missing picture
     # in the sidebar's corner; nothing the page needs.
     assert [u for u in elsewhere if not u.startswith("https://cdn.redoc.ly/redoc/logo")] == []
-    assert tab.errors == []
+    # The badge's refused request is the one error the page may log.
+    assert [e for e in tab.errors if "net::ERR_FAILED" not in e or not elsewhere] == []
