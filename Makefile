@@ -25,9 +25,11 @@ $(CHECKOV_STAMP): tests/helm/checkov-requirements.txt
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r tests/helm/checkov-requirements.txt
 	@touch $(CHECKOV_STAMP)
 
-# promtool (tests/service/test_metrics.py lints /metrics with it) comes with Debian's prometheus.
+# promtool (tests/service/test_metrics.py lints /metrics with it) comes with Debian's prometheus;
+# `dot` (the docs site draws its state diagrams with it) with Debian's graphviz.
 tools: $(CHECKOV_STAMP)
 	@command -v promtool >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus)
+	@command -v dot >/dev/null || (apt-get update && apt-get install -y --no-install-recommends graphviz)
 
 # The web console's browser tests (tests/ui) drive Debian's chromium through Playwright; no
 # browser is ever downloaded (`playwright install` is never run).
@@ -57,7 +59,7 @@ bench: install
 	$(PY) -m bench.compressors
 
 # The docs site in site/ (read it with `python3 -m http.server -d site`); built offline.
-docs: install
+docs: install tools
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Optional: the scheduler's decision code compiled by mypyc (the same plans, ~1.7x faster), used

@@ -12,6 +12,8 @@ fall behind what it documents (`mkdocs build --strict`, run by tests/docs/test_s
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -118,14 +120,50 @@ def rest_reference() -> str:
                 out.append("")
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
             if body:
-                ref = body.get("schema", {}).get("$ref", "")
-                out += [f"Body: `{ref.rsplit('/', 1)[-1] or 'JSON'}`.", ""]
-            codes = ", ".join(
-                f"{code}" + (" (problem)" if int(code) >= 400 else "")
-                for code in sorted(op.get("responses", {}))
-            )
-            out += [f"Answers: {codes}.", ""]
+                out += [f"Body: {_schema_type(body.get('schema', {}))}.", ""]
+            answers = []
+            for code, answer in sorted(op.get("responses", {}).items()):
+                if int(code) >= 400:
+                    answers.append(f"{code} (problem)")
+                    continue
+                content = answer.get("content", {}).get("application/json", {})
+                shape = _schema_type(content["schema"]) if content.get("schema") else ""
+                answers.append(f"{code} {shape}".strip())
+            out += [f"Answers: {', '.join(answers)}.", ""]
+    out += ["## Schemas", "", "The bodies the operations above take and answer.", ""]
+    for name, schema in sorted(spec["components"]["schemas"].items()):
+        out += [f"### {name}", ""]
+        if schema.get("description"):
+            out += [" ".join(str(schema["description"]).split()), ""]
+        if schema.get("enum"):
+            out += ["One of " + ", ".join(f"`{v}`" for v in schema["enum"]) + ".", ""]
+        fields = schema.get("properties", {})
+        if fields:
+            out += ["| field | type | required | description |", "|---|---|---|---|"]
+            for field, sub in fields.items():
+                text = " ".join(str(sub.get("description", "")).split()).replace("|", "\\|")
+                required = "yes" if field in schema.get("required", ()) else "no"
+                out.append(f"| `{field}` | {_schema_type(sub)} | {required} | {text} |")
+            out.append("")
     return "\n".join(out)
+
+
+def _schema_type(schema: dict[str, Any]) -> str:
+    """A schema as a reader says it: `integer`, `list of Job`, `Quote or null`, linked."""
+    if "$ref" in schema:
+        name = str(schema["$ref"]).rsplit("/", 1)[-1]
+        return f"[{name}](#{name.lower()})"
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            return " or ".join(_schema_type(x) for x in schema[key])
+    kind = schema.get("type")
+    if kind == "array":
+        return "list of " + _schema_type(schema.get("items", {}))
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return "map to " + _schema_type(schema["additionalProperties"])
+    if "enum" in schema and kind is None:
+        return " / ".join(f"`{v}`" for v in schema["enum"])
+    return str(kind or "any")
 
 
 def settings_reference() -> str:
@@ -181,10 +219,61 @@ def metrics_reference() -> str:
     return "\n".join(out) + "\n"
 
 
+_MERMAID = re.compile(r"```mermaid\n(stateDiagram-v2\n.*?)```\n", re.S)
+
+
+def state_diagram_dot(mermaid: str) -> str:
+    """The Graphviz source of a Mermaid `stateDiagram-v2` as the READMEs write them (`A --> B`,
+    `A --> B: label`, `name: description`, `[*]`, `direction LR`): GitHub draws the Mermaid,
+    the offline site draws this."""
+    lines = [
+        "digraph states {",
+        'node [shape=box style="rounded,filled" fillcolor="#edf2f7" fontname="sans-serif"];',
+        'edge [fontname="sans-serif" fontsize=9];',
+    ]
+    ends = 0
+    for raw in mermaid.splitlines()[1:]:
+        line = raw.strip()
+        if line.startswith("direction "):
+            lines.append(f"rankdir={line.split()[1]};")
+        elif "-->" in line:
+            left, _, right = line.partition("-->")
+            target, _, label = right.partition(":")
+            a, b = left.strip(), target.strip()
+            if a == "[*]":
+                a = "start"
+                lines.append('start [shape=point width=0.15 label=""];')
+            if b == "[*]":
+                ends += 1
+                b = f"end{ends}"
+                lines.append(f'{b} [shape=doublecircle width=0.1 label="" fillcolor=black];')
+            lines.append(f"{json.dumps(a)} -> {json.dumps(b)} [label={json.dumps(label.strip())}];")
+        elif ":" in line:
+            name, _, text = line.partition(":")
+            lines.append(f"{json.dumps(name.strip())} [label={json.dumps(text.strip())}];")
+    return "\n".join([*lines, "}"])
+
+
+def draw_state_diagrams(markdown: str) -> str:
+    """Each Mermaid state diagram drawn as an inline SVG by Graphviz's `dot` (no script, no CDN),
+    its source kept below it, folded."""
+
+    def draw(match: re.Match[str]) -> str:
+        dot = subprocess.run(
+            ["dot", "-Tsvg"], input=state_diagram_dot(match[1]), capture_output=True,
+            text=True, check=True,
+        )  # fmt: skip
+        svg = dot.stdout[dot.stdout.index("<svg") :]
+        return (f'<div class="state-diagram">\n{svg}\n</div>\n\n<details markdown><summary>Mermaid '
+                f"source</summary>\n\n```text\n{match[1]}```\n\n</details>\n")  # fmt: skip
+
+    return _MERMAID.sub(draw, markdown)
+
+
 def job_lifecycle() -> str:
     from grammar.states import TRANSITIONS
 
-    readme = (REPO / "controller" / "jobs" / "README.md").read_text()
+    readme = draw_state_diagrams((REPO / "controller" / "jobs" / "README.md").read_text())
     rows = ["| state | may move to |", "|---|---|"]
     for state, moves in TRANSITIONS.items():
         targets = ", ".join(f"`{m}`" for m in sorted(moves)) or "nothing (it has ended)"

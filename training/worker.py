@@ -611,6 +611,11 @@ class Worker:
             self._keep_if_best(ev)
         loss = self.loss_sum / max(self.loss_n, 1)
         self.loss_sum, self.loss_n = 0.0, 0
+        if self.is_leader and not sitting:  # one line per cluster and report: `cpn logs` reads it
+            said = f"step {self.step}/{self.spec.steps} loss {loss:.4f}"
+            if ev is not None:
+                said += f" eval_loss {ev.loss:.4f} accuracy {ev.accuracy:.3f}"
+            print(said, flush=True)
         return SegmentResult(
             step=self.step,
             loss=loss,

@@ -60,4 +60,5 @@ def test_the_manual_path_runs_as_written(repo_root: Path, tmp_path: Path) -> Non
     assert "6 created" in ran.stdout
     assert ran.stdout.count("READY") >= 2
     assert "SUCCEEDED" in ran.stdout and "logged in to" in ran.stdout
+    assert "step 200/200 loss" in ran.stdout  # `cpn logs`: what the workers said
     assert "Ledger: 1 entries" in ran.stdout

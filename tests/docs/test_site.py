@@ -42,3 +42,12 @@ def test_the_site_builds_strict_and_offline(repo_root: Path, tmp_path: Path) -> 
     for route in ("/v1/jobs/{job_id}/logs", "/v1/tenants/{tenant_id}/usage", "/v1/agent/heartbeat"):
         assert route in rest, route
     assert (site / "benchmarks" / "results" / "fault-testbed.html").exists()
+    # a job's life is drawn (by Graphviz, inline: no script), from the same source as GitHub's
+    life = (site / "concepts" / "job-lifecycle.html").read_text()
+    from grammar.states import TRANSITIONS
+
+    start = life.index('<div class="state-diagram">')
+    drawn = life[start : life.index("</svg>", start)]
+    for state in TRANSITIONS:
+        assert f">{state}</text>" in drawn, state
+    assert life.count('<div class="state-diagram">') == 2 and "Mermaid source" in life

@@ -51,4 +51,9 @@ def test_what_each_worker_prints_comes_with_the_reports() -> None:
     for worker in ("a/0", "b/1"):  # cluster/rank, the rank across the run
         assert (worker, "stdout", "chatty: loaded") in by, lines
         assert (worker, "stderr", "chatty: a line on stderr") in by, lines
+        # each cluster's leader says where training is at every report, evaluation included
+        said = [x.text for x in lines if x.source == worker and x.text.startswith("step ")]
+        assert said and said[-1].startswith("step 4/4 loss "), lines
+    evaluated = [x.text for x in lines if x.source == "a/0" and " accuracy " in x.text]
+    assert evaluated, lines  # rank 0 evaluates, and says so
     assert [x.at for x in reports[0].logs] == sorted(x.at for x in reports[0].logs)

@@ -212,6 +212,33 @@ def narrow_tab(browser: Browser, console: Console) -> Iterator[Tab]:
     yield from open_tab(browser, console, width=390)
 
 
+def test_every_page_fits_a_phone(narrow_tab: Tab, console: Console) -> None:
+    """At 390 px no page scrolls sideways and no table is cut: a row becomes a card of
+    labelled cells ("Cluster  us-east"), so a reader needs no header to read it."""
+    long_name = spec(name="a-rather-long-job-name-on-a-phone", gpus=1)
+    job = console.net.tenant.post("/v1/jobs", long_name)
+    tab = narrow_tab
+    sign_in(tab, console.admin_key)
+    page = tab.page
+    for path in ADMIN_PAGES:
+        page.goto(f"/ui/{path}")
+        if path in ("jobs", "network", "admin/clusters", "admin/tenants", "admin/keys"):
+            expect(page.locator("main tbody tr").first).to_be_visible()
+        overflow = page.evaluate(
+            """() => [document.documentElement, ...document.querySelectorAll('.scroll')]
+                .filter((n) => n.scrollWidth > n.clientWidth + 1)
+                .map((n) => `${n.tagName}.${n.className}: ${n.scrollWidth} > ${n.clientWidth}`)"""
+        )
+        assert overflow == [], f"/ui/{path}: {overflow}"
+        first = page.locator("main tbody td[data-label]").first
+        if first.count():
+            label = first.evaluate("(n) => getComputedStyle(n, '::before').content")
+            assert label.strip('"') == first.get_attribute("data-label")
+        shot(tab, console, "phone-" + path.replace("/", "-"))
+    console.net.tenant.post(f"/v1/jobs/{job['id']}/cancel")
+    assert tab.errors == []
+
+
 def test_a_training_jobs_charts_update_live(
     narrow_tab: Tab, console: Console, tmp_path: Path
 ) -> None:

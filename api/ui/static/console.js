@@ -88,7 +88,10 @@ function bytes(n) {
 }
 
 function fill(tbody, rows) {
-  tbody.replaceChildren(...rows.map((cells) => el("tr", {}, ...cells.map((c) => el("td", {}, c)))));
+  // Each cell carries its column's name: on a phone a row is drawn as a card of labelled cells.
+  const names = [...(tbody.parentElement.tHead?.rows[0]?.cells || [])].map((th) => th.textContent);
+  tbody.replaceChildren(...rows.map((cells) => el("tr", {},
+    ...cells.map((c, i) => el("td", names[i] ? { "data-label": names[i] } : {}, c)))));
 }
 
 function dl(node, pairs) {
