@@ -130,8 +130,12 @@ def rest_reference() -> str:
                 shape = _schema_type(content["schema"]) if content.get("schema") else ""
                 answers.append(f"{code} {shape}".strip())
             out += [f"Answers: {', '.join(answers)}.", ""]
-    out += ["## Schemas", "", "The bodies the operations above take and answer.", ""]
-    for name, schema in sorted(spec["components"]["schemas"].items()):
+    return "\n".join(out + _schemas_reference(spec["components"]["schemas"]))
+
+
+def _schemas_reference(schemas: dict[str, Any]) -> list[str]:
+    out = ["## Schemas", "", "The bodies the operations above take and answer.", ""]
+    for name, schema in sorted(schemas.items()):
         out += [f"### {name}", ""]
         if schema.get("description"):
             out += [" ".join(str(schema["description"]).split()), ""]
@@ -145,7 +149,7 @@ def rest_reference() -> str:
                 required = "yes" if field in schema.get("required", ()) else "no"
                 out.append(f"| `{field}` | {_schema_type(sub)} | {required} | {text} |")
             out.append("")
-    return "\n".join(out)
+    return out
 
 
 def _schema_type(schema: dict[str, Any]) -> str:

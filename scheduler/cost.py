@@ -34,10 +34,10 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   hide latency but not bandwidth; stale:0 is every-step; async-ps: L + O + T_ps, where T_ps
   is the slowest push and pull of a cluster to its region's server (`ps_wan`: the servers
   where the runtime puts them, `grammar.graph.region_hosts`; 0 where a region is one
-  cluster), and the regions' servers exchange apart, one exchange in flight, at most one a
-  step: min(1, step / its round trip) of them a step; streaming:H:fF:dD: each
-  fragment waits what it outlasts its D steps of compute, F times a period, and the link
-  carries the F fragments in the period's compute.
+  cluster), and each region's server exchanges with the global one apart, one exchange in
+  flight, at most one a step: min(1, step / its own round trip) of them a step;
+  streaming:H:fF:dD: each fragment waits what it outlasts its D steps of compute, F times a
+  period, and the link carries the F fragments in the period's compute.
 - gossip:P (`neighbours`): every P steps each cluster sends the payload n' to its neighbours
   in the runtime's gossip graph (`grammar.graph.gossip_graph`: the bandwidth-ordered ring
   plus exponential-graph chords as fast as its slowest edge), all at once: max over the
@@ -260,7 +260,9 @@ class CostModel:
         self._comp_cache: dict[str, CompressorModel] = {}
         self._sync_cache: dict[str, SyncModel] = {}
         self._gossip_cache: dict[tuple[tuple[str, ...], str], WanTerms] = {}
-        self._ps_cache: dict[tuple[tuple[str, ...], str], tuple[WanTerms, WanTerms]] = {}
+        self._ps_cache: dict[
+            tuple[tuple[str, ...], str], tuple[WanTerms, tuple[WanTerms, ...]]
+        ] = {}
         self._pace_cache: dict[tuple[str, ...], tuple[float, dict[str, int]]] = {}
         self._edges: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._intra_rows: dict[str, list[float]] = {}
@@ -458,16 +460,18 @@ class CostModel:
         self._gossip_cache[key] = terms
         return terms
 
-    def ps_wan(self, names: tuple[str, ...], compression: str) -> tuple[WanTerms, WanTerms]:
+    def ps_wan(
+        self, names: tuple[str, ...], compression: str
+    ) -> tuple[WanTerms, tuple[WanTerms, ...]]:
         """An `async-ps` run's WAN, where the runtime puts its servers
         (`grammar.graph.region_hosts`, over the clusters' regions): what a tick waits for and
         sends (each cluster's leader pushes the payload to its server and pulls as much back,
-        blocking: the slowest such round trip; nothing where a region is one cluster) and one
-        exchange between the regions' servers (each regional host to the global one and back;
-        one in flight at a time, never waited for: `_parts` counts how many fit). Flat (one
-        region): the cluster's server is the global one and there is no region exchange."""
+        blocking: the slowest such round trip; nothing where a region is one cluster) and
+        each regional server's exchange with the global one (there and back; each region has
+        one in flight at a time, never waited for, on its own link: `_parts` counts how many
+        fit, region by region). Flat (one region): no region exchange."""
         if len(names) < 2:
-            return NO_WAN, NO_WAN
+            return NO_WAN, ()
         key = (names, compression)
         hit = self._ps_cache.get(key)
         if hit is not None:
@@ -506,7 +510,7 @@ class CostModel:
 
         members = [(c, hosts[r]) for r, cs in groups.items() for c in cs if c != hosts[r]]
         relays = [(h, top) for h in hosts.values() if h != top] if len(groups) > 1 else []
-        hit = (star(members), star(relays) if relays else NO_WAN)
+        hit = (star(members), tuple(star([pair]) for pair in relays))
         self._ps_cache[key] = hit
         return hit
 
@@ -807,9 +811,9 @@ class CostModel:
             compute = self.work / rate
         extra = self.snapshot.step_overhead_s
         if sm.kind == "async-ps":
-            wan, relay = self.ps_wan(names, compression)
+            wan, relays = self.ps_wan(names, compression)
             step = step_time(compute, intra_s, wan, sm) + extra
-            if relay.bytes > 0:  # the region exchanges that fit, one in flight, one a tick
+            for relay in relays:  # each region's exchanges that fit: one in flight, one a tick
                 lasts = relay.latency_s + relay.bandwidth_s + relay.overhead_s
                 share = min(1.0, step / lasts) if lasts > 0 else 1.0
                 wan = WanTerms(
