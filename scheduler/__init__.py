@@ -36,10 +36,12 @@ from scheduler.optimizer import check_placement, evaluate, plan
 from scheduler.rules import (
     QueuedJob,
     QueueOrder,
+    Release,
     exclusions,
     order_queue,
     preemption_candidates,
     quota_left,
+    release,
     tenant_usage,
 )
 from scheduler.types import (
@@ -81,6 +83,7 @@ __all__ = [
     "QoS",
     "QueueOrder",
     "QueuedJob",
+    "Release",
     "RunningJob",
     "Snapshot",
     "SyncModel",
@@ -99,6 +102,7 @@ __all__ = [
     "preemption_candidates",
     "quota_left",
     "reference_run_s",
+    "release",
     "ring_allreduce_time",
     "setup_of",
     "soonest_wait",

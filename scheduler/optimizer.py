@@ -36,12 +36,17 @@ from grammar.states import ClusterState
 from scheduler.compression import splits_by_rate
 from scheduler.cost import CostModel, RankIndex
 from scheduler.rules import (
+    BANDWIDTH_BOUND,
+    Release,
+    bandwidth_victims,
     exclusions,
     is_clique,
     preemption_candidates,
     preemption_cost,
     quota_left,
-    release,
+)
+from scheduler.rules import (
+    release as release_gpus,
 )
 from scheduler.types import (
     OBJECTIVES,
@@ -54,6 +59,7 @@ from scheduler.types import (
     Placement,
     Plan,
     PlanResult,
+    RunningJob,
     Snapshot,
 )
 
@@ -792,6 +798,7 @@ def plan(
     preempt: bool = True,
     steps_factors: Mapping[str, float] | None = None,
     slack: float = SLACK,
+    release: Release = release_gpus,
 ) -> PlanResult:
     """Best placement, compression and sync for `job` on `snapshot`, or why there is none.
 
@@ -799,7 +806,10 @@ def plan(
     meets qos.deadline_s, which it requires). Deadline and budget are hard limits under every
     objective. An ordered `job.preference` is tried prefix by prefix (first cluster alone, the
     first two, ...) before all eligible clusters. When the job does not fit for lack of GPUs
-    and outranks preemptible running jobs, the fewest, then cheapest, victims are named.
+    and outranks preemptible running jobs, the fewest, then cheapest, victims are named; when
+    it does not fit for lack of bandwidth (no path, or none fast enough for its deadline),
+    the same of the jobs holding WAN rates (`bandwidth_victims`). `release` gives the world
+    as it would be without the victims: the caller's, where it knows the datacenters' ports.
     `steps_factors`: sync modes' statistical efficiency fitted from observed runs (`CostModel`).
     `slack`: of the choices within this fraction of the best by the objective, the least lossy
     is taken (`grammar.quality`; 0: the best by the objective, ties to the least lossy).
@@ -810,9 +820,17 @@ def plan(
         raise ValueError("qos.deadline_s: objective cost-within-deadline needs a deadline")
     model = CostModel(snapshot, job, efficiency, steps_factors)
     result = _plan_free(model, job, objective, slack)
-    if isinstance(result, Plan) or not preempt or result.constraint != "capacity":
+    if isinstance(result, Plan) or not preempt:
         return result
-    victims_plan = _plan_with_preemption(snapshot, job, objective, efficiency, steps_factors, slack)
+    if result.constraint == "capacity":
+        cands = preemption_candidates(snapshot, job)
+    elif result.constraint in BANDWIDTH_BOUND:
+        cands = bandwidth_victims(snapshot, job)
+    else:
+        return result
+    victims_plan = _plan_with_preemption(
+        snapshot, job, objective, efficiency, steps_factors, slack, cands, release
+    )
     return victims_plan if victims_plan is not None else result
 
 
@@ -987,11 +1005,12 @@ def _plan_with_preemption(
     job: JobRequest,
     objective: Objective,
     efficiency: Mapping[str, float] | None,
-    steps_factors: Mapping[str, float] | None = None,
-    slack: float = SLACK,
+    steps_factors: Mapping[str, float] | None,
+    slack: float,
+    cands: list[RunningJob],
+    release: Release,
 ) -> Plan | None:
     """Fewest victims first; among equally many, the cheapest set to stop."""
-    cands = preemption_candidates(snapshot, job)
     tried = 0
     for k in range(1, len(cands) + 1):
         sets = sorted(

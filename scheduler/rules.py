@@ -4,7 +4,7 @@ candidates for preemption. Pure functions over snapshots; the optimizer applies 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from grammar.states import ClusterState
@@ -73,6 +73,20 @@ def preemption_candidates(snapshot: Snapshot, job: JobRequest) -> list[RunningJo
         (r for r in snapshot.running if r.preemptible and r.priority < job.qos.priority),
         key=lambda r: (preemption_cost(snapshot, r), r.id),
     )
+
+
+BANDWIDTH_BOUND = frozenset({"links", "deadline"})
+"""Why a job may wait for WAN bandwidth: no path between clusters it needs (a full port
+leaves none) or none fast enough for its deadline."""
+
+Release = Callable[[Snapshot, Sequence[RunningJob]], Snapshot]
+"""The world as it would be once some running jobs stopped (`release`: their GPUs only)."""
+
+
+def bandwidth_victims(snapshot: Snapshot, job: JobRequest) -> list[RunningJob]:
+    """What a job short of bandwidth may preempt: as for GPUs (`preemption_candidates`), of
+    the jobs holding a WAN rate; stopping one that holds none frees no path."""
+    return [r for r in preemption_candidates(snapshot, job) if any(k for _, k in r.wan_kbps)]
 
 
 def preemption_cost(snapshot: Snapshot, r: RunningJob) -> float:

@@ -129,6 +129,9 @@ class RunningJob:
     ends_at_s: float | None = None
     """When it is expected to hand its GPUs back (seconds on the caller's clock; None:
     unknown): what `scheduler.waiting` weighs a wait for them by."""
+    wan_kbps: tuple[tuple[str, int], ...] = ()
+    """The WAN rate it holds on each datacenter's uplink and downlink (kbit/s, by cluster
+    name, as `scheduler.bandwidth.wan_need_kbps` gave it): what stopping it frees there."""
 
     @property
     def gpus(self) -> int:

@@ -121,7 +121,9 @@ def plan_for(
         own = request.qos.max_cost
         limit = max_cost if own is None else min(own, max_cost)
         request = replace(request, qos=replace(request.qos, max_cost=limit))
-        return scheduler.plan(world.snapshot, request, "cost", efficiency=efficiency)
+        return scheduler.plan(
+            world.snapshot, request, "cost", efficiency=efficiency, release=world.release
+        )
     if job.held_price:
         # a held quote is the plan that runs: its placement and its decisions, re-estimated
         # on today's snapshot, never re-decided (calibration may have moved since the quote)
@@ -131,7 +133,13 @@ def plan_for(
         result = scheduler.evaluate(world.snapshot, fixed, held, efficiency=efficiency)
         if isinstance(result, scheduler.Plan):
             return result
-    return scheduler.plan(world.snapshot, request, objective_for(request), efficiency=efficiency)
+    return scheduler.plan(
+        world.snapshot,
+        request,
+        objective_for(request),
+        efficiency=efficiency,
+        release=world.release,
+    )
 
 
 def objective_for(request: scheduler.JobRequest) -> scheduler.Objective:

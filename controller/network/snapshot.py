@@ -96,24 +96,50 @@ class World:
                 priority=priority,
                 preemptible=preemptible,
                 ends_at_s=ends_at_s,
+                wan_kbps=tuple(sorted((wan_kbps or {}).items())),
             ),
         )
         snapshot = self.snapshot.with_free(taken, running)
-        ports = self.ports
-        if wan_kbps and any(name in ports for name in wan_kbps):
-            left = dict(ports)
-            for name, kbps in wan_kbps.items():
-                if name in left:
-                    gbps = kbps / KBPS_PER_GBPS
-                    up, down = left[name]
-                    left[name] = (
-                        None if up is None else max(up - gbps, 0.0),
-                        None if down is None else max(down - gbps, 0.0),
-                    )
-            ports = left
+        ports = self._ports_moved(wan_kbps or {}, -1)
+        if ports is not self.ports:
             links = _shared(self.links, self.origins, ports, self.ceilings)
             snapshot = replace(snapshot, links=links)
         return World(snapshot, self.origins, self.paced, self.links, ports, self.ceilings)
+
+    def release(
+        self, snapshot: scheduler.Snapshot, victims: Sequence[scheduler.RunningJob]
+    ) -> scheduler.Snapshot:
+        """`snapshot` (this world's, or one derived from it) as it would be once `victims`
+        stopped: their GPUs free (`scheduler.release`) and the WAN rates they hold back on
+        the ports, so a job short of bandwidth can be planned on what their end frees
+        (the planner's preemption, `scheduler.plan(release=...)`)."""
+        freed = scheduler.release(snapshot, victims)
+        held: dict[str, int] = defaultdict(int)
+        for victim in victims:
+            for name, kbps in victim.wan_kbps:
+                held[name] += kbps
+        ports = self._ports_moved(held, +1)
+        if ports is self.ports:
+            return freed
+        return replace(freed, links=_shared(self.links, self.origins, ports, self.ceilings))
+
+    def _ports_moved(
+        self, kbps_by_cluster: Mapping[str, int], sign: int
+    ) -> Mapping[str, tuple[float | None, float | None]]:
+        """The ports with `kbps_by_cluster` taken (sign -1) or given back (+1) on both ways,
+        never below 0; the same object when no declared port is touched."""
+        if not any(name in self.ports and kbps for name, kbps in kbps_by_cluster.items()):
+            return self.ports
+        left = dict(self.ports)
+        for name, kbps in kbps_by_cluster.items():
+            if name in left:
+                gbps = sign * kbps / KBPS_PER_GBPS
+                up, down = left[name]
+                left[name] = (
+                    None if up is None else max(up + gbps, 0.0),
+                    None if down is None else max(down + gbps, 0.0),
+                )
+        return left
 
 
 def build_snapshot(
@@ -458,6 +484,7 @@ def running_jobs(session: Session) -> list[scheduler.RunningJob]:
             Allocation.cluster_id,
             Allocation.gpu_model,
             Allocation.gpus,
+            Allocation.wan_kbps,
             Cluster.name,
             granted_priority(),
         )
@@ -467,13 +494,27 @@ def running_jobs(session: Session) -> list[scheduler.RunningJob]:
         .where(Allocation.ended_at.is_(None))
     ).all()
     by_job: dict[str, tuple[str, bool, int, datetime | None, list[scheduler.Assignment]]] = {}
+    wan: dict[str, dict[str, int]] = defaultdict(dict)
     models: dict[str, set[str]] = defaultdict(set)
     for row in rows:
         models[row.cluster_id].add(row.gpu_model)
-    for job_id, tenant_id, preemptible, ends, cluster_id, gpu_model, gpus, name, priority in rows:
+    for (
+        job_id,
+        tenant_id,
+        preemptible,
+        ends,
+        cluster_id,
+        gpu_model,
+        gpus,
+        kbps,
+        name,
+        priority,
+    ) in rows:
         entry = by_job.setdefault(job_id, (tenant_id, bool(preemptible), priority, ends, []))
         cname = name if len(models[cluster_id]) == 1 else f"{name}/{gpu_model}"
         entry[4].append(scheduler.Assignment(cname, gpus))
+        if kbps:  # one rate per cluster, whichever of its GPU models' rows holds it
+            wan[job_id][name] = max(wan[job_id].get(name, 0), kbps)
     return [
         scheduler.RunningJob(
             id=job_id,
@@ -482,6 +523,7 @@ def running_jobs(session: Session) -> list[scheduler.RunningJob]:
             priority=priority,  # granted: preemption takes only jobs granted less
             preemptible=preemptible,
             ends_at_s=None if ends is None else ends.timestamp(),
+            wan_kbps=tuple(sorted(wan[job_id].items())) if job_id in wan else (),
         )
         for job_id, (tenant_id, preemptible, priority, ends, assign) in by_job.items()
     ]

@@ -21,7 +21,8 @@ from controller.network.snapshot import build_world
 from controller.store.models import Allocation, Cluster, Job, JobEvent, WanPort
 from controller.values.errors import Invalid
 from grammar.states import JobState
-from tests.controller.world import Net, east_west, progress, spec
+from tests.controller.world import Net, east_west, progress, report, spec
+from wire.spec import JobSpec
 
 
 @pytest.fixture
@@ -289,3 +290,48 @@ def test_a_jobs_share_of_a_port_is_a_fraction(value: str) -> None:
         check_labels({"wan_job_share": value})
     assert refused.value.field == "labels.wan_job_share"
     assert "such as 0.5" in refused.value.detail
+
+
+def _spanning(name: str, gpus: int, qos: dict[str, object]) -> JobSpec:
+    """A job whose data lives at east and west, so it runs (and reserves its rate) at both."""
+    from wire.spec import DataSpec
+
+    both = DataSpec(residency="local", clusters=["east", "west"])
+    return spec(name, gpus=gpus, qos=qos).model_copy(update={"data": both})
+
+
+@pytest.mark.parametrize("preemptible", [True, False])
+def test_a_job_short_of_bandwidth_preempts_by_the_rules_for_gpus(
+    net: Net, preemptible: bool
+) -> None:
+    """East's and west's ports hold exactly what a low-priority job reserved: a job of higher
+    priority that must cross them (6 GPUs, 3 free a side) has no path. It preempts the
+    holder when that one is preemptible, as it would for GPUs, and is placed on what its end
+    frees; otherwise it waits, saying why, and nothing is preempted."""
+    tenant = net.tenant("acme", priority_ceiling=10)
+    low = net.submit(
+        tenant, _spanning("low", 2, {"qos_class": "spot" if preemptible else "standard"})
+    )
+    assert net.place() == [low]
+    need = _need(net, low)
+    assert set(need) == {"east", "west"} and min(need.values()) > 0
+    for side in ("east", "west"):  # the ports are full: nothing left for anyone else
+        _label(net, side, uplink_gbps=need[side] / 1e6, downlink_gbps=need[side] / 1e6)
+    assert _path_gbps(net, "east", "west") is None
+    high = net.submit(tenant, spec("high", gpus=6, qos={"priority": 10}))
+    assert net.place() == []
+    if not preemptible:
+        assert net.job(low).preempted_by is None
+        assert net.job(high).reason.startswith("waiting: no set of pairwise-linked clusters")
+        return
+    assert net.job(low).preempted_by == high
+    assert net.job(high).reason.startswith("waiting: preempting 1 ")
+    run = net.start(low)
+    net.launcher.tick()  # asks the run to stop; it ends, its GPUs and rates are given back
+    net.finish(run, report=report(10, run.clusters, stopped=True))
+    assert net.job(low).state is JobState.PENDING
+    assert set(_reserved(net).values()) == {0}
+    assert net.place()[0] == high  # the victim may follow, in what the ports have left
+    placed = net.job(high).placement
+    assert placed is not None and {s.cluster for s in placed.clusters} == {"east", "west"}
+    assert 0 < _need(net, high)["east"] <= _reserved(net)[("east", "up")] <= need["east"]

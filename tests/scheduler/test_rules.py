@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -190,6 +191,34 @@ def test_preemption_fewest_then_cheapest_victims() -> None:
     r = plan(snap, job(8, qos=QoS(priority=0)), "time")
     assert isinstance(r, Infeasible) and r.constraint == "capacity"
     assert not any(v in ("pinned", "vip") for v in p.victims + p12.victims)
+
+
+def test_a_job_short_of_bandwidth_preempts_only_jobs_holding_wan() -> None:
+    """a and b each have 4 GPUs free but no path between them (their ports are full): an
+    8-GPU job must cross it. It may preempt the lower-priority job holding a WAN rate (the
+    caller's `release` gives the path back), never one holding GPUs alone; without a caller
+    that knows the ports nothing comes back and it waits."""
+    wan = RunningJob(
+        "on-the-wan", (Assignment("a", 1), Assignment("b", 1)), priority=0, preemptible=True,
+        wan_kbps=(("a", 900_000), ("b", 900_000)),
+    )  # fmt: skip
+    local = RunningJob("local", (Assignment("c", 8),), priority=0, preemptible=True)
+    snap = Snapshot((cluster("a", 4), cluster("b", 4), cluster("c", 0)), running=(wan, local))
+    urgent = job(8, qos=QoS(priority=5))
+    alone = plan(snap, urgent, "time")
+    assert isinstance(alone, Infeasible) and alone.constraint == "links"
+    freed: list[tuple[str, ...]] = []
+
+    def release(s: Snapshot, victims: Sequence[RunningJob]) -> Snapshot:
+        freed.append(tuple(v.id for v in victims))
+        back = any(v.wan_kbps for v in victims)
+        return replace(s, links=(link("a", "b", gbps=1.0),) if back else s.links)
+
+    p = _feasible(plan(snap, urgent, "time", release=release))
+    assert p.victims == ("on-the-wan",) and _names(p) == {"a", "b"}
+    assert all("local" not in ids for ids in freed)  # it holds no rate: never tried
+    r = plan(snap, job(8, qos=QoS(priority=0)), "time", release=release)
+    assert isinstance(r, Infeasible) and r.constraint == "links"  # equal priority: no
 
 
 def test_cluster_preference_is_tried_in_order() -> None:
