@@ -143,11 +143,16 @@ def compare(
     plan = job["held_price"] or job["placement"]
     est = plan["estimate"]
     ring = list(est.get("ring") or [])
-    used = {tuple(k.split("->")) for k, n in (report.get("wan_bytes") or {}).items() if n > 0}
+    tree = dict(est.get("tree") or {})
+    sent = {tuple(k.split("->")): n for k, n in (report.get("wan_bytes") or {}).items() if n > 0}
     planned = f"{plan['compression']} / {plan['sync']}"
     ran = f"{report.get('compression')} / {report.get('sync')}"
     mode = (plan.get("parallel") or {}).get("mode", "data")
-    same_ring = mode != "data" or len(ring) < 2 or used <= ring_edges(ring)
+    # the exchange's links: the tree's both ways, or the ring's (the start-up's digests go
+    # round gloo's ring whatever the plan: counted apart, `wan_setup_bytes`)
+    edges = {e for c, p in tree.items() for e in ((c, p), (p, c))} if tree else ring_edges(ring)
+    off = sum(n for e, n in sent.items() if e not in edges)
+    same_ring = mode != "data" or len(ring) < 2 or off <= int(report.get("wan_setup_bytes") or 0)
     same = same_ring and (mode != "data" or planned == ran)
     started = datetime.fromisoformat(job["started_at"])
     finished = datetime.fromisoformat(job["finished_at"])

@@ -1,5 +1,5 @@
 """The graphs a job's clusters exchange over, from the bandwidth of their links: the ring,
-the gossip graph, where the parameter servers live.
+the tree, the gossip graph, where the parameter servers live.
 
 Shared by the planner (`scheduler.cost`, which prices an exchange on them) and the runtime
 (`training.sync`, which exchanges over them), so the graph the plan assumed is the graph the
@@ -86,6 +86,64 @@ def ps_host(clusters: Sequence[str], bandwidth: Bandwidth | None) -> str:
     if bandwidth is None:
         return clusters[0]
     return max(clusters, key=lambda c: sum(bandwidth(c, o) for o in clusters if o != c))
+
+
+TREE_FANOUT = 2
+"""Children per node of the all-reduce tree: a binary tree, 2 ceil(log2 n) hops a reduction
+against a ring's 2(n-1); with three clusters it is a star through the root."""
+
+
+def reduction_tree(clusters: Sequence[str], bandwidth: Bandwidth | None) -> dict[str, str]:
+    """The tree a tree all-reduce runs over, as each cluster's parent (the root has none):
+    rooted at the cluster with the most bandwidth to the others (`ps_host`), each other
+    cluster, those with the fastest link to a free slot first, hung under the node with a free
+    slot (fewer than `TREE_FANOUT` children) it has the fastest link to, the shallower on ties
+    (greedy, like `bandwidth_ring`; ties keep the given order)."""
+    if len(clusters) < 2:
+        return {}
+    root = ps_host(clusters, bandwidth)
+    depth = {root: 0}
+    children: dict[str, int] = {root: 0}
+    parents: dict[str, str] = {}
+    rest = [c for c in clusters if c != root]
+
+    def speed(a: str, b: str) -> float:
+        return bandwidth(a, b) if bandwidth is not None else 0.0
+
+    while rest:
+        open_ = [c for c in depth if children[c] < TREE_FANOUT]
+        child, parent = max(
+            ((c, p) for c in rest for p in open_),
+            key=lambda cp: (speed(cp[1], cp[0]), -depth[cp[1]]),
+        )  # max keeps the first of equals: the given order
+        parents[child] = parent
+        depth[child] = depth[parent] + 1
+        children[parent] += 1
+        children[child] = 0
+        rest.remove(child)
+    return parents
+
+
+def tree_levels(parents: Mapping[str, str]) -> list[list[str]]:
+    """The tree's non-root nodes by depth, shallowest first (each level's nodes in the order
+    they were hung): a reduction sends level by level from the deepest, a broadcast from the
+    shallowest."""
+    depth: dict[str, int] = {}
+
+    def of(c: str) -> int:
+        if c not in parents:
+            return 0
+        if c not in depth:
+            depth[c] = of(parents[c]) + 1
+        return depth[c]
+
+    levels: list[list[str]] = []
+    for c in parents:
+        d = of(c)
+        while len(levels) < d:
+            levels.append([])
+        levels[d - 1].append(c)
+    return levels
 
 
 def region_groups(clusters: Sequence[str], regions: Mapping[str, str]) -> dict[str, list[str]]:

@@ -59,7 +59,14 @@ from typing import cast
 
 from grammar import Sync, SyncKind, parse_sync
 from grammar.auto import step_seconds
-from grammar.graph import bandwidth_ring, gossip_graph, region_groups, region_hosts
+from grammar.graph import (
+    bandwidth_ring,
+    gossip_graph,
+    reduction_tree,
+    region_groups,
+    region_hosts,
+    tree_levels,
+)
 from grammar.quality import LOCAL_DATA_COST, SPEED_BOUND, compression_cost
 from scheduler.calibrate import POOLED
 from scheduler.compression import (
@@ -134,6 +141,7 @@ class WanTerms:
         "latency_s",
         "overhead_s",
         "ring",
+        "tree",
     )
 
     def __init__(
@@ -145,6 +153,7 @@ class WanTerms:
         egress_cost: float,
         ring: tuple[str, ...],
         bottleneck: tuple[str, str] | None,
+        tree: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.latency_s = latency_s
         self.bandwidth_s = bandwidth_s
@@ -153,6 +162,9 @@ class WanTerms:
         self.egress_cost = egress_cost
         self.ring = ring
         self.bottleneck = bottleneck
+        self.tree = tree
+        """(child, parent) of each non-root cluster when the exchange runs over the tree
+        (`grammar.graph.reduction_tree`); empty: the ring."""
 
 
 NO_WAN = WanTerms(0.0, 0.0, 0.0, 0.0, 0.0, (), None)
@@ -412,8 +424,47 @@ class CostModel:
             ring=ring,
             bottleneck=worst,
         )
+        if cm.allreducible and d > 2:  # the tree where it is faster (two clusters: one hop)
+            tree = self._tree_terms(names, payload, overhead, ring)
+            if tree.latency_s + tree.bandwidth_s < terms.latency_s + terms.bandwidth_s:
+                terms = tree
         self._wan_cache[key] = terms
         return terms
+
+    def _tree_terms(
+        self, names: tuple[str, ...], payload: float, overhead: float, ring: tuple[str, ...]
+    ) -> WanTerms:
+        """A tree all-reduce (`training.exchange.LeaderExchange.tree`) over the runtime's tree
+        (`grammar.graph.reduction_tree`): the whole payload up each edge, level by level from
+        the deepest, and down each edge from the root, each level as slow as its slowest
+        edge (a + payload / B): 2 x depth hops, 2(n-1) whole copies."""
+        parents = reduction_tree(names, self._pair_gbps)
+        levels = tree_levels(parents)
+        latency = bandwidth = egress = 0.0
+        worst: tuple[str, str] | None = None
+        slowest = -1.0
+        for edges in (
+            *([(c, parents[c]) for c in level] for level in reversed(levels)),
+            *([(parents[c], c) for c in level] for level in levels),
+        ):
+            costs = {e: self._edge(*e) for e in edges}
+            edge = max(edges, key=lambda e: (costs[e][0] + payload / costs[e][1], e))
+            alpha, bw, _ = costs[edge]
+            latency += alpha
+            bandwidth += payload / bw
+            egress += sum(payload / 1e9 * c[2] for c in costs.values())
+            if alpha + payload / bw > slowest:
+                slowest, worst = alpha + payload / bw, edge
+        return WanTerms(
+            latency_s=latency,
+            bandwidth_s=bandwidth,
+            overhead_s=overhead,
+            bytes=2 * len(parents) * payload,
+            egress_cost=egress,
+            ring=ring,
+            bottleneck=worst,
+            tree=tuple(parents.items()),
+        )
 
     def gossip_graph(self, names: tuple[str, ...]) -> dict[str, list[str]]:
         """The graph a gossip run over `names` exchanges on: the runtime's own
@@ -635,6 +686,7 @@ class CostModel:
             egress_cost=egress,
             ring=p.wan.ring,
             bottleneck=p.wan.bottleneck,
+            tree=p.wan.tree,
             step_overhead_s=p.extra,
             setup_s=setup,
             total_time_range_s=(

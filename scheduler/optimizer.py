@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
 
 from grammar.auto import candidates, resilience
+from grammar.graph import tree_levels
 from grammar.quality import MAX_COST, SLACK, SPEED_BOUND, least_lossy
 from grammar.states import ClusterState
 from scheduler.compression import splits_by_rate
@@ -1130,8 +1131,21 @@ def _explain(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> t
         lk = snap.link(a, b)
         assert lk is not None
         cm = model.compressor(ch.compression)
+        if est.tree:
+            parents = dict(est.tree)
+            root = next(p for p in parents.values() if p not in parents)
+            depth = len(tree_levels(parents))
+            n = len(ch.alloc.names)
+            shape = (
+                f"WAN tree all-reduce from {root} ("
+                + ", ".join(f"{c} under {p}" for c, p in est.tree)
+                + f"): {2 * depth} hops an exchange against the ring's {2 * (n - 1)}, "
+                "faster here (latency outweighs sending whole copies)"
+            )
+        else:
+            shape = f"WAN ring {' -> '.join(est.ring)}"
         lines.append(
-            f"WAN ring {' -> '.join(est.ring)}; slowest link {a}->{b} "
+            f"{shape}; slowest link {a}->{b} "
             f"{lk.bandwidth_gbps:g} Gb/s, {lk.rtt_ms:g} ms RTT; {ch.compression} sends "
             f"{cm.ratio:.3g} of {_fmt_gb(model.nbytes)} per exchange; sync {ch.sync}"
         )

@@ -448,6 +448,9 @@ class Estimate:
     egress_cost: float
     ring: tuple[str, ...] = ()
     bottleneck: tuple[str, str] | None = None
+    tree: tuple[tuple[str, str], ...] = ()
+    """(child, parent) of each non-root cluster when the exchange all-reduces over a tree
+    (`grammar.graph.reduction_tree`) because it is faster than the ring; empty: the ring."""
     batch_shares: tuple[tuple[str, float], ...] = ()
     step_overhead_s: float = 0.0  # included in step_time_s
     quality_cost: float = 0.0

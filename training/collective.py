@@ -1,8 +1,9 @@
 """The hierarchical collective of one rank: exact inside its cluster, compressed between leaders.
 
 Ranks are grouped by cluster; the first rank of each cluster is its leader. A full exchange is
-an all-reduce inside the cluster (gloo, or NCCL on GPUs), a compressed ring all-reduce (or,
-for compressors that cannot run in a ring, an all-gather) between leaders over the (possibly
+an all-reduce inside the cluster (gloo, or NCCL on GPUs), a compressed ring (or, where the
+plan chose it, tree) all-reduce (or, for compressors that cannot run in a ring, an
+all-gather) between leaders over the (possibly
 emulated) WAN (`training.exchange`), and a broadcast inside the cluster. Sync strategies
 (`training.sync`) compose these pieces; they decide what is exchanged and when, this module
 only how.
@@ -62,6 +63,7 @@ class Collective:
         link_schedule: Sequence[tuple[int, float, float]] = (),
         reserved_kbps: int | None = None,
         paced: bool = False,
+        tree: dict[str, str] | None = None,
     ) -> None:
         self.clusters = list(dict.fromkeys(ranks_cluster))
         self.cluster = ranks_cluster[rank]
@@ -73,6 +75,9 @@ class Collective:
         self.device = device
         self.links = links
         self.link_schedule = list(link_schedule)
+        spans = tree and set(tree) | set(tree.values()) == set(self.clusters)
+        self.tree = dict(tree) if spans and tree else {}
+        """The plan's reduction tree (child: parent) when it spans this run's clusters."""
         self.exchanger = (
             LeaderExchange(self.clusters, self.cluster, leaders) if self.is_leader else None
         )
@@ -142,8 +147,14 @@ class Collective:
         return links
 
     def uses_ring(self, level: Compression) -> bool:
-        """Whether exchanges at `level` all-reduce through the ring (else all-gather)."""
+        """Whether exchanges at `level` all-reduce through the ring or the tree (else
+        all-gather)."""
         return self.compressor(level).ring
+
+    @property
+    def collective(self) -> str:
+        """How leaders all-reduce what a ring can carry: "tree" or "ring" (reported)."""
+        return "tree" if self.tree else "ring"
 
     def wan_exchange(
         self, flat: torch.Tensor, step: int, level: Compression, offset: int = 0
@@ -157,9 +168,15 @@ class Collective:
         pieces = param_pieces(self.names, self.shapes, offset, cpu.numel())
         info = {"compute": self.compute_ema, "xs": self.last_exchange_s}
         compressor = self.compressor(level)
-        how = self.exchanger.ring if compressor.ring else self.exchanger.gather
+        links = self.links_now(step)
         start = time.perf_counter()
-        done = how(level, compressor, self.compressors, cpu, pieces, info, self.links_now(step))
+        if compressor.ring and self.tree:
+            done = self.exchanger.tree(
+                level, compressor, self.compressors, cpu, pieces, info, links, self.tree
+            )
+        else:
+            how = self.exchanger.ring if compressor.ring else self.exchanger.gather
+            done = how(level, compressor, self.compressors, cpu, pieces, info, links)
         self.last_exchange_s = time.perf_counter() - start
         done.total = done.total.to(self.device, flat.dtype).view(flat.shape)
         return done

@@ -1,6 +1,6 @@
 """The compressed exchange between cluster leaders over the (possibly emulated) WAN.
 
-Two ways to sum one flat tensor (a gradient, a fragment's pseudo-gradient) over clusters:
+Three ways to sum one flat tensor (a gradient, a fragment's pseudo-gradient) over clusters:
 
 - `ring` (compressors with `ring`: none, fp16/bf16, int8, int4/int2, top-k without momentum):
   a ring all-reduce. The tensor is cut into one chunk per leader; in n-1 reduce-scatter
@@ -9,6 +9,8 @@ Two ways to sum one flat tensor (a gradient, a fragment's pseudo-gradient) over 
   compresses it once more and n-1 all-gather rounds relay those bytes unchanged around the
   ring, so every leader decodes the same bits. Each leader sends 2(n-1)/n of one compressed
   copy per exchange, whatever the number of clusters.
+- `tree` (the same compressors, when the plan chose it: `TrainSpec.tree`): partial sums up a
+  tree of leaders, the total down it (`LeaderExchange.tree`); 2 x depth hops.
 - `gather` (PowerSGD, top-k with DGC momentum, sign): each leader compresses its whole tensor
   once into one message and all leaders all-gather the messages (gloo's ring of n-1 rounds
   over blocks padded to the longest), then sum them in cluster order.
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from grammar import Compression
+from grammar.graph import tree_levels
 from training.compression import Compressor, packet_from_bytes, packet_to_bytes
 from training.results import Edge, ExchangeCounters, WanBytes
 from training.wan import Link, LinkTable, Pacer, ring_edges
@@ -367,6 +370,101 @@ class LeaderExchange:
         need = links.rounds_time(rounds) if links is not None else 0.0
         self._finish(start, need, sent, flat.numel(), paced)
         infos = [messages[j].info for j in range(n)]
+        return Exchanged(total, compression, infos, max(sent.values()))
+
+    # ------------------------------------------------------------------ tree all-reduce
+
+    def _send_to(self, payload: bytes, to: int) -> list[Any]:
+        """Start sending `payload` to leader `to`: its size and when it left, then its bytes."""
+        head = torch.tensor([len(payload), time.monotonic_ns()], dtype=torch.int64)
+        out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        return [
+            dist.isend(head, group=self.group, group_dst=to),
+            dist.isend(out, group=self.group, group_dst=to),
+        ]
+
+    def _recv_from(self, src: int, links: LinkTable | None) -> bytes:
+        """What leader `src` sends (`_send_to`); with a link table, not before the link from
+        it would have delivered it (hop by hop, as `_shift` does)."""
+        got = torch.zeros(2, dtype=torch.int64)
+        dist.recv(got, group=self.group, group_src=src)
+        began = min(int(got[1]), time.monotonic_ns()) / 1e9  # never in the future
+        buf = torch.empty(int(got[0]), dtype=torch.uint8)
+        dist.recv(buf, group=self.group, group_src=src)
+        link = links.get(self.clusters[src], self.me) if links is not None else None
+        if link is not None:
+            _wait_until(began + link.transfer_s(int(got[0])), time.monotonic)
+        return bytes(buf.numpy().tobytes())
+
+    def tree(
+        self,
+        compression: Compression,
+        compressor: Compressor,
+        decompressors: dict[str, Compressor],
+        flat: torch.Tensor,
+        pieces: list[Piece],
+        info: dict[str, float],
+        links: LinkTable | None,
+        parents: dict[str, str],
+    ) -> Exchanged:
+        """Tree all-reduce of `flat` (CPU float32) over `parents` (`grammar.graph.
+        reduction_tree`: every cluster's parent, the root has none): each leader adds what its
+        children send to its own, compresses that once (error feedback per piece, as the
+        ring's partial sums) and sends it to its parent; the root compresses the total once
+        and it goes down the tree unchanged, so every leader decodes the same bits. Each up
+        message carries its subtree's announcements and message sizes, so every leader ends
+        with every leader's `info` and every link's bytes. 2 x depth hops, against the
+        ring's 2(n-1): ahead where latency dominates, behind where bandwidth does (a node
+        sends and receives whole copies)."""
+        paced = self.pace()
+        start = time.perf_counter()
+        index = {c: i for i, c in enumerate(self.clusters)}
+        kids = [c for c, p in parents.items() if p == self.me]
+        keys = [p.key for p in pieces]
+        acc = flat.clone()
+        said = {f"{self.me}\t{k}": v for k, v in info.items()}  # the subtree's infos, sizes
+        for kid in kids:
+            data = self._recv_from(index[kid], links)
+            up = decode(kid, data, decompressors)
+            for p, t in zip(pieces, up.tensors, strict=True):
+                acc[p.lo : p.hi] += t.reshape(-1).float()
+            said.update(up.info)
+            said[f"{kid}\t^bytes"] = float(len(data))
+        sends: list[Any] = []
+        parent = parents.get(self.me)
+        if parent is not None:
+            tensors = [acc[p.lo : p.hi].view(p.shape) for p in pieces]
+            up_bytes = encode(compression, compressor, ["up:" + k for k in keys], tensors, said)
+            sends += self._send_to(up_bytes, index[parent])
+            down = self._recv_from(index[parent], links)
+        else:
+            tensors = [acc[p.lo : p.hi].view(p.shape) for p in pieces]
+            down = encode(compression, compressor, ["down:" + k for k in keys], tensors, said)
+        compressor.step()
+        for kid in kids:
+            sends += self._send_to(down, index[kid])
+        for work in sends:
+            if work is not None:
+                work.wait()
+        message = decode("", down, decompressors)
+        total = torch.zeros(flat.numel(), dtype=torch.float32)
+        for p, t in zip(pieces, message.tensors, strict=True):
+            total[p.lo : p.hi] = t.reshape(-1).float()
+        heard: dict[str, dict[str, float]] = {c: {} for c in self.clusters}
+        for key, value in message.info.items():
+            who, _, what = key.partition("\t")
+            heard[who][what] = value
+        levels = tree_levels(parents)
+        rounds: list[dict[Edge, int]] = [
+            {(c, parents[c]): int(heard[c]["^bytes"]) for c in level} for level in levels[::-1]
+        ] + [{(parents[c], c): len(down) for c in level} for level in levels]
+        sent: dict[Edge, int] = {}
+        for rnd in rounds:
+            for edge, nbytes in rnd.items():
+                sent[edge] = sent.get(edge, 0) + nbytes
+        need = links.rounds_time(rounds) if links is not None else 0.0
+        self._finish(start, need, sent, flat.numel(), paced)
+        infos = [{k: v for k, v in heard[c].items() if k != "^bytes"} for c in self.clusters]
         return Exchanged(total, compression, infos, max(sent.values()))
 
     # ------------------------------------------------------------------ bookkeeping

@@ -215,6 +215,11 @@ class TrainSpec:
     fault_grace_s: float = 60.0
     """Under fault domains, how long a collective waits for a silent peer before the run
     counts its cluster lost (longer than the slowest cluster's lag at an outer round)."""
+    tree: dict[str, str] = field(default_factory=dict)
+    """{cluster: parent}: all-reduce between leaders over this tree (`training.exchange.
+    LeaderExchange.tree`; the plan's `grammar.graph.reduction_tree`) instead of the ring,
+    where the compressor can (else all-gather as always); empty: the ring. Used only while
+    it spans exactly the run's clusters: after a cluster left or joined, the ring."""
     adapt: tuple[str, ...] = ()
     """What of `sync` ("sync") and `compression` ("compression") the runtime's auto policy may
     re-decide when the measured link moves away from the one the run started on: the run
@@ -245,6 +250,7 @@ class TrainSpec:
             slowdown={c: f for c, f in self.slowdown.items() if c in keep},
             batch_shares={c: v for c, v in batch_shares.items() if c in keep},
             regions={c: self.regions[c] for c in clusters} if keep <= set(self.regions) else {},
+            tree=self.tree if keep == set(self.clusters) else {},  # another shape: the ring
         )
 
     def validate(self) -> None:
@@ -286,6 +292,14 @@ class TrainSpec:
                     raise ValueError(f"links: cluster {end!r} is not one of the job's clusters")
             if link.mbps <= 0 or link.rtt_ms < 0:
                 raise ValueError(f"links: {link.a}-{link.b} needs mbps > 0 and rtt_ms >= 0")
+        if self.tree:
+            nodes = set(self.tree) | set(self.tree.values())
+            roots = set(self.tree.values()) - set(self.tree)
+            if nodes != set(self.clusters) or len(roots) != 1:
+                raise ValueError(
+                    "tree: give every cluster but one root its parent, among the job's "
+                    "clusters (or leave it empty for the ring)"
+                )
         for name, kbps in self.wan_kbps.items():
             if name not in self.clusters:
                 raise ValueError(f"wan_kbps: cluster {name!r} is not one of the job's clusters")

@@ -273,6 +273,7 @@ class Worker:
             link_schedule=spec.link_schedule,
             reserved_kbps=spec.wan_kbps.get(self.cluster),
             paced=bool(spec.wan_kbps),
+            tree=spec.tree,
         )
         # same start everywhere, whatever the seeding; the model crosses the WAN only if needed
         if not peer:

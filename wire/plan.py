@@ -84,6 +84,11 @@ class PlanEstimate(_Value):
         "extra steps they would need to match lossless every-step training (0.1 = 10 %).",
     )
     ring: tuple[str, ...] = Field(default=(), description="Order of clusters on the WAN ring.")
+    tree: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each non-root cluster's parent when the clusters all-reduce over a tree "
+        "(faster than the ring where latency dominates); empty: the ring.",
+    )
     batch_shares: dict[str, float] = Field(
         default_factory=dict,
         description="Each cluster's fraction of the global batch, the split the run makes: "

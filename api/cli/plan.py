@@ -51,6 +51,7 @@ def result_to_json(result: PlanResult) -> dict[str, Any]:
         est["ring"] = list(shown.estimate.ring)
         est["bottleneck"] = list(shown.estimate.bottleneck) if shown.estimate.bottleneck else None
         est["batch_shares"] = dict(shown.estimate.batch_shares)
+        est["tree"] = dict(shown.estimate.tree)  # {cluster: parent}; empty: the ring
         out["estimate"] = est
     return out
 

@@ -259,9 +259,17 @@ def train_spec_of(
         max_restarts=2,
         data=spec.data.residency,
         regions=regions,
+        tree=_tree(plan, layout.clusters),
         adapt=adapt,
         **spec.args.runtime(),  # typed and bounded by the spec (wire.spec.TrainArgs)
     )
+
+
+def _tree(plan: JobPlan | None, clusters: dict[str, int]) -> dict[str, str]:
+    """The plan's all-reduce tree when it spans exactly the clusters the run starts on (else
+    the ring: a tree for other clusters is not the one that was priced)."""
+    tree = dict(plan.estimate.tree) if plan is not None else {}
+    return tree if tree and set(tree) | set(tree.values()) == set(clusters) else {}
 
 
 def run_layout(config: LauncherConfig, plan: JobPlan | None, clusters: dict[str, int]) -> RunLayout:

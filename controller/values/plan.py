@@ -309,9 +309,13 @@ def plan_of(
         )
     egress = []
     ring = est.ring
+    # the links the exchange crosses: the tree's edges both ways, or the ring's
     if len(ring) > 1 and est.wan_bytes:
-        per_edge = est.wan_bytes / len(ring)
-        for a_name, b_name in zip(ring, [*ring[1:], ring[0]], strict=True):
+        edges = [e for c, p in est.tree for e in ((c, p), (p, c))] or [
+            *zip(ring, [*ring[1:], ring[0]], strict=True)
+        ]
+        per_edge = est.wan_bytes / len(edges)
+        for a_name, b_name in edges:
             link = snapshot.link(a_name, b_name)
             price_gb = link.egress_price_per_gb if link else 0.0
             egress.append(
@@ -342,6 +346,7 @@ def plan_of(
         overhead_s=est.overhead_s,
         effective_steps=est.effective_steps,
         ring=tuple(dict.fromkeys(origin(n)[0] for n in est.ring)),  # the clusters' own names
+        tree={origin(c)[0]: origin(p)[0] for c, p in est.tree},
         batch_shares=_shares_by_cluster(est.batch_shares, origin),
         step_overhead_s=est.step_overhead_s,
         setup_s=est.setup_s,

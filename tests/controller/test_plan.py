@@ -101,6 +101,7 @@ def test_an_old_job_plan_parses_with_defaults() -> None:
             "total_time_range_s": None,
             "quality_cost": 0.0,
             "batch_shares": {},  # an older plan: equal per worker
+            "tree": {},  # and a ring
         },
     }
     assert out["links"] == []

@@ -211,3 +211,26 @@ def test_links_are_symmetric_unless_both_directions_are_given() -> None:
     est = estimate(both, job(2), [Assignment("a", 1), Assignment("b", 1)], "none", "every-step")
     assert est.wan_s == pytest.approx(2 * (0.01 + 1.6))
     assert est.bottleneck == ("b", "a")
+
+
+def test_the_tree_is_priced_hop_by_hop_and_taken_only_where_it_is_faster() -> None:
+    """Three clusters, 1 Gbit/s and 100 ms RTT each way: a ring all-reduce takes 4 rounds of
+    a third of the payload, a tree (rooted at `a`, the first of equals) 2 hops of all of it."""
+    names = "abc"
+    links = tuple(
+        link(x, y, gbps=1.0, rtt_ms=100.0) for i, x in enumerate(names) for y in names[i + 1 :]
+    )
+    snap = Snapshot(tuple(cluster(n, 1) for n in names), links)
+    where = [Assignment(n, 1) for n in names]
+    # 1 MB a copy: ring 4 x (0.05 + 1e6 / 3 / 1.25e8) = 0.2107 s; tree 2 x (0.05 + 0.008)
+    small = estimate(snap, job(3, params=250_000, steps=10), where)
+    assert small.tree == (("b", "a"), ("c", "a"))
+    assert small.wan_s == pytest.approx(2 * (0.05 + 1e6 / 1.25e8))
+    assert small.wan_bytes == 10 * 2 * 2 * 1_000_000  # each edge a whole copy, up and down
+    # 100 MB a copy: ring 4 x (0.05 + 0.2667) = 1.267 s against the tree's 2 x 0.85 = 1.7 s
+    large = estimate(snap, job(3, params=25_000_000, steps=10), where)
+    assert large.tree == ()
+    assert large.wan_s == pytest.approx(4 * (0.05 + 1e8 / 3 / 1.25e8))
+    # two clusters: one hop either way, the ring
+    pair = estimate(snap, job(2, params=250_000), [Assignment("a", 1), Assignment("b", 1)])
+    assert pair.tree == ()

@@ -66,3 +66,21 @@ def test_metropolis_weights_are_doubly_stochastic() -> None:
         for b in ns:
             assert w[a][b] == pytest.approx(w[b][a])
     assert w["a"]["b"] == pytest.approx(0.25) and w["b"]["b"] == pytest.approx(0.75)
+
+
+def test_the_reduction_tree_is_binary_rooted_where_bandwidth_is_and_avoids_slow_links() -> None:
+    from grammar.graph import TREE_FANOUT, reduction_tree, tree_levels
+
+    even = reduction_tree(EIGHT, None)  # no bandwidths: root first, breadth first, in order
+    assert even == {"c1": "c0", "c2": "c0", "c3": "c1", "c4": "c1", "c5": "c2", "c6": "c2",
+                    "c7": "c3"}  # fmt: skip
+    assert tree_levels(even) == [["c1", "c2"], ["c3", "c4", "c5", "c6"], ["c7"]]
+    children = [list(even.values()).count(p) for p in set(even.values())]
+    assert max(children) <= TREE_FANOUT
+    # c0 is slow to everyone: it is no root and hangs as a leaf
+    slow = {frozenset(("c0", x)) for x in EIGHT[1:]}
+    table = _table(1000.0, 1.0, slow)
+    tree = reduction_tree(EIGHT, lambda a, b: k.bandwidth_bps if (k := table.get(a, b)) else 0)
+    assert "c0" in tree and "c0" not in tree.values()
+    assert set(tree) | set(tree.values()) == set(EIGHT) and len(tree) == 7
+    assert reduction_tree(["solo"], None) == {}

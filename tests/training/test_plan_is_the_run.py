@@ -37,8 +37,10 @@ def test_the_runtime_runs_the_planners_ring() -> None:
         for y in names[i + 1 :]
     )
     snap = Snapshot(tuple(cluster(n, 1) for n in names), links)
-    got = plan(snap, job(4, params=10_000, compression="none", sync="every-step"), "time")
+    # 4 MB a copy: bandwidth-bound, so the ring (a tree sends whole copies hop by hop)
+    got = plan(snap, job(4, params=1_000_000, compression="none", sync="every-step"), "time")
     assert isinstance(got, Plan) and {a.cluster for a in got.placement} == set(names)
+    assert got.estimate.tree == ()
     ring = got.estimate.ring
     edges = set(zip(ring, (*ring[1:], ring[0]), strict=True))
     assert ("a", "b") not in edges and ("b", "a") not in edges
@@ -52,6 +54,37 @@ def test_the_runtime_runs_the_planners_ring() -> None:
     used = {edge for edge, n in report.wan_bytes.items() if n > 0}
     assert used == edges  # what ran is what was planned, edge for edge
     assert ordered == {a.cluster: a.gpus for a in got.placement}
+
+
+def test_the_runtime_runs_the_planners_tree() -> None:
+    """Three datacenters 150 ms apart and a small model: latency dominates, so the planner
+    all-reduces over a tree (2 hops an exchange, the ring's 4), rooted at the cluster with
+    the most bandwidth; the run, given the plan's tree as the controller gives it, sends on
+    the tree's edges only, both ways, none on the link between the two leaves."""
+    names = "abc"
+    links = (
+        link("a", "b", gbps=1.0, rtt_ms=150.0),
+        link("a", "c", gbps=2.0, rtt_ms=150.0),
+        link("b", "c", gbps=2.0, rtt_ms=150.0),
+    )
+    snap = Snapshot(tuple(cluster(n, 1) for n in names), links)
+    got = plan(snap, job(3, params=20_000, compression="none", sync="every-step"), "time")
+    assert isinstance(got, Plan) and {a.cluster for a in got.placement} == set(names)
+    tree = dict(got.estimate.tree)
+    assert tree == {"a": "c", "b": "c"}  # c has the most bandwidth to the others
+    assert any("tree all-reduce from c" in line for line in got.explanation), got.explanation
+    even = replace(snap, links=tuple(replace(k, rtt_ms=0.0, bandwidth_gbps=1.0) for k in links))
+    ring = plan(even, job(3, params=20_000, compression="none", sync="every-step"), "time")
+    assert isinstance(ring, Plan) and ring.estimate.tree == ()  # no latency: the ring
+    given = {a.cluster: a.gpus for a in got.placement}
+    report = training.run(
+        TrainSpec(task="builtin:mnist1d-mlp", clusters=given, steps=2, eval_every=2, tree=tree)
+    )
+    on_tree = {("a", "c"), ("c", "a"), ("b", "c"), ("c", "b")}
+    assert {edge for edge, n in report.wan_bytes.items() if n > 0} >= on_tree
+    # off the tree only the start-up's model digests (gloo's own all-gather), counted apart
+    off = sum(n for edge, n in report.wan_bytes.items() if edge not in on_tree)
+    assert off <= report.wan_setup_bytes < 1000
 
 
 def test_ring_ordered_keeps_clusters_the_ring_does_not_name() -> None:
@@ -104,6 +137,8 @@ def test_what_ran_is_what_was_planned_decision_by_decision(
     else:
         assert shares == pytest.approx({"a": 0.5, "b": 0.25, "c": 0.25})  # per worker
     ring = planned.estimate.ring
-    edges = set(zip(ring, (*ring[1:], ring[0]), strict=True))
+    edges = set(planned.estimate.tree.items()) or set(zip(ring, (*ring[1:], ring[0]), strict=True))
+    assert run.tree == planned.estimate.tree  # the tree, when the plan chose one
     used = {edge for edge, n in report.wan_bytes.items() if n > 0}
-    assert used <= edges | {(b, a) for a, b in edges} and used
+    off = sum(n for e, n in report.wan_bytes.items() if e not in edges | {(b, a) for a, b in edges})
+    assert used and off <= report.wan_setup_bytes  # the start-up's digests go round the ring

@@ -33,6 +33,7 @@ def _collective(
     port: int,
     reserved_kbps: int | None = None,
     links: Any = None,
+    tree: dict[str, str] | None = None,
 ) -> Any:
     import torch.distributed as dist
 
@@ -65,6 +66,7 @@ def _collective(
         links=links,
         reserved_kbps=reserved_kbps,
         paced=reserved_kbps is not None,
+        tree=tree,
     )
 
 
@@ -156,6 +158,60 @@ def _start_rank(rank: int, ranks_cluster: list[str], port: int, out: str) -> Non
         }
     dist.destroy_process_group()
     torch.save(results, Path(out) / f"rank{rank}.pt")
+
+
+TREE = {"b": "a", "c": "a", "d": "b"}  # a at the root, d two hops down
+
+
+def _tree_rank(rank: int, ranks_cluster: list[str], port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    comm = _collective(rank, ranks_cluster, port, tree=TREE)
+    found: dict[str, Any] = {"collective": comm.collective}
+    for level in ("none", "int8", "powersgd:2"):
+        before = dict(comm.counters.wan_bytes)
+        value = parse_compression(level)
+        done = [comm.wan_exchange(_contribution(rank, s), s, value) for s in range(3)]
+        after = dict(comm.counters.wan_bytes)
+        found[level] = {
+            "totals": [d.total for d in done],
+            "infos": done[-1].infos,
+            "edges": {e: (after[e] - before.get(e, 0)) / 3 for e in after},
+        }
+    dist.destroy_process_group()
+    torch.save(found, Path(out) / f"rank{rank}.pt")
+
+
+def test_tree_all_reduce_sums_up_the_tree_and_every_leader_gets_the_same_bits(
+    tmp_path: Path,
+) -> None:
+    """Partial sums go up the plan's tree and the total comes down it: exact uncompressed,
+    the same bits on every leader compressed, every announcement everywhere, and the bytes of
+    each tree edge counted alike on every leader (whole copies up and down; no other link).
+    A compressor that cannot sum in a ring all-gathers as always."""
+    n = 4
+    found = _spawn(_tree_rank, ["a", "b", "c", "d"], tmp_path)
+    assert {f["collective"] for f in found} == {"tree"}
+    exact = [torch.stack([_contribution(r, s) for r in range(n)]).sum(0) for s in range(3)]
+    for got, want in zip(found[0]["none"]["totals"], exact, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    for level in ("none", "int8", "powersgd:2"):
+        for other in found[1:]:
+            for a, b in zip(found[0][level]["totals"], other[level]["totals"], strict=True):
+                assert torch.equal(a, b), level
+            assert other[level]["edges"] == found[0][level]["edges"], level
+        infos = found[0][level]["infos"]
+        assert len(infos) == n and all("compute" in i for i in infos), infos
+    for got, want in zip(found[0]["int8"]["totals"], exact, strict=True):
+        assert float((got - want).norm() / want.norm()) < 0.05
+    edges = found[0]["none"]["edges"]
+    tree_edges = set(TREE.items()) | {(p, c) for c, p in TREE.items()}
+    assert set(edges) == tree_edges
+    fp32 = 4 * NUMEL  # each message one whole copy (plus its header)
+    assert all(fp32 <= v <= fp32 + 600 for v in edges.values()), edges
+    down = {edges[(p, c)] for c, p in TREE.items()}
+    assert len(down) == 1  # the root's total, relayed unchanged
+    assert set(found[0]["powersgd:2"]["edges"]) != tree_edges  # all-gathered, on the ring
 
 
 def test_the_model_crosses_at_start_up_only_when_workers_built_different_ones(
