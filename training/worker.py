@@ -186,9 +186,11 @@ class Worker:
         if held is None and hasattr(self, "strategy") and not self._unseated():
             held = self._state(own=True)  # else a newcomer still: it holds no state of its own
         pending, loaded = self.pending, self.loaded
+        trained = getattr(self, "trained", 0)
         self.close()
         self.__init__(spec, rank, ranks_cluster, gloo_ifname)  # type: ignore[misc]
         self.held, self.pending, self.loaded = held, pending, loaded
+        self.trained_before = trained  # the same attempt goes on: `setup` keeps counting
 
     # ------------------------------------------------------------------ setup
 
@@ -301,6 +303,10 @@ class Worker:
         self.opt = task.optimizer.build(self.params, lr=spec.lr, no_momentum=no_momentum)
         self.step = 0
         self.local_step = 0
+        self.trained = getattr(self, "trained_before", 0)
+        """Local optimizer steps this worker took in this attempt, across regroups
+        (`local_step` is its data position: a newcomer starts at the others' and advances
+        it while it sits out)."""
         self.device_s = 0.0
         self.compute_s = 0.0
         self.comm_s = 0.0
@@ -536,6 +542,7 @@ class Worker:
             self.compute_s += (t1 - t0) + (t3 - t2)
             self.comm_s += t2 - t1
             self.local_step += 1
+            self.trained += 1
         t3 = time.perf_counter()
         self.pending = strategy.global_rounds  # a loss from here on leaves the round to finish
         strategy.after_step(self.step)
@@ -627,7 +634,7 @@ class Worker:
             intra_s=self.comm.intra_s,
             compression=str(self.strategy.compression),
             wan=self.comm.counters,
-            local_steps=self.local_step,
+            local_steps=self.trained,
             batch_shares=dict(self.cluster_shares),
             sync_stats=self.strategy.stats(),
             labels_read=tuple(sorted(self.labels_read)),

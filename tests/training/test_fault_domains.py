@@ -182,6 +182,9 @@ def test_a_newcomer_sits_out_the_round_its_state_crosses_in_and_ends_it_as_the_o
     assert trained[-2] > 0.0, trained
     at = trained.index(next(t for t in trained if t > 0.0))
     assert all(len(d) == 1 for d in digests[at:]), digests
+    # the local steps c took: not the steps before it came, nor those it sat out
+    taken = report.steps_by_cluster
+    assert taken["a"] == taken["b"] == report.steps and 0 < taken["c"] < report.steps, taken
     assert report.final_accuracy > 0.25  # chance is 0.10
 
 
