@@ -101,10 +101,12 @@ under which it picks `compression: auto`."""
 DATA_MODES = ("shared", "local")
 """Where a run's samples come from: the whole set on every cluster, or each cluster's own."""
 
-OUTER_BY_DATA: dict[str, tuple[float, float]] = {"shared": (0.7, 0.9), "local": (1.0, 0.0)}
-"""The outer step's (lr, momentum) by where the data is: DiLoCo's Nesterov step on shared
-data; on local data (label-skewed) the plain average, since the outer momentum compounds
-the skew of each round's averaged pseudo-gradient (bench/results/local-data.md)."""
+OUTER_BY_DATA: dict[str, tuple[float, float]] = {"shared": (0.7, 0.5), "local": (1.0, 0.0)}
+"""The outer step's (lr, momentum) by where the data is: a Nesterov step on shared data, with
+momentum 0.5 rather than DiLoCo's 0.9 (tuned for H = 500), under which runs of periods 4-10
+diverged to chance within 600 steps and none ended better (bench/results/
+outer-momentum.md); on local data (label-skewed) the plain average, since the outer momentum
+compounds the skew of each round's averaged pseudo-gradient (bench/results/local-data.md)."""
 
 ARTEFACTS = ("best", "last")
 """The model a run leaves: its best evaluation's, or its last step's."""

@@ -64,7 +64,8 @@ def demo_job_spec(name: str, steps: int) -> dict[str, Any]:
         "sync": "auto",
         "qos": {"qos_class": "standard"},
         # Outer averaging without momentum (FedAvg): DiLoCo's Nesterov 0.7/0.9 outer step
-        # diverges on this SGD-with-momentum MLP over long runs (see docs/concepts/training.md).
+        # diverged on this MLP over long runs; the default 0.7/0.5 holds too, and the plain
+        # average is what the demo has shown since (bench/results/outer-momentum.md).
         "args": {"outer_lr": 1.0, "outer_momentum": 0.0},
     }
 

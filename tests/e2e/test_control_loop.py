@@ -144,7 +144,9 @@ def test_agent_killed_mid_diloco_job_shrinks_and_grows_back(world: World) -> Non
     which goes on on two without a restart (the job never leaves RUNNING, no checkpoint is
     read); the agent comes back, the cluster is READY and joins again, taking the model from
     a peer. Its GPUs are billed for the time it was in the run only."""
-    job = submit(world, gpus=6, steps=900, compression="none", sync="local-sgd:10")
+    # long enough that the returning cluster's workers start, load and join well before the
+    # end (900 steps, 14 s here, once ended first and the join was never seen)
+    job = submit(world, gpus=6, steps=2400, compression="none", sync="local-sgd:10")
     running = world.wait_state(job["id"], {"RUNNING"}, 120)
     assert len(running["placement"]["clusters"]) == 3
     victim = running["placement"]["clusters"][-1]["cluster"]

@@ -175,10 +175,10 @@ def test_a_cluster_reads_only_its_own_samples() -> None:
 
 
 def test_the_outer_step_is_diloco_s_on_shared_data_the_plain_average_on_local_data() -> None:
-    assert TrainSpec().outer_settings == (0.7, 0.9)
+    assert TrainSpec().outer_settings == (0.7, 0.5)
     assert TrainSpec(data="local").outer_settings == (1.0, 0.0)
     assert TrainSpec(data="local", outer_momentum=0.5).outer_settings == (1.0, 0.5)
-    assert TrainSpec(outer_lr=0.3).outer_settings == (0.3, 0.9)
+    assert TrainSpec(outer_lr=0.3).outer_settings == (0.3, 0.5)
     with pytest.raises(ValueError, match="outer_momentum"):
         TrainSpec(data="local", outer_momentum=1.0).validate()
 
