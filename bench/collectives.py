@@ -67,6 +67,7 @@ def _estimates(mbps: float, rtt_ms: float, params: int) -> tuple[str, dict[str, 
     names = tuple(CLUSTERS)
     payload = params * 4.0
     tree = model._tree_terms(names, payload, 0.0, model.wan(names, "none").ring)
+    assert tree is not None  # every pair is linked
     d = len(names)
     alpha, bw = rtt_ms / 2000.0, mbps * 1e6 / 8
     ring_s = 2 * (d - 1) * (alpha + payload / d / bw)  # `CostModel.wan`'s ring, even links

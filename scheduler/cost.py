@@ -426,19 +426,24 @@ class CostModel:
         )
         if cm.allreducible and d > 2:  # the tree where it is faster (two clusters: one hop)
             tree = self._tree_terms(names, payload, overhead, ring)
-            if tree.latency_s + tree.bandwidth_s < terms.latency_s + terms.bandwidth_s:
+            if tree is not None and (
+                tree.latency_s + tree.bandwidth_s < terms.latency_s + terms.bandwidth_s
+            ):
                 terms = tree
         self._wan_cache[key] = terms
         return terms
 
     def _tree_terms(
         self, names: tuple[str, ...], payload: float, overhead: float, ring: tuple[str, ...]
-    ) -> WanTerms:
+    ) -> WanTerms | None:
         """A tree all-reduce (`training.exchange.LeaderExchange.tree`) over the runtime's tree
         (`grammar.graph.reduction_tree`): the whole payload up each edge, level by level from
         the deepest, and down each edge from the root, each level as slow as its slowest
-        edge (a + payload / B): 2 x depth hops, 2(n-1) whole copies."""
+        edge (a + payload / B): 2 x depth hops, 2(n-1) whole copies. None where an edge of
+        the tree has no link both ways (the ring, linked edge by edge, stays)."""
         parents = reduction_tree(names, self._pair_gbps)
+        if any(self._pair_gbps(c, p) <= 0 for c, p in parents.items()):
+            return None
         levels = tree_levels(parents)
         latency = bandwidth = egress = 0.0
         worst: tuple[str, str] | None = None
