@@ -179,6 +179,8 @@ def test_the_outer_step_is_diloco_s_on_shared_data_the_plain_average_on_local_da
     assert TrainSpec(data="local").outer_settings == (1.0, 0.0)
     assert TrainSpec(data="local", outer_momentum=0.5).outer_settings == (1.0, 0.5)
     assert TrainSpec(outer_lr=0.3).outer_settings == (0.3, 0.5)
+    assert TrainSpec(sync="partial:16").outer_settings == (0.7, 0.9)  # normalised rounds
+    assert TrainSpec(sync="partial:16", data="local").outer_settings == (1.0, 0.0)
     with pytest.raises(ValueError, match="outer_momentum"):
         TrainSpec(data="local", outer_momentum=1.0).validate()
 
