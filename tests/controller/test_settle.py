@@ -249,6 +249,7 @@ def test_a_completed_run_succeeds_and_is_billed(plane: Plane) -> None:
     event = last_state_event(plane, job.id)
     assert event.message == "finished 100 steps: accuracy 0.8750"
     assert event.data["report"]["wan_bytes_total"] == 8000
+    assert event.data["report"]["wan_setup_bytes"] == report().wan_setup_bytes
     assert_settled(plane, job.id)
     with plane.sessions() as s:
         wan = list(s.scalars(select(Usage).where(Usage.kind == "wan_bytes")))
