@@ -363,12 +363,7 @@ class LeaderExchange:
             rounds.append({edges[j]: messages[j].sizes[r] for j in range(n)})
         for r in range(n - 1):
             rounds.append({edges[j]: len(payloads[(j + 1 - r) % n]) for j in range(n)})
-        sent: dict[Edge, int] = {}
-        for rnd in rounds:
-            for edge, nbytes in rnd.items():
-                sent[edge] = sent.get(edge, 0) + nbytes
-        need = links.rounds_time(rounds) if links is not None else 0.0
-        self._finish(start, need, sent, flat.numel(), paced)
+        sent = self._finish_rounds(start, rounds, links, flat.numel(), paced)
         infos = [messages[j].info for j in range(n)]
         return Exchanged(total, compression, infos, max(sent.values()))
 
@@ -458,12 +453,7 @@ class LeaderExchange:
         rounds: list[dict[Edge, int]] = [
             {(c, parents[c]): int(heard[c]["^bytes"]) for c in level} for level in levels[::-1]
         ] + [{(parents[c], c): len(down) for c in level} for level in levels]
-        sent: dict[Edge, int] = {}
-        for rnd in rounds:
-            for edge, nbytes in rnd.items():
-                sent[edge] = sent.get(edge, 0) + nbytes
-        need = links.rounds_time(rounds) if links is not None else 0.0
-        self._finish(start, need, sent, flat.numel(), paced)
+        sent = self._finish_rounds(start, rounds, links, flat.numel(), paced)
         infos = [{k: v for k, v in heard[c].items() if k != "^bytes"} for c in self.clusters]
         return Exchanged(total, compression, infos, max(sent.values()))
 
@@ -485,6 +475,24 @@ class LeaderExchange:
         if self.pacer is not None:
             mine = sum(n for (src, _), n in sent.items() if src == self.me)
             self.pacer.sent(start, mine * 8.0)
+
+    def _finish_rounds(
+        self,
+        start: float,
+        rounds: list[dict[Edge, int]],
+        links: LinkTable | None,
+        numel: int,
+        paced: float,
+    ) -> dict[Edge, int]:
+        """`_finish` an exchange made of `rounds` (bytes per directed link, round by round:
+        the same on every leader); the bytes each link carried in all."""
+        sent: dict[Edge, int] = {}
+        for rnd in rounds:
+            for edge, nbytes in rnd.items():
+                sent[edge] = sent.get(edge, 0) + nbytes
+        need = links.rounds_time(rounds) if links is not None else 0.0
+        self._finish(start, need, sent, numel, paced)
+        return sent
 
     def _finish(
         self, start: float, need: float, sent: dict[Edge, int], numel: int, paced: float
