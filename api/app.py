@@ -24,7 +24,7 @@ from api.heartbeats import HeartbeatBatcher
 from api.job_list import RenderedJobs
 from api.limits import RateLimits
 from api.metrics import Metrics, MetricsMiddleware
-from api.routes import agent, clusters, health, jobs, links, pricing, tenants, usage
+from api.routes import agent, clusters, health, jobs, links, pricing, providers, tenants, usage
 from api.sessions import ConsoleSessions
 from api.streams import StreamSlots
 from api.submissions import SubmissionBatcher
@@ -241,11 +241,11 @@ class BackgroundLoops:
             self.monitor = None
 
 
-ROUTERS = (agent, jobs, health, clusters, links, tenants, pricing, usage)
+ROUTERS = (agent, jobs, health, clusters, links, tenants, pricing, usage, providers)
 """Included hottest first: FastAPI tries routers in this order and each its routes in turn, so
 otherwise every heartbeat would match its path against every admin route first, a visible
 share of its CPU (measured: bench/results/api-throughput.md)."""
-DOCS_ORDER = (health, clusters, links, tenants, pricing, jobs, usage, agent)
+DOCS_ORDER = (health, clusters, links, tenants, pricing, jobs, usage, providers, agent)
 """The documentation's sections in reading order, whatever the routing order."""
 
 AGENT_THREADS = 2

@@ -322,3 +322,5 @@ AdminDep = Annotated[Principal, Depends(require("admin"))]
 AgentDep = Annotated[Principal, Depends(require("agent"))]
 ReaderDep = Annotated[Principal, Depends(require("tenant", "admin"))]
 """A tenant (routes scope it to its own objects) or an admin: who may read jobs and usage."""
+PricerDep = Annotated[Principal, Depends(require("admin", "provider"))]
+"""An admin (the operator's clusters) or a provider (its own clusters): who posts prices."""

@@ -232,11 +232,12 @@ class TenantOut(BaseModel):
 
 
 class ApiKeyIn(_In):
-    role: Literal["admin", "tenant", "agent"]
+    role: Literal["admin", "tenant", "agent", "provider"]
     scope: PlainText | None = Field(
         default=None,
         max_length=63,
-        description="Tenant id for a tenant key, cluster name for an agent key; none for admin.",
+        description="Tenant id for a tenant key, cluster name for an agent key, provider id or "
+        "name for a provider key; none for admin.",
     )
     name: PlainText = Field(default="", max_length=128)
     expires_at: BoundedUTC | None = Field(
@@ -311,6 +312,9 @@ class GpuPriceOut(BaseModel):
     qos_class: str
     price_per_gpu_hour: float
     effective_from: datetime
+    provider: str | None = Field(
+        default=None, description="The provider whose offer it is; null: the operator's price."
+    )
 
 
 class EgressPriceOut(BaseModel):
@@ -318,6 +322,9 @@ class EgressPriceOut(BaseModel):
     dst: str
     price_per_gb: float
     effective_from: datetime
+    provider: str | None = Field(
+        default=None, description="The provider whose offer it is; null: the operator's price."
+    )
 
 
 class PricingOut(BaseModel):
@@ -381,3 +388,94 @@ class LedgerOut(BaseModel):
     total_items: int
     limit: int
     offset: int
+
+
+DecimalAmount = Annotated[
+    str,
+    Field(
+        pattern=r"^[0-9]{1,12}(\.[0-9]{1,6})?$",
+        description='Dollars as an exact decimal string, at most 6 decimals: "125.50".',
+    ),
+]
+
+
+class ProviderIn(_In):
+    name: str = Name
+    fee_rate: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="The platform's share of every charge for the provider's resources.",
+    )
+    clusters: list[Annotated[PlainText, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list, max_length=256, description="Names of the clusters it owns."
+    )
+
+
+class ProviderClustersIn(_In):
+    clusters: list[Annotated[PlainText, Field(min_length=1, max_length=63)]] = Field(
+        max_length=256,
+        description="Every cluster the provider owns from now on; clusters it owned and that "
+        "are not listed go back to the operator.",
+    )
+
+
+class ProviderOut(BaseModel):
+    id: str
+    name: str
+    fee_rate: float
+    clusters: list[str]
+    balance: str = Field(description="What the platform owes it now: credits less payouts.")
+    created_at: datetime
+
+
+class ProviderGpusOut(BaseModel):
+    model: str
+    count: int
+    allocatable: int
+    in_use: int
+
+
+class ProviderClusterOut(BaseModel):
+    name: str
+    region: str
+    state: str
+    cordoned: bool
+    gpus: list[ProviderGpusOut]
+    utilization: float | None = Field(
+        description="GPUs in use over GPUs allocatable now; null without allocatable GPUs."
+    )
+
+
+class StatementLineOut(BaseModel):
+    cluster: str
+    kind: str = Field(description="gpu or egress")
+    gross: str = Field(description="What tenants paid for it.")
+    fee: str = Field(description="The platform's share.")
+    net: str = Field(description="Credited to the provider.")
+
+
+class StatementOut(BaseModel):
+    provider: str
+    start: datetime | None
+    end: datetime
+    lines: list[StatementLineOut]
+    gross: str
+    fee: str
+    net: str
+    paid: str = Field(description="Payouts within the period.")
+    balance: str = Field(description="Owed now: every credit to date less every payout to date.")
+
+
+class PayoutIn(_In):
+    amount: DecimalAmount
+    reference: PlainText = Field(default="", max_length=128)
+
+
+class PayoutOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    amount: str
+    reference: str
+    at: datetime

@@ -154,13 +154,16 @@ def migrated_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     return url
 
 
+APPEND_ONLY_TABLES = ("ledger", "postings", "payouts")
+
+
 def clear_tables(url: str) -> None:
     from controller.store.db import make_engine
     from controller.store.models import Base
 
     engine = make_engine(url)
     with engine.begin() as conn:
-        # The ledger's append-only triggers refuse DELETE: lift them for this transaction only.
+        # The books' append-only triggers refuse DELETE: lift them for this transaction only.
         if conn.dialect.name == "sqlite":
             triggers = conn.execute(
                 text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")
@@ -169,14 +172,16 @@ def clear_tables(url: str) -> None:
                 conn.execute(text(f'DROP TRIGGER "{name}"'))
         else:
             triggers = []
-            conn.execute(text("ALTER TABLE ledger DISABLE TRIGGER USER"))
+            for table in APPEND_ONLY_TABLES:
+                conn.execute(text(f"ALTER TABLE {table} DISABLE TRIGGER USER"))
         for table in reversed(Base.metadata.sorted_tables):
             conn.execute(table.delete())
         if conn.dialect.name == "sqlite":
             for _name, sql in triggers:
                 conn.execute(text(sql))
         else:
-            conn.execute(text("ALTER TABLE ledger ENABLE TRIGGER USER"))
+            for table in APPEND_ONLY_TABLES:
+                conn.execute(text(f"ALTER TABLE {table} ENABLE TRIGGER USER"))
     engine.dispose()
 
 

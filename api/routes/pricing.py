@@ -1,4 +1,6 @@
-"""The pricing catalogue: admins set effective-dated prices, everyone reads what applies."""
+"""The pricing catalogue: effective-dated prices, everyone reads what applies. Admins price
+the operator's clusters; a provider posts the offers of its own (another's cluster is a 404
+to it, and a provider's cluster is its own to price: an admin gets a 409)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from pydantic import AfterValidator
 from sqlalchemy import select
 
 from agents.protocol import in_utc_range
-from api.deps import AdminDep, SessionDep, get_principal
+from api.deps import PricerDep, SessionDep, get_principal
 from api.schemas import EgressPriceIn, EgressPriceOut, GpuPriceIn, GpuPriceOut, PricingOut
 from controller.access.keys import Principal
 from controller.network import resources
-from controller.store.models import Cluster, EgressPrice, GpuPrice, utcnow
-from controller.values.errors import Invalid
+from controller.store.models import Cluster, EgressPrice, GpuPrice, Provider, utcnow
+from controller.values.errors import Conflict, Invalid, NotFound
 
 router = APIRouter(prefix="/v1/pricing", tags=["pricing"])
 AnyKey = Annotated[Principal, Depends(get_principal)]
@@ -40,6 +42,30 @@ def _effective(value: datetime | None) -> datetime:
     return value
 
 
+def _may_price(session: SessionDep, who: Principal, cluster: Cluster, field: str) -> None:
+    """A provider prices its own clusters (another's is a 404, as if it did not exist); an
+    admin the operator's (a provider's is a 409: its prices are the provider's offers)."""
+    if who.role == "provider" and cluster.provider_id != who.scope:
+        raise NotFound(
+            f"no cluster named {cluster.name!r} among yours; list them with "
+            "GET /v1/providers/{id}/clusters",
+            field=field,
+        )
+    if who.role == "admin" and cluster.provider_id is not None:
+        raise Conflict(
+            f"cluster {cluster.name!r} belongs to provider {_provider_name(session, cluster)!r}, "
+            "whose offers price it; its provider posts them (or PUT /v1/providers/{id}/clusters "
+            "gives it back to the operator)",
+            field=field,
+        )
+
+
+def _provider_name(session: SessionDep, cluster: Cluster) -> str | None:
+    if cluster.provider_id is None:
+        return None
+    return session.scalar(select(Provider.name).where(Provider.id == cluster.provider_id))
+
+
 @router.get("", response_model=PricingOut)
 def current(
     session: SessionDep,
@@ -49,6 +75,7 @@ def current(
     """The prices that apply now (or at `at`), per cluster, GPU model and QoS class."""
     when = at if at is not None and at.tzinfo is not None else utcnow()
     names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
+    parties = dict(session.execute(select(Provider.id, Provider.name)).all())
     gpu_rows = session.scalars(
         select(GpuPrice)
         .where(GpuPrice.effective_from <= when)
@@ -62,6 +89,7 @@ def current(
             qos_class=row.qos_class,
             price_per_gpu_hour=float(row.price_per_gpu_hour),
             effective_from=row.effective_from,
+            provider=parties.get(row.provider_id) if row.provider_id else None,
         )
     eg_rows = session.scalars(
         select(EgressPrice)
@@ -75,6 +103,7 @@ def current(
             dst=names.get(e.dst_cluster_id, e.dst_cluster_id),
             price_per_gb=float(e.price_per_gb),
             effective_from=e.effective_from,
+            provider=parties.get(e.provider_id) if e.provider_id else None,
         )
     return PricingOut(
         at=when,
@@ -84,9 +113,11 @@ def current(
 
 
 @router.post("/gpu", status_code=status.HTTP_201_CREATED, response_model=GpuPriceOut)
-def set_gpu_price(body: GpuPriceIn, session: SessionDep, admin: AdminDep) -> GpuPriceOut:
-    """Set a GPU-hour price from now (or a future time) on; earlier prices stay for history."""
+def set_gpu_price(body: GpuPriceIn, session: SessionDep, who: PricerDep) -> GpuPriceOut:
+    """Set a GPU-hour price from now (or a future time) on; earlier prices stay for history.
+    A provider's price is its offer, on its own clusters only."""
     cluster = resources.get_cluster(session, body.cluster)
+    _may_price(session, who, cluster, "cluster")
     at = _effective(body.effective_from)
     session.add(
         GpuPrice(
@@ -95,10 +126,11 @@ def set_gpu_price(body: GpuPriceIn, session: SessionDep, admin: AdminDep) -> Gpu
             qos_class=body.qos_class,
             price_per_gpu_hour=Decimal(str(body.price_per_gpu_hour)),
             effective_from=at,
+            provider_id=cluster.provider_id,
         )
     )
     resources.audit(
-        session, admin.key_id, "price.gpu", "cluster", body.cluster, **body.model_dump(mode="json")
+        session, who.key_id, "price.gpu", "cluster", body.cluster, **body.model_dump(mode="json")
     )
     session.commit()
     return GpuPriceOut(
@@ -107,17 +139,25 @@ def set_gpu_price(body: GpuPriceIn, session: SessionDep, admin: AdminDep) -> Gpu
         qos_class=body.qos_class,
         price_per_gpu_hour=body.price_per_gpu_hour,
         effective_from=at,
+        provider=_provider_name(session, cluster),
     )
 
 
 @router.post("/egress", status_code=status.HTTP_201_CREATED, response_model=list[EgressPriceOut])
 def set_egress_price(
-    body: EgressPriceIn, session: SessionDep, admin: AdminDep
+    body: EgressPriceIn, session: SessionDep, who: PricerDep
 ) -> list[EgressPriceOut]:
-    """Set the per-GB price of traffic from `src` to `dst` (both ways when symmetric)."""
+    """Set the per-GB price of traffic from `src` to `dst` (both ways when symmetric). Egress
+    is priced by the owner of the cluster it leaves: a provider prices its own uplinks."""
     if body.src == body.dst:
         raise Invalid("egress goes between two different clusters", field="dst")
     a, b = resources.get_cluster(session, body.src), resources.get_cluster(session, body.dst)
+    _may_price(session, who, a, "src")
+    if body.symmetric and b.provider_id != a.provider_id:
+        raise Invalid(
+            f"{body.dst!r} has another owner, who prices what leaves it; send symmetric: false",
+            field="symmetric",
+        )
     at = _effective(body.effective_from)
     pairs = [(a, b)] + ([(b, a)] if body.symmetric else [])
     out = []
@@ -128,16 +168,21 @@ def set_egress_price(
                 dst_cluster_id=dst.id,
                 price_per_gb=Decimal(str(body.price_per_gb)),
                 effective_from=at,
+                provider_id=src.provider_id,
             )
         )
         out.append(
             EgressPriceOut(
-                src=src.name, dst=dst.name, price_per_gb=body.price_per_gb, effective_from=at
+                src=src.name,
+                dst=dst.name,
+                price_per_gb=body.price_per_gb,
+                effective_from=at,
+                provider=_provider_name(session, src),
             )
         )
     resources.audit(
         session,
-        admin.key_id,
+        who.key_id,
         "price.egress",
         "link",
         f"{body.src}->{body.dst}",

@@ -20,7 +20,7 @@ from api.schemas import (
     TenantPatch,
 )
 from controller.access import keys
-from controller.access.tenancy import find_tenant
+from controller.access.tenancy import find_provider, find_tenant
 from controller.network import resources
 from controller.store.models import ApiKey, AuditLog, Cluster, Job, Tenant, utcnow
 from controller.values.errors import Conflict, Invalid, NotFound
@@ -122,6 +122,13 @@ def create_api_key(body: ApiKeyIn, session: SessionDep, admin: AdminDep) -> ApiK
         raise Invalid("a tenant key needs `scope` = an existing tenant's id or name", field="scope")
     if scoped is not None:
         body = body.model_copy(update={"scope": scoped.id})  # keys are scoped by id
+    if body.role == "provider":
+        provider = find_provider(session, body.scope) if body.scope else None
+        if provider is None:
+            raise Invalid(
+                "a provider key needs `scope` = an existing provider's id or name", field="scope"
+            )
+        body = body.model_copy(update={"scope": provider.id})
     if body.role == "agent" and (
         not body.scope or not session.scalar(select(Cluster.id).where(Cluster.name == body.scope))
     ):
@@ -144,7 +151,7 @@ def list_api_keys(
     session: SessionDep,
     _: AdminDep,
     page: PageDep,
-    role: Annotated[str | None, Query(pattern="^(admin|tenant|agent)$")] = None,
+    role: Annotated[str | None, Query(pattern="^(admin|tenant|agent|provider)$")] = None,
 ) -> Page[ApiKeyOut]:
     """Keys without their secrets."""
     stmt = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
 from controller.store.models import ApiKey, utcnow
 
-ROLES = ("admin", "tenant", "agent")
+ROLES = ("admin", "tenant", "agent", "provider")
 PREFIX_CHARS = 8
 """Characters of a minted key's random part kept in plain text (48 of its 256 bits)."""
 ENV_KEY_NAME = "CPN_ADMIN_TOKEN"
@@ -31,7 +31,8 @@ ENV_KEY_NAME = "CPN_ADMIN_TOKEN"
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the key's id, role and scope (tenant id or cluster name), and until when
+    """Who is calling: the key's id, role and scope (tenant id, cluster name or provider id),
+    and until when
     the key is good (None: until revoked)."""
 
     key_id: str

@@ -17,7 +17,7 @@ from typing import Protocol
 from sqlalchemy import ColumnElement, bindparam, case, select
 from sqlalchemy.orm import Session
 
-from controller.store.models import Job, Tenant
+from controller.store.models import Job, Provider, Tenant
 from controller.values.errors import Forbidden
 from wire.spec import QoSSpec
 
@@ -103,4 +103,14 @@ def find_tenant(session: Session, ref: str, *, lock: bool = False) -> Tenant | N
         tenant = session.scalars(query.with_for_update() if lock else query).first()
         if tenant is not None:
             return tenant
+    return None
+
+
+def find_provider(session: Session, ref: str, *, lock: bool = False) -> Provider | None:
+    """The provider `ref` names: its id, else its name (as `find_tenant`)."""
+    for column in (Provider.id, Provider.name):
+        query = select(Provider).where(column == ref)
+        provider = session.scalars(query.with_for_update() if lock else query).first()
+        if provider is not None:
+            return provider
     return None

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.orm import Session
 
+from controller.money import settlement
+from controller.money.amounts import MICRO, exact_total, q6
 from controller.money.pricing import (
     egress_price_history,
     gpu_price_history,
@@ -34,14 +36,8 @@ from controller.store.models import (
 )
 from controller.values.errors import NotFound
 
-MICRO = Decimal("0.000001")
 SECONDS_PER_HOUR = Decimal(3600)
 BYTES_PER_GB = Decimal(10**9)
-
-
-def q6(value: Decimal) -> Decimal:
-    """Money and quantities are kept to 6 decimals, rounded half-even (banker's rounding)."""
-    return value.quantize(MICRO, rounding=ROUND_HALF_EVEN)
 
 
 def _seconds(start: datetime, end: datetime) -> Decimal:
@@ -172,7 +168,8 @@ def charge_of(session: Session, usage: Usage, ids: Mapping[str, str]) -> Charge:
 
 
 def price_usage(session: Session, job_id: str | None = None) -> list[LedgerEntry]:
-    """Turn every unpriced usage row into one ledger entry at the price in effect for it."""
+    """Turn every unpriced usage row into one ledger entry at the price in effect for it, and
+    each entry into its balanced postings (`settlement.post`), in the caller's transaction."""
     stmt = select(Usage).where(Usage.priced.is_(False)).order_by(Usage.id)
     if job_id:
         stmt = stmt.where(Usage.job_id == job_id)
@@ -197,6 +194,7 @@ def price_usage(session: Session, job_id: str | None = None) -> list[LedgerEntry
         usage.priced = True
         entries.append(entry)
     session.flush()
+    settlement.post(session, entries, {str(u.id): u.cluster for u in rows})
     return entries
 
 
@@ -231,19 +229,6 @@ def cap_at_held(session: Session, job: Job, at: datetime | None = None) -> Decim
     session.flush()
     price_usage(session, job.id)
     return over
-
-
-def exact_total(
-    session: Session, column: InstrumentedAttribute[Any], *where: ColumnElement[bool]
-) -> Decimal:
-    """The exact sum of a money column. PostgreSQL sums NUMERIC exactly; SQLite stores it as
-    a float and would sum floats, so there the rows are read (each exact to 6 places) and added
-    as decimals."""
-    if session.get_bind().dialect.name == "sqlite":
-        return sum(
-            (q6(Decimal(v)) for v in session.scalars(select(column).where(*where))), Decimal(0)
-        )
-    return Decimal(session.scalar(select(func.coalesce(func.sum(column), 0)).where(*where)) or 0)
 
 
 def micros(amount: Decimal) -> int:

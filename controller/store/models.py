@@ -141,6 +141,20 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON}
 
 
+class Provider(Base):
+    """A resource provider: a party that owns clusters, offers them at its own prices and is
+    credited for what runs on them, less the platform's fee (`controller.money.settlement`)."""
+
+    __tablename__ = "providers"
+    __table_args__ = (CheckConstraint("fee_rate >= 0 AND fee_rate < 1", name="ck_provider_fee"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    fee_rate: Mapped[Decimal] = mapped_column(Numeric(7, 6))
+    """The platform's share of every charge for this provider's resources, in [0, 1)."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Cluster(Base):
     """A datacenter cluster; its state follows the agent's lease (see controller.network.leases)."""
 
@@ -162,6 +176,11 @@ class Cluster(Base):
     pinned_probe_url: Mapped[str | None] = mapped_column(String(512))
     agent_version: Mapped[str | None] = mapped_column(String(64))
     discovery: Mapped[str | None] = mapped_column(String(16))
+    provider_id: Mapped[str | None] = mapped_column(
+        ForeignKey("providers.id", ondelete="RESTRICT"), index=True
+    )
+    """The party that owns it and posts its offers (None: the operator's own cluster, priced
+    by admins)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, default=1)
@@ -366,6 +385,8 @@ class GpuPrice(Base):
     price_per_gpu_hour: Mapped[Decimal] = mapped_column(Money)
     effective_from: Mapped[datetime]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    provider_id: Mapped[str | None] = mapped_column(ForeignKey("providers.id"))
+    """Who posted it: the cluster's provider (an offer), or None (an admin's price)."""
 
 
 class EgressPrice(Base):
@@ -382,6 +403,8 @@ class EgressPrice(Base):
     price_per_gb: Mapped[Decimal] = mapped_column(Money)
     effective_from: Mapped[datetime]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    provider_id: Mapped[str | None] = mapped_column(ForeignKey("providers.id"))
+    """Who posted it: the source cluster's provider (an offer), or None (an admin's price)."""
 
 
 class Quote(Base):
@@ -623,6 +646,41 @@ class LedgerEntry(Base):
     period_start: Mapped[datetime]
     period_end: Mapped[datetime]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Posting(Base):
+    """One side of a ledger entry in the double-entry books: the tenant's debit (negative), a
+    provider's credit and the platform's. The postings of an entry sum to zero exactly; like
+    the ledger they are append-only in the database (migration 0021)."""
+
+    __tablename__ = "postings"
+    __table_args__ = (
+        Index("ix_postings_party", "account", "party_id", "id"),
+        CheckConstraint("account IN ('tenant', 'provider', 'platform')", name="ck_posting_account"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ledger_id: Mapped[int] = mapped_column(ForeignKey("ledger.id"), index=True)
+    account: Mapped[str] = mapped_column(String(16))  # tenant | provider | platform
+    party_id: Mapped[str | None] = mapped_column(String(36))  # the tenant's or provider's id
+    cluster: Mapped[str] = mapped_column(String(63))  # whose resources (or "platform")
+    kind: Mapped[str] = mapped_column(String(16))  # the entry's: gpu | egress | credit
+    amount: Mapped[Decimal] = mapped_column(Money)
+    at: Mapped[datetime]  # the entry's period end: statements group by it
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Payout(Base):
+    """Money paid out to a provider (an admin's record; append-only like the ledger): a
+    provider's balance is its credits less its payouts, and a payout never exceeds it."""
+
+    __tablename__ = "payouts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    provider_id: Mapped[str] = mapped_column(ForeignKey("providers.id"), index=True)
+    amount: Mapped[Decimal] = mapped_column(Money)
+    reference: Mapped[str] = mapped_column(String(128), default="")
+    at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Replica(Base):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from sqlalchemy import select, update
 
-from controller.money.metering import charge_of, q6
+from controller.money.amounts import q6
+from controller.money.metering import charge_of
 from controller.store.models import Allocation, Cluster, GpuPrice, Job, LedgerEntry, Usage, utcnow
 from grammar.states import JobState
 from tests.controller.world import Net, report

@@ -24,7 +24,8 @@ from decimal import Decimal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.money.metering import _seconds, charge_of, exact_total, q6
+from controller.money.amounts import exact_total, q6
+from controller.money.metering import _seconds, charge_of
 from controller.store.db import is_sqlite, make_engine, make_sessionmaker
 from controller.store.models import (
     Allocation,

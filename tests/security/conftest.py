@@ -189,12 +189,22 @@ class World:
     victim_link: str
     victim_tenant: str
     victim_key: str
+    provider_p: str
+    provider_q: str
+    provider_p_id: str
+    provider_q_id: str
     cluster_x: str = "us-east"
     cluster_y: str = "eu-west"
 
     def token(self, role: str) -> str:
-        """A live key of `role`: tenant A's for tenant, cluster X's for agent."""
-        return {"admin": self.admin, "tenant": self.tenant_a, "agent": self.agent_x}[role]
+        """A live key of `role`: tenant A's for tenant, cluster X's for agent, provider P's
+        for provider."""
+        return {
+            "admin": self.admin,
+            "tenant": self.tenant_a,
+            "agent": self.agent_x,
+            "provider": self.provider_p,
+        }[role]
 
     def path_values(self) -> dict[str, str]:
         """Real objects for every path parameter, so a check reaches auth and not a 404."""
@@ -205,6 +215,7 @@ class World:
             "key_id": self.victim_key,
             "job_id": self.job_a,
             "quote_id": self.quote_a,
+            "provider_id": self.provider_p_id,
         }
 
 
@@ -357,12 +368,20 @@ def _build(live: LiveServer, backend: str, http: httpx.Client) -> World:
     )
     victim_tenant = _ok(call(http, "POST", "/v1/tenants", admin, json={"name": "victim"}), 201)
     victim_key = mint("agent", "victim")
+    providers = {}
+    for name in ("prov-p", "prov-q"):
+        _ok(call(http, "POST", "/v1/clusters", admin, json={"name": name, "region": "r"}), 201)
+        body = {"name": name, "clusters": [name]}
+        providers[name] = _ok(call(http, "POST", "/v1/providers", admin, json=body), 201)["id"]
+    provider_p = mint("provider", providers["prov-p"])["token"]
+    provider_q = mint("provider", providers["prov-q"])["token"]
 
     revoked = {}
     for role, scope, probe in (
         ("admin", None, ("GET", "/v1/clusters")),
         ("tenant", net.tenant_id, ("GET", "/v1/jobs")),
         ("agent", "us-east", ("GET", "/v1/pricing")),
+        ("provider", providers["prov-p"], ("GET", "/v1/pricing")),
     ):
         key = mint(role, scope)
         _ok(call(http, *probe, key["token"]), 200)  # cached as live before it is revoked
@@ -408,6 +427,10 @@ def _build(live: LiveServer, backend: str, http: httpx.Client) -> World:
         victim_link=victim_link[0]["id"],
         victim_tenant=victim_tenant["id"],
         victim_key=victim_key["id"],
+        provider_p=provider_p,
+        provider_q=provider_q,
+        provider_p_id=providers["prov-p"],
+        provider_q_id=providers["prov-q"],
     )
 
 

@@ -24,9 +24,10 @@ They hold no data of their own: their pages read it from the routes checked here
 session cookie standing in for the bearer key. `tests/ui` checks their sign-in, CSRF token,
 sign-out and scoping in a browser."""
 
-ROLES = ("admin", "tenant", "agent")
+ROLES = ("admin", "tenant", "agent", "provider")
 ANY_KEY = frozenset(ROLES)
 TENANT_OR_ADMIN = frozenset({"tenant", "admin"})
+PROVIDER_OR_ADMIN = frozenset({"provider", "admin"})
 ROLE_POLICY: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/agent/heartbeat"): frozenset({"agent"}),
     ("POST", "/v1/agent/links"): frozenset({"agent"}),
@@ -42,6 +43,13 @@ ROLE_POLICY: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/tenants/{tenant_id}/usage"): TENANT_OR_ADMIN,
     ("GET", "/v1/tenants/{tenant_id}/ledger"): TENANT_OR_ADMIN,
     ("GET", "/v1/pricing"): ANY_KEY,
+    ("POST", "/v1/pricing/gpu"): PROVIDER_OR_ADMIN,
+    ("POST", "/v1/pricing/egress"): PROVIDER_OR_ADMIN,
+    ("GET", "/v1/providers/{provider_id}"): PROVIDER_OR_ADMIN,
+    ("GET", "/v1/providers/{provider_id}/clusters"): PROVIDER_OR_ADMIN,
+    ("GET", "/v1/providers/{provider_id}/offers"): PROVIDER_OR_ADMIN,
+    ("GET", "/v1/providers/{provider_id}/statement"): PROVIDER_OR_ADMIN,
+    ("GET", "/v1/providers/{provider_id}/payouts"): PROVIDER_OR_ADMIN,
 }
 """Roles admitted by each non-admin route; every other route admits admins only."""
 

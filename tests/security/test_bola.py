@@ -295,3 +295,99 @@ def test_an_agent_cannot_report_links_for_another_cluster(world: World, http: ht
     own = call(http, "POST", "/v1/agent/links", world.agent_y, json={"cluster": y, "links": [same]})
     assert own.status == 200, f"control: Y cannot report its own links: {own}"
     assert (y, x, 10.0) in _measured(http, world, y)
+
+
+def test_provider_q_gets_a_404_problem_for_everything_of_provider_p(
+    world: World, http: httpx.Client
+) -> None:
+    """Every route that admits providers and names one, with P's id and Q's key: a 404 shaped
+    like the answer for an id that does not exist; P's own key is answered (the control)."""
+    checked = 0
+    for op in documented(world):
+        if "provider" not in op.roles or "provider_id" not in op.params:
+            continue
+        mine = call(
+            http, op.method, op.path({"provider_id": world.provider_p_id}), world.provider_p
+        )
+        assert mine.status == 200, f"control: P cannot read its own {op}: {mine}"
+        theirs = call(
+            http, op.method, op.path({"provider_id": world.provider_p_id}), world.provider_q
+        )
+        nothing = call(http, op.method, op.path({"provider_id": unknown_id()}), world.provider_q)
+        assert_problem(theirs, 404)
+        assert (theirs.status, theirs.body.get("type"), theirs.body.get("title")) == (
+            nothing.status,
+            nothing.body.get("type"),
+            nothing.body.get("title"),
+        ), op
+        assert "prov-p" not in theirs.text, op
+        checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/pricing/gpu",
+            {
+                "cluster": "prov-p",
+                "gpu_model": "A100",
+                "qos_class": "spot",
+                "price_per_gpu_hour": 0,
+            },
+        ),
+        (
+            "/v1/pricing/egress",
+            {"src": "prov-p", "dst": "prov-q", "price_per_gb": 0, "symmetric": False},
+        ),
+        (
+            "/v1/pricing/gpu",
+            {
+                "cluster": "us-east",
+                "gpu_model": "A100",
+                "qos_class": "spot",
+                "price_per_gpu_hour": 0,
+            },
+        ),
+    ],
+)
+def test_a_provider_cannot_price_a_cluster_it_does_not_own(
+    world: World, http: httpx.Client, path: str, body: dict[str, object]
+) -> None:
+    """Q on P's cluster, or on the operator's: a 404 naming the field, as for no cluster."""
+    field = "cluster" if "cluster" in body else "src"
+    assert_problem(call(http, "POST", path, world.provider_q, json=body), 404, field=field)
+
+
+def test_what_a_provider_reads_mentions_no_tenant(world: World, http: httpx.Client) -> None:
+    """Every GET a provider may call, with P's key: no tenant's ids, names or seeded text."""
+    secrets = {
+        world.job_a,
+        world.job_b,
+        world.quote_a,
+        world.tenant_a_id,
+        world.tenant_b_id,
+        A_MARK,
+        B_MARK,
+        "acme",
+        "globex",
+        "prov-q",
+        world.provider_q_id,
+    }
+    read = 0
+    for op in documented(world):
+        if op.method != "GET" or "provider" not in op.roles or op.template == "/v1/pricing":
+            continue
+        answer = call(
+            http,
+            "GET",
+            op.path({"provider_id": world.provider_p_id}),
+            world.provider_p,
+            params={"limit": 500} if "limit" in str(op.spec) else None,
+        )
+        assert answer.status == 200, f"control: P cannot read its own {op}: {answer}"
+        leaked = sorted(s for s in secrets if s in answer.text)
+        assert not leaked, f"{op} shows provider P {leaked}: {answer}"
+        read += 1
+    assert read >= 5

@@ -1,0 +1,319 @@
+"""Resource providers: parties that own clusters, offer them at their own prices and are paid.
+
+Admins create providers, assign them clusters and record payouts; a provider (its own key)
+reads its clusters' utilisation, its offers and its statement, and posts offers through the
+catalogue (`POST /v1/pricing/gpu|egress` on its own clusters). Another provider is a 404.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, TypeVar
+
+from fastapi import APIRouter, Depends, Query, status
+from pydantic import AfterValidator
+from sqlalchemy import select
+
+from agents.protocol import in_utc_range
+from api.deps import AdminDep, SessionDep, require
+from api.pagination import PageDep, fetch_page
+from api.schemas import (
+    EgressPriceOut,
+    GpuPriceOut,
+    Page,
+    PayoutIn,
+    PayoutOut,
+    PricingOut,
+    ProviderClusterOut,
+    ProviderClustersIn,
+    ProviderGpusOut,
+    ProviderIn,
+    ProviderOut,
+    StatementLineOut,
+    StatementOut,
+)
+from controller.access.keys import Principal
+from controller.access.tenancy import find_provider
+from controller.money import settlement
+from controller.money.amounts import q6
+from controller.network import resources
+from controller.store.db import lock_for_update
+from controller.store.models import Cluster, EgressPrice, GpuPrice, Payout, Provider, utcnow
+from controller.values.errors import Conflict, Invalid, NotFound
+
+router = APIRouter(prefix="/v1/providers", tags=["providers"])
+ProviderReader = Annotated[Principal, Depends(require("provider", "admin"))]
+"""A provider (scoped to itself) or an admin."""
+AtTime = Annotated[datetime, AfterValidator(in_utc_range)]
+
+
+def visible(session: SessionDep, ref: str, principal: Principal, *, lock: bool = False) -> Provider:
+    """The provider a path names by id or name, if the caller may read it (another's: 404);
+    with `lock`, its row is held until the transaction ends (payouts, ownership)."""
+    if lock:
+        lock_for_update(session)
+    provider = find_provider(session, ref, lock=lock)
+    if provider is None or (principal.role == "provider" and principal.scope != provider.id):
+        raise NotFound(
+            f"no provider {ref!r} (an id or a name); admins list them with GET /v1/providers",
+            field="provider_id",
+        )
+    return provider
+
+
+def _out(session: SessionDep, provider: Provider) -> ProviderOut:
+    names = session.scalars(
+        select(Cluster.name).where(Cluster.provider_id == provider.id).order_by(Cluster.name)
+    ).all()
+    return ProviderOut(
+        id=provider.id,
+        name=provider.name,
+        fee_rate=float(provider.fee_rate),
+        clusters=list(names),
+        balance=str(settlement.balance(session, provider.id)),
+        created_at=provider.created_at,
+    )
+
+
+def _assign(session: SessionDep, provider: Provider, names: list[str]) -> None:
+    """Make `names` exactly the clusters `provider` owns; a cluster another provider owns is
+    a 409 (that provider must be relieved of it first)."""
+    wanted = {resources.get_cluster(session, n, for_update=True).name for n in names}
+    for cluster in session.scalars(
+        select(Cluster).where((Cluster.name.in_(wanted)) | (Cluster.provider_id == provider.id))
+    ):
+        if cluster.name in wanted:
+            if cluster.provider_id not in (None, provider.id):
+                raise Conflict(
+                    f"cluster {cluster.name!r} belongs to another provider; take it from that "
+                    "provider first (PUT /v1/providers/{id}/clusters)",
+                    field="clusters",
+                )
+            cluster.provider_id = provider.id
+        else:
+            cluster.provider_id = None
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ProviderOut)
+def create_provider(body: ProviderIn, session: SessionDep, admin: AdminDep) -> ProviderOut:
+    """Create a provider, with the platform's fee on its sales and the clusters it owns; mint
+    its key with POST /v1/api-keys (role `provider`, scope its name)."""
+    if session.scalar(select(Provider.id).where(Provider.name == body.name)):
+        raise Conflict(f"a provider named {body.name!r} exists; pick another name", field="name")
+    provider = Provider(name=body.name, fee_rate=Decimal(str(body.fee_rate)))
+    session.add(provider)
+    session.flush()
+    _assign(session, provider, body.clusters)
+    resources.audit(
+        session, admin.key_id, "provider.create", "provider", provider.id, **body.model_dump()
+    )
+    session.commit()
+    return _out(session, provider)
+
+
+@router.get("", response_model=Page[ProviderOut])
+def list_providers(session: SessionDep, _: AdminDep, page: PageDep) -> Page[ProviderOut]:
+    """Every provider with its clusters and what it is owed: the admins' market view."""
+    items, total = fetch_page(session, select(Provider).order_by(Provider.name), page)
+    return Page(
+        items=[_out(session, p) for p in items], total=total, limit=page.limit, offset=page.offset
+    )
+
+
+@router.get("/{provider_id}", response_model=ProviderOut)
+def get_provider(provider_id: str, session: SessionDep, who: ProviderReader) -> ProviderOut:
+    return _out(session, visible(session, provider_id, who))
+
+
+@router.put("/{provider_id}/clusters", response_model=ProviderOut)
+def set_clusters(
+    provider_id: str, body: ProviderClustersIn, session: SessionDep, admin: AdminDep
+) -> ProviderOut:
+    """Set the clusters a provider owns. Prices already in the catalogue stay until the new
+    owner posts its own; charges are credited to whoever owns a cluster when they are priced."""
+    provider = visible(session, provider_id, admin, lock=True)
+    _assign(session, provider, body.clusters)
+    resources.audit(
+        session, admin.key_id, "provider.clusters", "provider", provider.id, clusters=body.clusters
+    )
+    session.commit()
+    return _out(session, provider)
+
+
+@router.get("/{provider_id}/clusters", response_model=list[ProviderClusterOut])
+def provider_clusters(
+    provider_id: str, session: SessionDep, who: ProviderReader
+) -> list[ProviderClusterOut]:
+    """The provider's clusters, their GPUs and how many are in use now."""
+    provider = visible(session, provider_id, who)
+    out = []
+    for c in session.scalars(
+        select(Cluster).where(Cluster.provider_id == provider.id).order_by(Cluster.name)
+    ):
+        gpus = [
+            ProviderGpusOut(
+                model=g.model, count=g.count, allocatable=g.allocatable, in_use=g.in_use
+            )
+            for g in c.gpus
+            if not g.missing
+        ]
+        allocatable = sum(g.allocatable for g in gpus)
+        out.append(
+            ProviderClusterOut(
+                name=c.name,
+                region=c.region,
+                state=c.state.value,
+                cordoned=c.cordoned,
+                gpus=gpus,
+                utilization=sum(g.in_use for g in gpus) / allocatable if allocatable else None,
+            )
+        )
+    return out
+
+
+@router.get("/{provider_id}/offers", response_model=PricingOut)
+def offers(provider_id: str, session: SessionDep, who: ProviderReader) -> PricingOut:
+    """Every price row of the provider's clusters in effect now or later, oldest first: its
+    offers (and the operator's prices it has not replaced yet)."""
+    provider = visible(session, provider_id, who)
+    now = utcnow()
+    clusters = dict(
+        session.execute(
+            select(Cluster.id, Cluster.name).where(Cluster.provider_id == provider.id)
+        ).all()
+    )
+    names = dict(session.execute(select(Provider.id, Provider.name)).all())
+    gpu: dict[tuple[str, str, str], list[GpuPrice]] = {}
+    for row in session.scalars(
+        select(GpuPrice)
+        .where(GpuPrice.cluster_id.in_(clusters))
+        .order_by(GpuPrice.effective_from, GpuPrice.id)
+    ):
+        gpu.setdefault((row.cluster_id, row.gpu_model, row.qos_class), []).append(row)
+    egress: dict[tuple[str, str], list[EgressPrice]] = {}
+    for e in session.scalars(
+        select(EgressPrice)
+        .where(EgressPrice.src_cluster_id.in_(clusters))
+        .order_by(EgressPrice.effective_from, EgressPrice.id)
+    ):
+        egress.setdefault((e.src_cluster_id, e.dst_cluster_id), []).append(e)
+    dst_names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
+    return PricingOut(
+        at=now,
+        gpu=[
+            GpuPriceOut(
+                cluster=clusters[r.cluster_id],
+                gpu_model=r.gpu_model,
+                qos_class=r.qos_class,
+                price_per_gpu_hour=float(r.price_per_gpu_hour),
+                effective_from=r.effective_from,
+                provider=names.get(r.provider_id) if r.provider_id else None,
+            )
+            for rows in gpu.values()
+            for r in _current_and_later(rows, now)
+        ],
+        egress=[
+            EgressPriceOut(
+                src=clusters[e.src_cluster_id],
+                dst=dst_names.get(e.dst_cluster_id, e.dst_cluster_id),
+                price_per_gb=float(e.price_per_gb),
+                effective_from=e.effective_from,
+                provider=names.get(e.provider_id) if e.provider_id else None,
+            )
+            for rows in egress.values()
+            for e in _current_and_later(rows, now)
+        ],
+    )
+
+
+Row = TypeVar("Row", GpuPrice, EgressPrice)
+
+
+def _current_and_later(rows: list[Row], now: datetime) -> list[Row]:
+    """The row in effect at `now` (the last one from before) and every one after it."""
+    past = [r for r in rows if r.effective_from <= now]
+    return past[-1:] + [r for r in rows if r.effective_from > now]
+
+
+@router.get("/{provider_id}/statement", response_model=StatementOut)
+def statement(
+    provider_id: str,
+    session: SessionDep,
+    who: ProviderReader,
+    start: Annotated[AtTime | None, Query(description="From (UTC); the start if left out.")] = (
+        None
+    ),
+    end: Annotated[AtTime | None, Query(description="Until (UTC, excluded); now if left out.")] = (
+        None
+    ),
+) -> StatementOut:
+    """What the provider earned in [start, end): gross, the platform's fee and net per
+    cluster and kind, exact decimals; its payouts in the period and its balance now."""
+    for name, value in (("start", start), ("end", end)):
+        if value is not None and value.tzinfo is None:
+            raise Invalid(f"give {name} with a timezone, e.g. ...Z", field=name)
+    until = end or utcnow()
+    if start is not None and start >= until:
+        raise Invalid("start must be before end", field="start")
+    provider = visible(session, provider_id, who)
+    st = settlement.statement(session, provider, start, until)
+    return StatementOut(
+        provider=st.provider,
+        start=st.start,
+        end=st.end,
+        lines=[
+            StatementLineOut(
+                cluster=x.cluster, kind=x.kind, gross=str(x.gross), fee=str(x.fee), net=str(x.net)
+            )
+            for x in st.lines
+        ],
+        gross=str(st.gross),
+        fee=str(st.fee),
+        net=str(st.net),
+        paid=str(st.paid),
+        balance=str(st.balance),
+    )
+
+
+@router.post(
+    "/{provider_id}/payouts", status_code=status.HTTP_201_CREATED, response_model=PayoutOut
+)
+def pay_out(provider_id: str, body: PayoutIn, session: SessionDep, admin: AdminDep) -> PayoutOut:
+    """Record money paid to the provider; never more than it is owed (409)."""
+    provider = visible(session, provider_id, admin, lock=True)
+    amount = Decimal(body.amount)
+    if amount <= 0:
+        raise Invalid("amount must be more than 0", field="amount")
+    payout = settlement.pay_out(session, provider, amount, body.reference, None)
+    resources.audit(
+        session, admin.key_id, "provider.payout", "provider", provider.id, amount=str(amount)
+    )
+    session.commit()
+    return PayoutOut(
+        id=payout.id, amount=str(payout.amount), reference=payout.reference, at=payout.at
+    )
+
+
+@router.get("/{provider_id}/payouts", response_model=Page[PayoutOut])
+def payouts(
+    provider_id: str, session: SessionDep, who: ProviderReader, page: PageDep
+) -> Page[PayoutOut]:
+    """The provider's payouts, newest first."""
+    provider = visible(session, provider_id, who)
+    items, total = fetch_page(
+        session,
+        select(Payout).where(Payout.provider_id == provider.id).order_by(Payout.id.desc()),
+        page,
+    )
+    return Page(
+        items=[
+            PayoutOut(
+                id=p.id, amount=str(q6(Decimal(str(p.amount)))), reference=p.reference, at=p.at
+            )
+            for p in items
+        ],
+        total=total,
+        limit=page.limit,
+        offset=page.offset,
+    )

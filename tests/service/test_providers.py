@@ -1,0 +1,298 @@
+"""Resource providers (issue 52): offers on their own clusters, double-entry settlement, exact
+statements and payouts, on a real server over SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError
+
+from api.client import ApiError, Client
+from controller.jobs import lifecycle
+from controller.money import settlement
+from controller.money.amounts import q6
+from controller.money.metering import meter_allocations, meter_wan, price_usage
+from controller.network.allocations import Slot, release, reserve
+from controller.store.db import make_engine, make_sessionmaker
+from controller.store.models import Job, LedgerEntry, Payout, Posting
+from grammar.states import JobState
+from tests.service.conftest import Network, spec
+
+
+def refused(call: Any, status: int) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        call()
+    assert caught.value.status == status, caught.value
+    return caught.value
+
+
+def names(err: ApiError, field: str) -> bool:
+    """The problem names `field` (in its errors, or its detail)."""
+    return field in json.dumps(err.errors) or field in err.detail
+
+
+def _provider(network: Network, name: str, clusters: list[str], fee: float) -> tuple[str, Client]:
+    made = network.admin.post(
+        "/v1/providers", {"name": name, "fee_rate": fee, "clusters": clusters}
+    )
+    token = network.admin.create_api_key("provider", name)["token"]
+    return made["id"], network.server.client(token)
+
+
+def test_a_provider_prices_its_own_clusters_and_no_one_elses(network: Network) -> None:
+    pid, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    try:
+        # the operator no longer prices a provider's cluster; the provider does
+        err = refused(
+            lambda: network.admin.post(
+                "/v1/pricing/gpu",
+                {
+                    "cluster": "us-east",
+                    "gpu_model": "A100",
+                    "qos_class": "standard",
+                    "price_per_gpu_hour": 1.0,
+                },
+            ),
+            409,
+        )
+        assert "dc-east" in err.detail
+        offer = prov.post(
+            "/v1/pricing/gpu",
+            {
+                "cluster": "us-east",
+                "gpu_model": "A100",
+                "qos_class": "standard",
+                "price_per_gpu_hour": 2.25,
+            },
+        )
+        assert offer["provider"] == "dc-east"
+        refused(
+            lambda: prov.post(
+                "/v1/pricing/gpu",
+                {
+                    "cluster": "eu-west",
+                    "gpu_model": "H100",
+                    "qos_class": "standard",
+                    "price_per_gpu_hour": 0.01,
+                },
+            ),
+            404,
+        )
+        # egress leaves its own uplink only; the way back is eu-west's owner's to price
+        err = refused(
+            lambda: prov.post(
+                "/v1/pricing/egress", {"src": "us-east", "dst": "eu-west", "price_per_gb": 0.03}
+            ),
+            422,
+        )
+        assert names(err, "symmetric")
+        prov.post(
+            "/v1/pricing/egress",
+            {"src": "us-east", "dst": "eu-west", "price_per_gb": 0.03, "symmetric": False},
+        )
+        pricing = network.tenant.get("/v1/pricing")
+        rows = {(p["cluster"], p["qos_class"]): p for p in pricing["gpu"]}
+        assert rows[("us-east", "standard")]["price_per_gpu_hour"] == 2.25
+        assert rows[("us-east", "standard")]["provider"] == "dc-east"
+        assert rows[("eu-west", "standard")]["provider"] is None
+        offers = prov.get(f"/v1/providers/{pid}/offers")
+        assert {o["cluster"] for o in offers["gpu"]} == {"us-east"}
+        # its own offer replaced the operator's price to eu-west; the one to ap-south stays
+        assert sorted((e["src"], e["dst"], e["provider"]) for e in offers["egress"]) == [
+            ("us-east", "ap-south", None),
+            ("us-east", "eu-west", "dc-east"),
+        ]
+        clusters = prov.get(f"/v1/providers/{pid}/clusters")
+        assert [(c["name"], c["gpus"][0]["allocatable"], c["utilization"]) for c in clusters] == [
+            ("us-east", 8, 0.0)
+        ]
+        # a cluster has one owner
+        err = refused(
+            lambda: network.admin.post(
+                "/v1/providers", {"name": "dc-two", "clusters": ["us-east"]}
+            ),
+            409,
+        )
+        assert names(err, "clusters")
+    finally:
+        prov.close()
+
+
+def _run_and_bill(network: Network) -> str:
+    """A job on the provider's us-east (3 A100) and the operator's eu-west (1 H100), billed
+    for a second, with WAN bytes both ways: what settlement splits."""
+    job_out = network.tenant.post("/v1/jobs", spec(gpus=4, qos={"qos_class": "standard"}))
+    sessions = make_sessionmaker(make_engine(network.server.database_url))
+    with sessions() as s, s.begin():
+        job = s.get(Job, job_out["id"])
+        assert job is not None
+        reserve(s, job, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
+        lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
+        lifecycle.transition(s, job, JobState.RUNNING, "launched")
+    started = datetime.now(UTC)
+    while datetime.now(UTC) < started + timedelta(seconds=0.5):
+        threading.Event().wait(0.05)
+    with sessions() as s, s.begin():
+        job = s.get(Job, job_out["id"])
+        assert job is not None
+        meter_wan(
+            s,
+            job,
+            {("us-east", "eu-west"): 3_000_000_007, ("eu-west", "us-east"): 1_500_003},
+            started,
+            datetime.now(UTC),
+        )
+        assert release(s, job) == 4
+        meter_allocations(s, job)
+        price_usage(s, job.id)
+    return str(job_out["id"])
+
+
+def test_every_charge_is_split_exactly_between_provider_and_platform(network: Network) -> None:
+    pid, prov = _provider(network, "dc-east", ["us-east"], 0.125)
+    try:
+        prov.post(
+            "/v1/pricing/egress",
+            {"src": "us-east", "dst": "eu-west", "price_per_gb": 0.037, "symmetric": False},
+        )
+        job_id = _run_and_bill(network)
+        sessions = make_sessionmaker(make_engine(network.server.database_url))
+        with sessions() as s:
+            assert settlement.unbalanced(s) == []
+            entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_id)).all()
+            theirs = [e for e in entries if e.description.endswith("on us-east (standard)")]
+            theirs += [e for e in entries if e.description == "WAN us-east -> eu-west"]
+            assert len(theirs) == 2 and len(entries) == 4
+            credits = s.scalars(
+                select(Posting).where(Posting.account == "provider", Posting.party_id == pid)
+            ).all()
+            assert sorted(p.ledger_id for p in credits) == sorted(e.id for e in theirs)
+            for e in theirs:  # the provider's part: the charge less the fee, to the micro-dollar
+                net = next(Decimal(str(p.amount)) for p in credits if p.ledger_id == e.id)
+                assert net == q6(Decimal(str(e.amount)) * Decimal("0.875"))
+            gross = sum((q6(Decimal(str(e.amount))) for e in theirs), Decimal(0))
+            earned = sum((q6(Decimal(str(p.amount))) for p in credits), Decimal(0))
+        st = prov.get(f"/v1/providers/{pid}/statement")
+        assert Decimal(st["gross"]) == gross and Decimal(st["net"]) == earned
+        assert Decimal(st["fee"]) == gross - earned and Decimal(st["balance"]) == earned
+        assert {(x["cluster"], x["kind"]) for x in st["lines"]} == {
+            ("us-east", "gpu"),
+            ("us-east", "egress"),
+        }
+        # the operator's eu-west charges and the platform's fee make up the rest
+        ledger = network.tenant.get(f"/v1/tenants/{network.tenant_id}/ledger")
+        assert Decimal(ledger["total"]) > gross
+        # a period before the job holds nothing, its balance is still what is owed
+        early = prov.get(
+            f"/v1/providers/{pid}/statement",
+            end=(datetime.now(UTC) - timedelta(hours=1)).isoformat(),
+        )
+        assert early["lines"] == [] and Decimal(early["balance"]) == earned
+
+        refused(
+            lambda: network.admin.post(
+                f"/v1/providers/{pid}/payouts", {"amount": str(earned + Decimal("0.000001"))}
+            ),
+            409,
+        )
+        half = q6(earned / 2)
+        paid = network.admin.post(
+            f"/v1/providers/{pid}/payouts", {"amount": str(half), "reference": "wire 1"}
+        )
+        assert Decimal(paid["amount"]) == half
+        after = prov.get(f"/v1/providers/{pid}/statement")
+        assert Decimal(after["balance"]) == earned - half and Decimal(after["paid"]) == half
+        assert [p["reference"] for p in prov.get(f"/v1/providers/{pid}/payouts")["items"]] == [
+            "wire 1"
+        ]
+        listed = network.admin.get("/v1/providers")["items"]
+        assert [(p["name"], Decimal(p["balance"])) for p in listed] == [("dc-east", earned - half)]
+    finally:
+        prov.close()
+
+
+def test_postings_and_payouts_are_append_only(network: Network) -> None:
+    pid, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    prov.close()
+    _run_and_bill(network)
+    network.admin.post(f"/v1/providers/{pid}/payouts", {"amount": "0.000001"})
+    engine = make_engine(network.server.database_url)
+    for table in ("postings", "payouts"):
+        for statement in (f"UPDATE {table} SET amount = 0", f"DELETE FROM {table}"):
+            with pytest.raises(DBAPIError, match="append-only"), engine.begin() as conn:
+                conn.execute(text(statement))
+    engine.dispose()
+
+
+def test_concurrent_payouts_never_pay_more_than_is_owed(network: Network) -> None:
+    """Two admins pay out at once, each more than half of the balance: one is refused (409),
+    on PostgreSQL by the provider's row lock, on SQLite by its write lock."""
+    pid, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    prov.close()
+    _run_and_bill(network)
+    owed = Decimal(network.admin.get(f"/v1/providers/{pid}")["balance"])
+    amount = q6(owed * Decimal("0.6"))
+    barrier = threading.Barrier(2)
+    statuses: list[int] = []
+
+    def pay() -> None:
+        with network.server.client(network.server.admin_token) as admin:
+            barrier.wait()
+            try:
+                admin.post(f"/v1/providers/{pid}/payouts", {"amount": str(amount)})
+                statuses.append(201)
+            except ApiError as exc:
+                statuses.append(exc.status)
+
+    threads = [threading.Thread(target=pay) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(statuses) == [201, 409]
+    sessions = make_sessionmaker(make_engine(network.server.database_url))
+    with sessions() as s:
+        paid = [Decimal(str(a)) for a in s.scalars(select(Payout.amount))]
+        assert paid == [amount]
+        assert settlement.balance(s, pid) == owed - amount
+
+
+def test_bad_offers_and_providers_are_refused_naming_the_field(network: Network) -> None:
+    for body, field in (
+        ({"name": "Bad Name"}, "name"),
+        ({"name": "ok", "fee_rate": 1.0}, "fee_rate"),
+        ({"name": "ok", "fee_rate": -0.1}, "fee_rate"),
+        ({"name": "ok", "clusters": ["nowhere"]}, "cluster"),
+    ):
+        status = 404 if field == "cluster" else 422
+        err = refused(lambda b=body: network.admin.post("/v1/providers", b), status)
+        assert names(err, field), (body, err)
+    pid, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    try:
+        for amount in ("-1", "1.0000001", "abc", "0"):
+            err = refused(
+                lambda a=amount: network.admin.post(f"/v1/providers/{pid}/payouts", {"amount": a}),
+                422,
+            )
+            assert names(err, "amount")
+        err = refused(
+            lambda: prov.post(
+                "/v1/pricing/gpu",
+                {
+                    "cluster": "us-east",
+                    "gpu_model": "A100",
+                    "qos_class": "standard",
+                    "price_per_gpu_hour": -2,
+                },
+            ),
+            422,
+        )
+        assert names(err, "price_per_gpu_hour")
+    finally:
+        prov.close()
