@@ -41,6 +41,9 @@ class Cluster:
     setup_s: float | None = None
     """Seconds a run spends here outside its steps (launch, set-up, first-step compilation,
     checkpoints, evaluation, the drain), fitted from observed runs; None: the snapshot's."""
+    provider: str | None = None
+    """The party whose offer its prices are (a quote names each party's part); None: the
+    operator's own cluster."""
 
     def __post_init__(self) -> None:
         if self.setup_s is not None and not 0 <= self.setup_s < 86400:

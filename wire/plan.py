@@ -105,6 +105,9 @@ class PlanEstimate(_Value):
         return self.wan_bytes / 1e9
 
 
+PARTY_HELP = "The provider whose offer it is; absent: the operator's price."
+
+
 class GpuCharge(_Value):
     cluster: str
     gpu_model: str | None = None
@@ -112,6 +115,7 @@ class GpuCharge(_Value):
     gpu_hours: float
     price_per_gpu_hour: float
     amount: float
+    provider: str | None = Field(default=None, description=PARTY_HELP)
 
 
 class EgressCharge(_Value):
@@ -119,6 +123,16 @@ class EgressCharge(_Value):
     dst: str
     gb: float
     price_per_gb: float
+    amount: float
+    provider: str | None = Field(
+        default=None, description=PARTY_HELP + " Egress is the source cluster's owner's."
+    )
+
+
+class PartyShare(_Value):
+    """What one party's resources come to in a quote: a provider, or the operator (None)."""
+
+    provider: str | None = None
     amount: float
 
 
@@ -129,6 +143,17 @@ class PriceBreakdown(_Value):
     gpu: tuple[GpuCharge, ...] = ()
     egress: tuple[EgressCharge, ...] = ()
     currency: str = "USD"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def parties(self) -> tuple[PartyShare, ...]:
+        """Each party's part of the total (the operator's first), from the lines."""
+        by: dict[str | None, float] = {}
+        lines: list[GpuCharge | EgressCharge] = [*self.gpu, *self.egress]
+        for line in lines:
+            by[line.provider] = by.get(line.provider, 0.0) + line.amount
+        order = sorted(by, key=lambda p: (p is not None, p or ""))
+        return tuple(PartyShare(provider=p, amount=round(by[p], 6)) for p in order)
 
 
 class StageShare(_Value):

@@ -11,7 +11,20 @@ from typing import Any
 
 import typer
 
-from api.cli import admin, agent, apply, contexts, db, demo, jobs, plan, serve, testbed, train
+from api.cli import (
+    admin,
+    agent,
+    apply,
+    contexts,
+    db,
+    demo,
+    jobs,
+    plan,
+    providers,
+    serve,
+    testbed,
+    train,
+)
 from api.cli.errors import usage_error
 
 app = typer.Typer(
@@ -52,7 +65,20 @@ def version() -> None:
     print(VERSION)
 
 
-for module in (serve, db, agent, admin, apply, jobs, plan, train, demo, testbed, contexts):
+for module in (
+    serve,
+    db,
+    agent,
+    admin,
+    providers,
+    apply,
+    jobs,
+    plan,
+    train,
+    demo,
+    testbed,
+    contexts,
+):
     module.register(app)
 
 

@@ -206,7 +206,7 @@ def _flag(verb: str) -> Callable[..., None]:
     return command
 
 
-ROLES = ("admin", "tenant", "agent")
+ROLES = ("admin", "tenant", "agent", "provider")
 
 
 def keys_table(keys: list[dict[str, Any]], wide: bool = False) -> Table:
@@ -230,7 +230,7 @@ def keys_table(keys: list[dict[str, Any]], wide: bool = False) -> Table:
 
 
 def keys_create(
-    role: str = typer.Option(..., "--role", help="admin | tenant | agent."),
+    role: str = typer.Option(..., "--role", help="admin | tenant | agent | provider."),
     scope: str | None = typer.Option(
         None, "--scope", help="Tenant id or name (tenant keys), cluster name (agent keys)."
     ),
@@ -247,7 +247,7 @@ def keys_create(
     from api.cli.jobs import connected
 
     if role not in ROLES:
-        raise fail("admin keys create", "--role", f"{role!r}: use admin, tenant or agent")
+        raise fail("admin keys create", "--role", f"{role!r}: use admin, tenant, agent or provider")
     with connected("admin keys create", url, token) as client:
         key = client.create_api_key(role, scope, name, expires_at)
     if quiet:
@@ -271,7 +271,7 @@ def keys_list(
     """List API keys (never their secrets), revoked ones with their revocation time."""
     fmt = chosen("admin keys list", output, as_json)
     if role is not None and role not in ROLES:
-        raise fail("admin keys list", "--role", f"{role!r}: use admin, tenant or agent")
+        raise fail("admin keys list", "--role", f"{role!r}: use admin, tenant, agent or provider")
     _show(
         "admin keys list",
         url,

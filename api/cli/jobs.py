@@ -150,9 +150,21 @@ def quote_table(quote: dict[str, Any]) -> Table:
             str(o["sync"]),
             _duration(o["estimate"]["total_time_s"]),
             f"{o['estimate']['wan_gb']:.2f}",
-            f"{price['total']:.2f} {price.get('currency', '')}".strip(),
+            f"{price['total']:.2f} {price.get('currency', '')}".strip() + _parties(price),
         )
     return table
+
+
+def _parties(price: dict[str, Any]) -> str:
+    """Each provider's part of a quoted price, when a provider's offer is in it."""
+    parties = price.get("parties") or []
+    if not any(p.get("provider") for p in parties):
+        return ""
+    return (
+        " ("
+        + ", ".join(f"{p.get('provider') or 'operator'} {p['amount']:.2f}" for p in parties)
+        + ")"
+    )
 
 
 def jobs_table(jobs: list[dict[str, Any]], with_tenant: bool, wide: bool = False) -> Table:
@@ -489,7 +501,10 @@ def pricing(
         prices = client.pricing()
 
     def render(p: dict[str, Any]) -> list[Table]:
-        gpu = _table("GPU prices per hour", ("cluster", "GPU model", "class", "price", "since"))
+        gpu = _table(
+            "GPU prices per hour",
+            ("cluster", "GPU model", "class", "price", "since", "offered by"),
+        )
         for g in p["gpu"]:
             gpu.add_row(
                 g["cluster"],
@@ -497,10 +512,17 @@ def pricing(
                 g["qos_class"],
                 f"{g['price_per_gpu_hour']:.4f}",
                 g["effective_from"][:19],
+                g.get("provider") or "operator",
             )
-        egress = _table("Egress prices per GB", ("from", "to", "price", "since"))
+        egress = _table("Egress prices per GB", ("from", "to", "price", "since", "offered by"))
         for e in p["egress"]:
-            egress.add_row(e["src"], e["dst"], f"{e['price_per_gb']:.4f}", e["effective_from"][:19])
+            egress.add_row(
+                e["src"],
+                e["dst"],
+                f"{e['price_per_gb']:.4f}",
+                e["effective_from"][:19],
+                e.get("provider") or "operator",
+            )
         return [gpu, egress]
 
     _show(fmt, prices, lambda p, _wide: render(p))

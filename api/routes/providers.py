@@ -46,13 +46,18 @@ router = APIRouter(prefix="/v1/providers", tags=["providers"])
 ProviderReader = Annotated[Principal, Depends(require("provider", "admin"))]
 """A provider (scoped to itself) or an admin."""
 AtTime = Annotated[datetime, AfterValidator(in_utc_range)]
+ME = "me"
+"""What a provider's key may call itself in a path: `GET /v1/providers/me/statement`."""
 
 
 def visible(session: SessionDep, ref: str, principal: Principal, *, lock: bool = False) -> Provider:
-    """The provider a path names by id or name, if the caller may read it (another's: 404);
+    """The provider a path names by id, name or `me` (a provider's key), if the caller may
+    read it (another's: 404);
     with `lock`, its row is held until the transaction ends (payouts, ownership)."""
     if lock:
         lock_for_update(session)
+    if ref == ME and principal.role == "provider" and principal.scope:
+        ref = principal.scope
     provider = find_provider(session, ref, lock=lock)
     if provider is None or (principal.role == "provider" and principal.scope != provider.id):
         raise NotFound(

@@ -24,6 +24,7 @@ from controller.store.models import (
     Job,
     JobMetric,
     Link,
+    Provider,
     Tenant,
     WanPort,
     utcnow,
@@ -178,8 +179,10 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
             Cluster.labels,
             Cluster.state,
             Cluster.cordoned,
+            Cluster.provider_id,
         )
     ).all()
+    parties = dict(session.execute(select(Provider.id, Provider.name)).all())
     out: list[scheduler.Cluster] = []
     names: dict[str, list[str]] = {}
     origins: dict[str, tuple[str, str]] = {}
@@ -211,6 +214,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     cordoned=c.cordoned,
                     gpu_tflops=tflops,
                     setup_s=setups.get(c.name),
+                    provider=parties.get(c.provider_id) if c.provider_id else None,
                 )
             )
     cluster_names = {c.id: (c.name, c.labels) for c in clusters}

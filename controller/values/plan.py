@@ -194,6 +194,7 @@ def pipeline_estimate(
             gpu_hours=round(k * hours, 6),
             price_per_gpu_hour=snapshot.by_name[n].price(qos_class),
             amount=round(k * hours * snapshot.by_name[n].price(qos_class), 6),
+            provider=snapshot.by_name[n].provider,
         )
         for n, k in gpus.items()
     )
@@ -204,7 +205,8 @@ def pipeline_estimate(
         gb = nbytes * est.steps / 1e9
         egress.append(
             EgressCharge(src=real.get(a, a), dst=real.get(b, b), gb=round(gb, 9),
-                         price_per_gb=price_gb, amount=round(gb * price_gb, 6))
+                         price_per_gb=price_gb, amount=round(gb * price_gb, 6),
+                         provider=_party(snapshot, a))
         )  # fmt: skip
     compute = max(w.compute_s for w in work)
     cost = sum(g.amount for g in gpu) + sum(e.amount for e in egress)
@@ -226,6 +228,12 @@ def pipeline_estimate(
         + ("" if act else " (activation size unknown: WAN not counted)")
     )
     return estimate, PriceBreakdown(total=round(cost, 6), gpu=gpu, egress=tuple(egress)), why
+
+
+def _party(snapshot: scheduler.Snapshot, name: str) -> str | None:
+    """The provider of the cluster `name` (the snapshot's), whose uplink egress leaves by."""
+    cluster = snapshot.by_name.get(name)
+    return cluster.provider if cluster is not None else None
 
 
 def wan_kbps(estimate: PlanEstimate, shares: Sequence[Share]) -> dict[str, int]:
@@ -305,6 +313,7 @@ def plan_of(
                 gpu_hours=round(a.gpus * hours, 6),
                 price_per_gpu_hour=price,
                 amount=round(a.gpus * hours * price, 6),
+                provider=planned.provider,
             )
         )
     egress = []
@@ -325,6 +334,7 @@ def plan_of(
                     gb=round(per_edge / 1e9, 9),
                     price_per_gb=price_gb,
                     amount=round(per_edge / 1e9 * price_gb, 6),
+                    provider=_party(snapshot, a_name),
                 )
             )
     parallel = (

@@ -296,3 +296,51 @@ def test_bad_offers_and_providers_are_refused_naming_the_field(network: Network)
         assert names(err, "price_per_gpu_hour")
     finally:
         prov.close()
+
+
+def test_the_cli_serves_admins_and_providers(network: Network) -> None:
+    """`cpn providers`: an admin creates one and pays it; the provider reads its own
+    statement, clusters and offers as `me`; a bad payout is one line naming the problem."""
+    from tests.service.test_cli_jobs import cpn
+
+    made = cpn(network, network.admin, "providers", "create", "dc-east", "--fee", "0.2",
+               "--cluster", "us-east", "--json")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    pid = json.loads(made.stdout)["id"]
+    token = network.admin.create_api_key("provider", "dc-east")["token"]
+    _run_and_bill(network)
+    with network.server.client(token) as prov:
+        st = cpn(network, prov, "providers", "statement", "--json")
+        assert st.returncode == 0, st.stderr
+        owed = Decimal(json.loads(st.stdout)["balance"])
+        assert owed > 0
+        table = cpn(network, prov, "providers", "statement")
+        assert "us-east" in table.stdout and str(owed) in table.stdout
+        shown = cpn(network, prov, "providers", "clusters")
+        assert "us-east" in shown.stdout and "8x A100" in shown.stdout
+        assert "us-east" in cpn(network, prov, "providers", "offers").stdout
+        other = cpn(network, prov, "providers", "statement", "nobody")
+        assert other.returncode == 1 and other.stderr.count("\n") == 1
+        assert other.stderr.startswith("cpn providers statement: error: 404")
+    too_much = cpn(network, network.admin, "providers", "pay", "dc-east", str(owed + 1))
+    assert too_much.returncode == 1 and "409" in too_much.stderr
+    paid = cpn(network, network.admin, "providers", "pay", "dc-east", str(owed), "--reference", "x")
+    assert paid.returncode == 0, paid.stderr
+    listed = cpn(network, network.admin, "providers", "list", "--json")
+    assert [(p["id"], p["balance"]) for p in json.loads(listed.stdout)] == [(pid, "0.000000")]
+
+
+def test_a_quote_names_each_providers_part(network: Network) -> None:
+    """The cheapest option of an 8-GPU job on a provider's L4s: its GPU lines name the
+    provider, and the parts add up to the total."""
+    _provider(network, "dc-south", ["ap-south"], 0.1)[1].close()
+    quote = network.tenant.post("/v1/quotes", spec(gpus=8, steps=200))
+    for option in quote["options"]:
+        price = option["price"]
+        owners = {g["cluster"]: g.get("provider") for g in price["gpu"]}
+        assert all((p == "dc-south") == (c == "ap-south") for c, p in owners.items()), owners
+        parts = {p["provider"]: p["amount"] for p in price["parties"]}
+        assert set(parts) == set(owners.values()) | {e.get("provider") for e in price["egress"]}
+        assert abs(sum(parts.values()) - price["total"]) < 1e-5
+    cheapest = next(o for o in quote["options"] if o["objective"] == "cost")
+    assert "dc-south" in {p["provider"] for p in cheapest["price"]["parties"]}
