@@ -479,3 +479,29 @@ class PayoutOut(BaseModel):
     amount: str
     reference: str
     at: datetime
+
+
+class SlaIn(_In):
+    cluster: PlainText = Field(min_length=1, max_length=63)
+    uptime: float | None = Field(
+        default=None, gt=0, le=1, description="The fraction of the time the cluster is up."
+    )
+    uplink_gbps: float | None = Field(
+        default=None, gt=0, le=100_000, description="What the cluster's uplink carries."
+    )
+    credit_rate: float = Field(
+        gt=0,
+        le=1,
+        description="The share of a run's charges on the cluster refunded when it gets less.",
+    )
+    effective_from: BoundedUTC | None = Field(
+        default=None, description="UTC time it applies from; now when left out; never the past."
+    )
+
+
+class SlaOut(BaseModel):
+    cluster: str
+    uptime: float | None
+    uplink_gbps: float | None
+    credit_rate: float
+    effective_from: datetime

@@ -27,7 +27,7 @@ AtTime = Annotated[datetime, AfterValidator(in_utc_range)]
 """A time whose UTC instant cpn can compare with stored ones (years 1..9999)."""
 
 
-def _effective(value: datetime | None) -> datetime:
+def effective(value: datetime | None) -> datetime:
     now = utcnow()
     if value is None:
         return now
@@ -118,7 +118,7 @@ def set_gpu_price(body: GpuPriceIn, session: SessionDep, who: PricerDep) -> GpuP
     A provider's price is its offer, on its own clusters only."""
     cluster = resources.get_cluster(session, body.cluster)
     _may_price(session, who, cluster, "cluster")
-    at = _effective(body.effective_from)
+    at = effective(body.effective_from)
     session.add(
         GpuPrice(
             cluster_id=cluster.id,
@@ -158,7 +158,7 @@ def set_egress_price(
             f"{body.dst!r} has another owner, who prices what leaves it; send symmetric: false",
             field="symmetric",
         )
-    at = _effective(body.effective_from)
+    at = effective(body.effective_from)
     pairs = [(a, b)] + ([(b, a)] if body.symmetric else [])
     out = []
     for src, dst in pairs:

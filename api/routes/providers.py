@@ -18,6 +18,7 @@ from sqlalchemy import select
 from agents.protocol import in_utc_range
 from api.deps import AdminDep, SessionDep, require
 from api.pagination import PageDep, fetch_page
+from api.routes.pricing import effective
 from api.schemas import (
     EgressPriceOut,
     GpuPriceOut,
@@ -30,6 +31,8 @@ from api.schemas import (
     ProviderGpusOut,
     ProviderIn,
     ProviderOut,
+    SlaIn,
+    SlaOut,
     StatementLineOut,
     StatementOut,
 )
@@ -39,11 +42,20 @@ from controller.money import settlement
 from controller.money.amounts import q6
 from controller.network import resources
 from controller.store.db import lock_for_update
-from controller.store.models import Cluster, EgressPrice, GpuPrice, Payout, Provider, utcnow
+from controller.store.models import (
+    Cluster,
+    EgressPrice,
+    GpuPrice,
+    Payout,
+    Provider,
+    Sla,
+    utcnow,
+)
 from controller.values.errors import Conflict, Invalid, NotFound
 
 router = APIRouter(prefix="/v1/providers", tags=["providers"])
 ProviderReader = Annotated[Principal, Depends(require("provider", "admin"))]
+ProviderDep = Annotated[Principal, Depends(require("provider"))]
 """A provider (scoped to itself) or an admin."""
 AtTime = Annotated[datetime, AfterValidator(in_utc_range)]
 ME = "me"
@@ -232,13 +244,69 @@ def offers(provider_id: str, session: SessionDep, who: ProviderReader) -> Pricin
     )
 
 
-Row = TypeVar("Row", GpuPrice, EgressPrice)
+Row = TypeVar("Row", GpuPrice, EgressPrice, Sla)
 
 
 def _current_and_later(rows: list[Row], now: datetime) -> list[Row]:
     """The row in effect at `now` (the last one from before) and every one after it."""
     past = [r for r in rows if r.effective_from <= now]
     return past[-1:] + [r for r in rows if r.effective_from > now]
+
+
+@router.post("/{provider_id}/slas", status_code=status.HTTP_201_CREATED, response_model=SlaOut)
+def post_sla(provider_id: str, body: SlaIn, session: SessionDep, who: ProviderDep) -> SlaOut:
+    """Promise a cluster's uptime and/or its uplink's bandwidth from now (or a future time)
+    on, and the share of a run's charges there refunded when the agents measure less."""
+    provider = visible(session, provider_id, who)
+    cluster = resources.get_cluster(session, body.cluster)
+    if cluster.provider_id != provider.id:
+        raise NotFound(f"no cluster named {body.cluster!r} among yours", field="cluster")
+    if body.uptime is None and body.uplink_gbps is None:
+        raise Invalid("promise something: give uptime, uplink_gbps or both", field="uptime")
+    at = effective(body.effective_from)
+    session.add(
+        Sla(
+            cluster_id=cluster.id,
+            provider_id=provider.id,
+            uptime=Decimal(str(body.uptime)) if body.uptime is not None else None,
+            uplink_gbps=body.uplink_gbps,
+            credit_rate=Decimal(str(body.credit_rate)),
+            effective_from=at,
+        )
+    )
+    resources.audit(
+        session, who.key_id, "provider.sla", "cluster", cluster.name, **body.model_dump(mode="json")
+    )
+    session.commit()
+    return SlaOut(**body.model_dump(exclude={"effective_from"}), effective_from=at)
+
+
+@router.get("/{provider_id}/slas", response_model=list[SlaOut])
+def slas(provider_id: str, session: SessionDep, who: ProviderReader) -> list[SlaOut]:
+    """The SLAs of the provider's clusters in effect now and later."""
+    provider = visible(session, provider_id, who)
+    now = utcnow()
+    names = dict(
+        session.execute(
+            select(Cluster.id, Cluster.name).where(Cluster.provider_id == provider.id)
+        ).all()
+    )
+    by: dict[str, list[Sla]] = {}
+    for row in session.scalars(
+        select(Sla).where(Sla.cluster_id.in_(names)).order_by(Sla.effective_from, Sla.id)
+    ):
+        by.setdefault(row.cluster_id, []).append(row)
+    return [
+        SlaOut(
+            cluster=names[r.cluster_id],
+            uptime=float(r.uptime) if r.uptime is not None else None,
+            uplink_gbps=r.uplink_gbps,
+            credit_rate=float(r.credit_rate),
+            effective_from=r.effective_from,
+        )
+        for rows in by.values()
+        for r in _current_and_later(rows, now)
+    ]
 
 
 @router.get("/{provider_id}/statement", response_model=StatementOut)

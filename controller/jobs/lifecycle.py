@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from controller.money import budget
+from controller.money import budget, sla
 from controller.money.metering import cap_at_held, meter_allocations, price_usage, start_billing
 from controller.network.allocations import release
 from controller.store.models import REASON_MAX, Allocation, Job, JobEvent, bounded, utcnow
@@ -140,7 +140,8 @@ def joined(session: Session, job: Job, cluster_id: str, at: datetime, message: s
 
 
 def end_run(session: Session, job: Job, until: datetime | None = None) -> None:
-    """End the job's run on the books: give its GPUs back, meter what it used, price it.
+    """End the job's run on the books: give its GPUs back, meter what it used, price it, and
+    refund what its providers' SLAs promise for a missed promise.
 
     Every way a run ends calls this (success, failure, retry, cancel, preemption, a cluster
     going DOWN); it is idempotent, so a cancelled job's run that stops later settles again
@@ -151,3 +152,4 @@ def end_run(session: Session, job: Job, until: datetime | None = None) -> None:
     meter_allocations(session, job, until)
     price_usage(session, job.id)
     cap_at_held(session, job)
+    sla.credit_run(session, job)

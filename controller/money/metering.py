@@ -139,6 +139,8 @@ class Charge:
     amount: Decimal
 
 
+SLA_CREDIT = "sla_credit"
+"""The usage and ledger kind of a provider's refund for a missed SLA (`controller.money.sla`)."""
 HELD_CREDIT = "held_credit"
 """The usage kind of a platform credit: what a run cost over its held quote, in dollars."""
 
@@ -149,6 +151,9 @@ def charge_of(session: Session, usage: Usage, ids: Mapping[str, str]) -> Charge:
         amount = q6(Decimal(usage.quantity))
         what = f"platform credit: the run cost {amount} over its held quote"
         return Charge("credit", what, amount, Decimal(-1), -amount)
+    if usage.kind == SLA_CREDIT:  # written priced (`controller.money.sla`), with its evidence
+        amount = q6(Decimal(usage.quantity))
+        return Charge(SLA_CREDIT, f"SLA credit on {usage.cluster}", amount, Decimal(-1), -amount)
     if usage.kind == "gpu_seconds":
         assert usage.gpu_model and usage.qos_class
         what = f"{usage.gpu_model} on {usage.cluster} ({usage.qos_class})"

@@ -407,6 +407,28 @@ class EgressPrice(Base):
     """Who posted it: the source cluster's provider (an offer), or None (an admin's price)."""
 
 
+class Sla(Base):
+    """What a provider promises of one of its clusters from a moment on: the cluster's uptime
+    and its uplink's bandwidth, and the share of a job's charges there refunded when a run
+    gets less (`controller.money.sla`). Effective-dated like prices."""
+
+    __tablename__ = "slas"
+    __table_args__ = (
+        Index("ix_sla_lookup", "cluster_id", "effective_from"),
+        CheckConstraint("uptime IS NULL OR (uptime > 0 AND uptime <= 1)", name="ck_sla_uptime"),
+        CheckConstraint("credit_rate > 0 AND credit_rate <= 1", name="ck_sla_credit"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
+    provider_id: Mapped[str] = mapped_column(ForeignKey("providers.id"))
+    uptime: Mapped[Decimal | None] = mapped_column(Numeric(7, 6))
+    uplink_gbps: Mapped[float | None] = mapped_column(Float)
+    credit_rate: Mapped[Decimal] = mapped_column(Numeric(7, 6))
+    effective_from: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Quote(Base):
     """Options the planner offered for a spec; a job submitted with its id holds the price."""
 
@@ -610,7 +632,7 @@ class Usage(Base):
     # used or was charged (tenants are soft-deleted; a hard delete is refused by these keys).
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(16))  # gpu_seconds | wan_bytes | held_credit
+    kind: Mapped[str] = mapped_column(String(16))  # gpu_seconds|wan_bytes|held_credit|sla_credit
     cluster: Mapped[str] = mapped_column(String(63))  # the GPU cluster, or the link's source
     dst_cluster: Mapped[str | None] = mapped_column(String(63))
     gpu_model: Mapped[str | None] = mapped_column(String(128))
@@ -638,7 +660,7 @@ class LedgerEntry(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     usage_id: Mapped[int] = mapped_column(ForeignKey("usage.id"))
-    kind: Mapped[str] = mapped_column(String(16))  # gpu | egress | credit (a held quote's overrun)
+    kind: Mapped[str] = mapped_column(String(16))  # gpu|egress|credit (held overrun)|sla_credit
     description: Mapped[str] = mapped_column(String(256))
     quantity: Mapped[Decimal] = mapped_column(Money)  # GPU-hours or GB
     unit_price: Mapped[Decimal] = mapped_column(Money)

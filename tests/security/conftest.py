@@ -325,7 +325,7 @@ def _seed_accounts(database_url: str, rows: list[tuple[str, str, str, int]]) -> 
 
 
 def _expiring_keys(
-    http: httpx.Client, admin: str, tenant_id: str
+    http: httpx.Client, admin: str, tenant_id: str, provider_id: str
 ) -> tuple[dict[str, str], datetime | None]:
     """A key per role that expires a few seconds from now (used once, so it is cached as live),
     where keys can carry an expiry (issue 14, item 6); none where they cannot yet."""
@@ -338,6 +338,7 @@ def _expiring_keys(
         ("admin", None, ("GET", "/v1/clusters")),
         ("tenant", tenant_id, ("GET", "/v1/jobs")),
         ("agent", "us-east", ("GET", "/v1/pricing")),
+        ("provider", provider_id, ("GET", "/v1/pricing")),
     ):
         body = {"role": role, "scope": scope, "expires_at": expiry.isoformat()}
         keys[role] = _ok(call(http, "POST", "/v1/api-keys", admin, json=body), 201)["token"]
@@ -388,7 +389,7 @@ def _build(live: LiveServer, backend: str, http: httpx.Client) -> World:
         _ok(call(http, "DELETE", f"/v1/api-keys/{key['id']}", admin), 200)
         revoked[role] = key["token"]
 
-    expiring, expiry = _expiring_keys(http, admin, net.tenant_id)
+    expiring, expiry = _expiring_keys(http, admin, net.tenant_id, providers["prov-p"])
     quote_a = _ok(call(http, "POST", "/v1/quotes", tenant_a, json=spec()), 201)["id"]
     job_a = _ok(call(http, "POST", "/v1/jobs", tenant_a, json=spec(name="acme-run")), 201)["id"]
     ended = _ok(call(http, "POST", "/v1/jobs", tenant_a, json=spec(name="acme-ended")), 201)["id"]

@@ -50,6 +50,8 @@ ROLE_POLICY: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/providers/{provider_id}/offers"): PROVIDER_OR_ADMIN,
     ("GET", "/v1/providers/{provider_id}/statement"): PROVIDER_OR_ADMIN,
     ("GET", "/v1/providers/{provider_id}/payouts"): PROVIDER_OR_ADMIN,
+    ("GET", "/v1/providers/{provider_id}/slas"): PROVIDER_OR_ADMIN,
+    ("POST", "/v1/providers/{provider_id}/slas"): frozenset({"provider"}),
 }
 """Roles admitted by each non-admin route; every other route admits admins only."""
 

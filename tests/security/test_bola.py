@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ from tests.security.conftest import (
     call,
     unknown_id,
 )
-from tests.security.routes import documented
+from tests.security.routes import Operation, documented
 from tests.service.conftest import spec
 
 MEASURED_NOW = datetime.now(UTC).isoformat()
@@ -300,20 +301,24 @@ def test_an_agent_cannot_report_links_for_another_cluster(world: World, http: ht
 def test_provider_q_gets_a_404_problem_for_everything_of_provider_p(
     world: World, http: httpx.Client
 ) -> None:
-    """Every route that admits providers and names one, with P's id and Q's key: a 404 shaped
-    like the answer for an id that does not exist; P's own key is answered (the control)."""
+    """Every route that admits providers and names one, with P's id and Q's key (and a body
+    P's own call would be answered with): a 404 shaped like the answer for an id that does not
+    exist; P's own key is answered (the control)."""
+    bodies = {"/v1/providers/{provider_id}/slas": {"cluster": "prov-p", "credit_rate": 0.1,
+                                                   "uptime": 0.99}}  # fmt: skip
     checked = 0
     for op in documented(world):
         if "provider" not in op.roles or "provider_id" not in op.params:
             continue
-        mine = call(
-            http, op.method, op.path({"provider_id": world.provider_p_id}), world.provider_p
-        )
-        assert mine.status == 200, f"control: P cannot read its own {op}: {mine}"
-        theirs = call(
-            http, op.method, op.path({"provider_id": world.provider_p_id}), world.provider_q
-        )
-        nothing = call(http, op.method, op.path({"provider_id": unknown_id()}), world.provider_q)
+        body = bodies.get(op.template) if op.method == "POST" else None
+
+        def send(provider: str, token: str, op: Operation = op, body: Any = body) -> Answer:
+            return call(http, op.method, op.path({"provider_id": provider}), token, json=body)
+
+        mine = send(world.provider_p_id, world.provider_p)
+        assert mine.status in (200, 201), f"control: P cannot use its own {op}: {mine}"
+        theirs = send(world.provider_p_id, world.provider_q)
+        nothing = send(unknown_id(), world.provider_q)
         assert_problem(theirs, 404)
         assert (theirs.status, theirs.body.get("type"), theirs.body.get("title")) == (
             nothing.status,

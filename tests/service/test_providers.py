@@ -4,6 +4,7 @@ statements and payouts, on a real server over SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -20,8 +21,16 @@ from controller.money.amounts import q6
 from controller.money.metering import meter_allocations, meter_wan, price_usage
 from controller.network.allocations import Slot, release, reserve
 from controller.store.db import make_engine, make_sessionmaker
-from controller.store.models import Job, LedgerEntry, Payout, Posting
-from grammar.states import JobState
+from controller.store.models import (
+    Allocation,
+    Cluster,
+    ClusterTransition,
+    Job,
+    LedgerEntry,
+    Payout,
+    Posting,
+)
+from grammar.states import ClusterState, JobState
 from tests.service.conftest import Network, spec
 
 
@@ -344,3 +353,87 @@ def test_a_quote_names_each_providers_part(network: Network) -> None:
         assert abs(sum(parts.values()) - price["total"]) < 1e-5
     cheapest = next(o for o in quote["options"] if o["objective"] == "cost")
     assert "dc-south" in {p["provider"] for p in cheapest["price"]["parties"]}
+
+
+def test_a_missed_uptime_promise_refunds_the_tenant_from_the_provider(network: Network) -> None:
+    """dc-east promises us-east up 99 % of the time, 25 % of a run's charges back if not.
+    us-east is DOWN for a fifth of a run (0.2 s of about 1 s): the run's end refunds a
+    quarter of its us-east charges (none of eu-west's, the operator's), once; the books still
+    balance, and the provider's statement carries the refund."""
+    pid, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    try:
+        sla = prov.post(
+            "/v1/providers/me/slas", {"cluster": "us-east", "uptime": 0.99, "credit_rate": 0.25}
+        )
+        assert sla["cluster"] == "us-east" and prov.get("/v1/providers/me/slas") == [sla]
+        job_out = network.tenant.post("/v1/jobs", spec(gpus=4, qos={"qos_class": "standard"}))
+        sessions = make_sessionmaker(make_engine(network.server.database_url))
+        with sessions() as s, s.begin():
+            job = s.get(Job, job_out["id"])
+            assert job is not None
+            reserve(s, job, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
+            lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
+            lifecycle.transition(s, job, JobState.RUNNING, "launched")
+            start = s.scalars(select(Allocation.billed_from)).first()
+            assert start is not None
+            cluster = s.scalars(select(Cluster).where(Cluster.name == "us-east")).one()
+            # what the lease monitor writes when the agent goes silent, and its return
+            s.add_all(
+                [
+                    ClusterTransition(cluster_id=cluster.id, from_state=ClusterState.READY,
+                                      to_state=ClusterState.DOWN, reason="lease expired",
+                                      at=start + timedelta(seconds=0.2)),
+                    ClusterTransition(cluster_id=cluster.id, from_state=ClusterState.DOWN,
+                                      to_state=ClusterState.READY, reason="heartbeat",
+                                      at=start + timedelta(seconds=0.4)),
+                ]
+            )  # fmt: skip
+        while datetime.now(UTC) < start + timedelta(seconds=1):  # a run of a second
+            threading.Event().wait(0.05)
+        with sessions() as s, s.begin():
+            job = s.get(Job, job_out["id"])
+            assert job is not None
+            lifecycle.end_run(s, job)
+            lifecycle.end_run(s, job)  # once only
+        with sessions() as s:
+            entries = s.scalars(
+                select(LedgerEntry).where(LedgerEntry.job_id == job_out["id"])
+            ).all()
+            refunds = [e for e in entries if e.kind == "sla_credit"]
+            assert len(refunds) == 1, [e.description for e in entries]
+            east = sum(
+                (q6(Decimal(str(e.amount))) for e in entries if "on us-east" in e.description
+                 and e.kind == "gpu"), Decimal(0),
+            )  # fmt: skip
+            assert east > 0 and -Decimal(str(refunds[0].amount)) == q6(east * Decimal("0.25"))
+            assert re.search(
+                r"uptime (7\d|80)\.\d\d% against 99\.00% promised", refunds[0].description
+            )
+            assert settlement.unbalanced(s) == []
+            got_back = s.scalars(
+                select(Posting.amount).where(
+                    Posting.ledger_id == refunds[0].id, Posting.account == "provider"
+                )
+            ).one()
+            assert Decimal(str(got_back)) == -q6(q6(east * Decimal("0.25")) * Decimal("0.9"))
+        st = prov.get(f"/v1/providers/{pid}/statement")
+        kinds = {x["kind"]: Decimal(x["net"]) for x in st["lines"]}
+        assert kinds["sla_credit"] == Decimal(str(got_back))
+        ledger = network.tenant.get(f"/v1/tenants/{network.tenant_id}/ledger")
+        assert any(e["kind"] == "sla_credit" for e in ledger["items"])
+    finally:
+        prov.close()
+
+
+def test_a_kept_promise_refunds_nothing(network: Network) -> None:
+    _, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    prov.post("/v1/providers/me/slas", {"cluster": "us-east", "uptime": 0.9, "credit_rate": 1})
+    prov.close()
+    job_id = _run_and_bill(network)
+    sessions = make_sessionmaker(make_engine(network.server.database_url))
+    with sessions() as s, s.begin():
+        job = s.get(Job, job_id)
+        assert job is not None
+        lifecycle.end_run(s, job)
+        kinds = s.scalars(select(LedgerEntry.kind).where(LedgerEntry.job_id == job_id)).all()
+        assert "sla_credit" not in kinds and kinds
