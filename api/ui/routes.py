@@ -30,7 +30,7 @@ from api.problems import problem
 from api.sessions import CSRF_HEADER, SESSION_COOKIE, ConsoleSession, ConsoleSessions, csrf_ok
 from controller.access.keys import Principal, hash_key
 from controller.jobs import service as job_service
-from controller.store.models import Tenant, utcnow
+from controller.store.models import Provider, Tenant, utcnow
 from controller.values.errors import NotFound
 from grammar.states import STATES
 
@@ -46,6 +46,10 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 READERS = ("tenant", "admin")
+"""Who reads the tenants' views (jobs, usage); `SIGNS_IN` adds providers (pages of their own)."""
+SIGNS_IN = (*READERS, "provider")
+HOME = {"provider": "provider"}
+"""Where `/ui` takes a role that is not at home on the jobs page."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,9 @@ PAGES = (
     Page("jobs", "Jobs", "jobs"),
     Page("quote", "Quote", "quote", roles=("tenant",)),
     Page("usage", "Usage", "usage"),
-    Page("pricing", "Pricing", "pricing"),
+    Page("pricing", "Pricing", "pricing", roles=SIGNS_IN),
+    Page("provider", "Provider", "provider", roles=("provider", "admin")),
+    Page("admin/providers", "Providers", "providers", roles=("admin",)),
     Page("admin/clusters", "Clusters", "clusters", roles=("admin",)),
     Page("admin/tenants", "Tenants", "tenants", roles=("admin",)),
     Page("admin/keys", "API keys", "keys", roles=("admin",)),
@@ -86,7 +92,7 @@ def safe_next(target: str | None) -> str:
     """Where to go after signing in: a console path only (never another site)."""
     if target and target.startswith("/ui/") and not target.startswith("//") and "\\" not in target:
         return target
-    return "/ui/jobs"
+    return "/ui"
 
 
 def nav(principal: Principal | None, current: str) -> str:
@@ -140,7 +146,7 @@ async def viewer(request: Request) -> tuple[Principal, ConsoleSession] | None:
     if session is None:
         return None
     principal = await current_principal(request, session.key_hash)
-    if principal is None or principal.role not in READERS:
+    if principal is None or principal.role not in SIGNS_IN:
         return None
     return principal, session
 
@@ -153,8 +159,11 @@ def to_login(request: Request) -> RedirectResponse:
 
 
 @router.get("")
-def root() -> RedirectResponse:
-    return RedirectResponse("/ui/jobs", status_code=303)
+async def root(request: Request) -> RedirectResponse:
+    """The signed-in role's first page: the jobs, or a provider's own page."""
+    seen = await viewer(request)
+    home = HOME.get(seen[0].role, "jobs") if seen is not None else "jobs"
+    return RedirectResponse(f"/ui/{home}", status_code=303)
 
 
 @router.get("/login")
@@ -220,9 +229,11 @@ async def sign_in(
         state.rate_limits.auth_failed(address, time.monotonic(), credential_tag(body.key))
         await audit_failure(request)
         return sign_in_refused(request, "this API key is unknown, revoked or expired")
-    if principal.role not in READERS:
+    if principal.role not in SIGNS_IN:
         return sign_in_refused(
-            request, f"the console takes tenant and admin keys, not {principal.role} keys", 403
+            request,
+            f"the console takes tenant, provider and admin keys, not {principal.role} keys",
+            403,
         )
     sessions: ConsoleSessions = state.console_sessions
     sid, _ = await run_in_threadpool(sessions.open, key_hash, utcnow())
@@ -262,12 +273,13 @@ async def sign_out(
 
 
 def _who(request: Request, principal: Principal) -> str:
-    """Who is signed in, as the header says it: a tenant by its name, not its id."""
-    if principal.role != "tenant" or not principal.scope:
+    """Who is signed in, as the header says it: a tenant or provider by its name, not its id."""
+    if principal.role not in ("tenant", "provider") or not principal.scope:
         return principal.role
+    party = Tenant if principal.role == "tenant" else Provider
     with app_state(request).sessions() as session:
-        name = session.scalar(select(Tenant.name).where(Tenant.id == principal.scope))
-    return f"tenant · {name or principal.scope}"
+        name = session.scalar(select(party.name).where(party.id == principal.scope))
+    return f"{principal.role} · {name or principal.scope}"
 
 
 def _visible_job(request: Request, job_id: str, scope: str | None) -> bool:

@@ -233,6 +233,8 @@ class Run:
     cost: float
     wan_bytes: int
     clusters: int
+    placement: scheduler.Placement = ()
+    prices: tuple[float, ...] = ()  # each assignment's GPU-hour price when it was placed
 
 
 @dataclass
@@ -245,7 +247,15 @@ class Outcome:
     cpu_s: float = 0.0  # process CPU time: robust on a shared machine
 
 
-def simulate(policy: Policy, network: Network, trace: Sequence[TraceJob]) -> Outcome:
+Reprice = Callable[[float, scheduler.Snapshot], scheduler.Snapshot]
+"""The prices in force at a time: the snapshot with its clusters' prices as offered then."""
+
+
+def simulate(
+    policy: Policy, network: Network, trace: Sequence[TraceJob], reprice: Reprice | None = None
+) -> Outcome:
+    """Run the trace; `reprice`: prices that change over time (offers), applied at every
+    scheduling instant before the policy decides (a job pays the prices it was placed at)."""
     import time
 
     # Set-up, not simulation: the network's both-ways link table and neighbour index (1.1M
@@ -273,14 +283,27 @@ def simulate(policy: Policy, network: Network, trace: Sequence[TraceJob]) -> Out
         while i < n and trace[i].arrival_s <= now:
             pending.append(trace[i])
             i += 1
+        if reprice is not None and pending:
+            world = World(reprice(now, world.snapshot), world.origins)
         decisions = policy.schedule(now, pending, world) if pending else []
         for d in decisions:
+            priced = world.snapshot.by_name
             world = d.applied(world, now)
             running[d.job.id] = world.snapshot.running[-1]
             end = now + d.estimate.total_time_s
             heapq.heappush(finishing, (end, d.job.id))
+            prices = tuple(priced[a.cluster].price_per_gpu_hour for a in d.placement)
             runs.append(
-                Run(d.job, now, end, d.estimate.cost, d.estimate.wan_bytes, len(d.placement))
+                Run(
+                    d.job,
+                    now,
+                    end,
+                    d.estimate.cost,
+                    d.estimate.wan_bytes,
+                    len(d.placement),
+                    d.placement,
+                    prices,
+                )
             )
             busy_now += d.job.gpus
         if decisions:

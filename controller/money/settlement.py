@@ -149,10 +149,10 @@ def statement(
         start=start,
         end=end,
         lines=lines,
-        gross=sum((x.gross for x in lines), Decimal(0)),
-        fee=sum((x.fee for x in lines), Decimal(0)),
-        net=sum((x.net for x in lines), Decimal(0)),
-        paid=paid,
+        gross=q6(sum((x.gross for x in lines), Decimal(0))),
+        fee=q6(sum((x.fee for x in lines), Decimal(0))),
+        net=q6(sum((x.net for x in lines), Decimal(0))),
+        paid=q6(paid),
         balance=balance(session, provider.id),
     )
 
@@ -174,7 +174,7 @@ def balance(session: Session, provider_id: str) -> Decimal:
         session, Posting.amount, Posting.account == "provider", Posting.party_id == provider_id
     )
     paid = exact_total(session, Payout.amount, Payout.provider_id == provider_id)
-    return earned - paid
+    return q6(earned - paid)
 
 
 def pay_out(

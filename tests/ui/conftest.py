@@ -111,9 +111,10 @@ def open_tab(browser: Browser, console: Console, width: int = 1280) -> Iterator[
     context.close()
 
 
-def sign_in(tab: Tab, key: str) -> None:
+def sign_in(tab: Tab, key: str, home: str = "jobs") -> None:
+    """Sign in with `key` and wait for the role's first page (`/ui` takes it there)."""
     page = tab.page
     page.goto("/ui/login")
     page.get_by_label("API key").fill(key)
     page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url("**/ui/jobs")
+    page.wait_for_url(f"**/ui/{home}")

@@ -15,8 +15,8 @@ from tests.ui.conftest import Console, Tab, open_tab, sign_in
 
 pytestmark = pytest.mark.slow
 
-ADMIN_PAGES = ("network", "jobs", "usage", "pricing", "admin/clusters", "admin/tenants",
-               "admin/keys", "admin/audit")  # fmt: skip
+ADMIN_PAGES = ("network", "jobs", "usage", "pricing", "provider", "admin/providers",
+               "admin/clusters", "admin/tenants", "admin/keys", "admin/audit")  # fmt: skip
 TENANT_PAGES = ("network", "jobs", "quote", "usage", "pricing")
 
 
@@ -355,3 +355,55 @@ def test_api_docs_render_without_internet(tab: Tab, console: Console) -> None:
     assert [u for u in elsewhere if not u.startswith("https://cdn.redoc.ly/redoc/logo")] == []
     # The badge's refused request is the one error the page may log.
     assert [e for e in tab.errors if "net::ERR_FAILED" not in e or not elsewhere] == []
+
+
+def test_a_provider_sees_its_own_books_and_offers_from_the_console(
+    tab: Tab, console: Console
+) -> None:
+    """A provider's key signs in to its own page: its cluster's use, its offers (and posts
+    one, a bad price refused at the field), its statement; the tenants' pages are 404s to
+    it. The admin's market view lists it, and refuses a payout over what it is owed."""
+    admin = console.net.admin
+    made = admin.post("/v1/providers", {"name": "dc-south", "clusters": ["ap-south"]})
+    key = admin.create_api_key("provider", made["id"])["token"]
+    sign_in(tab, key, home="provider")
+    page = tab.page
+    expect(page.locator(".who")).to_contain_text("provider · dc-south")
+    expect(page.locator("#provider-clusters tbody")).to_contain_text("ap-south")
+    expect(page.locator("#offers tbody tr")).to_have_count(3)  # the operator's, until replaced
+    expect(page.locator("#earnings")).to_contain_text("$0.000000")
+    assert tab.errors == []
+    page.get_by_label("GPU model").fill("L4")
+    page.get_by_label("Per GPU-hour ($)").fill("-1")
+    page.get_by_role("button", name="Offer").click()
+    expect(page.locator("#price_per_gpu_hour-error")).to_contain_text("greater than or equal to 0")
+    page.get_by_label("Per GPU-hour ($)").fill("0.65")
+    page.get_by_role("button", name="Offer").click()
+    expect(page.locator("#offers tbody")).to_contain_text("dc-south")
+    shot(tab, console, "provider")
+    for path in ("jobs", "usage", "admin/providers"):
+        response = page.goto(f"/ui/{path}")
+        assert response is not None and response.status == 404
+    page.goto("/ui/pricing")
+    expect(page.locator("#gpu-prices tbody")).to_contain_text("dc-south")
+    # the refused offer and the pages refused on purpose, and nothing else
+    assert all(re.search(r"status of (422|404)", e) for e in tab.errors), tab.errors
+    current = [
+        g for g in console.net.tenant.get("/v1/pricing")["gpu"]
+        if g["cluster"] == "ap-south" and g["qos_class"] == "standard"
+    ]  # fmt: skip
+    assert [(g["price_per_gpu_hour"], g["provider"]) for g in current] == [(0.65, "dc-south")]
+
+    page.context.clear_cookies()
+    sign_in(tab, console.admin_key)
+    page.goto("/ui/admin/providers")
+    expect(page.locator("#providers tbody")).to_contain_text("dc-south")
+    tab.errors.clear()
+    page.get_by_label("Amount ($, exact)").fill("5")
+    page.get_by_role("button", name="Record").click()
+    expect(page.locator("#form-error, #amount-error").first).to_contain_text("exceeds")
+    page.locator("#providers tbody a", has_text="dc-south").click()
+    page.wait_for_url("**/ui/provider?p=dc-south")
+    expect(page.locator("#provider-clusters tbody")).to_contain_text("ap-south")
+    shot(tab, console, "admin-provider")
+    assert all("status of 409" in e for e in tab.errors), tab.errors  # the refused payout

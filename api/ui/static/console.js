@@ -168,7 +168,7 @@ function login() {
     ev.preventDefault();
     try {
       await api("POST", "/ui/session", { key: field(form, "key").value });
-      location.assign(form.dataset.next || "/ui/jobs");
+      location.assign(form.dataset.next || "/ui");
     } catch (e) { fieldErrors(form, e); }
   });
   field(form, "key").focus();
@@ -597,8 +597,8 @@ function usage() {
 function pricing() {
   api("GET", "/v1/pricing").then((p) => {
     $("pricing-at").textContent = `Prices in effect at ${when(p.at)}.`;
-    fill($("gpu-prices").tBodies[0], p.gpu.map((g) => [g.cluster, g.gpu_model, g.qos_class, `$${num(g.price_per_gpu_hour, 4)}`, when(g.effective_from)]));
-    fill($("egress-prices").tBodies[0], p.egress.map((e) => [e.src, e.dst, `$${num(e.price_per_gb, 4)}`, when(e.effective_from)]));
+    fill($("gpu-prices").tBodies[0], p.gpu.map((g) => [g.cluster, g.gpu_model, g.qos_class, `$${num(g.price_per_gpu_hour, 4)}`, when(g.effective_from), g.provider || "operator"]));
+    fill($("egress-prices").tBodies[0], p.egress.map((e) => [e.src, e.dst, `$${num(e.price_per_gb, 4)}`, when(e.effective_from), e.provider || "operator"]));
   }).catch((e) => alertText(e.message));
 }
 
@@ -692,9 +692,95 @@ function adminAudit() {
   });
 }
 
+// ---- providers -----------------------------------------------------------------------------
+
+function provider() {
+  const select = $("provider");
+  const form = $("offer-form");
+  let current = ROLE === "provider" ? "me" : null;
+  const show = async () => {
+    if (!current) return;
+    const base = `/v1/providers/${encodeURIComponent(current)}`;
+    const [info, clusters, offers, slas, st, payouts] = await Promise.all([
+      api("GET", base), api("GET", `${base}/clusters`), api("GET", `${base}/offers`),
+      api("GET", `${base}/slas`), api("GET", `${base}/statement`), api("GET", `${base}/payouts?limit=50`)]);
+    dl($("earnings"), [
+      ["Owed now", `$${st.balance}`], ["Tenants paid", `$${st.gross}`],
+      ["Platform fee", `$${st.fee} (${num(info.fee_rate * 100, 1)} %)`], ["Net", `$${st.net}`], ["Paid out", `$${st.paid}`]]);
+    fill($("provider-clusters").tBodies[0], clusters.map((c) => [
+      c.name, c.region, el("span", { class: `badge ${STATE_CLASS[c.state] || "idle"}` }, c.state),
+      c.gpus.map((g) => `${g.allocatable}× ${g.model}`).join(", ") || "—",
+      c.utilization === null ? "—" : `${num(c.utilization * 100, 0)} %`]));
+    fill($("statement").tBodies[0], st.lines.map((x) => [x.cluster, x.kind, `$${x.gross}`, `$${x.fee}`, `$${x.net}`]));
+    fill($("offers").tBodies[0], offers.gpu.map((g) => [
+      g.cluster, g.gpu_model, g.qos_class, `$${num(g.price_per_gpu_hour, 4)}`, when(g.effective_from), g.provider || "operator"]));
+    fill($("slas").tBodies[0], slas.map((x) => [
+      x.cluster, x.uptime === null ? "—" : `${num(x.uptime * 100, 2)} %`, x.uplink_gbps === null ? "—" : num(x.uplink_gbps, 3),
+      `${num(x.credit_rate * 100, 0)} % of the run's charges`, when(x.effective_from)]));
+    fill($("payouts").tBodies[0], payouts.items.map((p) => [when(p.at), `$${p.amount}`, p.reference || "—"]));
+    if (ROLE === "provider") {
+      const keep = field(form, "cluster").value;
+      field(form, "cluster").replaceChildren(...clusters.map((c) => el("option", { value: c.name }, c.name)));
+      if (keep) field(form, "cluster").value = keep;
+    }
+  };
+  if (ROLE === "provider") {
+    form.hidden = false;
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      fieldErrors(form, { errors: [] });
+      $("offered").textContent = "";
+      try {
+        await api("POST", "/v1/pricing/gpu", {
+          cluster: field(form, "cluster").value, gpu_model: field(form, "gpu_model").value,
+          qos_class: field(form, "qos_class").value, price_per_gpu_hour: asNumber(field(form, "price_per_gpu_hour").value) });
+        $("offered").textContent = "offered";
+        await show();
+      } catch (e) { fieldErrors(form, e); }
+    });
+    every(10000, show);
+  } else {
+    $("provider-pick").hidden = false;
+    allPages("/v1/providers").then((ps) => {
+      select.replaceChildren(...ps.map((p) => el("option", { value: p.id }, p.name)));
+      const wanted = new URLSearchParams(location.search).get("p");
+      if (wanted) select.value = (ps.find((p) => p.name === wanted || p.id === wanted) || {}).id || select.value;
+      current = select.value;
+      select.addEventListener("change", () => { current = select.value; show().catch((e) => alertText(e.message)); });
+      return show();
+    }).catch((e) => alertText(e.message));
+  }
+}
+
+function adminProviders() {
+  const form = $("payout-form");
+  const refresh = async () => {
+    const providers = await allPages("/v1/providers");
+    fill($("providers").tBodies[0], providers.map((p) => [
+      el("a", { href: `/ui/provider?p=${encodeURIComponent(p.name)}` }, p.name), `${num(p.fee_rate * 100, 1)} %`,
+      p.clusters.join(", ") || "—", `$${p.balance}`, when(p.created_at)]));
+    const keep = field(form, "provider_id").value;
+    field(form, "provider_id").replaceChildren(...providers.map((p) => el("option", { value: p.id }, p.name)));
+    if (keep) field(form, "provider_id").value = keep;
+  };
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    fieldErrors(form, { errors: [] });
+    $("paid").textContent = "";
+    try {
+      const made = await api("POST", `/v1/providers/${field(form, "provider_id").value}/payouts`, {
+        amount: field(form, "amount").value.trim(), reference: field(form, "reference").value });
+      $("paid").textContent = `paid $${made.amount}`;
+      form.reset();
+      await refresh();
+    } catch (e) { fieldErrors(form, e); }
+  });
+  every(10000, refresh);
+}
+
 const PAGES = {
-  login, network, jobs, job, quote, usage, pricing,
-  clusters: adminClusters, tenants: adminTenants, keys: adminKeys, audit: adminAudit,
+  login, network, jobs, job, quote, usage, pricing, provider,
+  providers: adminProviders, clusters: adminClusters, tenants: adminTenants, keys: adminKeys, audit: adminAudit,
 };
 const start = PAGES[main.dataset.page];
 if (start) start();
