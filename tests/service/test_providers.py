@@ -437,3 +437,50 @@ def test_a_kept_promise_refunds_nothing(network: Network) -> None:
         lifecycle.end_run(s, job)
         kinds = s.scalars(select(LedgerEntry.kind).where(LedgerEntry.job_id == job_id)).all()
         assert "sla_credit" not in kinds and kinds
+
+
+def test_two_replicas_settling_one_run_at_once_post_it_once(network: Network) -> None:
+    """Two controllers end the same run at the same moment (a retry racing a cancel, each in
+    its own transaction): every usage row is priced once and every entry posted once, and
+    the books balance; on PostgreSQL the rows are claimed with SKIP LOCKED, on SQLite the
+    writes take turns."""
+    pid, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    prov.close()
+    job_out = network.tenant.post("/v1/jobs", spec(gpus=4, qos={"qos_class": "standard"}))
+    sessions = make_sessionmaker(make_engine(network.server.database_url))
+    with sessions() as s, s.begin():
+        job = s.get(Job, job_out["id"])
+        assert job is not None
+        reserve(s, job, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
+        lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
+        lifecycle.transition(s, job, JobState.RUNNING, "launched")
+        meter_wan(s, job, {("us-east", "eu-west"): 10**9}, datetime.now(UTC), datetime.now(UTC))
+    barrier = threading.Barrier(2)
+    failures: list[BaseException] = []
+
+    def settle() -> None:
+        try:
+            barrier.wait()
+            with sessions() as s, s.begin():
+                job = s.get(Job, job_out["id"], with_for_update=True)
+                assert job is not None
+                lifecycle.end_run(s, job)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=settle) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    with sessions() as s:
+        entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_out["id"])).all()
+        usage_ids = [e.usage_id for e in entries]
+        assert len(usage_ids) == len(set(usage_ids)) == 3  # GPUs on each cluster, WAN bytes
+        postings = s.scalars(
+            select(Posting).where(Posting.ledger_id.in_([e.id for e in entries]))
+        ).all()
+        assert len(postings) == 3 + 3 + 2  # us-east GPUs and egress: a provider; eu-west: none
+        assert settlement.unbalanced(s) == []
+        assert settlement.balance(s, pid) > 0
