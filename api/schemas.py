@@ -327,10 +327,33 @@ class EgressPriceOut(BaseModel):
     )
 
 
+class BandwidthPriceIn(_In):
+    cluster: PlainText = Field(min_length=1, max_length=63)
+    price_per_gbps_hour: float = Field(
+        ge=0, le=100_000, description="Per Gbit/s of WAN rate a job holds on the cluster's ports."
+    )
+    effective_from: BoundedUTC | None = Field(
+        default=None, description="UTC time it applies from; now when left out; never the past."
+    )
+
+
+class BandwidthPriceOut(BaseModel):
+    cluster: str
+    price_per_gbps_hour: float
+    effective_from: datetime
+    provider: str | None = Field(
+        default=None, description="The provider whose offer it is; null: the operator's price."
+    )
+
+
 class PricingOut(BaseModel):
     at: datetime
     gpu: list[GpuPriceOut]
     egress: list[EgressPriceOut]
+    bandwidth: list[BandwidthPriceOut] = Field(
+        default_factory=list,
+        description="Prices of WAN rate reserved on a cluster's ports, per Gbit/s-hour.",
+    )
 
 
 class JobRow(JobOut):

@@ -44,6 +44,8 @@ class Cluster:
     provider: str | None = None
     """The party whose offer its prices are (a quote names each party's part); None: the
     operator's own cluster."""
+    bandwidth_price_per_gbps_hour: float = 0.0
+    """What a job pays per Gbit/s-hour of WAN rate it reserves on the cluster's ports."""
 
     def __post_init__(self) -> None:
         if self.setup_s is not None and not 0 <= self.setup_s < 86400:

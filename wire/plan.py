@@ -129,6 +129,17 @@ class EgressCharge(_Value):
     )
 
 
+class BandwidthCharge(_Value):
+    """WAN rate a plan reserves on a cluster's ports, held for the whole run."""
+
+    cluster: str
+    gbps: float
+    hours: float
+    price_per_gbps_hour: float
+    amount: float
+    provider: str | None = Field(default=None, description=PARTY_HELP)
+
+
 class PartyShare(_Value):
     """What one party's resources come to in a quote: a provider, or the operator (None)."""
 
@@ -137,11 +148,13 @@ class PartyShare(_Value):
 
 
 class PriceBreakdown(_Value):
-    """The estimated price, by cluster (GPU-hours) and by WAN link (egress)."""
+    """The estimated price, by cluster (GPU-hours), by WAN link (egress) and by cluster port
+    (reserved bandwidth)."""
 
     total: float
     gpu: tuple[GpuCharge, ...] = ()
     egress: tuple[EgressCharge, ...] = ()
+    bandwidth: tuple[BandwidthCharge, ...] = ()
     currency: str = "USD"
 
     @computed_field  # type: ignore[prop-decorator]
@@ -149,7 +162,11 @@ class PriceBreakdown(_Value):
     def parties(self) -> tuple[PartyShare, ...]:
         """Each party's part of the total (the operator's first), from the lines."""
         by: dict[str | None, float] = {}
-        lines: list[GpuCharge | EgressCharge] = [*self.gpu, *self.egress]
+        lines: list[GpuCharge | EgressCharge | BandwidthCharge] = [
+            *self.gpu,
+            *self.egress,
+            *self.bandwidth,
+        ]
         for line in lines:
             by[line.provider] = by.get(line.provider, 0.0) + line.amount
         order = sorted(by, key=lambda p: (p is not None, p or ""))

@@ -523,7 +523,20 @@ def pricing(
                 e["effective_from"][:19],
                 e.get("provider") or "operator",
             )
-        return [gpu, egress]
+        tables = [gpu, egress]
+        if p.get("bandwidth"):
+            bw = _table(
+                "Reserved bandwidth per Gbit/s-hour", ("cluster", "price", "since", "offered by")
+            )
+            for b in p["bandwidth"]:
+                bw.add_row(
+                    b["cluster"],
+                    f"{b['price_per_gbps_hour']:.4f}",
+                    b["effective_from"][:19],
+                    b.get("provider") or "operator",
+                )
+            tables.append(bw)
+        return tables
 
     _show(fmt, prices, lambda p, _wide: render(p))
 

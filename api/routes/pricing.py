@@ -14,10 +14,25 @@ from sqlalchemy import select
 
 from agents.protocol import in_utc_range
 from api.deps import PricerDep, SessionDep, get_principal
-from api.schemas import EgressPriceIn, EgressPriceOut, GpuPriceIn, GpuPriceOut, PricingOut
+from api.schemas import (
+    BandwidthPriceIn,
+    BandwidthPriceOut,
+    EgressPriceIn,
+    EgressPriceOut,
+    GpuPriceIn,
+    GpuPriceOut,
+    PricingOut,
+)
 from controller.access.keys import Principal
 from controller.network import resources
-from controller.store.models import Cluster, EgressPrice, GpuPrice, Provider, utcnow
+from controller.store.models import (
+    BandwidthPrice,
+    Cluster,
+    EgressPrice,
+    GpuPrice,
+    Provider,
+    utcnow,
+)
 from controller.values.errors import Conflict, Invalid, NotFound
 
 router = APIRouter(prefix="/v1/pricing", tags=["pricing"])
@@ -105,10 +120,23 @@ def current(
             effective_from=e.effective_from,
             provider=parties.get(e.provider_id) if e.provider_id else None,
         )
+    bw: dict[str, BandwidthPriceOut] = {}
+    for b in session.scalars(
+        select(BandwidthPrice)
+        .where(BandwidthPrice.effective_from <= when)
+        .order_by(BandwidthPrice.effective_from, BandwidthPrice.id)
+    ):
+        bw[b.cluster_id] = BandwidthPriceOut(
+            cluster=names.get(b.cluster_id, b.cluster_id),
+            price_per_gbps_hour=float(b.price_per_gbps_hour),
+            effective_from=b.effective_from,
+            provider=parties.get(b.provider_id) if b.provider_id else None,
+        )
     return PricingOut(
         at=when,
         gpu=sorted(gpu.values(), key=lambda p: (p.cluster, p.gpu_model, p.qos_class)),
         egress=sorted(egress.values(), key=lambda p: (p.src, p.dst)),
+        bandwidth=sorted(bw.values(), key=lambda p: p.cluster),
     )
 
 
@@ -190,3 +218,38 @@ def set_egress_price(
     )
     session.commit()
     return out
+
+
+@router.post("/bandwidth", status_code=status.HTTP_201_CREATED, response_model=BandwidthPriceOut)
+def set_bandwidth_price(
+    body: BandwidthPriceIn, session: SessionDep, who: PricerDep
+) -> BandwidthPriceOut:
+    """Set the price per Gbit/s-hour of WAN rate a job reserves on the cluster's ports (its
+    uplink and downlink), from now (or a future time) on: a job pays it for the rate its
+    plan holds there while it runs, and its quote prices it."""
+    cluster = resources.get_cluster(session, body.cluster)
+    _may_price(session, who, cluster, "cluster")
+    at = effective(body.effective_from)
+    session.add(
+        BandwidthPrice(
+            cluster_id=cluster.id,
+            price_per_gbps_hour=Decimal(str(body.price_per_gbps_hour)),
+            effective_from=at,
+            provider_id=cluster.provider_id,
+        )
+    )
+    resources.audit(
+        session,
+        who.key_id,
+        "price.bandwidth",
+        "cluster",
+        body.cluster,
+        **body.model_dump(mode="json"),
+    )
+    session.commit()
+    return BandwidthPriceOut(
+        cluster=body.cluster,
+        price_per_gbps_hour=body.price_per_gbps_hour,
+        effective_from=at,
+        provider=_provider_name(session, cluster),
+    )

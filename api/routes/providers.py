@@ -20,6 +20,7 @@ from api.deps import AdminDep, SessionDep, require
 from api.pagination import PageDep, fetch_page
 from api.routes.pricing import effective
 from api.schemas import (
+    BandwidthPriceOut,
     EgressPriceOut,
     GpuPriceOut,
     Page,
@@ -43,6 +44,7 @@ from controller.money.amounts import q6
 from controller.network import resources
 from controller.store.db import lock_for_update
 from controller.store.models import (
+    BandwidthPrice,
     Cluster,
     EgressPrice,
     GpuPrice,
@@ -216,6 +218,13 @@ def offers(provider_id: str, session: SessionDep, who: ProviderReader) -> Pricin
     ):
         egress.setdefault((e.src_cluster_id, e.dst_cluster_id), []).append(e)
     dst_names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
+    bw: dict[str, list[BandwidthPrice]] = {}
+    for b in session.scalars(
+        select(BandwidthPrice)
+        .where(BandwidthPrice.cluster_id.in_(clusters))
+        .order_by(BandwidthPrice.effective_from, BandwidthPrice.id)
+    ):
+        bw.setdefault(b.cluster_id, []).append(b)
     return PricingOut(
         at=now,
         gpu=[
@@ -241,10 +250,20 @@ def offers(provider_id: str, session: SessionDep, who: ProviderReader) -> Pricin
             for rows in egress.values()
             for e in _current_and_later(rows, now)
         ],
+        bandwidth=[
+            BandwidthPriceOut(
+                cluster=clusters[b.cluster_id],
+                price_per_gbps_hour=float(b.price_per_gbps_hour),
+                effective_from=b.effective_from,
+                provider=names.get(b.provider_id) if b.provider_id else None,
+            )
+            for rows in bw.values()
+            for b in _current_and_later(rows, now)
+        ],
     )
 
 
-Row = TypeVar("Row", GpuPrice, EgressPrice, Sla)
+Row = TypeVar("Row", GpuPrice, EgressPrice, Sla, BandwidthPrice)
 
 
 def _current_and_later(rows: list[Row], now: datetime) -> list[Row]:

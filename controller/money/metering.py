@@ -1,9 +1,11 @@
 """Metering and the ledger.
 
 GPU use is metered from allocation records (GPUs x seconds held), WAN use from the workers'
-reports (bytes per link). Metering splits every period at price changes, so each usage row has
-exactly one price; pricing turns each row into one append-only ledger entry. Totals then
-reconcile with usage times prices to the last decimal, across any price change.
+reports (bytes per link) and from the rate an allocation holds on its cluster's ports (Gbit/s
+x seconds, where that bandwidth is priced). Metering splits every period at price changes, so
+each usage row has exactly one price; pricing turns each row into one append-only ledger
+entry. Totals then reconcile with usage times prices to the last decimal, across any price
+change.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from sqlalchemy.orm import Session
 from controller.money import settlement
 from controller.money.amounts import MICRO, exact_total, q6
 from controller.money.pricing import (
+    PricedSpan,
+    bandwidth_price_history,
     egress_price_history,
     gpu_price_history,
     price_at,
+    priced_part,
     require,
     spans,
 )
@@ -37,6 +42,7 @@ from controller.store.models import (
 from controller.values.errors import NotFound
 
 SECONDS_PER_HOUR = Decimal(3600)
+KBPS_PER_GBPS = Decimal(10**6)
 BYTES_PER_GB = Decimal(10**9)
 
 
@@ -95,9 +101,48 @@ def meter_allocations(session: Session, job: Job, until: datetime | None = None)
             )
             session.add(usage)
             made.append(usage)
+        for part in _reserved_parts(session, alloc, start, end):
+            usage = Usage(
+                tenant_id=job.tenant_id,
+                job_id=job.id,
+                kind=WAN_RESERVED,
+                cluster=name,
+                quantity=q6(_gbps(alloc) * _seconds(part.start, part.end)),
+                period_start=part.start,
+                period_end=part.end,
+            )
+            session.add(usage)
+            made.append(usage)
         alloc.metered_until = end
     session.flush()
     return made
+
+
+WAN_RESERVED = "wan_reserved"
+"""The usage kind of WAN rate held on a cluster's ports: Gbit/s x seconds (issue 52)."""
+
+
+def _gbps(alloc: Allocation) -> Decimal:
+    return Decimal(alloc.wan_kbps or 0) / KBPS_PER_GBPS
+
+
+def _reserved_parts(
+    session: Session, alloc: Allocation, start: datetime, end: datetime
+) -> list[PricedSpan]:
+    """The priced spans of the WAN rate `alloc` holds on its cluster's ports over
+    [start, end); none when it holds none or its cluster's bandwidth has no price."""
+    if not alloc.wan_kbps or end <= start:
+        return []
+    return priced_part(bandwidth_price_history(session, alloc.cluster_id), start, end)
+
+
+def bandwidth_charge(
+    gbit_seconds: Decimal, price_per_gbps_hour: Decimal
+) -> tuple[Decimal, Decimal]:
+    """(Gbit/s-hours, amount) for a reserved-bandwidth usage row."""
+    return q6(gbit_seconds / SECONDS_PER_HOUR), q6(
+        gbit_seconds * price_per_gbps_hour / SECONDS_PER_HOUR
+    )
 
 
 def meter_wan(
@@ -163,6 +208,12 @@ def charge_of(session: Session, usage: Usage, ids: Mapping[str, str]) -> Charge:
         unit = require(price_at(history, usage.period_start), what)
         quantity, amount = gpu_charge(Decimal(usage.quantity), unit)
         return Charge("gpu", what, quantity, unit, amount)
+    if usage.kind == WAN_RESERVED:
+        what = f"WAN rate reserved on {usage.cluster}'s ports"
+        history = bandwidth_price_history(session, ids.get(usage.cluster, ""))
+        unit = price_at(history, usage.period_start) or Decimal(0)
+        quantity, amount = bandwidth_charge(Decimal(usage.quantity), unit)
+        return Charge("bandwidth", what, quantity, unit, amount)
     assert usage.dst_cluster
     history = egress_price_history(
         session, ids.get(usage.cluster, ""), ids.get(usage.dst_cluster, "")
@@ -327,6 +378,9 @@ def _unbilled(
         for part in parts:
             gpu_seconds = q6(Decimal(alloc.gpus) * _seconds(part.start, part.end))
             total += gpu_charge(gpu_seconds, part.price)[1]
+        for part in _reserved_parts(session, alloc, start, now):
+            held = q6(_gbps(alloc) * _seconds(part.start, part.end))
+            total += bandwidth_charge(held, part.price)[1]
     rows = session.scalars(select(Usage).where(usages, Usage.priced.is_(False))).all()
     if rows:
         ids = dict(session.execute(select(Cluster.name, Cluster.id)).all())

@@ -14,7 +14,7 @@ from decimal import Decimal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import EgressPrice, GpuPrice
+from controller.store.models import BandwidthPrice, EgressPrice, GpuPrice
 from controller.values.errors import NotFound
 
 
@@ -82,6 +82,38 @@ def egress_price_history(
         .order_by(EgressPrice.effective_from, EgressPrice.id)
     ).all()
     return [(at, Decimal(p)) for at, p in rows]
+
+
+def bandwidth_price_history(session: Session, cluster_id: str) -> list[tuple[datetime, Decimal]]:
+    rows = session.execute(
+        select(BandwidthPrice.effective_from, BandwidthPrice.price_per_gbps_hour)
+        .where(BandwidthPrice.cluster_id == cluster_id)
+        .order_by(BandwidthPrice.effective_from, BandwidthPrice.id)
+    ).all()
+    return [(at, Decimal(p)) for at, p in rows]
+
+
+def current_bandwidth_prices(session: Session, at: datetime) -> dict[str, Decimal]:
+    """cluster_id -> price per reserved Gbit/s-hour in effect at `at`."""
+    out: dict[str, Decimal] = {}
+    rows = session.execute(
+        select(BandwidthPrice.cluster_id, BandwidthPrice.price_per_gbps_hour)
+        .where(BandwidthPrice.effective_from <= at)
+        .order_by(BandwidthPrice.effective_from, BandwidthPrice.id)
+    )
+    for cluster_id, price in rows:
+        out[cluster_id] = Decimal(price)
+    return out
+
+
+def priced_part(
+    history: Sequence[tuple[datetime, Decimal]], start: datetime, end: datetime
+) -> list[PricedSpan]:
+    """`spans` of [start, end) from the first price on: what has no price before it (a
+    reservation made before its cluster's bandwidth was priced) is free, not an error."""
+    if not history or history[0][0] >= end:
+        return []
+    return spans(history, max(start, history[0][0]), end)
 
 
 def price_at(history: Sequence[tuple[datetime, Decimal]], at: datetime) -> Decimal | None:

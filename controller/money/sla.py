@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from controller.money import settlement
 from controller.money.amounts import q6
-from controller.money.metering import SLA_CREDIT
+from controller.money.metering import SLA_CREDIT, WAN_RESERVED
 from controller.store.models import (
     Allocation,
     Cluster,
@@ -219,14 +219,15 @@ def _measured(session: Session, cluster_id: str, start: datetime, end: datetime)
 def _charges(
     session: Session, job_id: str, cluster: str, start: datetime, end: datetime
 ) -> Decimal:
-    """The job's GPU and egress charges for the cluster's resources within the run."""
+    """The job's GPU, egress and reserved-bandwidth charges for the cluster's resources
+    within the run."""
     rows = session.scalars(
         select(LedgerEntry.amount)
         .join(Usage, Usage.id == LedgerEntry.usage_id)
         .where(
             LedgerEntry.job_id == job_id,
             Usage.cluster == cluster,
-            Usage.kind.in_(("gpu_seconds", "wan_bytes")),
+            Usage.kind.in_(("gpu_seconds", "wan_bytes", WAN_RESERVED)),
             Usage.period_start >= start,
             Usage.period_end <= end,
         )

@@ -159,6 +159,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
     setups = dict(seen.setup_by_cluster)
     gpu_prices = pricing.current_gpu_prices(session, at)
     egress = pricing.current_egress_prices(session, at)
+    bandwidth = pricing.current_bandwidth_prices(session, at)
     # Columns, not ORM rows: with a thousand clusters and their links, loading Cluster and
     # Link objects (each link joined to both its clusters) was most of a reconcile pass's read.
     inventory: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
@@ -215,6 +216,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     gpu_tflops=tflops,
                     setup_s=setups.get(c.name),
                     provider=parties.get(c.provider_id) if c.provider_id else None,
+                    bandwidth_price_per_gbps_hour=float(bandwidth.get(c.id, 0)),
                 )
             )
     cluster_names = {c.id: (c.name, c.labels) for c in clusters}

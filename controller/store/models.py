@@ -407,6 +407,21 @@ class EgressPrice(Base):
     """Who posted it: the source cluster's provider (an offer), or None (an admin's price)."""
 
 
+class BandwidthPrice(Base):
+    """Price per Gbit/s-hour of WAN rate reserved on a cluster's ports (its uplink and
+    downlink, issue 49), effective-dated like GPU prices; posted by its owner (issue 52)."""
+
+    __tablename__ = "bandwidth_prices"
+    __table_args__ = (Index("ix_bandwidth_price_lookup", "cluster_id", "effective_from"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
+    price_per_gbps_hour: Mapped[Decimal] = mapped_column(Money)
+    effective_from: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    provider_id: Mapped[str | None] = mapped_column(ForeignKey("providers.id"))
+
+
 class Sla(Base):
     """What a provider promises of one of its clusters from a moment on: the cluster's uptime
     and its uplink's bandwidth, and the share of a job's charges there refunded when a run

@@ -16,6 +16,7 @@ from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
 from scheduler.pipeline_cost import StageWork, estimate_pipeline
 from training.pipeline.split import Placement, place
 from wire.plan import (
+    BandwidthCharge,
     EgressCharge,
     GpuCharge,
     JobPlan,
@@ -236,6 +237,46 @@ def _party(snapshot: scheduler.Snapshot, name: str) -> str | None:
     return cluster.provider if cluster is not None else None
 
 
+def with_bandwidth(
+    estimate: PlanEstimate,
+    breakdown: PriceBreakdown,
+    reserved: Mapping[str, int],
+    snapshot: scheduler.Snapshot,
+    origin: Callable[[str], tuple[str, str | None]],
+) -> tuple[PlanEstimate, PriceBreakdown]:
+    """The estimate and price with the WAN rate `reserved` on each cluster's ports, held for
+    the whole run at the cluster's bandwidth price, as metering bills it. The search does not
+    weigh this price yet: the quote states it, the held price includes it."""
+    by_cluster = {origin(c.name)[0]: c for c in snapshot.clusters}
+    hours = estimate.total_time_s / 3600
+    lines = []
+    for name, kbps in sorted(reserved.items()):
+        c = by_cluster.get(name)
+        if c is None or c.bandwidth_price_per_gbps_hour <= 0 or kbps <= 0:
+            continue
+        gbps = kbps / 1e6
+        lines.append(
+            BandwidthCharge(
+                cluster=name,
+                gbps=gbps,
+                hours=round(hours, 6),
+                price_per_gbps_hour=c.bandwidth_price_per_gbps_hour,
+                amount=round(gbps * hours * c.bandwidth_price_per_gbps_hour, 6),
+                provider=c.provider,
+            )
+        )
+    if not lines:
+        return estimate, breakdown
+    extra = sum(b.amount for b in lines)
+    cost = round((estimate.cost or 0.0) + extra, 6)
+    return (
+        estimate.model_copy(update={"cost": cost}),
+        breakdown.model_copy(
+            update={"total": round(breakdown.total + extra, 6), "bandwidth": tuple(lines)}
+        ),
+    )
+
+
 def wan_kbps(estimate: PlanEstimate, shares: Sequence[Share]) -> dict[str, int]:
     """What a plan reserves of each of its clusters' ports: its WAN bytes over its steps'
     time, shared by its clusters (by name: a cluster's GPU models share its ports), as the
@@ -368,11 +409,13 @@ def plan_of(
     if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged
         explanation = (*explanation, why)
+    reserved = wan_kbps(estimate, shares)
+    estimate, breakdown = with_bandwidth(estimate, breakdown, reserved, snapshot, origin)
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),
         links=planned_links(snapshot, [a.cluster for a in result.placement], origin, paced),
-        wan_kbps=wan_kbps(estimate, shares),
+        wan_kbps=reserved,
         parallel=parallel,
         compression=result.compression,
         sync=result.sync,

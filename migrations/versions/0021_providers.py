@@ -1,14 +1,16 @@
-"""providers, slas, postings, payouts: resource providers as parties and double-entry books
+"""providers, bandwidth_prices, slas, postings, payouts: providers as parties, double entry
 
 A provider owns clusters (`clusters.provider_id`, assigned by admins), posts its offers into
 the effective-dated catalogue (`gpu_prices.provider_id`, `egress_prices.provider_id`: who
 posted a row) and is credited for what runs on its clusters, less the platform's fee. Every
 ledger entry now has postings that sum to zero: the tenant's debit, the provider's credit and
-the platform's share (issue 52). Postings and payouts are append-only in the database, like
-the ledger. An SLA states what a provider promises of a cluster (uptime, uplink bandwidth)
-and what share of a run's charges there is refunded when the agents' measurements show less.
-Ledger entries written before this revision get their postings here (all to the
-platform: no cluster had a provider), so the books balance from the first entry.
+the platform's share (issue 52). Reserved WAN rate is priced per Gbit/s-hour on a cluster's
+ports (`bandwidth_prices`), so a job's bundle is GPUs and the bandwidth between them. An SLA
+states what a provider promises of a cluster (uptime, uplink bandwidth) and the share of a
+run's charges there refunded when the agents' measurements show less. Postings and payouts
+are append-only in the database, like the ledger. Ledger entries written before this
+revision get their postings here (all to the platform: no cluster had a provider), so the
+books balance from the first entry.
 
 Revision ID: 0021
 Revises: 0020
@@ -76,6 +78,21 @@ def upgrade() -> None:
         with op.batch_alter_table(table) as batch:
             batch.add_column(sa.Column("provider_id", sa.String(length=36), nullable=True))
             batch.create_foreign_key(f"fk_{table}_provider", "providers", ["provider_id"], ["id"])
+    op.create_table(
+        "bandwidth_prices",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("cluster_id", sa.String(length=36), nullable=False),
+        sa.Column("price_per_gbps_hour", sa.Numeric(precision=18, scale=6), nullable=False),
+        sa.Column("effective_from", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("provider_id", sa.String(length=36), nullable=True),
+        sa.ForeignKeyConstraint(["cluster_id"], ["clusters.id"], ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(["provider_id"], ["providers.id"]),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    op.create_index(
+        "ix_bandwidth_price_lookup", "bandwidth_prices", ["cluster_id", "effective_from"]
+    )
     op.create_table(
         "slas",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
@@ -162,6 +179,8 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table}")
             op.execute(f"DROP TRIGGER IF EXISTS {table}_no_update_delete ON {table}")
         op.execute("DROP FUNCTION IF EXISTS cpn_books_append_only()")
+    op.drop_index("ix_bandwidth_price_lookup", table_name="bandwidth_prices")
+    op.drop_table("bandwidth_prices")
     op.drop_index("ix_sla_lookup", table_name="slas")
     op.drop_table("slas")
     op.drop_index("ix_payouts_provider_id", table_name="payouts")

@@ -84,7 +84,7 @@ def test_refusals_are_one_line(cpn: CliRun) -> None:
     role = cpn("admin", "keys", "create", "--role", "root")
     assert role.code == 2
     assert one_line(role.err) == (
-        "cpn admin keys create: error: --role: 'root': use admin, tenant or agent"
+        "cpn admin keys create: error: --role: 'root': use admin, tenant, agent or provider"
     )
     scope = cpn("admin", "keys", "create", "--role", "tenant", "--scope", "nobody")
     assert scope.code == 1

@@ -24,6 +24,7 @@ from decimal import Decimal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from controller.money import settlement
 from controller.money.amounts import exact_total, q6
 from controller.money.metering import _seconds, charge_of
 from controller.store.db import is_sqlite, make_engine, make_sessionmaker
@@ -166,6 +167,9 @@ def _check(s: Session) -> Books:
             )
     for usage_id in set(by_usage) - {u.id for u in usage}:
         broken.append(f"ledger entries for usage {usage_id}, which does not exist")
+    unposted = settlement.unbalanced(s)
+    if unposted:
+        broken.append(f"ledger entries whose postings do not sum to zero: {unposted[:10]}")
     books.ledger_total = exact_total(s, LedgerEntry.amount)
     if books.ledger_total != books.charged:
         broken.append(f"ledger total {books.ledger_total} != usage x prices {books.charged}")

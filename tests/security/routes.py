@@ -2,7 +2,7 @@
 
 Routes come from the live OpenAPI document, plus any route the document hides (found by
 walking the app), so a route added later is checked without anyone listing it here. A new
-route is admin-only unless this file says otherwise: a tenant or agent route that is not
+route is admin-only unless this file says otherwise: a tenant, agent or provider route that is not
 listed below fails the checks until its roles are written down.
 """
 
@@ -45,6 +45,7 @@ ROLE_POLICY: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/pricing"): ANY_KEY,
     ("POST", "/v1/pricing/gpu"): PROVIDER_OR_ADMIN,
     ("POST", "/v1/pricing/egress"): PROVIDER_OR_ADMIN,
+    ("POST", "/v1/pricing/bandwidth"): PROVIDER_OR_ADMIN,
     ("GET", "/v1/providers/{provider_id}"): PROVIDER_OR_ADMIN,
     ("GET", "/v1/providers/{provider_id}/clusters"): PROVIDER_OR_ADMIN,
     ("GET", "/v1/providers/{provider_id}/offers"): PROVIDER_OR_ADMIN,

@@ -484,3 +484,84 @@ def test_two_replicas_settling_one_run_at_once_post_it_once(network: Network) ->
         assert len(postings) == 3 + 3 + 2  # us-east GPUs and egress: a provider; eu-west: none
         assert settlement.unbalanced(s) == []
         assert settlement.balance(s, pid) > 0
+
+
+def test_the_bandwidth_a_job_holds_is_priced_billed_and_credited(network: Network) -> None:
+    """dc-east prices WAN rate on us-east's ports at $2 per Gbit/s-hour. A quote whose plan
+    crosses the WAN from us-east names that line and adds it to its total; a run holding
+    0.5 Gbit/s there for about a second is billed exactly that (eu-west's ports, unpriced,
+    cost nothing), and dc-east is credited it less the fee."""
+    pid, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    try:
+        made = prov.post(
+            "/v1/pricing/bandwidth", {"cluster": "us-east", "price_per_gbps_hour": 2.0}
+        )
+        assert made["provider"] == "dc-east"
+        refused(
+            lambda: prov.post(
+                "/v1/pricing/bandwidth", {"cluster": "eu-west", "price_per_gbps_hour": 0}
+            ),
+            404,
+        )
+        assert [b["cluster"] for b in network.tenant.get("/v1/pricing")["bandwidth"]] == ["us-east"]
+        assert prov.get(f"/v1/providers/{pid}/offers")["bandwidth"][0]["price_per_gbps_hour"] == 2
+    finally:
+        prov.close()
+    quote = network.tenant.post("/v1/quotes", spec(gpus=20, steps=2000))
+    crossing = [
+        o for o in quote["options"]
+        if "us-east" in {p["cluster"] for p in o["placement"]} and len(o["placement"]) > 1
+    ]  # fmt: skip
+    assert crossing, quote["options"]
+    for option in crossing:
+        price = option["price"]
+        (line,) = price["bandwidth"]
+        assert line["cluster"] == "us-east" and line["provider"] == "dc-east"
+        gbps = option["wan_kbps"]["us-east"] / 1e6
+        hours = option["estimate"]["total_time_s"] / 3600
+        assert line["amount"] == pytest.approx(gbps * hours * 2.0, abs=2e-6)
+        # the lines add up to the total (to 1e-4: the egress lines split the model's WAN
+        # bytes evenly over the ring's edges, each rounded; the model prices them as it runs)
+        parts = sum(x["amount"] for x in (*price["gpu"], *price["egress"], *price["bandwidth"]))
+        assert price["total"] == pytest.approx(parts, abs=1e-4)
+        assert option["estimate"]["cost"] == pytest.approx(price["total"], abs=1e-5)
+
+    job_out = network.tenant.post("/v1/jobs", spec(gpus=4, qos={"qos_class": "standard"}))
+    sessions = make_sessionmaker(make_engine(network.server.database_url))
+    with sessions() as s, s.begin():
+        job = s.get(Job, job_out["id"])
+        assert job is not None
+        reserve(
+            s,
+            job,
+            [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)],
+            {"us-east": 500_000, "eu-west": 500_000},
+        )
+        lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
+        lifecycle.transition(s, job, JobState.RUNNING, "launched")
+    with sessions() as s:
+        start = s.scalars(select(Allocation.billed_from)).first()
+    assert start is not None
+    while datetime.now(UTC) < start + timedelta(seconds=1):
+        threading.Event().wait(0.05)
+    with sessions() as s, s.begin():
+        job = s.get(Job, job_out["id"])
+        assert job is not None
+        lifecycle.end_run(s, job)
+    with sessions() as s:
+        entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_out["id"])).all()
+        (held,) = [e for e in entries if e.kind == "bandwidth"]
+        end = s.scalars(select(Allocation.ended_at)).first()
+        assert end is not None
+        seconds = Decimal(str((end - start).total_seconds()))
+        assert Decimal(str(held.amount)) == q6(
+            q6(Decimal("0.5") * seconds) * Decimal(2) / Decimal(3600)
+        )
+        assert "us-east" in held.description
+        credit = s.scalars(
+            select(Posting.amount).where(
+                Posting.ledger_id == held.id, Posting.account == "provider"
+            )
+        ).one()
+        assert Decimal(str(credit)) == q6(Decimal(str(held.amount)) * Decimal("0.9"))
+        assert settlement.unbalanced(s) == []

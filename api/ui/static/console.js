@@ -566,6 +566,13 @@ function quote() {
 
 // ---- usage and pricing ---------------------------------------------------------------------
 
+function quantityText(r) {
+  if (r.kind === "wan_bytes") return bytes(r.quantity);
+  if (r.kind === "wan_reserved") return `${num(r.quantity / 3600, 3)} Gbit/s-h`;
+  if (r.kind.endsWith("_credit")) return `$${num(r.quantity, 6)} back`;
+  return `${num(r.quantity / 3600, 3)} GPU-h`;
+}
+
 function usage() {
   const select = $("tenant");
   const show = async (tenant) => {
@@ -577,7 +584,7 @@ function usage() {
       ["Charged", `$${ledger.total}`], ["Ledger entries", ledger.total_items]]);
     fill($("usage").tBodies[0], u.rows.map((r) => [
       r.kind, r.dst_cluster ? `${r.cluster} → ${r.dst_cluster}` : r.cluster, r.gpu_model || "—", r.qos_class || "—",
-      r.kind === "wan_bytes" ? bytes(r.quantity) : `${num(r.quantity / 3600, 3)} GPU-h`]));
+      quantityText(r)]));
     fill($("ledger").tBodies[0], ledger.items.map((e) => [
       when(e.created_at), e.job_id ? el("a", { href: `/ui/jobs/${e.job_id}` }, e.job_id.slice(0, 8)) : "—",
       e.description || e.kind, e.quantity, e.unit_price, `$${e.amount}`]));
@@ -599,6 +606,7 @@ function pricing() {
     $("pricing-at").textContent = `Prices in effect at ${when(p.at)}.`;
     fill($("gpu-prices").tBodies[0], p.gpu.map((g) => [g.cluster, g.gpu_model, g.qos_class, `$${num(g.price_per_gpu_hour, 4)}`, when(g.effective_from), g.provider || "operator"]));
     fill($("egress-prices").tBodies[0], p.egress.map((e) => [e.src, e.dst, `$${num(e.price_per_gb, 4)}`, when(e.effective_from), e.provider || "operator"]));
+    fill($("bandwidth-prices").tBodies[0], p.bandwidth.map((b) => [b.cluster, `$${num(b.price_per_gbps_hour, 4)}`, when(b.effective_from), b.provider || "operator"]));
   }).catch((e) => alertText(e.message));
 }
 
