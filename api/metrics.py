@@ -121,6 +121,12 @@ class Metrics:
             "estimated to cost yet (held), and its budget (budget; absent: none), dollars.",
             ("tenant", "kind"),
         )
+        self.provider_dollars = Scraped(
+            "cpn_provider_dollars",
+            "Each provider's books: credited for its resources less the fee (earned), paid out "
+            "(paid), and owed now (owed), dollars.",
+            ("provider", "kind"),
+        )
         self.cluster_gpus = Scraped(
             "cpn_cluster_gpus",
             "GPUs of each cluster (count, allocatable, in_use).",
@@ -140,6 +146,7 @@ class Metrics:
             self.tenant_jobs,
             self.tenant_gpus,
             self.tenant_dollars,
+            self.provider_dollars,
             self.cluster_gpus,
             self.cluster_jobs,
         )

@@ -19,7 +19,18 @@ from controller.jobs.lifecycle import STATES
 from controller.network import allocations
 from controller.network.resources import effective_links
 from controller.store.migrate import pending_reason
-from controller.store.models import Allocation, Cluster, ClusterGpus, Job, Link, Tenant, Usage
+from controller.store.models import (
+    Allocation,
+    Cluster,
+    ClusterGpus,
+    Job,
+    Link,
+    Payout,
+    Posting,
+    Provider,
+    Tenant,
+    Usage,
+)
 from grammar.states import TERMINAL, ClusterState
 
 router = APIRouter(tags=["health"])
@@ -171,6 +182,23 @@ def _scrape(session: Session, m: Metrics) -> None:
         money[(name, "held")] = held_micros / 1e6
     m.tenant_gpus.set_all(tenant_gpus)
     m.tenant_dollars.set_all(money)
+    earned = dict(
+        session.execute(
+            select(Posting.party_id, func.sum(Posting.amount))
+            .where(Posting.account == "provider")
+            .group_by(Posting.party_id)
+        ).all()
+    )
+    paid = dict(
+        session.execute(
+            select(Payout.provider_id, func.sum(Payout.amount)).group_by(Payout.provider_id)
+        ).all()
+    )
+    books: dict[tuple[str, ...], float] = {}
+    for pid, name in session.execute(select(Provider.id, Provider.name)):
+        e, p = float(earned.get(pid) or 0), float(paid.get(pid) or 0)
+        books |= {(name, "earned"): e, (name, "paid"): p, (name, "owed"): e - p}
+    m.provider_dollars.set_all(books)
     m.cluster_jobs.set_all(
         {(c.name,): cluster_jobs.get((c.name,), 0.0) for c in session.scalars(select(Cluster))}
     )

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
@@ -32,6 +33,7 @@ from controller.store.models import (
 )
 from grammar.states import ClusterState, JobState
 from tests.service.conftest import Network, spec
+from tests.service.test_metrics import samples, value
 
 
 def refused(call: Any, status: int) -> ApiError:
@@ -222,6 +224,10 @@ def test_every_charge_is_split_exactly_between_provider_and_platform(network: Ne
         ]
         listed = network.admin.get("/v1/providers")["items"]
         assert [(p["name"], Decimal(p["balance"])) for p in listed] == [("dc-east", earned - half)]
+        m = samples(httpx.get(f"{network.server.url}/metrics").text)
+        owed = value(m, "cpn_provider_dollars", provider="dc-east", kind="owed")
+        assert owed == pytest.approx(float(earned - half), abs=1e-6)
+        assert value(m, "cpn_provider_dollars", provider="dc-east", kind="paid") == float(half)
     finally:
         prov.close()
 
