@@ -294,6 +294,17 @@ class GpuPriceIn(_In):
     effective_from: BoundedUTC | None = Field(
         default=None, description="UTC time it applies from; now when left out; never the past."
     )
+    gpus: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="The most GPUs of the model sold at once at this price; all when left out.",
+    )
+    until: BoundedUTC | None = Field(
+        default=None,
+        description="When the offer stops taking new placements (runs placed before go on at "
+        "its price); open when left out.",
+    )
 
 
 class EgressPriceIn(_In):
@@ -312,6 +323,8 @@ class GpuPriceOut(BaseModel):
     qos_class: str
     price_per_gpu_hour: float
     effective_from: datetime
+    gpus: int | None = Field(default=None, description="The most GPUs sold at once; null: all.")
+    until: datetime | None = Field(default=None, description="Takes placements until; null: open.")
     provider: str | None = Field(
         default=None, description="The provider whose offer it is; null: the operator's price."
     )

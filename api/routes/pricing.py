@@ -105,6 +105,8 @@ def current(
             price_per_gpu_hour=float(row.price_per_gpu_hour),
             effective_from=row.effective_from,
             provider=parties.get(row.provider_id) if row.provider_id else None,
+            gpus=row.gpus,
+            until=row.until,
         )
     eg_rows = session.scalars(
         select(EgressPrice)
@@ -147,6 +149,10 @@ def set_gpu_price(body: GpuPriceIn, session: SessionDep, who: PricerDep) -> GpuP
     cluster = resources.get_cluster(session, body.cluster)
     _may_price(session, who, cluster, "cluster")
     at = effective(body.effective_from)
+    if body.until is not None and (body.until.tzinfo is None or body.until <= at):
+        raise Invalid(
+            "until must be a time with a timezone after the offer takes effect", field="until"
+        )
     session.add(
         GpuPrice(
             cluster_id=cluster.id,
@@ -155,6 +161,8 @@ def set_gpu_price(body: GpuPriceIn, session: SessionDep, who: PricerDep) -> GpuP
             price_per_gpu_hour=Decimal(str(body.price_per_gpu_hour)),
             effective_from=at,
             provider_id=cluster.provider_id,
+            gpus=body.gpus,
+            until=body.until,
         )
     )
     resources.audit(
@@ -168,6 +176,8 @@ def set_gpu_price(body: GpuPriceIn, session: SessionDep, who: PricerDep) -> GpuP
         price_per_gpu_hour=body.price_per_gpu_hour,
         effective_from=at,
         provider=_provider_name(session, cluster),
+        gpus=body.gpus,
+        until=body.until,
     )
 
 

@@ -235,6 +235,8 @@ def offers(provider_id: str, session: SessionDep, who: ProviderReader) -> Pricin
                 price_per_gpu_hour=float(r.price_per_gpu_hour),
                 effective_from=r.effective_from,
                 provider=names.get(r.provider_id) if r.provider_id else None,
+                gpus=r.gpus,
+                until=r.until,
             )
             for rows in gpu.values()
             for r in _current_and_later(rows, now)

@@ -125,19 +125,35 @@ def price_at(history: Sequence[tuple[datetime, Decimal]], at: datetime) -> Decim
     return current
 
 
-def current_gpu_prices(session: Session, at: datetime) -> dict[tuple[str, str, str], Decimal]:
-    """(cluster_id, gpu_model, qos_class) -> price per GPU-hour in effect at `at`."""
-    out: dict[tuple[str, str, str], Decimal] = {}
+@dataclass(frozen=True)
+class GpuOffer:
+    """The GPU price in effect, with what the offer sells: at most `gpus` at once (None:
+    all), new placements until `until` (None: open)."""
+
+    price: Decimal
+    gpus: int | None = None
+    until: datetime | None = None
+
+
+def current_gpu_offers(session: Session, at: datetime) -> dict[tuple[str, str, str], GpuOffer]:
+    """(cluster_id, gpu_model, qos_class) -> the offer in effect at `at`; an offer whose
+    window closed by then is left out (its GPUs take no new placements at that class)."""
+    out: dict[tuple[str, str, str], GpuOffer] = {}
     rows = session.execute(
         select(
-            GpuPrice.cluster_id, GpuPrice.gpu_model, GpuPrice.qos_class, GpuPrice.price_per_gpu_hour
+            GpuPrice.cluster_id,
+            GpuPrice.gpu_model,
+            GpuPrice.qos_class,
+            GpuPrice.price_per_gpu_hour,
+            GpuPrice.gpus,
+            GpuPrice.until,
         )
         .where(GpuPrice.effective_from <= at)
         .order_by(GpuPrice.effective_from, GpuPrice.id)
     )
-    for cluster_id, gpu_model, qos_class, price in rows:
-        out[(cluster_id, gpu_model, qos_class)] = Decimal(price)
-    return out
+    for cluster_id, gpu_model, qos_class, price, gpus, until in rows:
+        out[(cluster_id, gpu_model, qos_class)] = GpuOffer(Decimal(price), gpus, until)
+    return {k: o for k, o in out.items() if o.until is None or o.until > at}
 
 
 def current_egress_prices(session: Session, at: datetime) -> dict[tuple[str, str], Decimal]:

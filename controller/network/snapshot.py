@@ -157,7 +157,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
     at = at or utcnow()
     seen = observed(session)
     setups = dict(seen.setup_by_cluster)
-    gpu_prices = pricing.current_gpu_prices(session, at)
+    gpu_offers = pricing.current_gpu_offers(session, at)
     egress = pricing.current_egress_prices(session, at)
     bandwidth = pricing.current_bandwidth_prices(session, at)
     # Columns, not ORM rows: with a thousand clusters and their links, loading Cluster and
@@ -192,9 +192,13 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         intra = labels.number(c.labels, "intra_bandwidth_gbps", c.name) or DEFAULT_INTRA_GBPS
         names[c.id] = []
         for gpu_model, allocatable, in_use in offered:
-            price = gpu_prices.get((c.id, gpu_model, qos_class))
-            if price is None:
+            offer = gpu_offers.get((c.id, gpu_model, qos_class))
+            if offer is None:
                 continue
+            price = offer.price
+            free = max(0, allocatable - in_use)
+            if offer.gpus is not None:  # the offer sells at most this many at once
+                free = min(free, max(0, offer.gpus - in_use))
             model = normalize_gpu_model(gpu_model)
             tflops = labels.number(c.labels, "gpu_tflops", c.name)
             if model is None and tflops is None:
@@ -208,7 +212,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     name=name,
                     region=c.region,
                     gpu_model=model or gpu_model,
-                    gpus_free=max(0, allocatable - in_use),
+                    gpus_free=free,
                     intra_bandwidth_gbps=intra,
                     price_per_gpu_hour=float(price),
                     state=state,

@@ -387,6 +387,11 @@ class GpuPrice(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     provider_id: Mapped[str | None] = mapped_column(ForeignKey("providers.id"))
     """Who posted it: the cluster's provider (an offer), or None (an admin's price)."""
+    gpus: Mapped[int | None] = mapped_column(Integer)
+    """The most GPUs of the model the offer sells at once (None: all the cluster has)."""
+    until: Mapped[datetime | None]
+    """When the offer stops taking new placements (None: until a later row replaces it);
+    a run placed before goes on at its price."""
 
 
 class EgressPrice(Base):

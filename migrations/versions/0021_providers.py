@@ -2,7 +2,8 @@
 
 A provider owns clusters (`clusters.provider_id`, assigned by admins), posts its offers into
 the effective-dated catalogue (`gpu_prices.provider_id`, `egress_prices.provider_id`: who
-posted a row) and is credited for what runs on its clusters, less the platform's fee. Every
+posted a row; an offer of GPUs may sell at most `gpus` at once and stop taking placements at
+`until`) and is credited for what runs on its clusters, less the platform's fee. Every
 ledger entry now has postings that sum to zero: the tenant's debit, the provider's credit and
 the platform's share (issue 52). Reserved WAN rate is priced per Gbit/s-hour on a cluster's
 ports (`bandwidth_prices`), so a job's bundle is GPUs and the bandwidth between them. An SLA
@@ -78,6 +79,9 @@ def upgrade() -> None:
         with op.batch_alter_table(table) as batch:
             batch.add_column(sa.Column("provider_id", sa.String(length=36), nullable=True))
             batch.create_foreign_key(f"fk_{table}_provider", "providers", ["provider_id"], ["id"])
+            if table == "gpu_prices":
+                batch.add_column(sa.Column("gpus", sa.Integer(), nullable=True))
+                batch.add_column(sa.Column("until", sa.DateTime(timezone=True), nullable=True))
     op.create_table(
         "bandwidth_prices",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
@@ -192,6 +196,9 @@ def downgrade() -> None:
         with op.batch_alter_table(table) as batch:
             batch.drop_constraint(f"fk_{table}_provider", type_="foreignkey")
             batch.drop_column("provider_id")
+            if table == "gpu_prices":
+                batch.drop_column("until")
+                batch.drop_column("gpus")
     with op.batch_alter_table("clusters") as batch:
         batch.drop_index("ix_clusters_provider_id")
         batch.drop_constraint("fk_clusters_provider", type_="foreignkey")

@@ -571,3 +571,48 @@ def test_the_bandwidth_a_job_holds_is_priced_billed_and_credited(network: Networ
         ).one()
         assert Decimal(str(credit)) == q6(Decimal(str(held.amount)) * Decimal("0.9"))
         assert settlement.unbalanced(s) == []
+
+
+def test_an_offer_sells_at_most_its_gpus_and_closes_at_its_end(network: Network) -> None:
+    """dc-east offers 3 of us-east's 8 A100 at the standard class, for 1.5 s: the planner's
+    world has 3 of them free at that class (the spot class, the operator's price, still has
+    8), and none once the offer closed."""
+    from controller.network.snapshot import build_world
+
+    _, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    until = datetime.now(UTC) + timedelta(seconds=1.5)
+    try:
+        err = refused(
+            lambda: prov.post(
+                "/v1/pricing/gpu",
+                {"cluster": "us-east", "gpu_model": "A100", "qos_class": "standard",
+                 "price_per_gpu_hour": 2.0, "until": "2020-01-01T00:00:00Z"},
+            ),
+            422,
+        )  # fmt: skip
+        assert names(err, "until")
+        made = prov.post(
+            "/v1/pricing/gpu",
+            {"cluster": "us-east", "gpu_model": "A100", "qos_class": "standard",
+             "price_per_gpu_hour": 2.0, "gpus": 3, "until": until.isoformat()},
+        )  # fmt: skip
+        assert made["gpus"] == 3
+    finally:
+        prov.close()
+    sessions = make_sessionmaker(make_engine(network.server.database_url))
+
+    def free(qos: str) -> int | None:
+        with sessions() as s:
+            world = build_world(s, qos)
+        found = [c.gpus_free for c in world.snapshot.clusters if c.name.startswith("us-east")]
+        return found[0] if found else None
+
+    assert free("standard") == 3
+    assert free("spot") == 8
+    quote = network.tenant.post("/v1/quotes", spec(gpus=6, steps=200))
+    for option in quote["options"]:
+        assert all(p["gpus"] <= 3 for p in option["placement"] if p["cluster"] == "us-east")
+    while datetime.now(UTC) <= until:
+        threading.Event().wait(0.05)
+    assert free("standard") is None  # the offer closed: no new placements at its price
+    assert free("spot") == 8
