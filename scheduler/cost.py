@@ -47,7 +47,9 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   fitted from observed runs) + steps x step time (the steps the run takes; what a compressor
   or sync mode costs in quality is `grammar.quality`'s, weighed apart by the optimizer).
 - money: sum_c g_c x price_c(QoS class) x total hours + WAN GB per directed ring edge x that
-  link's egress price.
+  link's egress price + the WAN rate reserved on each member's ports (its share of the bytes
+  over the steps' time, as the placement reserves it) x the total hours x that cluster's
+  price per Gbit/s-hour (`reserved_cost`; nothing where no cluster prices its bandwidth).
 """
 
 from __future__ import annotations
@@ -346,6 +348,11 @@ class CostModel:
             hit = (slow, ticks)
             self._pace_cache[names] = hit
         return hit
+
+    def bandwidth_price(self, names: tuple[str, ...]) -> float:
+        """The members' prices per reserved Gbit/s-hour, summed (`reserved_cost`)."""
+        by = self.snapshot.by_name
+        return sum(by[n].bandwidth_price_per_gbps_hour for n in names)
 
     def setup(self, names: tuple[str, ...], gpus: int | None = None) -> float:
         return setup_of(self.snapshot, names, gpus or 0)
@@ -676,11 +683,15 @@ class CostModel:
         total = p.eff_steps * p.step + setup
         gpu_cost = price_per_hour * total / 3600.0
         egress = p.exchanges * p.wan.egress_cost
+        reserved = reserved_cost(
+            self.bandwidth_price(names), len(names), p.exchanges * p.wan.bytes, total, setup
+        )
         return Estimate(
             step_time_s=p.step,
             total_time_s=total,
             wan_bytes=round(p.exchanges * p.wan.bytes),
-            cost=gpu_cost + egress,
+            cost=gpu_cost + egress + reserved,
+            bandwidth_cost=reserved,
             compute_s=p.compute,
             intra_s=intra_s,
             wan_s=p.wan.latency_s + p.wan.bandwidth_s,
@@ -712,8 +723,13 @@ class CostModel:
     ) -> tuple[float, float]:
         """(total time, cost) exactly as `estimate_parts` computes them, without the record."""
         p = self._parts(names, rate, intra_s, compression, sync, gpus)
-        total = p.eff_steps * p.step + self.setup(names, gpus)
-        return total, price_per_hour * total / 3600.0 + p.exchanges * p.wan.egress_cost
+        setup = self.setup(names, gpus)
+        total = p.eff_steps * p.step + setup
+        money = price_per_hour * total / 3600.0 + p.exchanges * p.wan.egress_cost
+        bw = self.bandwidth_price(names)
+        if bw > 0.0:
+            money += reserved_cost(bw, len(names), p.exchanges * p.wan.bytes, total, setup)
+        return total, money
 
     def score_set(
         self,
@@ -752,7 +768,7 @@ class CostModel:
                 mode = self._mode(c, s)
             kind, runs_ahead, gossip, eff_steps, period, div = mode
             if kind == _PS:  # its region exchanges depend on the step: `_parts` itself
-                terms.append((kind, runs_ahead, eff_steps, 0.0, 0.0, 0.0, 0.0, 0.0))
+                terms.append((kind, runs_ahead, eff_steps, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
                 continue
             wan = wans.get((c, gossip))
             if wan is None:
@@ -768,9 +784,14 @@ class CostModel:
             elif kind == _STALE:
                 floor, tail = transfer, (latency + transfer) / div
             periodic = kind in (_LOCAL, _STREAM)
-            egress = (eff_steps / period if periodic else eff_steps) * wan.egress_cost
-            terms.append((kind, runs_ahead, eff_steps, latency, transfer, tail, floor, egress))
+            exchanges = eff_steps / period if periodic else eff_steps
+            egress = exchanges * wan.egress_cost
+            nbytes = exchanges * wan.bytes
+            terms.append(
+                (kind, runs_ahead, eff_steps, latency, transfer, tail, floor, egress, nbytes)
+            )
         slow = self.pace(names)[0]
+        bw, n_names = self.bandwidth_price(names), len(names)
         for rate, intra_s, price, gpus in allocs:
             setup = setup0 + per_gpu * gpus
             # the batch split by throughput (gradient modes), or equally per worker (the
@@ -787,6 +808,7 @@ class CostModel:
                 tail,
                 floor,
                 egress,
+                nbytes,
             ) in enumerate(terms):
                 if kind == _PS:
                     c, s = choices[k]
@@ -810,7 +832,10 @@ class CostModel:
                 step += extra
                 total = eff_steps * step + setup
                 times.append(total)
-                costs.append(price * total / 3600.0 + egress)
+                money = price * total / 3600.0 + egress
+                if bw > 0.0:
+                    money += reserved_cost(bw, n_names, nbytes, total, setup)
+                costs.append(money)
         return times, costs
 
     def _mode(self, compression: str, sync: str) -> tuple[int, bool, bool, float, int, int]:
@@ -912,7 +937,18 @@ class _Parts:
         self.extra = extra
 
 
-_ChoiceTerms = tuple[int, bool, float, float, float, float, float, float]
+def reserved_cost(price_sum: float, n: int, wan_bytes: float, total: float, setup: float) -> float:
+    """$ for the WAN rate a run of `n` clusters reserves on their ports: each holds its share
+    of `wan_bytes` over the steps' time (`total - setup`, as `scheduler.bandwidth`'s
+    `wan_rate_kbps`) for the whole run, at `price_sum` (the members' prices per Gbit/s-hour,
+    summed)."""
+    if price_sum <= 0.0 or n < 2 or wan_bytes <= 0.0 or total <= setup:
+        return 0.0
+    gbps = wan_bytes * 8.0 / n / (total - setup) / 1e9
+    return price_sum * gbps * total / 3600.0
+
+
+_ChoiceTerms = tuple[int, bool, float, float, float, float, float, float, float]
 """`score_set`'s figures of one (compressor, sync) on one set, whatever the GPU split: kind,
 runs ahead (split equally), steps, latency s, transfer s (coding and bytes), tail, floor,
 the run's egress. A plain tuple: the hot loop

@@ -462,6 +462,8 @@ class Estimate:
     setup_s: float = 0.0  # included in total_time_s (and its GPUs in the cost)
     total_time_range_s: tuple[float, float] = (0.0, 0.0)
     """`total_time_s` times the snapshot's `spread`: where observed runs say it lands."""
+    bandwidth_cost: float = 0.0
+    """Of `cost`: the WAN rate the run reserves on its clusters' ports, at their prices."""
 
 
 @dataclass(frozen=True)

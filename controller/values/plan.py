@@ -243,10 +243,12 @@ def with_bandwidth(
     reserved: Mapping[str, int],
     snapshot: scheduler.Snapshot,
     origin: Callable[[str], tuple[str, str | None]],
+    included: float = 0.0,
 ) -> tuple[PlanEstimate, PriceBreakdown]:
-    """The estimate and price with the WAN rate `reserved` on each cluster's ports, held for
-    the whole run at the cluster's bandwidth price, as metering bills it. The search does not
-    weigh this price yet: the quote states it, the held price includes it."""
+    """The estimate and price with the WAN rate `reserved` on each cluster's ports (the
+    kbit/s the placement takes), held for the whole run at the cluster's bandwidth price, as
+    metering bills it; `included`: what the cost model already counted for it (its
+    `reserved_cost`, which the search weighed), replaced by these lines."""
     by_cluster = {origin(c.name)[0]: c for c in snapshot.clusters}
     hours = estimate.total_time_s / 3600
     lines = []
@@ -265,9 +267,9 @@ def with_bandwidth(
                 provider=c.provider,
             )
         )
-    if not lines:
+    if not lines and not included:
         return estimate, breakdown
-    extra = sum(b.amount for b in lines)
+    extra = sum(b.amount for b in lines) - included
     cost = round((estimate.cost or 0.0) + extra, 6)
     return (
         estimate.model_copy(update={"cost": cost}),
@@ -410,7 +412,8 @@ def plan_of(
         estimate, breakdown, why = staged
         explanation = (*explanation, why)
     reserved = wan_kbps(estimate, shares)
-    estimate, breakdown = with_bandwidth(estimate, breakdown, reserved, snapshot, origin)
+    included = est.bandwidth_cost if staged is None else 0.0  # the model's own, replaced
+    estimate, breakdown = with_bandwidth(estimate, breakdown, reserved, snapshot, origin, included)
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),

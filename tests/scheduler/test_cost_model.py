@@ -234,3 +234,30 @@ def test_the_tree_is_priced_hop_by_hop_and_taken_only_where_it_is_faster() -> No
     # two clusters: one hop either way, the ring
     pair = estimate(snap, job(2, params=250_000), [Assignment("a", 1), Assignment("b", 1)])
     assert pair.tree == ()
+
+
+def test_reserved_bandwidth_is_priced_as_the_placement_reserves_it() -> None:
+    """A split plan's cost holds the WAN rate each member reserves (its share of the bytes
+    over the steps' time, `wan_rate_kbps`) for the whole run at its price per Gbit/s-hour;
+    without prices, or without bytes crossing, it costs nothing."""
+    from dataclasses import replace
+
+    from scheduler.bandwidth import wan_rate_kbps
+    from scheduler.cost import reserved_cost
+
+    a = cluster("a", 4, price_per_gpu_hour=1.0, bandwidth_price_per_gbps_hour=3.0)
+    b = cluster("b", 4, price_per_gpu_hour=1.0, bandwidth_price_per_gbps_hour=1.0)
+    snap = Snapshot((a, b), (link("a", "b", gbps=1.0, rtt_ms=10.0),))
+    j = job(8, params=50_000_000, steps=1000, compression="none", sync="every-step")
+    split = (Assignment("a", 4), Assignment("b", 4))
+    est = estimate(snap, j, split, "none", "every-step")
+    rates = wan_rate_kbps(est.wan_bytes, est.total_time_s - est.setup_s, ["a", "b"])
+    held = rates["a"] / 1e6 * 3.0 + rates["b"] / 1e6 * 1.0  # $ per hour
+    assert est.bandwidth_cost == pytest.approx(held * est.total_time_s / 3600, rel=1e-3)
+    assert est.bandwidth_cost > 0
+    assert est.cost == pytest.approx(est.gpu_cost + est.egress_cost + est.bandwidth_cost)
+    assert reserved_cost(4.0, 2, 0.0, 10.0, 1.0) == 0.0
+    unpriced = Snapshot(
+        tuple(replace(c, bandwidth_price_per_gbps_hour=0.0) for c in (a, b)), snap.links
+    )
+    assert estimate(unpriced, j, split, "none", "every-step").bandwidth_cost == 0.0

@@ -33,6 +33,7 @@ def instances(draw: st.DrawFn) -> tuple[Snapshot, JobRequest]:
             gpu_model=draw(st.sampled_from(MODELS)),
             price_per_gpu_hour=draw(st.sampled_from([0.5, 1.0, 3.0])),
             intra_bandwidth_gbps=draw(st.sampled_from([10.0, 100.0, 400.0])),
+            bandwidth_price_per_gbps_hour=draw(st.sampled_from([0.0, 0.0, 0.5, 4.0])),
         )
         for name in names
     )
