@@ -305,6 +305,13 @@ class GpuPriceIn(_In):
         description="When the offer stops taking new placements (runs placed before go on at "
         "its price); open when left out.",
     )
+    min_hours: float | None = Field(
+        default=None,
+        gt=0,
+        le=8760,
+        description="Minimum term: a run placed at this price pays for at least this many "
+        "hours of each GPU it holds; none when left out.",
+    )
 
 
 class EgressPriceIn(_In):
@@ -325,6 +332,7 @@ class GpuPriceOut(BaseModel):
     effective_from: datetime
     gpus: int | None = Field(default=None, description="The most GPUs sold at once; null: all.")
     until: datetime | None = Field(default=None, description="Takes placements until; null: open.")
+    min_hours: float | None = Field(default=None, description="Minimum term in hours; null: none.")
     provider: str | None = Field(
         default=None, description="The provider whose offer it is; null: the operator's price."
     )

@@ -46,6 +46,8 @@ class Cluster:
     operator's own cluster."""
     bandwidth_price_per_gbps_hour: float = 0.0
     """What a job pays per Gbit/s-hour of WAN rate it reserves on the cluster's ports."""
+    min_hours: float = 0.0
+    """The offer's minimum term: a run pays for at least this many hours of each GPU here."""
 
     def __post_init__(self) -> None:
         if self.setup_s is not None and not 0 <= self.setup_s < 86400:

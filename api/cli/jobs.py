@@ -489,6 +489,47 @@ def usage_tables(data: dict[str, Any]) -> list[Table]:
     return [rows, charges]
 
 
+def pricing_tables(p: dict[str, Any]) -> list[Table]:
+    """The catalogue as tables: GPU-hours, egress and reserved bandwidth, with who offers
+    each price (`cpn pricing`, `cpn providers offers`)."""
+    gpu = _table(
+        "GPU prices per hour",
+        ("cluster", "GPU model", "class", "price", "since", "offered by"),
+    )
+    for g in p["gpu"]:
+        gpu.add_row(
+            g["cluster"],
+            g["gpu_model"],
+            g["qos_class"],
+            f"{g['price_per_gpu_hour']:.4f}",
+            g["effective_from"][:19],
+            g.get("provider") or "operator",
+        )
+    egress = _table("Egress prices per GB", ("from", "to", "price", "since", "offered by"))
+    for e in p["egress"]:
+        egress.add_row(
+            e["src"],
+            e["dst"],
+            f"{e['price_per_gb']:.4f}",
+            e["effective_from"][:19],
+            e.get("provider") or "operator",
+        )
+    tables = [gpu, egress]
+    if p.get("bandwidth"):
+        bw = _table(
+            "Reserved bandwidth per Gbit/s-hour", ("cluster", "price", "since", "offered by")
+        )
+        for b in p["bandwidth"]:
+            bw.add_row(
+                b["cluster"],
+                f"{b['price_per_gbps_hour']:.4f}",
+                b["effective_from"][:19],
+                b.get("provider") or "operator",
+            )
+        tables.append(bw)
+    return tables
+
+
 def pricing(
     url: str | None = UrlOpt,
     token: str | None = TokenOpt,
@@ -500,45 +541,7 @@ def pricing(
     with connected("pricing", url, token) as client:
         prices = client.pricing()
 
-    def render(p: dict[str, Any]) -> list[Table]:
-        gpu = _table(
-            "GPU prices per hour",
-            ("cluster", "GPU model", "class", "price", "since", "offered by"),
-        )
-        for g in p["gpu"]:
-            gpu.add_row(
-                g["cluster"],
-                g["gpu_model"],
-                g["qos_class"],
-                f"{g['price_per_gpu_hour']:.4f}",
-                g["effective_from"][:19],
-                g.get("provider") or "operator",
-            )
-        egress = _table("Egress prices per GB", ("from", "to", "price", "since", "offered by"))
-        for e in p["egress"]:
-            egress.add_row(
-                e["src"],
-                e["dst"],
-                f"{e['price_per_gb']:.4f}",
-                e["effective_from"][:19],
-                e.get("provider") or "operator",
-            )
-        tables = [gpu, egress]
-        if p.get("bandwidth"):
-            bw = _table(
-                "Reserved bandwidth per Gbit/s-hour", ("cluster", "price", "since", "offered by")
-            )
-            for b in p["bandwidth"]:
-                bw.add_row(
-                    b["cluster"],
-                    f"{b['price_per_gbps_hour']:.4f}",
-                    b["effective_from"][:19],
-                    b.get("provider") or "operator",
-                )
-            tables.append(bw)
-        return tables
-
-    _show(fmt, prices, lambda p, _wide: render(p))
+    _show(fmt, prices, lambda p, _wide: pricing_tables(p))
 
 
 def logs(

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from api.cli.admin import JsonOpt, TokenOpt, UrlOpt
+from api.cli.jobs import pricing_tables
 from api.cli.output import OutputOpt, chosen, emit, print_tables
 
 ProviderArg = typer.Argument(
@@ -61,33 +62,6 @@ def clusters_table(items: list[dict[str, Any]], wide: bool = False) -> Table:
         util = "-" if c["utilization"] is None else f"{c['utilization']:.0%}"
         table.add_row(c["name"], c["region"], c["state"], gpus, str(used), util)
     return table
-
-
-def offers_tables(p: dict[str, Any]) -> list[Table]:
-    gpu = Table(title="GPU offers per hour (in effect now and later)")
-    for col in ("cluster", "GPU model", "class", "price", "from", "offered by"):
-        gpu.add_column(col)
-    for g in p["gpu"]:
-        gpu.add_row(
-            g["cluster"],
-            g["gpu_model"],
-            g["qos_class"],
-            f"{g['price_per_gpu_hour']:.4f}",
-            g["effective_from"][:19],
-            g.get("provider") or "operator",
-        )
-    egress = Table(title="Egress offers per GB")
-    for col in ("from", "to", "price", "from", "offered by"):
-        egress.add_column(col)
-    for e in p["egress"]:
-        egress.add_row(
-            e["src"],
-            e["dst"],
-            f"{e['price_per_gb']:.4f}",
-            e["effective_from"][:19],
-            e.get("provider") or "operator",
-        )
-    return [gpu, egress]
 
 
 def _get(cmd: str, url: str | None, token: str | None, path: str, **params: Any) -> Any:
@@ -194,7 +168,7 @@ def offers(
     """The prices of a provider's clusters in effect now and later: its offers."""
     fmt = chosen("providers offers", output, as_json)
     data = _get("providers offers", url, token, _path(provider, "/offers"))
-    _print(fmt, data, offers_tables(data))
+    _print(fmt, data, pricing_tables(data))
 
 
 def pay(

@@ -107,6 +107,7 @@ def current(
             provider=parties.get(row.provider_id) if row.provider_id else None,
             gpus=row.gpus,
             until=row.until,
+            min_hours=float(row.min_hours) if row.min_hours is not None else None,
         )
     eg_rows = session.scalars(
         select(EgressPrice)
@@ -163,6 +164,7 @@ def set_gpu_price(body: GpuPriceIn, session: SessionDep, who: PricerDep) -> GpuP
             provider_id=cluster.provider_id,
             gpus=body.gpus,
             until=body.until,
+            min_hours=Decimal(str(body.min_hours)) if body.min_hours is not None else None,
         )
     )
     resources.audit(
@@ -178,6 +180,7 @@ def set_gpu_price(body: GpuPriceIn, session: SessionDep, who: PricerDep) -> GpuP
         provider=_provider_name(session, cluster),
         gpus=body.gpus,
         until=body.until,
+        min_hours=body.min_hours,
     )
 
 

@@ -237,6 +237,7 @@ def offers(provider_id: str, session: SessionDep, who: ProviderReader) -> Pricin
                 provider=names.get(r.provider_id) if r.provider_id else None,
                 gpus=r.gpus,
                 until=r.until,
+                min_hours=float(r.min_hours) if r.min_hours is not None else None,
             )
             for rows in gpu.values()
             for r in _current_and_later(rows, now)

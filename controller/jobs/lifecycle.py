@@ -12,7 +12,13 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from controller.money import budget, sla
-from controller.money.metering import cap_at_held, meter_allocations, price_usage, start_billing
+from controller.money.metering import (
+    cap_at_held,
+    meter_allocations,
+    meter_minimum_terms,
+    price_usage,
+    start_billing,
+)
 from controller.network.allocations import release
 from controller.store.models import REASON_MAX, Allocation, Job, JobEvent, bounded, utcnow
 from controller.values.errors import Conflict
@@ -150,6 +156,7 @@ def end_run(session: Session, job: Job, until: datetime | None = None) -> None:
     budget.unhold(session, job)  # first: the tenant row before any GPU row, as placements do
     release(session, job, until)
     meter_allocations(session, job, until)
+    meter_minimum_terms(session, job)  # before the cap: a held quote covers it too
     price_usage(session, job.id)
     cap_at_held(session, job)
     sla.credit_run(session, job)

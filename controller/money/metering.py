@@ -16,7 +16,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from controller.money import settlement
@@ -26,6 +26,7 @@ from controller.money.pricing import (
     bandwidth_price_history,
     egress_price_history,
     gpu_price_history,
+    offer_at,
     price_at,
     priced_part,
     require,
@@ -122,6 +123,63 @@ WAN_RESERVED = "wan_reserved"
 """The usage kind of WAN rate held on a cluster's ports: Gbit/s x seconds (issue 52)."""
 
 
+MIN_TERM = "min_term"
+"""The usage kind of GPU-seconds an offer's minimum term bills beyond what a run held."""
+
+
+def meter_minimum_terms(session: Session, job: Job) -> list[Usage]:
+    """An offer's minimum term: a run placed at it pays for at least `min_hours` of each GPU
+    it held there. Once an allocation has ended and is metered, what it was billed short of
+    that is metered as one more row (kind `min_term`, GPU-seconds at the offer's price, dated
+    when the run was placed there), once."""
+    made: list[Usage] = []
+    for alloc in session.scalars(
+        select(Allocation).where(
+            Allocation.job_id == job.id,
+            Allocation.ended_at.is_not(None),
+            Allocation.billed_from.is_not(None),
+            Allocation.metered_until.is_not(None),
+        )
+    ):
+        start, metered = alloc.billed_from, alloc.metered_until
+        assert start is not None and metered is not None
+        offer = offer_at(session, alloc.cluster_id, alloc.gpu_model, alloc.qos_class, start)
+        if offer is None or not offer.min_hours:
+            continue
+        cluster = session.get(Cluster, alloc.cluster_id)
+        name = cluster.name if cluster else alloc.cluster_id
+        done = session.scalar(
+            select(func.count()).where(
+                Usage.job_id == job.id,
+                Usage.kind == MIN_TERM,
+                Usage.cluster == name,
+                Usage.gpu_model == alloc.gpu_model,
+                Usage.period_start == start,
+            )
+        )
+        if done:
+            continue
+        held = Decimal(alloc.gpus) * (_seconds(start, metered) - Decimal(alloc.paused_s))
+        short = q6(Decimal(alloc.gpus) * Decimal(offer.min_hours) * SECONDS_PER_HOUR - held)
+        if short <= 0:
+            continue
+        usage = Usage(
+            tenant_id=job.tenant_id,
+            job_id=job.id,
+            kind=MIN_TERM,
+            cluster=name,
+            gpu_model=alloc.gpu_model,
+            qos_class=alloc.qos_class,
+            quantity=short,
+            period_start=start,
+            period_end=start,
+        )
+        session.add(usage)
+        made.append(usage)
+    session.flush()
+    return made
+
+
 def _gbps(alloc: Allocation) -> Decimal:
     return Decimal(alloc.wan_kbps or 0) / KBPS_PER_GBPS
 
@@ -199,9 +257,11 @@ def charge_of(session: Session, usage: Usage, ids: Mapping[str, str]) -> Charge:
     if usage.kind == SLA_CREDIT:  # written priced (`controller.money.sla`), with its evidence
         amount = q6(Decimal(usage.quantity))
         return Charge(SLA_CREDIT, f"SLA credit on {usage.cluster}", amount, Decimal(-1), -amount)
-    if usage.kind == "gpu_seconds":
+    if usage.kind in ("gpu_seconds", MIN_TERM):
         assert usage.gpu_model and usage.qos_class
         what = f"{usage.gpu_model} on {usage.cluster} ({usage.qos_class})"
+        if usage.kind == MIN_TERM:
+            what = f"minimum term of the offer: {what}"
         history = gpu_price_history(
             session, ids.get(usage.cluster, ""), usage.gpu_model, usage.qos_class
         )

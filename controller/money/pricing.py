@@ -133,6 +133,7 @@ class GpuOffer:
     price: Decimal
     gpus: int | None = None
     until: datetime | None = None
+    min_hours: Decimal | None = None
 
 
 def current_gpu_offers(session: Session, at: datetime) -> dict[tuple[str, str, str], GpuOffer]:
@@ -147,13 +148,32 @@ def current_gpu_offers(session: Session, at: datetime) -> dict[tuple[str, str, s
             GpuPrice.price_per_gpu_hour,
             GpuPrice.gpus,
             GpuPrice.until,
+            GpuPrice.min_hours,
         )
         .where(GpuPrice.effective_from <= at)
         .order_by(GpuPrice.effective_from, GpuPrice.id)
     )
-    for cluster_id, gpu_model, qos_class, price, gpus, until in rows:
-        out[(cluster_id, gpu_model, qos_class)] = GpuOffer(Decimal(price), gpus, until)
+    for cluster_id, gpu_model, qos_class, price, gpus, until, least in rows:
+        offer = GpuOffer(Decimal(price), gpus, until, Decimal(least) if least else None)
+        out[(cluster_id, gpu_model, qos_class)] = offer
     return {k: o for k, o in out.items() if o.until is None or o.until > at}
+
+
+def offer_at(
+    session: Session, cluster_id: str, gpu_model: str, qos_class: str, at: datetime
+) -> GpuPrice | None:
+    """The GPU price row in effect at `at` (the offer a run placed then was placed at)."""
+    return session.scalars(
+        select(GpuPrice)
+        .where(
+            GpuPrice.cluster_id == cluster_id,
+            GpuPrice.gpu_model == gpu_model,
+            GpuPrice.qos_class == qos_class,
+            GpuPrice.effective_from <= at,
+        )
+        .order_by(GpuPrice.effective_from.desc(), GpuPrice.id.desc())
+        .limit(1)
+    ).first()
 
 
 def current_egress_prices(session: Session, at: datetime) -> dict[tuple[str, str], Decimal]:

@@ -221,6 +221,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                     setup_s=setups.get(c.name),
                     provider=parties.get(c.provider_id) if c.provider_id else None,
                     bandwidth_price_per_gbps_hour=float(bandwidth.get(c.id, 0)),
+                    min_hours=float(offer.min_hours or 0),
                 )
             )
     cluster_names = {c.id: (c.name, c.labels) for c in clusters}

@@ -392,6 +392,9 @@ class GpuPrice(Base):
     until: Mapped[datetime | None]
     """When the offer stops taking new placements (None: until a later row replaces it);
     a run placed before goes on at its price."""
+    min_hours: Mapped[Decimal | None] = mapped_column(Numeric(10, 6))
+    """The offer's minimum term: a run placed at it pays for at least this many hours of each
+    GPU it holds (None: none)."""
 
 
 class EgressPrice(Base):

@@ -237,6 +237,35 @@ def _party(snapshot: scheduler.Snapshot, name: str) -> str | None:
     return cluster.provider if cluster is not None else None
 
 
+def with_minimum_terms(
+    estimate: PlanEstimate,
+    breakdown: PriceBreakdown,
+    snapshot: scheduler.Snapshot,
+    origin: Callable[[str], tuple[str, str | None]],
+) -> tuple[PlanEstimate, PriceBreakdown]:
+    """The price with each GPU line billed at least its offer's minimum term (`min_hours` of
+    each GPU), as metering bills a shorter run (`metering.meter_minimum_terms`)."""
+    terms = {origin(c.name): c.min_hours for c in snapshot.clusters if c.min_hours > 0}
+    if not terms:
+        return estimate, breakdown
+    lines, extra = [], 0.0
+    for g in breakdown.gpu:
+        least = g.gpus * terms.get((g.cluster, g.gpu_model), 0.0)
+        if g.gpu_hours < least:
+            amount = round(least * g.price_per_gpu_hour, 6)
+            extra += amount - g.amount
+            g = g.model_copy(update={"gpu_hours": round(least, 6), "amount": amount})
+        lines.append(g)
+    if not extra:
+        return estimate, breakdown
+    return (
+        estimate.model_copy(update={"cost": round((estimate.cost or 0.0) + extra, 6)}),
+        breakdown.model_copy(
+            update={"total": round(breakdown.total + extra, 6), "gpu": tuple(lines)}
+        ),
+    )
+
+
 def with_bandwidth(
     estimate: PlanEstimate,
     breakdown: PriceBreakdown,
@@ -411,6 +440,7 @@ def plan_of(
     if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged
         explanation = (*explanation, why)
+    estimate, breakdown = with_minimum_terms(estimate, breakdown, snapshot, origin)
     reserved = wan_kbps(estimate, shares)
     included = est.bandwidth_cost if staged is None else 0.0  # the model's own, replaced
     estimate, breakdown = with_bandwidth(estimate, breakdown, reserved, snapshot, origin, included)

@@ -1,17 +1,17 @@
 """providers, bandwidth_prices, slas, postings, payouts: providers as parties, double entry
 
 A provider owns clusters (`clusters.provider_id`, assigned by admins), posts its offers into
-the effective-dated catalogue (`gpu_prices.provider_id`, `egress_prices.provider_id`: who
-posted a row; an offer of GPUs may sell at most `gpus` at once and stop taking placements at
-`until`) and is credited for what runs on its clusters, less the platform's fee. Every
-ledger entry now has postings that sum to zero: the tenant's debit, the provider's credit and
-the platform's share (issue 52). Reserved WAN rate is priced per Gbit/s-hour on a cluster's
-ports (`bandwidth_prices`), so a job's bundle is GPUs and the bandwidth between them. An SLA
-states what a provider promises of a cluster (uptime, uplink bandwidth) and the share of a
-run's charges there refunded when the agents' measurements show less. Postings and payouts
-are append-only in the database, like the ledger. Ledger entries written before this
-revision get their postings here (all to the platform: no cluster had a provider), so the
-books balance from the first entry.
+the effective-dated catalogue (`provider_id` on `gpu_prices` and `egress_prices`: who posted a
+row; a GPU offer may sell at most `gpus` at once, stop taking placements at `until` and bill
+a run at least `min_hours` of each GPU) and is credited for what runs on its clusters, less
+the platform's fee. Every ledger entry now has postings that sum to zero: the tenant's debit,
+the provider's credit and the platform's share (issue 52). Reserved WAN rate is priced per
+Gbit/s-hour on a cluster's ports (`bandwidth_prices`), so a job's bundle is GPUs and the
+bandwidth between them. An SLA states what a provider promises of a cluster (uptime, uplink
+bandwidth) and the share of a run's charges there refunded when the agents' measurements
+show less. Postings and payouts are append-only in the database, like the ledger. Ledger
+entries written before this revision get their postings here (all to the platform: no
+cluster had a provider), so the books balance from the first entry.
 
 Revision ID: 0021
 Revises: 0020
@@ -82,6 +82,9 @@ def upgrade() -> None:
             if table == "gpu_prices":
                 batch.add_column(sa.Column("gpus", sa.Integer(), nullable=True))
                 batch.add_column(sa.Column("until", sa.DateTime(timezone=True), nullable=True))
+                batch.add_column(
+                    sa.Column("min_hours", sa.Numeric(precision=10, scale=6), nullable=True)
+                )
     op.create_table(
         "bandwidth_prices",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
@@ -197,6 +200,7 @@ def downgrade() -> None:
             batch.drop_constraint(f"fk_{table}_provider", type_="foreignkey")
             batch.drop_column("provider_id")
             if table == "gpu_prices":
+                batch.drop_column("min_hours")
                 batch.drop_column("until")
                 batch.drop_column("gpus")
     with op.batch_alter_table("clusters") as batch:

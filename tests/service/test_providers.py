@@ -14,6 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
 
 from api.client import ApiError, Client
 from controller.jobs import lifecycle
@@ -135,22 +136,31 @@ def test_a_provider_prices_its_own_clusters_and_no_one_elses(network: Network) -
         prov.close()
 
 
-def _run_and_bill(network: Network) -> str:
-    """A job on the provider's us-east (3 A100) and the operator's eu-west (1 H100), billed
-    for a second, with WAN bytes both ways: what settlement splits."""
+def _launch(
+    network: Network, wan_kbps: dict[str, int] | None = None
+) -> tuple[str, sessionmaker[Session]]:
+    """A 4-GPU job RUNNING (billed from now) on the provider's us-east (3 A100) and the
+    operator's eu-west (1 H100), holding `wan_kbps` on their ports."""
     job_out = network.tenant.post("/v1/jobs", spec(gpus=4, qos={"qos_class": "standard"}))
     sessions = make_sessionmaker(make_engine(network.server.database_url))
     with sessions() as s, s.begin():
         job = s.get(Job, job_out["id"])
         assert job is not None
-        reserve(s, job, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
+        reserve(s, job, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)], wan_kbps)
         lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
         lifecycle.transition(s, job, JobState.RUNNING, "launched")
+    return str(job_out["id"]), sessions
+
+
+def _run_and_bill(network: Network) -> str:
+    """A job on the provider's us-east (3 A100) and the operator's eu-west (1 H100), billed
+    for a second, with WAN bytes both ways: what settlement splits."""
+    job_id, sessions = _launch(network)
     started = datetime.now(UTC)
     while datetime.now(UTC) < started + timedelta(seconds=0.5):
         threading.Event().wait(0.05)
     with sessions() as s, s.begin():
-        job = s.get(Job, job_out["id"])
+        job = s.get(Job, job_id)
         assert job is not None
         meter_wan(
             s,
@@ -162,7 +172,7 @@ def _run_and_bill(network: Network) -> str:
         assert release(s, job) == 4
         meter_allocations(s, job)
         price_usage(s, job.id)
-    return str(job_out["id"])
+    return job_id
 
 
 def test_every_charge_is_split_exactly_between_provider_and_platform(network: Network) -> None:
@@ -372,14 +382,8 @@ def test_a_missed_uptime_promise_refunds_the_tenant_from_the_provider(network: N
             "/v1/providers/me/slas", {"cluster": "us-east", "uptime": 0.99, "credit_rate": 0.25}
         )
         assert sla["cluster"] == "us-east" and prov.get("/v1/providers/me/slas") == [sla]
-        job_out = network.tenant.post("/v1/jobs", spec(gpus=4, qos={"qos_class": "standard"}))
-        sessions = make_sessionmaker(make_engine(network.server.database_url))
+        job_id, sessions = _launch(network)
         with sessions() as s, s.begin():
-            job = s.get(Job, job_out["id"])
-            assert job is not None
-            reserve(s, job, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
-            lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
-            lifecycle.transition(s, job, JobState.RUNNING, "launched")
             start = s.scalars(select(Allocation.billed_from)).first()
             assert start is not None
             cluster = s.scalars(select(Cluster).where(Cluster.name == "us-east")).one()
@@ -397,14 +401,12 @@ def test_a_missed_uptime_promise_refunds_the_tenant_from_the_provider(network: N
         while datetime.now(UTC) < start + timedelta(seconds=1):  # a run of a second
             threading.Event().wait(0.05)
         with sessions() as s, s.begin():
-            job = s.get(Job, job_out["id"])
+            job = s.get(Job, job_id)
             assert job is not None
             lifecycle.end_run(s, job)
             lifecycle.end_run(s, job)  # once only
         with sessions() as s:
-            entries = s.scalars(
-                select(LedgerEntry).where(LedgerEntry.job_id == job_out["id"])
-            ).all()
+            entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_id)).all()
             refunds = [e for e in entries if e.kind == "sla_credit"]
             assert len(refunds) == 1, [e.description for e in entries]
             east = sum(
@@ -452,14 +454,10 @@ def test_two_replicas_settling_one_run_at_once_post_it_once(network: Network) ->
     writes take turns."""
     pid, prov = _provider(network, "dc-east", ["us-east"], 0.1)
     prov.close()
-    job_out = network.tenant.post("/v1/jobs", spec(gpus=4, qos={"qos_class": "standard"}))
-    sessions = make_sessionmaker(make_engine(network.server.database_url))
+    job_id, sessions = _launch(network)
     with sessions() as s, s.begin():
-        job = s.get(Job, job_out["id"])
+        job = s.get(Job, job_id)
         assert job is not None
-        reserve(s, job, [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)])
-        lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
-        lifecycle.transition(s, job, JobState.RUNNING, "launched")
         meter_wan(s, job, {("us-east", "eu-west"): 10**9}, datetime.now(UTC), datetime.now(UTC))
     barrier = threading.Barrier(2)
     failures: list[BaseException] = []
@@ -468,7 +466,7 @@ def test_two_replicas_settling_one_run_at_once_post_it_once(network: Network) ->
         try:
             barrier.wait()
             with sessions() as s, s.begin():
-                job = s.get(Job, job_out["id"], with_for_update=True)
+                job = s.get(Job, job_id, with_for_update=True)
                 assert job is not None
                 lifecycle.end_run(s, job)
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -481,7 +479,7 @@ def test_two_replicas_settling_one_run_at_once_post_it_once(network: Network) ->
         t.join()
     assert not failures, failures
     with sessions() as s:
-        entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_out["id"])).all()
+        entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_id)).all()
         usage_ids = [e.usage_id for e in entries]
         assert len(usage_ids) == len(set(usage_ids)) == 3  # GPUs on each cluster, WAN bytes
         postings = s.scalars(
@@ -532,30 +530,18 @@ def test_the_bandwidth_a_job_holds_is_priced_billed_and_credited(network: Networ
         assert price["total"] == pytest.approx(parts, abs=1e-4)
         assert option["estimate"]["cost"] == pytest.approx(price["total"], abs=1e-5)
 
-    job_out = network.tenant.post("/v1/jobs", spec(gpus=4, qos={"qos_class": "standard"}))
-    sessions = make_sessionmaker(make_engine(network.server.database_url))
-    with sessions() as s, s.begin():
-        job = s.get(Job, job_out["id"])
-        assert job is not None
-        reserve(
-            s,
-            job,
-            [Slot("us-east", "A100", 3), Slot("eu-west", "H100", 1)],
-            {"us-east": 500_000, "eu-west": 500_000},
-        )
-        lifecycle.transition(s, job, JobState.SCHEDULED, "placed")
-        lifecycle.transition(s, job, JobState.RUNNING, "launched")
+    job_id, sessions = _launch(network, {"us-east": 500_000, "eu-west": 500_000})
     with sessions() as s:
         start = s.scalars(select(Allocation.billed_from)).first()
     assert start is not None
     while datetime.now(UTC) < start + timedelta(seconds=1):
         threading.Event().wait(0.05)
     with sessions() as s, s.begin():
-        job = s.get(Job, job_out["id"])
+        job = s.get(Job, job_id)
         assert job is not None
         lifecycle.end_run(s, job)
     with sessions() as s:
-        entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_out["id"])).all()
+        entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_id)).all()
         (held,) = [e for e in entries if e.kind == "bandwidth"]
         end = s.scalars(select(Allocation.ended_at)).first()
         assert end is not None
@@ -616,3 +602,38 @@ def test_an_offer_sells_at_most_its_gpus_and_closes_at_its_end(network: Network)
         threading.Event().wait(0.05)
     assert free("standard") is None  # the offer closed: no new placements at its price
     assert free("spot") == 8
+
+
+def test_an_offers_minimum_term_is_quoted_and_billed_once(network: Network) -> None:
+    """dc-east sells us-east's A100 for at least an hour a run: a short quote's us-east line
+    counts an hour of each GPU, and a run of about a second there is billed 3 GPU-hours in all
+    (what it held, and the rest as the minimum term), once, credited to dc-east."""
+    _, prov = _provider(network, "dc-east", ["us-east"], 0.1)
+    try:
+        prov.post(
+            "/v1/pricing/gpu",
+            {"cluster": "us-east", "gpu_model": "A100", "qos_class": "standard",
+             "price_per_gpu_hour": 2.0, "min_hours": 1},
+        )  # fmt: skip
+    finally:
+        prov.close()
+    quote = network.tenant.post("/v1/quotes", spec(gpus=8, steps=50))
+    for option in quote["options"]:
+        for line in option["price"]["gpu"]:
+            if line["cluster"] == "us-east":
+                assert line["gpu_hours"] >= line["gpus"] * 1.0 - 1e-9
+                assert line["amount"] == pytest.approx(line["gpu_hours"] * 2.0, abs=1e-6)
+    job_id, sessions = _launch(network)
+    with sessions() as s, s.begin():
+        job = s.get(Job, job_id)
+        assert job is not None
+        lifecycle.end_run(s, job)
+        lifecycle.end_run(s, job)
+    with sessions() as s:
+        entries = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_id)).all()
+        east = [e for e in entries if "A100 on us-east" in e.description]
+        assert len(east) == 2 and any(e.description.startswith("minimum term") for e in east)
+        hours = sum(Decimal(str(e.quantity)) for e in east)
+        assert abs(hours - Decimal(3)) <= Decimal("0.000002")  # two entries, each to 6 places
+        assert sum(Decimal(str(e.amount)) for e in east) == pytest.approx(Decimal(6), abs=1e-5)
+        assert settlement.unbalanced(s) == []
