@@ -70,10 +70,10 @@ def test_admin_actions_cordon_mint_and_bad_input(tab: Tab, console: Console) -> 
 
     page.goto("/ui/admin/keys")
     page.get_by_label("Role").select_option("tenant")
-    page.get_by_label("Scope (tenant id or cluster name)").fill("no-such-tenant")
+    page.get_by_label("Scope (tenant, cluster or provider)").fill("no-such-tenant")
     page.get_by_role("button", name="Mint").click()  # the problem's detail, by its field
     expect(page.locator("#scope-error")).to_contain_text("existing tenant's id or name")
-    page.get_by_label("Scope (tenant id or cluster name)").fill(console.net.other_tenant_id)
+    page.get_by_label("Scope (tenant, cluster or provider)").fill(console.net.other_tenant_id)
     page.get_by_label("Name", exact=True).fill("minted-in-ui")
     page.get_by_role("button", name="Mint").click()
     expect(page.locator("#minted-token")).to_have_text(re.compile(r"^cpn_"))
