@@ -35,7 +35,7 @@ from controller.network.allocations import Slot, reserve
 from controller.network.snapshot import build_world
 from controller.store.models import REASON_MAX, Allocation, Cluster, Job, bounded, utcnow
 from controller.values.errors import Conflict
-from controller.values.plan import pipeline_estimate, wan_kbps
+from controller.values.plan import as_billed, pipeline_estimate, wan_kbps
 from controller.values.tasks import builtin_work
 from grammar.states import JobState
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes
@@ -134,7 +134,13 @@ def decide(session: Session, job: Job, down: str) -> Restage | None:
         new = new.model_copy(
             update={"estimate": estimate, "price": price, "explanation": (*new.explanation, why)}
         )
-    new = new.model_copy(update={"wan_kbps": wan_kbps(new.estimate, shares)})
+    if new.price is None:  # a plan stored before prices were kept: its WAN rates alone
+        new = new.model_copy(update={"wan_kbps": wan_kbps(new.estimate, shares)})
+    else:
+        estimate, price, reserved = as_billed(
+            new.estimate, new.price, shares, world.snapshot, world.origins
+        )
+        new = new.model_copy(update={"estimate": estimate, "price": price, "wan_kbps": reserved})
     slots = tuple(Slot(s.cluster, s.gpu_model or "", s.gpus) for s in shares)
     return Restage(got, new, slots)
 

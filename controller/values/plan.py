@@ -237,7 +237,29 @@ def _party(snapshot: scheduler.Snapshot, name: str) -> str | None:
     return cluster.provider if cluster is not None else None
 
 
-def with_minimum_terms(
+def as_billed(
+    estimate: PlanEstimate,
+    breakdown: PriceBreakdown,
+    shares: Sequence[Share],
+    snapshot: scheduler.Snapshot,
+    origins: Mapping[str, tuple[str, str]],
+    included: float = 0.0,
+) -> tuple[PlanEstimate, PriceBreakdown, dict[str, int]]:
+    """A plan's estimate and price as metering will bill its run: each GPU line at least its
+    offer's minimum term, and the WAN rate it reserves on each cluster's ports (returned,
+    as the placement reserves it) at their bandwidth prices. Every plan passes here: a new
+    one (`plan_of`) and a re-staged one (`loop.restage`)."""
+
+    def origin(name: str) -> tuple[str, str | None]:
+        return origins.get(name, (name, None))
+
+    estimate, breakdown = _with_minimum_terms(estimate, breakdown, snapshot, origin)
+    reserved = wan_kbps(estimate, shares)
+    estimate, breakdown = _with_bandwidth(estimate, breakdown, reserved, snapshot, origin, included)
+    return estimate, breakdown, reserved
+
+
+def _with_minimum_terms(
     estimate: PlanEstimate,
     breakdown: PriceBreakdown,
     snapshot: scheduler.Snapshot,
@@ -266,7 +288,7 @@ def with_minimum_terms(
     )
 
 
-def with_bandwidth(
+def _with_bandwidth(
     estimate: PlanEstimate,
     breakdown: PriceBreakdown,
     reserved: Mapping[str, int],
@@ -440,10 +462,10 @@ def plan_of(
     if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged
         explanation = (*explanation, why)
-    estimate, breakdown = with_minimum_terms(estimate, breakdown, snapshot, origin)
-    reserved = wan_kbps(estimate, shares)
     included = est.bandwidth_cost if staged is None else 0.0  # the model's own, replaced
-    estimate, breakdown = with_bandwidth(estimate, breakdown, reserved, snapshot, origin, included)
+    estimate, breakdown, reserved = as_billed(
+        estimate, breakdown, shares, snapshot, origins, included
+    )
     return JobPlan(
         objective=result.objective,
         clusters=tuple(shares),

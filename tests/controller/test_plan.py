@@ -223,3 +223,42 @@ def test_plans_are_stored_without_their_computed_fields(db_url: str) -> None:
         assert to_state == "PENDING"
     finally:
         engine.dispose()
+
+
+def test_a_plan_is_priced_as_its_run_is_billed() -> None:
+    """`values.plan.as_billed`, which every plan passes (new or re-staged): a GPU line under
+    its offer's minimum term is raised to it, the WAN rate the plan reserves on a priced
+    cluster's ports gets a line, and the totals follow; the model's own bandwidth term is
+    replaced, not added twice."""
+    from controller.values.plan import as_billed
+    from tests.scheduler.builders import cluster
+    from wire.plan import GpuCharge, PlanEstimate, PriceBreakdown
+
+    def c(name: str, **kw: object) -> scheduler.Cluster:
+        return cluster(name, 8, gpu_model="A100", price_per_gpu_hour=2.0, **kw)
+
+    snap = scheduler.Snapshot(
+        (c("a", min_hours=1.0), c("b", bandwidth_price_per_gbps_hour=4.0, provider="p")),
+        (scheduler.Link("a", "b", 1.0, 10.0, 0.0),),
+    )
+    origins = {"a": ("a", "A100"), "b": ("b", "A100")}
+    hours = 0.1
+    est = PlanEstimate(step_time_s=1.0, total_time_s=hours * 3600, wan_bytes=9 * 10**9,
+                       cost=1.6 + 0.5, setup_s=0.0)  # fmt: skip
+    price = PriceBreakdown(
+        total=2.1,
+        gpu=tuple(
+            GpuCharge(cluster=n, gpu_model="A100", gpus=4, gpu_hours=0.4, price_per_gpu_hour=2.0,
+                      amount=0.8) for n in ("a", "b")
+        ),
+    )  # fmt: skip
+    shares = (Share(cluster="a", gpus=4, gpu_model="A100"), Share(cluster="b", gpus=4,
+              gpu_model="A100"))  # fmt: skip
+    new, billed, reserved = as_billed(est, price, shares, snap, origins, included=0.5)
+    a_line, b_line = billed.gpu
+    assert (a_line.gpu_hours, a_line.amount) == (4.0, 8.0)  # 4 GPUs x the 1-hour term
+    assert (b_line.gpu_hours, b_line.amount) == (0.4, 0.8)
+    (bw,) = billed.bandwidth
+    assert bw.cluster == "b" and bw.provider == "p" and reserved["b"] == reserved["a"] > 0
+    assert bw.amount == round(reserved["b"] / 1e6 * hours * 4.0, 6)
+    assert billed.total == round(2.1 + (8.0 - 0.8) + bw.amount - 0.5, 6) == new.cost
