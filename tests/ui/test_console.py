@@ -394,6 +394,14 @@ def test_a_provider_sees_its_own_books_and_offers_from_the_console(
     ]  # fmt: skip
     assert [(g["price_per_gpu_hour"], g["provider"]) for g in current] == [(0.65, "dc-south")]
 
+    page.context.clear_cookies()  # a tenant's quote names dc-south's part of its price
+    sign_in(tab, console.tenant_key)
+    page.goto("/ui/quote")
+    page.get_by_label("GPUs").fill("20")  # more than us-east and eu-west have: ap-south too
+    page.get_by_role("button", name="Get a quote").click()
+    expect(page.locator("#options article").first).to_contain_text("dc-south $")
+    expect(page.locator("#options article").first).to_contain_text("operator $")
+
     page.context.clear_cookies()
     sign_in(tab, console.admin_key)
     page.goto("/ui/admin/providers")

@@ -528,6 +528,13 @@ function asNumber(text) {
   return text.trim() !== "" && Number.isFinite(n) ? n : text;
 }
 
+function partiesText(price) {
+  // each provider's part of a quoted price, when a provider's offer is in it
+  const parties = price.parties || [];
+  if (!parties.some((p) => p.provider)) return "";
+  return ` (${parties.map((p) => `${p.provider || "operator"} ${money(p.amount)}`).join(", ")})`;
+}
+
 function quote() {
   const form = $("quote-form");
   const spec = () => {
@@ -550,7 +557,7 @@ function quote() {
           el("dt", {}, "Time"), el("dd", {}, secs(o.estimate.total_time_s)),
           el("dt", {}, "WAN"), el("dd", {}, bytes(o.estimate.wan_bytes)),
           el("dt", {}, "Compression / sync"), el("dd", {}, `${o.compression} / ${o.sync}`),
-          el("dt", {}, "Price"), el("dd", {}, o.price ? money(o.price.total) : "—")),
+          el("dt", {}, "Price"), el("dd", {}, o.price ? money(o.price.total) + partiesText(o.price) : "—")),
         el("p", { class: "muted" }, (o.explanation || []).join("; ")),
         el("button", { type: "button", onclick: async (e) => {
           e.target.disabled = true;
