@@ -4,9 +4,10 @@ to it, and a provider's cluster is its own to price: an admin gets a 409)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, status
 from pydantic import AfterValidator
@@ -81,6 +82,94 @@ def _provider_name(session: SessionDep, cluster: Cluster) -> str | None:
     return session.scalar(select(Provider.name).where(Provider.id == cluster.provider_id))
 
 
+Row = TypeVar("Row", GpuPrice, EgressPrice, BandwidthPrice)
+
+
+def _in_effect(rows: Iterable[Row], key: Callable[[Row], tuple[str, ...]], at: datetime,
+               later: bool) -> list[Row]:  # fmt: skip
+    """Of rows in effective order: each key's row in effect at `at`, and with `later` the
+    rows that take effect after it."""
+    now: dict[tuple[str, ...], Row] = {}
+    after: list[Row] = []
+    for row in rows:
+        if row.effective_from <= at:
+            now[key(row)] = row
+        elif later:
+            after.append(row)
+    return list(now.values()) + after
+
+
+def catalogue(
+    session: SessionDep, at: datetime, clusters: Collection[str] | None = None, later: bool = False
+) -> PricingOut:
+    """The catalogue as the API shows it: every price in effect at `at` (and with `later`
+    those that take effect after), of every cluster or of the cluster ids `clusters` (egress
+    and bandwidth by the cluster they leave), with who offers each."""
+    names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
+    parties = dict(session.execute(select(Provider.id, Provider.name)).all())
+
+    def rows(model: type[Row], column: Any) -> Sequence[Row]:
+        query = select(model).order_by(model.effective_from, model.id)
+        if clusters is not None:
+            query = query.where(column.in_(clusters))
+        return session.scalars(query).all()
+
+    def party(row: GpuPrice | EgressPrice | BandwidthPrice) -> str | None:
+        return parties.get(row.provider_id) if row.provider_id else None
+
+    gpu = [
+        GpuPriceOut(
+            cluster=names.get(r.cluster_id, r.cluster_id),
+            gpu_model=r.gpu_model,
+            qos_class=r.qos_class,
+            price_per_gpu_hour=float(r.price_per_gpu_hour),
+            effective_from=r.effective_from,
+            provider=party(r),
+            gpus=r.gpus,
+            until=r.until,
+            min_hours=float(r.min_hours) if r.min_hours is not None else None,
+        )
+        for r in _in_effect(
+            rows(GpuPrice, GpuPrice.cluster_id),
+            lambda r: (r.cluster_id, r.gpu_model, r.qos_class),
+            at,
+            later,
+        )
+    ]
+    egress = [
+        EgressPriceOut(
+            src=names.get(e.src_cluster_id, e.src_cluster_id),
+            dst=names.get(e.dst_cluster_id, e.dst_cluster_id),
+            price_per_gb=float(e.price_per_gb),
+            effective_from=e.effective_from,
+            provider=party(e),
+        )
+        for e in _in_effect(
+            rows(EgressPrice, EgressPrice.src_cluster_id),
+            lambda e: (e.src_cluster_id, e.dst_cluster_id),
+            at,
+            later,
+        )
+    ]
+    bandwidth = [
+        BandwidthPriceOut(
+            cluster=names.get(b.cluster_id, b.cluster_id),
+            price_per_gbps_hour=float(b.price_per_gbps_hour),
+            effective_from=b.effective_from,
+            provider=party(b),
+        )
+        for b in _in_effect(
+            rows(BandwidthPrice, BandwidthPrice.cluster_id), lambda b: (b.cluster_id,), at, later
+        )
+    ]
+    return PricingOut(
+        at=at,
+        gpu=sorted(gpu, key=lambda p: (p.cluster, p.gpu_model, p.qos_class, p.effective_from)),
+        egress=sorted(egress, key=lambda p: (p.src, p.dst, p.effective_from)),
+        bandwidth=sorted(bandwidth, key=lambda p: (p.cluster, p.effective_from)),
+    )
+
+
 @router.get("", response_model=PricingOut)
 def current(
     session: SessionDep,
@@ -88,59 +177,7 @@ def current(
     at: Annotated[AtTime | None, Query(description="Prices in effect at this time.")] = None,
 ) -> PricingOut:
     """The prices that apply now (or at `at`), per cluster, GPU model and QoS class."""
-    when = at if at is not None and at.tzinfo is not None else utcnow()
-    names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
-    parties = dict(session.execute(select(Provider.id, Provider.name)).all())
-    gpu_rows = session.scalars(
-        select(GpuPrice)
-        .where(GpuPrice.effective_from <= when)
-        .order_by(GpuPrice.effective_from, GpuPrice.id)
-    ).all()
-    gpu: dict[tuple[str, str, str], GpuPriceOut] = {}
-    for row in gpu_rows:
-        gpu[(row.cluster_id, row.gpu_model, row.qos_class)] = GpuPriceOut(
-            cluster=names.get(row.cluster_id, row.cluster_id),
-            gpu_model=row.gpu_model,
-            qos_class=row.qos_class,
-            price_per_gpu_hour=float(row.price_per_gpu_hour),
-            effective_from=row.effective_from,
-            provider=parties.get(row.provider_id) if row.provider_id else None,
-            gpus=row.gpus,
-            until=row.until,
-            min_hours=float(row.min_hours) if row.min_hours is not None else None,
-        )
-    eg_rows = session.scalars(
-        select(EgressPrice)
-        .where(EgressPrice.effective_from <= when)
-        .order_by(EgressPrice.effective_from, EgressPrice.id)
-    ).all()
-    egress: dict[tuple[str, str], EgressPriceOut] = {}
-    for e in eg_rows:
-        egress[(e.src_cluster_id, e.dst_cluster_id)] = EgressPriceOut(
-            src=names.get(e.src_cluster_id, e.src_cluster_id),
-            dst=names.get(e.dst_cluster_id, e.dst_cluster_id),
-            price_per_gb=float(e.price_per_gb),
-            effective_from=e.effective_from,
-            provider=parties.get(e.provider_id) if e.provider_id else None,
-        )
-    bw: dict[str, BandwidthPriceOut] = {}
-    for b in session.scalars(
-        select(BandwidthPrice)
-        .where(BandwidthPrice.effective_from <= when)
-        .order_by(BandwidthPrice.effective_from, BandwidthPrice.id)
-    ):
-        bw[b.cluster_id] = BandwidthPriceOut(
-            cluster=names.get(b.cluster_id, b.cluster_id),
-            price_per_gbps_hour=float(b.price_per_gbps_hour),
-            effective_from=b.effective_from,
-            provider=parties.get(b.provider_id) if b.provider_id else None,
-        )
-    return PricingOut(
-        at=when,
-        gpu=sorted(gpu.values(), key=lambda p: (p.cluster, p.gpu_model, p.qos_class)),
-        egress=sorted(egress.values(), key=lambda p: (p.src, p.dst)),
-        bandwidth=sorted(bw.values(), key=lambda p: p.cluster),
-    )
+    return catalogue(session, at if at is not None and at.tzinfo is not None else utcnow())
 
 
 @router.post("/gpu", status_code=status.HTTP_201_CREATED, response_model=GpuPriceOut)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, status
 from pydantic import AfterValidator
@@ -18,11 +18,8 @@ from sqlalchemy import select
 from agents.protocol import in_utc_range
 from api.deps import AdminDep, SessionDep, require
 from api.pagination import PageDep, fetch_page
-from api.routes.pricing import effective
+from api.routes.pricing import catalogue, effective
 from api.schemas import (
-    BandwidthPriceOut,
-    EgressPriceOut,
-    GpuPriceOut,
     Page,
     PayoutIn,
     PayoutOut,
@@ -44,10 +41,7 @@ from controller.money.amounts import q6
 from controller.network import resources
 from controller.store.db import lock_for_update
 from controller.store.models import (
-    BandwidthPrice,
     Cluster,
-    EgressPrice,
-    GpuPrice,
     Payout,
     Provider,
     Sla,
@@ -193,83 +187,14 @@ def provider_clusters(
 
 @router.get("/{provider_id}/offers", response_model=PricingOut)
 def offers(provider_id: str, session: SessionDep, who: ProviderReader) -> PricingOut:
-    """Every price row of the provider's clusters in effect now or later, oldest first: its
-    offers (and the operator's prices it has not replaced yet)."""
+    """Every price row of the provider's clusters in effect now and later: its offers (and
+    the operator's prices it has not replaced yet)."""
     provider = visible(session, provider_id, who)
-    now = utcnow()
-    clusters = dict(
-        session.execute(
-            select(Cluster.id, Cluster.name).where(Cluster.provider_id == provider.id)
-        ).all()
-    )
-    names = dict(session.execute(select(Provider.id, Provider.name)).all())
-    gpu: dict[tuple[str, str, str], list[GpuPrice]] = {}
-    for row in session.scalars(
-        select(GpuPrice)
-        .where(GpuPrice.cluster_id.in_(clusters))
-        .order_by(GpuPrice.effective_from, GpuPrice.id)
-    ):
-        gpu.setdefault((row.cluster_id, row.gpu_model, row.qos_class), []).append(row)
-    egress: dict[tuple[str, str], list[EgressPrice]] = {}
-    for e in session.scalars(
-        select(EgressPrice)
-        .where(EgressPrice.src_cluster_id.in_(clusters))
-        .order_by(EgressPrice.effective_from, EgressPrice.id)
-    ):
-        egress.setdefault((e.src_cluster_id, e.dst_cluster_id), []).append(e)
-    dst_names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
-    bw: dict[str, list[BandwidthPrice]] = {}
-    for b in session.scalars(
-        select(BandwidthPrice)
-        .where(BandwidthPrice.cluster_id.in_(clusters))
-        .order_by(BandwidthPrice.effective_from, BandwidthPrice.id)
-    ):
-        bw.setdefault(b.cluster_id, []).append(b)
-    return PricingOut(
-        at=now,
-        gpu=[
-            GpuPriceOut(
-                cluster=clusters[r.cluster_id],
-                gpu_model=r.gpu_model,
-                qos_class=r.qos_class,
-                price_per_gpu_hour=float(r.price_per_gpu_hour),
-                effective_from=r.effective_from,
-                provider=names.get(r.provider_id) if r.provider_id else None,
-                gpus=r.gpus,
-                until=r.until,
-                min_hours=float(r.min_hours) if r.min_hours is not None else None,
-            )
-            for rows in gpu.values()
-            for r in _current_and_later(rows, now)
-        ],
-        egress=[
-            EgressPriceOut(
-                src=clusters[e.src_cluster_id],
-                dst=dst_names.get(e.dst_cluster_id, e.dst_cluster_id),
-                price_per_gb=float(e.price_per_gb),
-                effective_from=e.effective_from,
-                provider=names.get(e.provider_id) if e.provider_id else None,
-            )
-            for rows in egress.values()
-            for e in _current_and_later(rows, now)
-        ],
-        bandwidth=[
-            BandwidthPriceOut(
-                cluster=clusters[b.cluster_id],
-                price_per_gbps_hour=float(b.price_per_gbps_hour),
-                effective_from=b.effective_from,
-                provider=names.get(b.provider_id) if b.provider_id else None,
-            )
-            for rows in bw.values()
-            for b in _current_and_later(rows, now)
-        ],
-    )
+    ids = session.scalars(select(Cluster.id).where(Cluster.provider_id == provider.id)).all()
+    return catalogue(session, utcnow(), clusters=ids, later=True)
 
 
-Row = TypeVar("Row", GpuPrice, EgressPrice, Sla, BandwidthPrice)
-
-
-def _current_and_later(rows: list[Row], now: datetime) -> list[Row]:
+def _current_and_later(rows: list[Sla], now: datetime) -> list[Sla]:
     """The row in effect at `now` (the last one from before) and every one after it."""
     past = [r for r in rows if r.effective_from <= now]
     return past[-1:] + [r for r in rows if r.effective_from > now]
