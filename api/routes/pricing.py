@@ -32,6 +32,7 @@ from controller.store.models import (
     EgressPrice,
     GpuPrice,
     Provider,
+    Sla,
     utcnow,
 )
 from controller.values.errors import Conflict, Invalid, NotFound
@@ -82,13 +83,13 @@ def _provider_name(session: SessionDep, cluster: Cluster) -> str | None:
     return session.scalar(select(Provider.name).where(Provider.id == cluster.provider_id))
 
 
-Row = TypeVar("Row", GpuPrice, EgressPrice, BandwidthPrice)
+Row = TypeVar("Row", GpuPrice, EgressPrice, BandwidthPrice, Sla)
 
 
-def _in_effect(rows: Iterable[Row], key: Callable[[Row], tuple[str, ...]], at: datetime,
+def in_effect(rows: Iterable[Row], key: Callable[[Row], tuple[str, ...]], at: datetime,
                later: bool) -> list[Row]:  # fmt: skip
     """Of rows in effective order: each key's row in effect at `at`, and with `later` the
-    rows that take effect after it."""
+    rows that take effect after it (prices here, a provider's SLAs too)."""
     now: dict[tuple[str, ...], Row] = {}
     after: list[Row] = []
     for row in rows:
@@ -129,7 +130,7 @@ def catalogue(
             until=r.until,
             min_hours=float(r.min_hours) if r.min_hours is not None else None,
         )
-        for r in _in_effect(
+        for r in in_effect(
             rows(GpuPrice, GpuPrice.cluster_id),
             lambda r: (r.cluster_id, r.gpu_model, r.qos_class),
             at,
@@ -144,7 +145,7 @@ def catalogue(
             effective_from=e.effective_from,
             provider=party(e),
         )
-        for e in _in_effect(
+        for e in in_effect(
             rows(EgressPrice, EgressPrice.src_cluster_id),
             lambda e: (e.src_cluster_id, e.dst_cluster_id),
             at,
@@ -158,7 +159,7 @@ def catalogue(
             effective_from=b.effective_from,
             provider=party(b),
         )
-        for b in _in_effect(
+        for b in in_effect(
             rows(BandwidthPrice, BandwidthPrice.cluster_id), lambda b: (b.cluster_id,), at, later
         )
     ]

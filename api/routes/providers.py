@@ -18,7 +18,7 @@ from sqlalchemy import select
 from agents.protocol import in_utc_range
 from api.deps import AdminDep, SessionDep, require
 from api.pagination import PageDep, fetch_page
-from api.routes.pricing import catalogue, effective
+from api.routes.pricing import catalogue, effective, in_effect
 from api.schemas import (
     Page,
     PayoutIn,
@@ -194,12 +194,6 @@ def offers(provider_id: str, session: SessionDep, who: ProviderReader) -> Pricin
     return catalogue(session, utcnow(), clusters=ids, later=True)
 
 
-def _current_and_later(rows: list[Sla], now: datetime) -> list[Sla]:
-    """The row in effect at `now` (the last one from before) and every one after it."""
-    past = [r for r in rows if r.effective_from <= now]
-    return past[-1:] + [r for r in rows if r.effective_from > now]
-
-
 @router.post("/{provider_id}/slas", status_code=status.HTTP_201_CREATED, response_model=SlaOut)
 def post_sla(provider_id: str, body: SlaIn, session: SessionDep, who: ProviderDep) -> SlaOut:
     """Promise a cluster's uptime and/or its uplink's bandwidth from now (or a future time)
@@ -238,11 +232,9 @@ def slas(provider_id: str, session: SessionDep, who: ProviderReader) -> list[Sla
             select(Cluster.id, Cluster.name).where(Cluster.provider_id == provider.id)
         ).all()
     )
-    by: dict[str, list[Sla]] = {}
-    for row in session.scalars(
+    rows = session.scalars(
         select(Sla).where(Sla.cluster_id.in_(names)).order_by(Sla.effective_from, Sla.id)
-    ):
-        by.setdefault(row.cluster_id, []).append(row)
+    ).all()
     return [
         SlaOut(
             cluster=names[r.cluster_id],
@@ -251,8 +243,7 @@ def slas(provider_id: str, session: SessionDep, who: ProviderReader) -> list[Sla
             credit_rate=float(r.credit_rate),
             effective_from=r.effective_from,
         )
-        for rows in by.values()
-        for r in _current_and_later(rows, now)
+        for r in in_effect(rows, lambda r: (r.cluster_id,), now, later=True)
     ]
 
 

@@ -41,9 +41,9 @@ from controller.store.models import (
     utcnow,
 )
 from controller.values.errors import NotFound
+from scheduler.bandwidth import KBPS_PER_GBPS
 
 SECONDS_PER_HOUR = Decimal(3600)
-KBPS_PER_GBPS = Decimal(10**6)
 BYTES_PER_GB = Decimal(10**9)
 
 
@@ -181,7 +181,7 @@ def meter_minimum_terms(session: Session, job: Job) -> list[Usage]:
 
 
 def _gbps(alloc: Allocation) -> Decimal:
-    return Decimal(alloc.wan_kbps or 0) / KBPS_PER_GBPS
+    return Decimal(alloc.wan_kbps or 0) / Decimal(KBPS_PER_GBPS)
 
 
 def _reserved_parts(
