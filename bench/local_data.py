@@ -6,11 +6,13 @@ shared data, several seeds (issue 47, item 6).
 each cluster holds only its own labels (label l in cluster l mod 3). The reference is every-step
 on shared data at the same steps. The modes with an outer step (local SGD, partial, streaming)
 run with DiLoCo's Nesterov outer step (lr 0.7, momentum 0.9) and with what cpn runs on local
-data (`training.spec.OUTER_BY_DATA`: the plain average). Each row gives the final accuracy
-over the seeds (mean, min, max) and its gap to the reference's mean. Writes
-bench/results/local-data.{md,json,png}.
+data (`training.spec.OUTER_BY_DATA`: the plain average); local SGD and streaming also with
+SCAFFOLD's drift correction (`TrainSpec.drift_correction`), and streaming with the whole
+model as one fragment. Each row gives the final accuracy over the seeds (mean, min, max) and
+its gap to the reference's mean. Writes bench/results/local-data.{md,json,png}.
 
     .venv/bin/python -m bench.local_data [--steps 600] [--seeds 1,2,3] [--only local-sgd:16]
+        [--missing]
 """
 
 from __future__ import annotations
@@ -29,19 +31,30 @@ CLUSTERS = {"a": 1, "b": 1, "c": 1}
 TASK = "builtin:mnist1d-mlp"
 DILOCO = (0.7, 0.9)
 
-# (label, sync, data, outer (lr, momentum) or None: the run's default for its data)
-RUNS: tuple[tuple[str, str, str, tuple[float, float] | None], ...] = (
-    ("every-step, shared data (reference)", "every-step", "shared", None),
-    ("every-step", "every-step", "local", None),
-    ("local-sgd:16, DiLoCo outer step", "local-sgd:16", "local", DILOCO),
-    ("local-sgd:16, plain average (default)", "local-sgd:16", "local", None),
-    ("local-sgd:8, plain average (default)", "local-sgd:8", "local", None),
-    ("partial:16, DiLoCo outer step", "partial:16", "local", DILOCO),
-    ("partial:16, plain average (default)", "partial:16", "local", None),
-    ("streaming:16, DiLoCo outer step", "streaming:16", "local", DILOCO),
-    ("streaming:16, plain average (default)", "streaming:16", "local", None),
-    ("gossip:16", "gossip:16", "local", None),
-    ("async-ps:4", "async-ps:4", "local", None),
+# (label, sync, data, outer (lr, momentum) or None: the run's default for its data,
+#  SCAFFOLD's drift correction)
+RUNS: tuple[tuple[str, str, str, tuple[float, float] | None, bool], ...] = (
+    ("every-step, shared data (reference)", "every-step", "shared", None, False),
+    ("every-step", "every-step", "local", None, False),
+    ("local-sgd:16, DiLoCo outer step", "local-sgd:16", "local", DILOCO, False),
+    ("local-sgd:16, plain average (default)", "local-sgd:16", "local", None, False),
+    ("local-sgd:16, plain average + SCAFFOLD", "local-sgd:16", "local", None, True),
+    ("local-sgd:8, plain average (default)", "local-sgd:8", "local", None, False),
+    ("local-sgd:8, plain average + SCAFFOLD", "local-sgd:8", "local", None, True),
+    ("partial:16, DiLoCo outer step", "partial:16", "local", DILOCO, False),
+    ("partial:16, plain average (default)", "partial:16", "local", None, False),
+    ("streaming:16, DiLoCo outer step", "streaming:16", "local", DILOCO, False),
+    ("streaming:16, plain average (default)", "streaming:16", "local", None, False),
+    ("streaming:16, plain average + SCAFFOLD", "streaming:16", "local", None, True),
+    (
+        "streaming:16:f1:d3, one fragment",
+        "streaming:16:f1:d3",
+        "local",
+        None,
+        False,
+    ),
+    ("gossip:16", "gossip:16", "local", None, False),
+    ("async-ps:4", "async-ps:4", "local", None, False),
 )
 
 
@@ -53,7 +66,9 @@ class Setup:
     rtt_ms: float
 
 
-def run_one(label: str, sync: str, data: str, outer: Any, seed: int, s: Setup) -> dict[str, Any]:
+def run_one(
+    label: str, sync: str, data: str, outer: Any, drift: bool, seed: int, s: Setup
+) -> dict[str, Any]:
     import training
     from training import TrainSpec
 
@@ -72,6 +87,7 @@ def run_one(label: str, sync: str, data: str, outer: Any, seed: int, s: Setup) -
             eval_every=max(1, s.steps // 6),
             outer_lr=lr,
             outer_momentum=momentum,
+            drift_correction=drift,
         )
     )
     return {
@@ -79,6 +95,7 @@ def run_one(label: str, sync: str, data: str, outer: Any, seed: int, s: Setup) -
         "sync": sync,
         "data": data,
         "outer": list(outer) if outer is not None else None,
+        "drift_correction": drift,
         "seed": seed,
         "final_accuracy": r.final_accuracy,
         "final_eval_loss": r.final_eval_loss,
@@ -164,10 +181,16 @@ def main() -> None:
     parser.add_argument("--mbps", type=float, default=100.0)
     parser.add_argument("--rtt-ms", type=float, default=10.0)
     parser.add_argument("--only", default="", help="re-run these syncs, merge into the json")
+    parser.add_argument(
+        "--missing", action="store_true", help="run only the rows the json lacks, merge them"
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     setup = Setup(args.steps, tuple(int(x) for x in args.seeds.split(",")), args.mbps, args.rtt_ms)
     only = frozenset(x for x in args.only.split(",") if x)
+    out = Path(args.out)
+    saved = json.loads((out / "local-data.json").read_text()) if only or args.missing else None
+    have = {r["label"] for r in saved["runs"]} if saved is not None else set()
     command = ".venv/bin/python -m bench.local_data " + shlex.join(sys.argv[1:])
 
     import ray
@@ -182,18 +205,17 @@ def main() -> None:
     )
     rows: list[dict[str, Any]] = []
     try:
-        for label, sync, data, outer in RUNS:
-            if only and sync not in only:
+        for label, sync, data, outer, drift in RUNS:
+            if (only and sync not in only) or (args.missing and label in have):
                 continue
             for seed in setup.seeds:
-                rows.append(run_one(label, sync, data, outer, seed, setup))
+                rows.append(run_one(label, sync, data, outer, drift, seed, setup))
                 print(f"{label} seed {seed}: {rows[-1]['final_accuracy']:.3f}", flush=True)
     finally:
         ray.shutdown()
-    out = Path(args.out)
-    if only:
-        saved = json.loads((out / "local-data.json").read_text())
-        rows = [r for r in saved["runs"] if r["sync"] not in only] + rows
+    if saved is not None:
+        rerun = {r["label"] for r in rows}
+        rows = [r for r in saved["runs"] if r["label"] not in rerun] + rows
         order = {lb: i for i, (lb, *_) in enumerate(RUNS)}
         rows.sort(key=lambda r: (order.get(r["label"], 99), r["seed"]))
         command = saved["command"] + " ; then " + command

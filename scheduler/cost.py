@@ -69,7 +69,7 @@ from grammar.graph import (
     region_hosts,
     tree_levels,
 )
-from grammar.quality import LOCAL_DATA_COST, SPEED_BOUND, compression_cost
+from grammar.quality import SPEED_BOUND, compression_cost, local_data_cost
 from scheduler.calibrate import POOLED
 from scheduler.compression import (
     UNEVEN_LINK_RATIO,
@@ -321,9 +321,7 @@ class CostModel:
         if q is None:
             c = compression_cost(compression, sync)
             # on local data, what the mode's drift costs more (`grammar.quality`)
-            local = (
-                LOCAL_DATA_COST.get(parse_sync(sync).kind, 0.0) if self.job.data_clusters else 0.0
-            )
+            local = local_data_cost(parse_sync(sync)) if self.job.data_clusters else 0.0
             q = (1.0 + c) * (self.sync(sync).steps_factor + local) - 1.0
             self._quality_cache[(compression, sync)] = q
         return q

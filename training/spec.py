@@ -213,6 +213,11 @@ class TrainSpec:
     data: str = "shared"
     """"shared": every cluster draws from the whole training set; "local": each cluster reads
     only its own part (`Task.cluster_data`), so no sample leaves its cluster."""
+    drift_correction: bool = False
+    """Local SGD, partial and streaming correct each local step by the clusters' drift apart
+    (`training.sync.drift`, SCAFFOLD's control variates: nothing more crosses the WAN). Off
+    unless asked: on label-skewed local data it ended runs lower, not higher
+    (bench/results/local-data.md)."""
     regions: dict[str, str] = field(default_factory=dict)
     """{cluster: region} for every cluster, or empty (one region). `async-ps` runs one
     parameter server per region under a global one when the clusters span two or more."""

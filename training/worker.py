@@ -538,6 +538,7 @@ class Worker:
             update = strategy.after_backward(self._grad_flat(), self.step, t1 - t0)
             t2 = time.perf_counter()
             self._apply(update)
+            strategy.after_local_step()
             t3 = time.perf_counter()
             self.compute_s += (t1 - t0) + (t3 - t2)
             self.comm_s += t2 - t1

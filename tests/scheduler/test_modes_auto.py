@@ -221,9 +221,13 @@ def test_a_fitted_penalty_reaches_the_planner() -> None:
 
 def test_local_data_weighs_what_each_mode_costs_there() -> None:
     """On local data a mode's quality cost adds what its drift costs there
-    (`grammar.quality.LOCAL_DATA_COST`); every-step's does not change."""
+    (`grammar.quality.LOCAL_DATA_COST`); every-step's does not change; streaming's whole model
+    in one fragment costs less there than fragments synced at staggered steps."""
     snap = Snapshot((cluster("a", 8), cluster("b", 8)), (link("a", "b"),))
-    for sync in ("local-sgd:16", "gossip:16", "every-step"):
+    assert quality_cost("none", "streaming:16:f1:d3", local_data=True) < quality_cost(
+        "none", "streaming:16:f4:d3", local_data=True
+    )
+    for sync in ("local-sgd:16", "gossip:16", "every-step", "streaming:16:f1:d3"):
         shared = job(16, compression="none", sync=sync)
         local = replace(shared, data_clusters=("a", "b"))
         a, b = _plan(snap, shared).estimate, _plan(snap, local).estimate

@@ -5,6 +5,7 @@ checkpoints. A `SyncStrategy` owns what crosses clusters and when. Per step the 
 
     grad   = strategy.after_backward(local_grad, step, compute_s)  # exchange, timed as comm
     apply grad with the local optimizer                               # timed as compute
+    strategy.after_local_step()                                       # e.g. drift correction
     strategy.after_step(step)                                         # e.g. an outer step
 
 then, after the run's last step, `finish()`. It checkpoints only where `at_sync_point(step)`,
@@ -141,6 +142,10 @@ class SyncStrategy(ABC):
     def replay(self) -> None:
         """After `load_state_dict` took the peer's state: apply the rounds kept since."""
         raise NotImplementedError(f"{type(self).__name__} seats no member late")
+
+    def after_local_step(self) -> None:  # noqa: B027 - optional hook
+        """After each local optimizer step (several per step where `local_steps` > 1): a
+        correction of the parameters themselves goes here (`training.sync.drift`)."""
 
     def after_step(self, step: int) -> None:  # noqa: B027 - optional hook
         """After the local optimizer step of `step` (local SGD's outer step goes here)."""

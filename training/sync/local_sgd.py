@@ -11,6 +11,7 @@ import torch
 from grammar import Sync
 from training.collective import flatten, split
 from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.drift import DriftCorrection, move
 from training.sync.outer import make_outer
 
 
@@ -19,7 +20,8 @@ class LocalSGDSync(SyncStrategy):
     pseudo-gradient (anchor - parameters) crosses the WAN, weighted by the cluster's batch
     share, and an outer SGD (Nesterov momentum by default) moves the anchor, which every rank
     then copies into its parameters. After a last step that ends no period, the clusters
-    average instead of taking an outer step."""
+    average instead of taking an outer step. With `spec.drift_correction` each local step is
+    corrected by the clusters' drift apart, from the same exchange (`training.sync.drift`)."""
 
     regroups = True
 
@@ -32,6 +34,10 @@ class LocalSGDSync(SyncStrategy):
         self.outer = make_outer(self.anchor, ctx.spec)
         self.kept: list[tuple[torch.Tensor, bool]] | None = None
         """Joining late (`defer`): each outer step's sum, applied once the state is here."""
+        self.drift: DriftCorrection | None = None
+        if ctx.spec.drift_correction and len(self.comm.clusters) > 1:
+            size = sum(a.numel() for a in self.anchor)
+            self.drift = DriftCorrection(size, self.anchor[0].device if self.anchor else "cpu")
 
     @property
     def scope(self) -> Scope:
@@ -40,6 +46,11 @@ class LocalSGDSync(SyncStrategy):
     def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
         self.comm.reduce(grad)
         return grad
+
+    def after_local_step(self) -> None:
+        if self.drift is not None and self.kept is None:
+            move(self.ctx.params, self.drift.correction)
+            self.drift.step()
 
     def after_step(self, step: int) -> None:
         if (step + 1) % self.period == 0:
@@ -62,6 +73,9 @@ class LocalSGDSync(SyncStrategy):
         kept, self.kept = self.kept, None
         for delta, average in kept or []:
             self._move_anchor(delta, average=average)
+        rounds = [delta for delta, average in kept or [] if not average]
+        if self.drift is not None and rounds:
+            self.drift.seat(rounds[-1], self.period)
 
     def _outer_step(self, step: int, *, average: bool = False) -> None:
         """Average the pseudo-gradients over clusters, take a Nesterov outer step; or, with
@@ -71,12 +85,21 @@ class LocalSGDSync(SyncStrategy):
         params = self.ctx.params
         cur = flatten([p.detach() for p in params])
         delta = flatten(self.anchor) - cur  # cluster copies agree after the intra all-reduce
+        own = delta
         if len(self.comm.clusters) > 1:
             if self.comm.is_leader:
                 share = self.ctx.cluster_share
                 delta = self.comm.wan_sum(delta * share, step, self.compression)
             self.comm.broadcast(delta)
+        self._drift_round(own, delta)
         self._move_anchor(delta, average=average)
+
+    def _drift_round(self, own: torch.Tensor, total: torch.Tensor) -> None:
+        """The round's rates for the drift correction: this cluster's pseudo-gradient `own`
+        and the clusters' weighted sum `total`, over the local steps it took."""
+        if self.drift is not None and self.kept is None:
+            self.drift.round(own, total, self.drift.steps)
+            self.drift.steps = 0
 
     def _move_anchor(self, delta: torch.Tensor, *, average: bool) -> None:
         """An outer step on the clusters' summed pseudo-gradient `delta` (flat), or with
@@ -100,6 +123,11 @@ class LocalSGDSync(SyncStrategy):
     def state_dict(self) -> dict[str, Any]:
         return {"outer": self.outer.state_dict(), "anchor": [a.cpu() for a in self.anchor]}
 
+    def cluster_state(self) -> dict[str, Any]:
+        if self.drift is None:
+            return {}
+        return {"drift": {"cluster": self.comm.cluster, **self.drift.state()}}
+
     def load_state_dict(
         self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
     ) -> None:
@@ -111,3 +139,6 @@ class LocalSGDSync(SyncStrategy):
             else:  # a fresh start, or another mode's checkpoint: start from the parameters
                 for a, p in zip(self.anchor, self.ctx.params, strict=True):
                     a.copy_(p.detach())
+        saved = (cluster_state or {}).get("drift")
+        if self.drift is not None and saved is not None:
+            self.drift.load(saved, own=saved.get("cluster") == self.comm.cluster)

@@ -80,6 +80,7 @@ class PartialSync(LocalSGDSync):
         # neither a stalled step nor a short round makes a cluster look slow)
         self.comm.compute_ema = statistics.median(self.times) if self.times else 0.0
         mine = self.steps[self.comm.cluster]
+        ran = mine  # this round's local steps per step
         if len(self.comm.clusters) > 1:
             if self.comm.is_leader:
                 # FedNova-style: this cluster's drift per local step of a tick (its
@@ -100,6 +101,9 @@ class PartialSync(LocalSGDSync):
             delta, mine = both[:-1], int(both[-1].item())
             self.steps[self.comm.cluster] = mine
         self.rounds += 1
+        # the consensus is per tick (each drift over its steps per tick): per local step of
+        # this cluster, that is `ran` times the sum over its `ran` x H local steps
+        self._drift_round(flatten(self.anchor) - cur, delta * ran)
         self._move_anchor(delta, average=average)
 
     def stats(self) -> dict[str, float]:

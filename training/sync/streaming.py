@@ -19,6 +19,10 @@ one. After the last step, what is in flight is applied and every fragment not sy
 last step is averaged over the clusters once more (as local SGD's last, partial period), so
 all clusters end with the same model; `drain` does the same mid-run, where auto leaves
 streaming.
+
+With `spec.drift_correction` each fragment's local steps are corrected by the clusters' drift
+apart (`training.sync.drift`), its rates taken from the fragment's own exchange: its
+pseudo-gradient over the steps since it last became the anchor, and the sum that comes back.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from grammar import Sync
 from training.collective import flatten
 from training.exchange import chunk_bounds
 from training.sync.base import Scope, SyncContext, SyncStrategy
+from training.sync.drift import DriftCorrection, move
 from training.sync.outer import make_outer
 
 
@@ -67,6 +72,10 @@ class InFlight:
     """The sum over clusters (a future until it arrives); None on ranks that are not leaders,
     which receive it from theirs when it is applied."""
     final: bool = False
+    own: torch.Tensor | None = None
+    """This cluster's pseudo-gradient sent, and `steps`, the local steps it spans: the drift
+    correction's round (None: no correction, or not kept across a checkpoint)."""
+    steps: int = 0
 
 
 class StreamingSync(SyncStrategy):
@@ -95,6 +104,9 @@ class StreamingSync(SyncStrategy):
         self.pool = ThreadPoolExecutor(max_workers=1) if leader else None
         self.inflight: deque[InFlight] = deque()
         self.finished = False
+        self.drift: list[DriftCorrection] | None = None
+        if ctx.spec.drift_correction and self.multi:
+            self.drift = [DriftCorrection(a.numel(), a.device) for a in self.anchor]
         self.late = 0
         self.late_wait_s = 0.0
         self.drain_s = 0.0
@@ -136,7 +148,10 @@ class StreamingSync(SyncStrategy):
             shared = delta * self.ctx.cluster_share
             lo = self.bounds[p][0]
             result = self.pool.submit(self.comm.wan_sum, shared, step, self.compression, lo)
-        self.inflight.append(InFlight(p, step, step + self.delay, result, final))
+        own, steps = None, 0
+        if self.drift is not None and not final:
+            own, steps = delta, self.drift[p].steps
+        self.inflight.append(InFlight(p, step, step + self.delay, result, final, own, steps))
 
     def _apply(self, item: InFlight, *, due: bool = True) -> None:
         """The outer step of `item`'s fragment (or, `final`, the average), then its
@@ -158,6 +173,10 @@ class StreamingSync(SyncStrategy):
         else:
             assert isinstance(item.result, torch.Tensor)
             total = item.result
+        if self.drift is not None:
+            if item.own is not None:
+                self.drift[p].round(item.own, total, item.steps)
+            self.drift[p].steps = 0  # the fragment becomes the anchor: its progress is dropped
         if item.final:
             with torch.no_grad():
                 self.anchor[p].sub_(total)
@@ -172,6 +191,12 @@ class StreamingSync(SyncStrategy):
     def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
         self.comm.reduce(grad)
         return grad
+
+    def after_local_step(self) -> None:
+        if self.drift is not None:
+            move(self.ctx.params, torch.cat([d.correction for d in self.drift]))
+            for d in self.drift:
+                d.step()
 
     def after_step(self, step: int) -> None:
         for p in fragments_due(step, self.period, self.fragments):
@@ -224,7 +249,11 @@ class StreamingSync(SyncStrategy):
     def cluster_state(self) -> dict[str, Any]:
         self._await_results()
         model = self.ctx.model
+        drift = None
+        if self.drift is not None:
+            drift = {"cluster": self.comm.cluster, "parts": [d.state() for d in self.drift]}
         return {
+            "drift": drift,
             "inflight": [(i.fragment, i.sent, i.apply_at) for i in self.inflight],
             # clusters' parameters differ until the run's final sync
             "model": None if self.finished else {k: v.cpu() for k, v in model.state_dict().items()},
@@ -270,6 +299,11 @@ class StreamingSync(SyncStrategy):
             if not self.multi and result is not None:
                 mine = result.to(device)
             self.inflight.append(InFlight(p, sent, apply_at, mine))
+        saved = (cluster_state or {}).get("drift")
+        if self.drift is not None and saved is not None:
+            own = saved.get("cluster") == self.comm.cluster
+            for d, part in zip(self.drift, saved["parts"], strict=True):
+                d.load(part, own=own)
 
     def abandon(self) -> None:
         """Drop every fragment in flight, finished or not, without waiting for its exchange
