@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from grammar.parallel import Parallelism
 from scheduler.gpus import DEFAULT_EFFICIENCY
+from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, micro_batch_candidates
 from scheduler.types import Cluster, Link
 
 GPU_MEMORY_GB: dict[str, float] = {
@@ -54,11 +55,6 @@ the rest)."""
 
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"sgd": 0, "sgd-momentum": 4, "adam": 8, "adamw": 8}
 """Optimizer state per parameter (fp32): momentum buffer; Adam's two moments."""
-
-MICRO_BATCH_OVERHEAD_S = 0.005
-"""Fixed cost of one micro-batch on one stage (kernel launches, small-batch inefficiency,
-the runtime's bookkeeping): what makes many tiny micro-batches slower than a few, against
-the bubble that makes few slow. Calibration replaces it with an observed value."""
 
 MAX_ORDERED_CLUSTERS = 5
 """Up to this many clusters every order is tried; beyond, the order of most memory first."""
@@ -321,12 +317,6 @@ def _split(
         )
     bottleneck, wan = best[s_count][n]
     return _Split(bottleneck, wan, tuple(stages))
-
-
-def micro_batch_candidates(batch: int, stages: int, limit: int = 64) -> list[int]:
-    """Micro-batch counts worth trying: powers of two and multiples of the stage count."""
-    found = {1 << i for i in range(7)} | {stages * k for k in (1, 2, 4, 8)}
-    return sorted(m for m in found if 1 <= m <= min(batch, limit))
 
 
 def step_seconds(bottleneck: float, stages: int, micro: int) -> float:

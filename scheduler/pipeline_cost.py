@@ -9,6 +9,10 @@ one cluster uses its intra bandwidth). A step of a GPipe or 1F1B schedule takes
 two clusters carries M activations one way and M gradients (as large) back each step; a
 stage's GPUs are charged at their cluster's GPU-hour price for the whole run, and the bytes
 leaving a cluster at the egress price of the link they take.
+
+A micro-batch also costs a stage a fixed time (`micro_overhead_s`: kernel launches, a small
+batch's inefficiency, the runtime's bookkeeping), which makes many tiny micro-batches slower
+than a few, against the bubble that makes few slow; `best_micro_batches` weighs the two.
 """
 
 from __future__ import annotations
@@ -18,6 +22,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.types import Cluster, Link
+
+MICRO_BATCH_OVERHEAD_S = 0.005
+"""The prior of a micro-batch's fixed cost on one stage, before any pipeline run was
+observed; the control plane fits it from finished runs (`controller.network.snapshot`)."""
+
+
+def micro_batch_candidates(batch: int, stages: int, limit: int = 64) -> list[int]:
+    """Micro-batch counts worth trying: powers of two and multiples of the stage count."""
+    found = {1 << i for i in range(7)} | {stages * k for k in (1, 2, 4, 8)}
+    return sorted(m for m in found if 1 <= m <= min(batch, limit))
 
 
 @dataclass(frozen=True)
@@ -90,16 +104,20 @@ def estimate_pipeline(
     micro_batches: int,
     steps: int,
     qos_class: str | None = None,
+    micro_overhead_s: float = 0.0,
 ) -> PipelineEstimate:
     """The step time, run time, WAN bytes and price of `stages` (in pipeline order) running
-    `micro_batches` a step for `steps` steps; links are keyed (from, to), either way found.
-    ValueError `field: ...` for a bad input."""
+    `micro_batches` a step for `steps` steps, each micro-batch costing a stage
+    `micro_overhead_s` more; links are keyed (from, to), either way found. ValueError
+    `field: ...` for a bad input."""
     if not stages:
         raise ValueError("stages: give at least one")
     if micro_batches < 1:
         raise ValueError("micro_batches: give at least 1")
     if steps < 1:
         raise ValueError("steps: give at least 1")
+    if not 0 <= micro_overhead_s < 3600:
+        raise ValueError("micro_overhead_s: must be in [0, 3600) seconds")
     for st in stages:
         if st.cluster not in clusters:
             raise ValueError(f"stages: cluster {st.cluster!r} is not in the snapshot")
@@ -115,7 +133,7 @@ def estimate_pipeline(
             moved = here.send_bytes * m
             wan[(a.name, b.name)] = wan.get((a.name, b.name), 0.0) + moved  # activations
             wan[(b.name, a.name)] = wan.get((b.name, a.name), 0.0) + moved  # their gradients
-    bottleneck = max([st.compute_s for st in stages] + link_s)
+    bottleneck = max([st.compute_s + micro_overhead_s for st in stages] + link_s)
     step_s = (m + s_count - 1) * bottleneck
     total = step_s * steps
     gpu_cost = sum(
@@ -138,3 +156,25 @@ def estimate_pipeline(
         gpu_cost=gpu_cost,
         egress_cost=egress,
     )
+
+
+def best_micro_batches(
+    stage_step_s: Sequence[tuple[str, float, float, int]],
+    clusters: Mapping[str, Cluster],
+    links: Mapping[tuple[str, str], Link],
+    batch: int,
+    micro_overhead_s: float,
+) -> int:
+    """The micro-batch count of the shortest step: `stage_step_s` is, per stage in order,
+    (cluster, forward and backward of the whole step's batch on one of its GPUs, activation
+    bytes of the whole batch to the next stage, GPUs); each of M micro-batches takes 1/M of
+    both. Ties go to fewer micro-batches (less to keep in flight). ValueError as
+    `estimate_pipeline`'s."""
+    best: tuple[float, int] | None = None
+    for m in micro_batch_candidates(batch, len(stage_step_s)):
+        work = [StageWork(c, step_s / m, sent / m, gpus) for c, step_s, sent, gpus in stage_step_s]
+        got = estimate_pipeline(work, clusters, links, m, 1, micro_overhead_s=micro_overhead_s)
+        if best is None or got.step_s < best[0] * (1 - 1e-9):
+            best = (got.step_s, m)
+    assert best is not None  # 1 is always a candidate
+    return best[1]

@@ -188,6 +188,11 @@ class Parallel(_Value):
         default=(), description="Pipeline stages in order (absent for data parallelism)."
     )
     micro_batches: int | None = None
+    micro_overhead_s: float | None = Field(
+        default=None,
+        description="The fixed cost of one micro-batch on one stage the estimate counted "
+        "(s), as fitted from finished pipeline runs; absent in older plans (0).",
+    )
     bubble: float | None = Field(
         default=None, description="The schedule's idle share, (S-1)/(M+S-1)."
     )

@@ -290,8 +290,14 @@ class PipelineOptions(_In):
         description=f"Stage split; {STAGES_HELP}. Default: pipeline, one stage per GPU; "
         "hybrid, one stage per cluster.",
     )
-    micro_batches: int = Field(
-        default=4, strict=True, ge=1, le=1024, description="Micro-batches per step."
+    micro_batches: int | None = Field(
+        default=None,
+        strict=True,
+        ge=1,
+        le=1024,
+        description="Micro-batches per step. Default: the planner's, the shortest step it "
+        "estimates, weighing the bubble against each micro-batch's fixed cost as finished "
+        "pipeline runs measured it.",
     )
     schedule: Literal["gpipe", "1f1b"] = Field(
         default="gpipe", description="Order of forward and backward passes over micro-batches."

@@ -22,6 +22,7 @@ from controller.jobs import lifecycle
 from controller.jobs.request import spec_of
 from controller.loop.runs import RunHandle, RunLayout
 from controller.store.models import Allocation, Cluster, Job, utcnow
+from controller.values.plan import micro_batches_of
 from controller.values.tasks import builtin_work
 from grammar.auto import adaptable
 from grammar.states import ACTIVE
@@ -336,7 +337,7 @@ def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> Pipeline
     return PipelineSpec(
         train,
         placement,
-        micro_batches=parallel.micro_batches or spec.pipeline.micro_batches,
+        micro_batches=micro_batches_of(parallel, spec),
         schedule=Schedule(spec.pipeline.schedule),
         cuts=cuts,
         activations=activations,

@@ -35,7 +35,7 @@ from controller.network.allocations import Slot, reserve
 from controller.network.snapshot import build_world
 from controller.store.models import REASON_MAX, Allocation, Cluster, Job, bounded, utcnow
 from controller.values.errors import Conflict
-from controller.values.plan import as_billed, pipeline_estimate, wan_kbps
+from controller.values.plan import as_billed, micro_batches_of, pipeline_estimate, wan_kbps
 from controller.values.tasks import builtin_work
 from grammar.states import JobState
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes
@@ -102,7 +102,7 @@ def decide(session: Session, job: Job, down: str) -> Restage | None:
         tuple(range(1, s_count)),
         tuple(s.cluster for s in par.stages),
         replicas,
-        par.micro_batches or spec.pipeline.micro_batches,
+        micro_batches_of(par, spec),
         1,
     )
     got = replace_stages(needs, down, spares)
@@ -119,6 +119,8 @@ def decide(session: Session, job: Job, down: str) -> Restage | None:
         update={
             "stages": tuple(StageShare(cluster=c, replicas=replicas) for c in got.stages),
             "gpu_gb": {c: gb[c] for c in gpus if c in gb},
+            "micro_batches": micro_batches_of(par, spec),
+            "micro_overhead_s": world.snapshot.micro_overhead_s,
         }
     )
     new = plan.model_copy(

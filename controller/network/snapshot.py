@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from controller.store.models import (
 )
 from grammar.states import LIVE, ClusterState, JobState
 from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps
+from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -241,6 +243,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         step_overhead_s=seen.step_overhead_s,
         setup_s=seen.setup_s,
         setup_per_gpu_s=seen.setup_per_gpu_s,
+        micro_overhead_s=seen.micro_overhead_s,
         spread=seen.spread,
     )
     return World(snapshot, origins, frozenset(ports), links, ports, ceilings)
@@ -393,13 +396,16 @@ class Observed:
     setup_by_cluster: tuple[tuple[str, float], ...] = ()
     setup_per_gpu_s: float = 0.0
     spread: tuple[float, float] = SPREAD_PRIOR
+    micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S
 
 
 def observed(session: Session) -> Observed:
     """Fit the step overhead and the set-up time from the last finished jobs. Step overhead:
     observed step minus observed compute minus what the estimate gave communication (jobs on
     several GPUs). Set-up: the run's wall time (RUNNING to SUCCEEDED) minus its steps at
-    their observed step time, of jobs that ran once; the median each, per cluster too."""
+    their observed step time, of jobs that ran once; the median each, per cluster too.
+    A pipeline's micro-batch cost: its observed step over the schedule's (M + S - 1) slots
+    less the slot its estimate gave without that cost, of pipeline jobs that ran once."""
     jobs = session.execute(
         select(Job.id, Job.placement, Job.started_at, Job.finished_at, Job.attempts)
         .where(Job.state == JobState.SUCCEEDED, Job.placement.is_not(None))
@@ -423,11 +429,19 @@ def observed(session: Session) -> Observed:
     residuals: list[float] = []
     setups: list[tuple[int, float, tuple[str, ...]]] = []
     ratios: list[float] = []
+    micro: dict[str, float] = {}  # per pipeline job: its least slot overrun at its last step
     for job_id, step, step_s, compute_total in rows:
         if not step or step_s is None:
             continue
         plan, start, end, tries = plans[job_id]
         est = plan.estimate
+        par = plan.parallel
+        if par.mode != "data":  # a pipeline's step is not the data-parallel model's
+            if par.stages and par.micro_batches and est.step_time_s > 0 and tries <= 1:
+                slots = par.micro_batches + len(par.stages) - 1
+                planned = est.step_time_s / slots - (par.micro_overhead_s or 0.0)
+                micro[job_id] = min(micro.get(job_id, math.inf), step_s / slots - planned)
+            continue
         if plan.gpus > 1 and est.compute_s and compute_total is not None:
             modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
             residuals.append(step_s - compute_total / step - modelled_comm)
@@ -448,6 +462,7 @@ def observed(session: Session) -> Observed:
         setup_by_cluster=tuple((c, _median(v, SETUP_PRIOR_S)) for c, v in by_cluster.items()),
         setup_per_gpu_s=per_gpu,
         spread=_spread(ratios),
+        micro_overhead_s=min(_median(list(micro.values()), MICRO_BATCH_OVERHEAD_S), 3599.0),
     )
 
 

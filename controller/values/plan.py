@@ -13,7 +13,7 @@ from grammar.parallel import parse_stages
 from scheduler.bandwidth import wan_rate_kbps
 from scheduler.gpus import DEFAULT_EFFICIENCY
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
-from scheduler.pipeline_cost import StageWork, estimate_pipeline
+from scheduler.pipeline_cost import StageWork, best_micro_batches, estimate_pipeline
 from training.pipeline.split import Placement, place
 from wire.plan import (
     BandwidthCharge,
@@ -114,15 +114,93 @@ def parallel_of(
             reason += f"; as a pipeline of one stage a GPU, since {exc}"
     stages = tuple(StageShare(cluster=c, replicas=layout.replicas) for c in layout.stage_clusters)
     micro = spec.pipeline.micro_batches
+    if micro is None:
+        micro, why = _micro_batches(spec, stages, shares, snapshot, origins)
+        reason += f"; {micro} micro-batches a step: {why}"
     return Parallel(
         mode="hybrid" if mode == "hybrid" else "pipeline",
         stages=stages,
         micro_batches=micro,
+        micro_overhead_s=snapshot.micro_overhead_s,
         bubble=round((len(stages) - 1) / (micro + len(stages) - 1), 6),
         model_gb=model_gb,
         gpu_gb=gpu,
         reason=reason,
     )
+
+
+MICRO_BATCHES_FALLBACK = 4
+"""A pipeline's micro-batches when the planner cannot weigh them (a stage's cluster or a link
+missing from the snapshot)."""
+
+
+def micro_batches_of(parallel: Parallel, spec: JobSpec) -> int:
+    """The micro-batches a pipeline plan runs: the plan's, else the spec's, else the fallback
+    (plans stored before the planner chose them)."""
+    return parallel.micro_batches or spec.pipeline.micro_batches or MICRO_BATCHES_FALLBACK
+
+
+def _micro_batches(
+    spec: JobSpec,
+    stages: Sequence[StageShare],
+    shares: Sequence[Share],
+    snapshot: scheduler.Snapshot,
+    origins: Mapping[str, tuple[str, str]],
+) -> tuple[int, str]:
+    """The planner's micro-batch count (`scheduler.pipeline_cost.best_micro_batches`) and
+    why; the fallback where the stages cannot be estimated."""
+    loads = _stage_loads(spec, stages, shares, snapshot, origins)
+    if loads is None:
+        return MICRO_BATCHES_FALLBACK, "the stages' clusters or links are not all known"
+    batch, _ = _batch_and_activations(spec)
+    try:
+        m = best_micro_batches(
+            loads, snapshot.by_name, snapshot.directed_links, batch, snapshot.micro_overhead_s
+        )
+    except ValueError:  # no link between two stages' clusters
+        return MICRO_BATCHES_FALLBACK, "no link between two stages' clusters"
+    return m, (
+        f"the shortest step, weighing the bubble against a micro-batch's fixed cost of "
+        f"{snapshot.micro_overhead_s * 1e3:.3g} ms a stage"
+    )
+
+
+def _batch_and_activations(spec: JobSpec) -> tuple[int, float]:
+    """The global batch and a sample's activation bytes at a stage boundary (0: unknown, a
+    task of the tenant's own)."""
+    act = BUILTIN_ACTIVATION_BYTES.get(spec.task, 0) if spec.work is None else 0
+    batch = spec.args.batch_size or (builtin_work(spec.task).batch_size if act else 1)
+    return batch, float(act)
+
+
+def _stage_loads(
+    spec: JobSpec,
+    stages: Sequence[StageShare],
+    shares: Sequence[Share],
+    snapshot: scheduler.Snapshot,
+    origins: Mapping[str, tuple[str, str]],
+) -> list[tuple[str, float, float, int]] | None:
+    """Per stage, in order: (the snapshot's cluster name, its GPUs' forward and backward of
+    the whole step, activation bytes of the whole batch to the next stage, replicas). The
+    stages share the step's work evenly, each replica 1/R of it. None when a stage's cluster
+    is not in the snapshot."""
+    names = {origin: name for name, origin in origins.items()}
+    model = {s.cluster: s.gpu_model or "" for s in shares}
+    snap = {st.cluster: names.get((st.cluster, model.get(st.cluster, "")), st.cluster)
+            for st in stages}  # fmt: skip
+    if any(n not in snapshot.by_name for n in snap.values()):
+        return None
+    batch, act = _batch_and_activations(spec)
+    s_count = len(stages)
+    return [
+        (
+            snap[st.cluster],
+            _step_s(spec, snapshot.by_name[snap[st.cluster]]) / (s_count * st.replicas),
+            0.0 if i == s_count - 1 else act * batch,
+            st.replicas,
+        )
+        for i, st in enumerate(stages)
+    ]
 
 
 def _step_s(spec: JobSpec, c: scheduler.Cluster) -> float:
@@ -154,30 +232,26 @@ def pipeline_estimate(
     task of the tenant's own has none known, so its WAN term is left out)."""
     if parallel.mode == "data" or not parallel.stages:
         return None
-    names = {origin: name for name, origin in origins.items()}
-    model = {s.cluster: s.gpu_model or "" for s in shares}
-    snap = {st.cluster: names.get((st.cluster, model.get(st.cluster, "")), st.cluster)
-            for st in parallel.stages}  # fmt: skip
-    if any(n not in snapshot.by_name for n in snap.values()):
+    loads = _stage_loads(spec, parallel.stages, shares, snapshot, origins)
+    if loads is None:
         return None
-    s_count, micro = len(parallel.stages), parallel.micro_batches or spec.pipeline.micro_batches
-    act = BUILTIN_ACTIVATION_BYTES.get(spec.task, 0) if spec.work is None else 0
-    batch = spec.args.batch_size or (builtin_work(spec.task).batch_size if act else 1)
-    work = [
-        StageWork(
-            snap[st.cluster],
-            _step_s(spec, snapshot.by_name[snap[st.cluster]]) / (s_count * st.replicas * micro),
-            0.0 if i == s_count - 1 else act * batch / micro,
-            st.replicas,
-        )
-        for i, st in enumerate(parallel.stages)
-    ]
+    s_count, micro = len(parallel.stages), micro_batches_of(parallel, spec)
+    _, act = _batch_and_activations(spec)
+    work = [StageWork(c, step_s / micro, sent / micro, r) for c, step_s, sent, r in loads]
+    overhead = snapshot.micro_overhead_s
     try:
         est = estimate_pipeline(
-            work, snapshot.by_name, snapshot.directed_links, micro, spec.steps, qos_class
+            work,
+            snapshot.by_name,
+            snapshot.directed_links,
+            micro,
+            spec.steps,
+            qos_class,
+            micro_overhead_s=overhead,
         )
     except ValueError:  # no link between two stages' clusters
         return None
+    snap = {st.cluster: name for st, (name, *_) in zip(parallel.stages, loads, strict=True)}
     real = {name: origin[0] for name, origin in origins.items()}
     per_step = sum(n for _, _, n in est.wan_bytes_per_step)
     # the run's set-up on its stages' clusters, as the data-parallel estimate counts it
@@ -209,7 +283,7 @@ def pipeline_estimate(
                          price_per_gb=price_gb, amount=round(gb * price_gb, 6),
                          provider=_party(snapshot, a))
         )  # fmt: skip
-    compute = max(w.compute_s for w in work)
+    compute = max(w.compute_s for w in work) + overhead
     cost = sum(g.amount for g in gpu) + sum(e.amount for e in egress)
     estimate = PlanEstimate(
         step_time_s=est.step_s,
@@ -224,7 +298,8 @@ def pipeline_estimate(
     )
     why = (
         f"priced as a {parallel.mode} of {s_count} stages: step {est.step_s:.4g} s "
-        f"({micro + s_count - 1} x the slowest stage or link, {est.bottleneck_s:.4g} s), "
+        f"({micro + s_count - 1} x the slowest stage or link, {est.bottleneck_s:.4g} s, a "
+        f"micro-batch's fixed {overhead * 1e3:.3g} ms included), "
         f"{per_step / 1e6:.4g} MB of activations and gradients over the WAN a step"
         + ("" if act else " (activation size unknown: WAN not counted)")
     )

@@ -16,7 +16,7 @@ from controller.store.db import make_engine
 from controller.store.models import Job, JobMetric, Tenant, utcnow
 from tests.scheduler.builders import cluster, job, link
 from training import Progress
-from wire.plan import JobPlan, PlanEstimate, Share
+from wire.plan import JobPlan, Parallel, PlanEstimate, Share, StageShare
 
 
 def _finished(
@@ -244,3 +244,86 @@ def test_a_run_is_measured_only_where_it_trained_on_its_planned_split() -> None:
     assert len(observations(handle, trained, (40, sat_out.compute_by_cluster))) == 3
     restarted = at(60, a=0.5, b=1.0, c=0.1)  # a new group's counters start again
     assert observations(handle, restarted, (50, trained.compute_by_cluster)) == []
+
+
+def _pipelined(
+    session: Session, tenant: Tenant, n: int, *, est_step_s: float, used: float, step_s: float
+) -> None:
+    """A finished 2-stage pipeline job of 4 micro-batches (5 slots a step), estimated at
+    `est_step_s` a step with a micro-batch cost of `used`, measured at `step_s`."""
+    j = Job(
+        tenant_id=tenant.id,
+        name=f"p{n}",
+        spec={},
+        state="SUCCEEDED",
+        gpus_min=2,
+        gpus_max=2,
+        placement=JobPlan(
+            clusters=(Share(cluster="a", gpus=1), Share(cluster="b", gpus=1)),
+            compression="none",
+            sync="every-step",
+            parallel=Parallel(
+                mode="pipeline",
+                stages=(StageShare(cluster="a"), StageShare(cluster="b")),
+                micro_batches=4,
+                micro_overhead_s=used,
+            ),
+            estimate=PlanEstimate(
+                total_time_s=1.0, wan_bytes=0, step_time_s=est_step_s, compute_s=est_step_s
+            ),
+        ),
+        finished_at=utcnow() - timedelta(minutes=n),
+    )
+    session.add(j)
+    session.flush()
+    session.add(JobMetric(job_id=j.id, step=100, step_time_s=step_s, compute_time_s=1.0))
+
+
+def test_a_micro_batchs_cost_is_fitted_from_finished_pipelines_alone(db_url: str) -> None:
+    """The slot a pipeline's step is made of, measured against the slot its estimate gave
+    without the micro-batch cost it counted: the median over finished pipelines (the prior
+    before any), never below 0. Pipelines stay out of the data-parallel step overhead."""
+    from controller.network.snapshot import observed
+    from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S
+
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session, session.begin():
+            assert observed(session).micro_overhead_s == MICRO_BATCH_OVERHEAD_S
+            tenant = Tenant(name="t")
+            session.add(tenant)
+            session.flush()
+            # slots of 0.1 s planned, 0.005 of them the cost counted: 0.095 without it;
+            # measured 0.2 and 0.12 a slot: 0.105 and 0.025, median 0.065
+            _pipelined(session, tenant, 1, est_step_s=0.5, used=0.005, step_s=1.0)
+            _pipelined(session, tenant, 2, est_step_s=0.5, used=0.005, step_s=0.6)
+            session.flush()
+            seen = observed(session)
+            assert seen.micro_overhead_s == pytest.approx(0.065)
+            assert seen.step_overhead_s == 0.0  # no data-parallel job ran
+            _pipelined(session, tenant, 3, est_step_s=0.5, used=0.0, step_s=0.1)
+            _pipelined(session, tenant, 4, est_step_s=0.5, used=0.0, step_s=0.1)
+            _pipelined(session, tenant, 5, est_step_s=0.5, used=0.0, step_s=0.1)
+            session.flush()
+            assert observed(session).micro_overhead_s == 0.0  # faster than planned: no credit
+    finally:
+        engine.dispose()
+
+
+def test_a_pipeline_takes_fewer_micro_batches_where_each_costs_more() -> None:
+    """`best_micro_batches`: with no fixed cost the bubble decides (the most micro-batches);
+    as each costs more, fewer; the estimate counts the cost in every slot."""
+    from scheduler.pipeline_cost import StageWork, best_micro_batches, estimate_pipeline
+
+    clusters = {"a": cluster("a", 8), "b": cluster("b", 8)}
+    links = {("a", "b"): link("a", "b", 10.0, 1.0)}
+    loads = [("a", 0.4, 0.0, 1), ("b", 0.4, 0.0, 1)]  # 0.4 s a step a stage, no activations
+    picks = [best_micro_batches(loads, clusters, links, 64, c) for c in (0.0, 0.005, 0.05, 1.0)]
+    assert picks[0] == 64 and picks[-1] == 1
+    assert picks == sorted(picks, reverse=True) and len(set(picks)) > 2
+    work = [StageWork("a", 0.1, 0.0), StageWork("b", 0.1, 0.0)]
+    plain = estimate_pipeline(work, clusters, links, 4, 1)
+    costly = estimate_pipeline(work, clusters, links, 4, 1, micro_overhead_s=0.02)
+    assert costly.step_s == pytest.approx(plain.step_s + 5 * 0.02)
+    with pytest.raises(ValueError, match="micro_overhead_s"):
+        estimate_pipeline(work, clusters, links, 4, 1, micro_overhead_s=-1.0)

@@ -21,6 +21,7 @@ from sqlalchemy import select, update
 
 from controller.loop.ray_run import pipeline_spec_of, train_spec_of
 from controller.network.snapshot import SETUP_PRIOR_S
+from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, micro_batch_candidates
 from controller.store.models import Cluster, Job, JobEvent, Usage
 from controller.values.plan import keep_stages
 from grammar.states import JobState
@@ -56,7 +57,7 @@ def test_spec_parallelism_defaults_and_refusals() -> None:
     """`auto` by default (old stored specs too); what a pipeline run cannot do is refused at
     submission, naming the field and the fix."""
     plain = _spec("a")
-    assert plain.parallelism == "auto" and plain.pipeline.micro_batches == 4
+    assert plain.parallelism == "auto" and plain.pipeline.micro_batches is None  # the planner's
     old = plain.model_dump(mode="json")
     del old["parallelism"], old["pipeline"]
     assert stored_spec(old).parallelism == "auto"
@@ -267,6 +268,27 @@ def test_stored_plan_of_a_pipeline_is_priced_as_a_pipeline(net: Net) -> None:
         ("west", "east"),
     ]
     assert any(line.startswith("priced as a pipeline of 2 stages") for line in plan.explanation)
+
+
+def test_the_planner_chooses_the_micro_batches_a_spec_leaves_open(net: Net) -> None:
+    """Without `pipeline.micro_batches` the plan takes the shortest step's count
+    (`scheduler.pipeline_cost.best_micro_batches`) at the micro-batch cost finished runs
+    measured (the prior here: none ran), says so, and the run executes that count."""
+    job = _placed(net, _spec("open", parallelism="pipeline"))
+    plan = job.placement
+    assert plan is not None
+    par = plan.parallel
+    assert par.micro_batches is not None and par.micro_overhead_s == MICRO_BATCH_OVERHEAD_S
+    assert any(f"{par.micro_batches} micro-batches a step" in r for r in plan.explanation)
+    # the link bounds a slot: every candidate's step, as the estimate prices it
+    micro_bytes = 8192 * 64  # a whole batch's activations
+    steps = {
+        m: (m + 1) * max(40e-3 / 2 + micro_bytes / m * 8 / 0.1e9, MICRO_BATCH_OVERHEAD_S)
+        for m in micro_batch_candidates(64, 2)
+    }
+    assert par.micro_batches == min(steps, key=lambda m: (steps[m], m))
+    assert plan.estimate.step_time_s == pytest.approx(steps[par.micro_batches], rel=1e-3)
+    assert _pipeline_of(net, job).micro_batches == par.micro_batches
 
 
 # ---- a DOWN cluster's stages are re-placed --------------------------------------------------
