@@ -86,10 +86,19 @@ def measure_profile(task_name: str, batch: int) -> tuple[Any, float]:
     return profile, flops / per_step
 
 
-def plan(profile: Any, speed: float, batch: int, mbps: float, rtt_ms: float) -> Any:
+def plan(
+    profile: Any,
+    speed: float,
+    batch: int,
+    mbps: float,
+    rtt_ms: float,
+    micro_overhead_s: float | None = None,
+) -> Any:
     """The planner's pipeline over two declared clusters, each with 80 % of the memory the
-    whole model needs (so no single one holds it), or just over its largest piece's share."""
+    whole model needs (so no single one holds it), or just over its largest piece's share;
+    each micro-batch costing a stage `micro_overhead_s` (None: the planner's prior)."""
     from scheduler.memory import USABLE, memory, plan_parallelism
+    from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S
     from scheduler.types import Cluster, Link
 
     n = len(profile.layers)
@@ -102,7 +111,10 @@ def plan(profile: Any, speed: float, batch: int, mbps: float, rtt_ms: float) -> 
         for name in CLUSTERS
     ]
     links = [Link("a", "b", mbps / 1000, rtt_ms)]
-    got = plan_parallelism(profile, clusters, links, batch, dict.fromkeys(CLUSTERS, gb))
+    overhead = MICRO_BATCH_OVERHEAD_S if micro_overhead_s is None else micro_overhead_s
+    got = plan_parallelism(
+        profile, clusters, links, batch, dict.fromkeys(CLUSTERS, gb), micro_overhead_s=overhead
+    )
     return got, whole, gb
 
 
@@ -292,7 +304,36 @@ def _section(out: dict[str, Any]) -> list[str]:
         "GPUs of that size it would not fit. Numbers from one machine, 2 shared cores.",
         "",
     ]
-    return lines
+    return lines + _calibrated(out)
+
+
+def _calibrated(out: dict[str, Any]) -> list[str]:
+    """The planner's step against the measured one (GPipe), on the prior micro-batch cost and
+    on the cost fitted from the prior plan's run."""
+    cal = out.get("calibrated")
+    if not cal:
+        return []
+    gpipe = next(r for r in out["runs"] if r["mode"] == "pipeline gpipe")
+    rows = [
+        ("prior", cal["prior_s"], out["plan"], gpipe),
+        ("fitted from the prior plan's run", cal["fitted_s"], cal["plan"], cal["run"]),
+    ]
+    lines = [
+        "Planned against measured (GPipe): the planner on its prior micro-batch cost, then on "
+        "the cost fitted from that run (`scheduler.pipeline_cost.fit_micro_overhead`, as the "
+        "control plane fits it from finished pipeline jobs):",
+        "",
+        "| micro-batch cost | ms | micro-batches | planned step (s) | measured step (s) | error "
+        "| measured idle |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, cost, p, r in rows:
+        err = (p["step_s"] - r["step_s"]) / r["step_s"]
+        lines.append(
+            f"| {label} | {cost * 1e3:.1f} | {p['micro_batches']} | {p['step_s']:.4f} | "
+            f"{r['step_s']:.4f} | {err * 100:+.0f} % | {_pct(r['idle_measured'])} |"
+        )
+    return [*lines, ""]
 
 
 def _testbed_section(out: dict[str, Any], idle_rate: float | None) -> list[str]:
@@ -408,6 +449,38 @@ def _planned(task: str, args: argparse.Namespace, rtt: float) -> tuple[Any, dict
     return got, record
 
 
+def calibrate(
+    task: str, args: argparse.Namespace, record: dict[str, Any], measured_step_s: float
+) -> dict[str, Any]:
+    """The control plane's calibration, done here: a micro-batch's fixed cost fitted from the
+    prior plan's GPipe run (`scheduler.pipeline_cost.fit_micro_overhead`, as
+    `controller.network.snapshot.observed` fits it from finished jobs), the planner asked
+    again with it, and that plan run: its planned step against its measured one."""
+    from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, fit_micro_overhead
+
+    p = record["plan"]
+    stages = len(p["stages"])
+    fitted = max(
+        0.0,
+        fit_micro_overhead(
+            measured_step_s, p["step_s"], p["micro_batches"], stages, MICRO_BATCH_OVERHEAD_S
+        ),
+    )
+    profile, _ = measure_profile(task, args.batch)
+    got, _, _ = plan(profile, record["speed_flops"], args.batch, args.mbps, args.rtt_ms, fitted)
+    cuts = tuple(s.layers[0] for s in got.stages[1:])
+    run = run_pipeline_mode(
+        task, "gpipe", cuts, got.micro_batches, args.steps, args.batch, args.mbps, args.rtt_ms
+    )
+    print(run)
+    return {
+        "prior_s": MICRO_BATCH_OVERHEAD_S,
+        "fitted_s": fitted,
+        "plan": {"step_s": got.step_s, "micro_batches": got.micro_batches, "cuts": list(cuts)},
+        "run": run,
+    }
+
+
 def bench_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
     got, record = _planned(task, args, args.rtt_ms)
     cuts = tuple(record["plan"]["cuts"])
@@ -428,7 +501,8 @@ def bench_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
         print(runs[-1])
     runs.append(run_data_mode(task, args.steps, args.batch, args.mbps, args.rtt_ms))
     print(runs[-1])
-    return {**record, "runs": runs}
+    calibrated = calibrate(task, args, record, runs[0]["step_s"])
+    return {**record, "runs": runs, "calibrated": calibrated}
 
 
 # ----------------------------------------------------------------------------- the testbed

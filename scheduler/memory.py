@@ -15,6 +15,7 @@ and the micro-batch count that minimises the step, (M + S - 1) times that bottle
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,11 @@ from dataclasses import dataclass, field
 
 from grammar.parallel import Parallelism
 from scheduler.gpus import DEFAULT_EFFICIENCY
-from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, micro_batch_candidates
+from scheduler.pipeline_cost import (
+    MICRO_BATCH_OVERHEAD_S,
+    boundary_latency_s,
+    micro_batch_candidates,
+)
 from scheduler.types import Cluster, Link
 
 GPU_MEMORY_GB: dict[str, float] = {
@@ -199,13 +204,25 @@ class ParallelPlan:
 def _link_s(
     a: Cluster, b: Cluster, links: Mapping[tuple[str, str], Link], nbytes: float
 ) -> float | None:
-    """Seconds to move `nbytes` a -> b and its gradient back (full duplex: the slower way)."""
+    """Seconds to move `nbytes` a -> b and its gradient back (full duplex: the slower way),
+    latency aside (`scheduler.pipeline_cost`: it is paid once a step, not a micro-batch)."""
     if a.name == b.name:
         return nbytes * 8 / (a.intra_bandwidth_gbps * 1e9)
     there, back = links.get((a.name, b.name)), links.get((b.name, a.name))
     if there is None or back is None:
         return None
-    return max(x.rtt_ms / 2e3 + nbytes * 8 / (x.bandwidth_gbps * 1e9) for x in (there, back))
+    return max(nbytes * 8 / (x.bandwidth_gbps * 1e9) for x in (there, back))
+
+
+def _latency_s(slots: Sequence[Cluster], links: Mapping[tuple[str, str], Link]) -> float:
+    """The RTTs of the boundaries between consecutive stages on different clusters, paid once
+    a step (`scheduler.pipeline_cost.boundary_latency_s`); links missing: 0 (the split is
+    refused by `_link_s` then)."""
+    total = 0.0
+    for a, b in itertools.pairwise(slots):
+        with contextlib.suppress(ValueError):
+            total += boundary_latency_s(a, b, links)
+    return total
 
 
 @dataclass(frozen=True)
@@ -371,12 +388,13 @@ def plan_parallelism(
             slots = [c for c in order for _ in range(c.gpus_free)][:s_count]
             if len(slots) < s_count:
                 continue
+            latency = _latency_s(slots, directed)
             for micro in micro_batch_candidates(batch, s_count):
                 mb = math.ceil(batch / micro)
                 got = _split(profile, slots, directed, mems, micro, mb, micro_overhead_s)
                 if got is None:
                     continue
-                step = step_seconds(got.bottleneck, s_count, micro)
+                step = step_seconds(got.bottleneck, s_count, micro) + latency
                 key = (step, got.wan_s * micro)
                 if best is None or key < best[0]:
                     used = list(dict.fromkeys(s.cluster for s in got.stages))

@@ -3,9 +3,12 @@
 Pure. A pipeline of S stages running M micro-batches a step is paced by its bottleneck: the
 slowest stage's forward and backward of one micro-batch, or the slowest link between two
 consecutive stages moving one micro-batch's activations forward and their gradient back
-(full duplex: the slower direction, half an RTT plus bytes over bandwidth; a boundary inside
-one cluster uses its intra bandwidth). A step of a GPipe or 1F1B schedule takes
-(M + S - 1) bottlenecks, of which (S - 1) / (M + S - 1) is the bubble. Every boundary between
+(full duplex: the slower direction, bytes over bandwidth; a boundary inside one cluster uses
+its intra bandwidth). A link's latency does not pace it: micro-batches follow each other in
+flight, so each boundary between two clusters adds its RTT once a step (half filling the
+pipeline forward, half draining it backward). A step of a GPipe or 1F1B schedule takes
+(M + S - 1) bottlenecks plus that latency, of which (S - 1) / (M + S - 1) of the slots is the
+bubble. Every boundary between
 two clusters carries M activations one way and M gradients (as large) back each step; a
 stage's GPUs are charged at their cluster's GPU-hour price for the whole run, and the bytes
 leaving a cluster at the egress price of the link they take.
@@ -54,7 +57,9 @@ class PipelineEstimate:
     bottleneck_s: float
     """The slowest stage or link, per micro-batch."""
     link_s: tuple[float, ...]
-    """Per boundary s -> s+1, the link's time per micro-batch."""
+    """Per boundary s -> s+1, the link's transfer time per micro-batch."""
+    latency_s: float
+    """The boundaries' RTTs, paid once a step (filling and draining the pipeline)."""
     step_s: float
     bubble: float
     steps: int
@@ -82,15 +87,26 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
 def link_seconds(
     a: Cluster, b: Cluster, links: Mapping[tuple[str, str], Link], nbytes: float
 ) -> float:
-    """Seconds to move `nbytes` a -> b and as many back (the slower way); ValueError naming
-    the pair when the snapshot has no link between them (either way)."""
+    """Seconds to move `nbytes` a -> b and as many back (the slower way), latency aside;
+    ValueError naming the pair when the snapshot has no link between them (either way)."""
     if a.name == b.name:
         return nbytes * 8 / (a.intra_bandwidth_gbps * 1e9)
+    return max(nbytes * 8 / (x.bandwidth_gbps * 1e9) for x in _ways(a, b, links))
+
+
+def boundary_latency_s(a: Cluster, b: Cluster, links: Mapping[tuple[str, str], Link]) -> float:
+    """What a boundary a -> b adds to a step once: half its RTT forward, half backward (the
+    slower way's); 0 inside one cluster. ValueError as `link_seconds`."""
+    if a.name == b.name:
+        return 0.0
+    return max(x.rtt_ms / 1e3 for x in _ways(a, b, links))
+
+
+def _ways(a: Cluster, b: Cluster, links: Mapping[tuple[str, str], Link]) -> list[Link]:
     there, back = links.get((a.name, b.name)), links.get((b.name, a.name))
     if there is None and back is None:
         raise ValueError(f"links: no link between {a.name!r} and {b.name!r}")
-    ways = [x for x in (there, back) if x is not None]
-    return max(x.rtt_ms / 2e3 + nbytes * 8 / (x.bandwidth_gbps * 1e9) for x in ways)
+    return [x for x in (there, back) if x is not None]
 
 
 def _link(links: Mapping[tuple[str, str], Link], a: str, b: str) -> Link | None:
@@ -125,16 +141,18 @@ def estimate_pipeline(
             raise ValueError(f"stages: stage on {st.cluster!r} has a negative time or size")
     s_count, m = len(stages), micro_batches
     link_s: list[float] = []
+    latency = 0.0
     wan: dict[tuple[str, str], float] = {}
     for here, there in itertools.pairwise(stages):
         a, b = clusters[here.cluster], clusters[there.cluster]
         link_s.append(link_seconds(a, b, links, here.send_bytes))
+        latency += boundary_latency_s(a, b, links)
         if a.name != b.name:
             moved = here.send_bytes * m
             wan[(a.name, b.name)] = wan.get((a.name, b.name), 0.0) + moved  # activations
             wan[(b.name, a.name)] = wan.get((b.name, a.name), 0.0) + moved  # their gradients
     bottleneck = max([st.compute_s + micro_overhead_s for st in stages] + link_s)
-    step_s = (m + s_count - 1) * bottleneck
+    step_s = (m + s_count - 1) * bottleneck + latency
     total = step_s * steps
     gpu_cost = sum(
         st.gpus * clusters[st.cluster].price(qos_class) * total / 3600.0 for st in stages
@@ -148,6 +166,7 @@ def estimate_pipeline(
         micro_batches=m,
         bottleneck_s=bottleneck,
         link_s=tuple(link_s),
+        latency_s=latency,
         step_s=step_s,
         bubble=bubble_fraction(s_count, m),
         steps=steps,
@@ -156,6 +175,16 @@ def estimate_pipeline(
         gpu_cost=gpu_cost,
         egress_cost=egress,
     )
+
+
+def fit_micro_overhead(
+    measured_step_s: float, planned_step_s: float, micro_batches: int, stages: int, counted: float
+) -> float:
+    """One run's sample of a micro-batch's fixed cost: its measured step over the schedule's
+    (M + S - 1) slots, less the slot its estimate gave without the cost it `counted` (may be
+    negative: the caller takes a median and floors it)."""
+    slots = micro_batches + stages - 1
+    return measured_step_s / slots - (planned_step_s / slots - counted)
 
 
 def best_micro_batches(

@@ -32,7 +32,7 @@ from controller.store.models import (
 )
 from grammar.states import LIVE, ClusterState, JobState
 from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps
-from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S
+from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, fit_micro_overhead
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -438,9 +438,14 @@ def observed(session: Session) -> Observed:
         par = plan.parallel
         if par.mode != "data":  # a pipeline's step is not the data-parallel model's
             if par.stages and par.micro_batches and est.step_time_s > 0 and tries <= 1:
-                slots = par.micro_batches + len(par.stages) - 1
-                planned = est.step_time_s / slots - (par.micro_overhead_s or 0.0)
-                micro[job_id] = min(micro.get(job_id, math.inf), step_s / slots - planned)
+                sample = fit_micro_overhead(
+                    step_s,
+                    est.step_time_s,
+                    par.micro_batches,
+                    len(par.stages),
+                    par.micro_overhead_s or 0.0,
+                )
+                micro[job_id] = min(micro.get(job_id, math.inf), sample)
             continue
         if plan.gpus > 1 and est.compute_s and compute_total is not None:
             modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s

@@ -293,13 +293,14 @@ def pipeline_estimate(
         setup_s=setup,
         total_time_range_s=(total_s * snapshot.spread[0], total_s * snapshot.spread[1]),
         compute_s=compute * (micro + s_count - 1),
-        wan_s=max(est.link_s, default=0.0) * (micro + s_count - 1) if est.link_s else 0.0,
+        wan_s=max(est.link_s, default=0.0) * (micro + s_count - 1) + est.latency_s,
         effective_steps=float(spec.steps),
     )
     why = (
         f"priced as a {parallel.mode} of {s_count} stages: step {est.step_s:.4g} s "
         f"({micro + s_count - 1} x the slowest stage or link, {est.bottleneck_s:.4g} s, a "
-        f"micro-batch's fixed {overhead * 1e3:.3g} ms included), "
+        f"micro-batch's fixed {overhead * 1e3:.3g} ms included, and the links' latency once, "
+        f"{est.latency_s:.4g} s), "
         f"{per_step / 1e6:.4g} MB of activations and gradients over the WAN a step"
         + ("" if act else " (activation size unknown: WAN not counted)")
     )

@@ -70,3 +70,19 @@ def test_markdown_puts_both_sections_with_their_commands() -> None:
         testbed
     )
     assert "| 1f1b | FAILED: boom |" in testbed
+
+
+def test_markdown_sets_the_calibrated_plan_beside_the_prior_one() -> None:
+    """Planned against measured, on the prior micro-batch cost and on the fitted one."""
+    task = {"task": "builtin:t", "batch": 64, "steps": 4, "mbps": 100.0, "rtt_ms": 20.0}
+    calibrated = {
+        "prior_s": 0.005,
+        "fitted_s": 0.04,
+        "plan": {"step_s": 0.3, "micro_batches": 2, "cuts": [2]},
+        "run": {**RUN, "micro_batches": 2, "step_s": 0.32, "idle_measured": 0.2},
+    }
+    doc = {"emulated": {"command": "C", "tasks": [{**task, "plan": PLAN, "runs": [RUN],
+                                                   "calibrated": calibrated}]}}  # fmt: skip
+    md = markdown(doc)
+    assert "| prior | 5.0 | 8 | 0.5000 | 0.2500 | +100 % | 50.0 % |" in md
+    assert "| fitted from the prior plan's run | 40.0 | 2 | 0.3000 | 0.3200 | -6 % | 20.0 % |" in md

@@ -21,26 +21,28 @@ def test_three_stages_over_two_clusters_by_hand() -> None:
         StageWork("west", 0.08, 0.0),
     ]
     est = estimate_pipeline(stages, CLUSTERS, LINKS, micro_batches=4, steps=100)
-    # east->east: 10 MB over the 100 Gbit/s fabric; east->west: 10 ms + 20 MB over 1 Gbit/s
-    assert est.link_s == pytest.approx((10e6 * 8 / 100e9, 0.010 + 0.160))
-    assert est.bottleneck_s == pytest.approx(0.17)  # the WAN link, not the slowest stage
-    assert est.step_s == pytest.approx((4 + 3 - 1) * 0.17)  # 1.02 s
+    # east->east: 10 MB over the 100 Gbit/s fabric; east->west: 20 MB over 1 Gbit/s, its
+    # 20 ms RTT paid once a step (filling and draining), not a micro-batch
+    assert est.link_s == pytest.approx((10e6 * 8 / 100e9, 0.160))
+    assert est.latency_s == pytest.approx(0.020)
+    assert est.bottleneck_s == pytest.approx(0.16)  # the WAN link, not the slowest stage
+    assert est.step_s == pytest.approx((4 + 3 - 1) * 0.16 + 0.02)  # 0.98 s
     assert est.bubble == pytest.approx(2 / 6)
-    assert est.total_time_s == pytest.approx(102.0)
+    assert est.total_time_s == pytest.approx(98.0)
     # 4 micro-batches of 20 MB forward, their gradients back; the in-cluster hop is free
     assert est.wan_bytes_per_step == (("east", "west", 80e6), ("west", "east", 80e6))
     assert est.wan_bytes == pytest.approx(160e6 * 100)
-    assert est.gpu_cost == pytest.approx((2.0 + 2.0 + 3.0) * 102.0 / 3600)
+    assert est.gpu_cost == pytest.approx((2.0 + 2.0 + 3.0) * 98.0 / 3600)
     assert est.egress_cost == pytest.approx(16.0 * 0.05)
-    assert est.cost == pytest.approx(7 * 102 / 3600 + 0.8)
+    assert est.cost == pytest.approx(7 * 98 / 3600 + 0.8)
 
 
 def test_compute_bound_hybrid_counts_every_replica() -> None:
     stages = [StageWork("east", 0.5, 1e3, gpus=2), StageWork("west", 0.25, 0.0, gpus=2)]
     est = estimate_pipeline(stages, CLUSTERS, LINKS, micro_batches=8, steps=10, qos_class="x")
     assert est.bottleneck_s == pytest.approx(0.5)
-    assert est.step_s == pytest.approx(9 * 0.5) and est.bubble == pytest.approx(1 / 9)
-    assert est.gpu_cost == pytest.approx((2 * 2.0 + 2 * 3.0) * 45.0 / 3600)
+    assert est.step_s == pytest.approx(9 * 0.5 + 0.02) and est.bubble == pytest.approx(1 / 9)
+    assert est.gpu_cost == pytest.approx((2 * 2.0 + 2 * 3.0) * 45.2 / 3600)
 
 
 def test_one_stage_has_no_bubble_and_no_wan() -> None:
