@@ -160,10 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     lines += ["", "Membership of the fault-domain run:", ""]
     for m in fd["membership"]:
-        lines.append(
-            f"- step {m['step']}: {m['cluster']} {m['change']} ({m['why']}), "
-            f"re-formed in {m['recovery_s']:.2f} s"
-        )
+        reformed = "" if m["change"] == "seated" else f", re-formed in {m['recovery_s']:.2f} s"
+        lines.append(f"- step {m['step']}: {m['cluster']} {m['change']} ({m['why']}){reformed}")
     lines += [
         "",
         "Goals (issue 50, item 4): goodput >= 0.9 "

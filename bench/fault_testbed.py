@@ -402,9 +402,10 @@ def _table(rows: list[dict[str, Any]], a: argparse.Namespace, command: str) -> t
                 if "ready_s" in m
                 else ""
             )
+            reformed = "" if m["change"] == "seated" else f", re-formed in {m['recovery_s']:.2f} s"
             lines.append(
-                f"- {r['run']}: step {m['step']}: {m['cluster']} {m['change']} ({m['why']}), "
-                f"re-formed in {m['recovery_s']:.2f} s{ready}"
+                f"- {r['run']}: step {m['step']}: {m['cluster']} {m['change']} ({m['why']})"
+                f"{reformed}{ready}"
             )
     by = {r["run"]: r for r in rows if "error" not in r}
     rs = by.get("restart, node killed")

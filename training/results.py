@@ -156,6 +156,9 @@ class SegmentResult:
     """What this worker printed since its last report (`training.logs`)."""
     best: BestModel | None = None
     """Rank 0: the best evaluation whose model the checkpoint store keeps (`artefact` best)."""
+    seated: tuple[tuple[str, int], ...] = ()
+    """Clusters that joined late and began training in this segment, each with the step it
+    trained from (it sat out the round its state crossed the WAN in)."""
 
 
 @dataclass(frozen=True)

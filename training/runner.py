@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerGroup", "WorkerPool", "local_resources", "run"]
 
+SEATED_WHY = "its state crossed the WAN while it sat out the round it joined in"
+"""A "seated" membership change: a cluster joined late trains from that step on."""
+
 
 class WorkerPool:
     """Keeps worker actors alive between runs with the same placement.
@@ -496,6 +499,8 @@ def run(
                         spec = new_spec
                         continue
                     last, last_all = results[0], results
+                    for c, at in last.seated:
+                        note(at, c, "seated", SEATED_WHY, spec.clusters.get(c, 0), 0.0)
                     step = last.step
                     decided += [d for d in last.auto_decisions if d not in decided]
                     wall = time.perf_counter() - t0

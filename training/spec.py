@@ -432,7 +432,8 @@ class Progress:
     """The clusters training now (fewer than launched after one left: `membership`)."""
     membership: list[dict[str, Any]] = field(default_factory=list)
     """Every cluster that left or joined so far (`training.faults`), oldest first: `step`,
-    `cluster`, `change` ("left"/"joined"), `why`, `workers`, `recovery_s`."""
+    `cluster`, `change` ("left"/"joined"/"refused", and "seated": a cluster joined late trains
+    from `step`), `why`, `workers`, `recovery_s`."""
     logs: list[LogLine] = field(default_factory=list)
     """What the workers printed since the last report, and what the driver said (a cluster
     left, a restart and its error), in time order."""

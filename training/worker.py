@@ -154,6 +154,8 @@ class Worker:
         self.idle: frozenset[int] = frozenset()
         """Ranks that joined late (`_agree`): they train nothing and weigh nothing until the
         end of the first round by which every one of them has its peer's state (`_seat`)."""
+        self.seated: list[tuple[str, int]] = []
+        """Clusters seated late since the last report, with the step they train from."""
         self.receiving: Receiving | None = None
         self.sending: list[tuple[Any, torch.Tensor]] = []
         """A peer's state on its way from this rank: (work, buffer)."""
@@ -447,6 +449,8 @@ class Worker:
     def _seated(self) -> None:
         """Everyone takes part from the next step (the late members' states are here, or
         waited for now)."""
+        came = sorted({self.ranks_cluster[r] for r in self.idle})
+        self.seated += [(c, self.step) for c in came]
         self._catch_up()
         self._sent()
         self.idle = frozenset()
@@ -642,7 +646,12 @@ class Worker:
             auto_decisions=self.strategy.decisions(),
             logs=self.capture.take(),
             best=self.best,
+            seated=tuple(self._take_seated()),
         )
+
+    def _take_seated(self) -> list[tuple[str, int]]:
+        seated, self.seated = self.seated, []
+        return seated
 
     def evaluate(self) -> Evaluation:
         return evaluate(self.task, self.model, self.xe, self.ye, self.device)

@@ -240,6 +240,16 @@ class Launcher:
                             + f"; the run re-formed in {change['recovery_s']:.1f} s and the "
                             "cluster took the model from a peer",
                         )
+            elif change["change"] == "seated":
+                with self.factory() as session, session.begin():
+                    session.add(
+                        JobEvent(
+                            job_id=handle.job_id,
+                            kind="info",
+                            message=f"cluster {cluster} trains from step {change['step']}: "
+                            f"{change['why']}",
+                        )
+                    )
 
     def _grow(self) -> None:
         """A run that lost clusters takes their GPUs again where a READY cluster it does not

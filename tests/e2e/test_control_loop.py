@@ -182,7 +182,10 @@ def test_agent_killed_mid_diloco_job_shrinks_and_grows_back(world: World) -> Non
     final = [e for e in world.admin.paginate(f"/v1/jobs/{job['id']}/events") if e["to_state"]]
     membership = final[-1]["data"]["report"]["membership"]  # what the demo shows
     changes = [(m["cluster"], m["change"]) for m in membership if m["change"] != "refused"]
-    assert changes == [(victim, "left"), (victim, "joined")], membership
+    # local SGD seats the returning cluster at the round's end: the event says from when
+    assert changes == [(victim, "left"), (victim, "joined"), (victim, "seated")], membership
+    seated = membership[-1]["step"]
+    assert any(f"cluster {victim} trains from step {seated}" in m for m in messages), messages
     said = [x["text"] for x in world.tenant.paginate(f"/v1/jobs/{job['id']}/logs")]
     assert any(f"cluster {victim} left" in t for t in said), said  # the driver's, in the log
     assert world.gpus_in_use() == 0

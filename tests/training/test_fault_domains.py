@@ -132,10 +132,11 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(
 
     report = run(_spec(tmp_path, **mode), on_progress=follow, membership=lambda: wanted[0])
     assert report.restarts == 0
-    assert [(m["cluster"], m["change"]) for m in report.membership] == [
-        ("c", "left"),
-        ("d", "joined"),
-    ]
+    changes = [(m["cluster"], m["change"]) for m in report.membership]
+    assert changes[:2] == [("c", "left"), ("d", "joined")], changes
+    # a mode that seats a newcomer late says when it began training; one that waits for the
+    # state trains it at once
+    assert changes[2:] in ([], [("d", "seated")]), changes
     joined = report.membership[1]
     # the newcomer's workers started and loaded while a and b trained on; it joined at a
     # step the survivors had reached, not from a checkpoint
@@ -174,7 +175,13 @@ def test_a_newcomer_sits_out_the_round_its_state_crosses_in_and_ends_it_as_the_o
 
     spec = _spec(tmp_path, clusters={"a": 1, "b": 1}, eval_every=4, compression="none")
     report = run(spec, on_progress=follow, membership=lambda: wanted[0])
-    assert [(m["cluster"], m["change"]) for m in report.membership] == [("c", "joined")]
+    assert [(m["cluster"], m["change"]) for m in report.membership] == [
+        ("c", "joined"),
+        ("c", "seated"),
+    ]
+    joined, seated = report.membership
+    # seated at the end of the round it joined in (local SGD's period, 4 steps here)
+    assert seated["step"] > joined["step"] and seated["step"] % 4 == 0, report.membership
     assert report.restarts == 0 and report.clusters == {"c": 2, "a": 1, "b": 1}
     assert digests, "c never took part"
     assert len(digests[-1]) == 1, digests  # one model on every rank
@@ -185,6 +192,7 @@ def test_a_newcomer_sits_out_the_round_its_state_crosses_in_and_ends_it_as_the_o
     # the local steps c took: not the steps before it came, nor those it sat out
     taken = report.steps_by_cluster
     assert taken["a"] == taken["b"] == report.steps and 0 < taken["c"] < report.steps, taken
+    assert taken["c"] == report.steps - seated["step"], (taken, seated)  # from its seat on
     assert report.final_accuracy > 0.25  # chance is 0.10
 
 
