@@ -21,10 +21,10 @@ from sqlalchemy import select, update
 
 from controller.loop.ray_run import pipeline_spec_of, train_spec_of
 from controller.network.snapshot import SETUP_PRIOR_S
-from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, micro_batch_candidates
 from controller.store.models import Cluster, Job, JobEvent, Usage
 from controller.values.plan import keep_stages
 from grammar.states import JobState
+from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, micro_batch_candidates
 from tests.controller.world import Net, progress, report
 from training.pipeline.report import report_of, stage_progress
 from training.pipeline.spec import PipelineReport, StageResult

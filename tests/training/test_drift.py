@@ -51,9 +51,7 @@ def test_the_corrections_sum_to_zero_so_the_average_update_is_unchanged() -> Non
     total = sum((s * d for s, d in zip(shares, own, strict=True)), torch.zeros(5))
     for drift, mine in zip(drifts, own, strict=True):
         drift.round(mine, total, 4)
-    weighted = sum(
-        (s * d.correction for s, d in zip(shares, drifts, strict=True)), torch.zeros(5)
-    )
+    weighted = sum((s * d.correction for s, d in zip(shares, drifts, strict=True)), torch.zeros(5))
     torch.testing.assert_close(weighted, torch.zeros(5))
 
 
