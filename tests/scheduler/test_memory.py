@@ -14,9 +14,9 @@ from scheduler.memory import (
     Layer,
     ModelProfile,
     memory,
-    micro_batch_candidates,
     plan_parallelism,
 )
+from scheduler.pipeline_cost import micro_batch_candidates
 from scheduler.types import Cluster, Link
 
 GB = 1e9
