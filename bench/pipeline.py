@@ -93,6 +93,7 @@ def plan(
     mbps: float,
     rtt_ms: float,
     micro_overhead_s: float | None = None,
+    schedule: str = "gpipe",
 ) -> Any:
     """The planner's pipeline over two declared clusters, each with 80 % of the memory the
     whole model needs (so no single one holds it), or just over its largest piece's share;
@@ -113,7 +114,13 @@ def plan(
     links = [Link("a", "b", mbps / 1000, rtt_ms)]
     overhead = MICRO_BATCH_OVERHEAD_S if micro_overhead_s is None else micro_overhead_s
     got = plan_parallelism(
-        profile, clusters, links, batch, dict.fromkeys(CLUSTERS, gb), micro_overhead_s=overhead
+        profile,
+        clusters,
+        links,
+        batch,
+        dict.fromkeys(CLUSTERS, gb),
+        micro_overhead_s=overhead,
+        schedule=schedule,
     )
     return got, whole, gb
 
@@ -315,23 +322,27 @@ def _calibrated(out: dict[str, Any]) -> list[str]:
         return []
     gpipe = next(r for r in out["runs"] if r["mode"] == "pipeline gpipe")
     rows = [
-        ("prior", cal["prior_s"], out["plan"], gpipe),
-        ("fitted from the prior plan's run", cal["fitted_s"], cal["plan"], cal["run"]),
+        ("GPipe", "prior", cal["prior_s"], out["plan"], gpipe),
+        ("GPipe", "fitted from the prior plan's run", cal["fitted_s"], cal["plan"], cal["run"]),
     ]
+    if "run_1f1b" in cal:
+        fitted = "fitted from the prior plan's run"
+        rows.append(("1F1B", fitted, cal["fitted_s"], cal["plan_1f1b"], cal["run_1f1b"]))
     lines = [
-        "Planned against measured (GPipe): the planner on its prior micro-batch cost, then on "
-        "the cost fitted from that run (`scheduler.pipeline_cost.fit_micro_overhead`, as the "
-        "control plane fits it from finished pipeline jobs):",
+        "Planned against measured: the planner on its prior micro-batch cost, then on the cost "
+        "fitted from that run (`scheduler.pipeline_cost.fit_micro_overhead`, as the control "
+        "plane fits it from finished pipeline jobs), for each schedule:",
         "",
-        "| micro-batch cost | ms | micro-batches | planned step (s) | measured step (s) | error "
-        "| measured idle |",
-        "|---|---|---|---|---|---|---|",
+        "| schedule | micro-batch cost | ms | micro-batches | planned step (s) | measured step (s) "
+        "| error | measured idle |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for label, cost, p, r in rows:
+    for schedule, label, cost, p, r in rows:
         err = (p["step_s"] - r["step_s"]) / r["step_s"]
         lines.append(
-            f"| {label} | {cost * 1e3:.1f} | {p['micro_batches']} | {p['step_s']:.4f} | "
-            f"{r['step_s']:.4f} | {err * 100:+.0f} % | {_pct(r['idle_measured'])} |"
+            f"| {schedule} | {label} | {cost * 1e3:.1f} | {p['micro_batches']} | "
+            f"{p['step_s']:.4f} | {r['step_s']:.4f} | {err * 100:+.0f} % | "
+            f"{_pct(r['idle_measured'])} |"
         )
     return [*lines, ""]
 
@@ -467,18 +478,19 @@ def calibrate(
         ),
     )
     profile, _ = measure_profile(task, args.batch)
-    got, _, _ = plan(profile, record["speed_flops"], args.batch, args.mbps, args.rtt_ms, fitted)
-    cuts = tuple(s.layers[0] for s in got.stages[1:])
-    run = run_pipeline_mode(
-        task, "gpipe", cuts, got.micro_batches, args.steps, args.batch, args.mbps, args.rtt_ms
-    )
-    print(run)
-    return {
-        "prior_s": MICRO_BATCH_OVERHEAD_S,
-        "fitted_s": fitted,
-        "plan": {"step_s": got.step_s, "micro_batches": got.micro_batches, "cuts": list(cuts)},
-        "run": run,
-    }
+    out: dict[str, Any] = {"prior_s": MICRO_BATCH_OVERHEAD_S, "fitted_s": fitted}
+    for schedule in ("gpipe", "1f1b"):
+        speed = record["speed_flops"]
+        got, _, _ = plan(profile, speed, args.batch, args.mbps, args.rtt_ms, fitted, schedule)
+        cuts = tuple(s.layers[0] for s in got.stages[1:])
+        run = run_pipeline_mode(
+            task, schedule, cuts, got.micro_batches, args.steps, args.batch, args.mbps, args.rtt_ms
+        )
+        print(run)
+        plan_of = {"step_s": got.step_s, "micro_batches": got.micro_batches, "cuts": list(cuts)}
+        key = "" if schedule == "gpipe" else "_1f1b"  # GPipe's keys as results kept them
+        out["plan" + key], out["run" + key] = plan_of, run
+    return out
 
 
 def bench_task(task: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -348,11 +348,13 @@ def plan_parallelism(
     batch: int,
     memory_gb: Mapping[str, float] | None = None,
     micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S,
+    schedule: str = "gpipe",
 ) -> ParallelPlan:
     """Data parallel when the whole model trains on one GPU of some cluster, else the fastest
     pipeline with the fewest stages; ValueError (saying why) when nothing fits. `memory_gb`
     overrides GPU memory per cluster name; `micro_overhead_s` is the fixed cost of a
-    micro-batch on a stage."""
+    micro-batch on a stage; under `schedule` 1F1B a slot is also at least a micro-batch's
+    round trip over the S it keeps in flight (`scheduler.pipeline_cost`)."""
     if batch < 1:
         raise ValueError("batch: give at least 1")
     usable = [c for c in clusters if c.schedulable and c.gpus_free > 0]
@@ -394,7 +396,11 @@ def plan_parallelism(
                 got = _split(profile, slots, directed, mems, micro, mb, micro_overhead_s)
                 if got is None:
                     continue
-                step = step_seconds(got.bottleneck, s_count, micro) + latency
+                slot = got.bottleneck
+                if schedule == "1f1b":
+                    trip = sum(st.compute_s + micro_overhead_s + 2 * st.send_s for st in got.stages)
+                    slot = max(slot, (trip + latency) / s_count)
+                step = step_seconds(slot, s_count, micro) + latency
                 key = (step, got.wan_s * micro)
                 if best is None or key < best[0]:
                     used = list(dict.fromkeys(s.cluster for s in got.stages))

@@ -8,10 +8,12 @@ its intra bandwidth). A link's latency does not pace it: micro-batches follow ea
 flight, so each boundary between two clusters adds its RTT once a step (half filling the
 pipeline forward, half draining it backward). A step of a GPipe or 1F1B schedule takes
 (M + S - 1) bottlenecks plus that latency, of which (S - 1) / (M + S - 1) of the slots is the
-bubble. Every boundary between
-two clusters carries M activations one way and M gradients (as large) back each step; a
-stage's GPUs are charged at their cluster's GPU-hour price for the whole run, and the bytes
-leaving a cluster at the egress price of the link they take.
+bubble. 1F1B keeps at most S micro-batches in flight (its memory saving), so a micro-batch's
+round trip through every stage and link, latency included, over S also bounds its slot: over
+long links it is slower than GPipe, which sends every forward before the first backward.
+Every boundary between two clusters carries M activations one way and M gradients (as
+large) back each step; a stage's GPUs are charged at their cluster's GPU-hour price for the
+whole run, and the bytes leaving a cluster at the egress price of the link they take.
 
 A micro-batch also costs a stage a fixed time (`micro_overhead_s`: kernel launches, a small
 batch's inefficiency, the runtime's bookkeeping), which makes many tiny micro-batches slower
@@ -25,6 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.types import Cluster, Link
+
+SCHEDULES = ("gpipe", "1f1b")
+"""The pipeline schedules the runtime runs (`training.pipeline.schedule.Schedule`)."""
 
 MICRO_BATCH_OVERHEAD_S = 0.005
 """The prior of a micro-batch's fixed cost on one stage, before any pipeline run was
@@ -121,10 +126,11 @@ def estimate_pipeline(
     steps: int,
     qos_class: str | None = None,
     micro_overhead_s: float = 0.0,
+    schedule: str = "gpipe",
 ) -> PipelineEstimate:
     """The step time, run time, WAN bytes and price of `stages` (in pipeline order) running
-    `micro_batches` a step for `steps` steps, each micro-batch costing a stage
-    `micro_overhead_s` more; links are keyed (from, to), either way found. ValueError
+    `micro_batches` a step for `steps` steps under `schedule`, each micro-batch costing a
+    stage `micro_overhead_s` more; links are keyed (from, to), either way found. ValueError
     `field: ...` for a bad input."""
     if not stages:
         raise ValueError("stages: give at least one")
@@ -134,6 +140,8 @@ def estimate_pipeline(
         raise ValueError("steps: give at least 1")
     if not 0 <= micro_overhead_s < 3600:
         raise ValueError("micro_overhead_s: must be in [0, 3600) seconds")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
     for st in stages:
         if st.cluster not in clusters:
             raise ValueError(f"stages: cluster {st.cluster!r} is not in the snapshot")
@@ -151,7 +159,10 @@ def estimate_pipeline(
             moved = here.send_bytes * m
             wan[(a.name, b.name)] = wan.get((a.name, b.name), 0.0) + moved  # activations
             wan[(b.name, a.name)] = wan.get((b.name, a.name), 0.0) + moved  # their gradients
-    bottleneck = max([st.compute_s + micro_overhead_s for st in stages] + link_s)
+    busy = [st.compute_s + micro_overhead_s for st in stages]
+    bottleneck = max(busy + link_s)
+    if schedule == "1f1b":  # S in flight: a round trip (there and back, latency too) over S
+        bottleneck = max(bottleneck, (sum(busy) + 2 * sum(link_s) + latency) / s_count)
     step_s = (m + s_count - 1) * bottleneck + latency
     total = step_s * steps
     gpu_cost = sum(
@@ -193,6 +204,7 @@ def best_micro_batches(
     links: Mapping[tuple[str, str], Link],
     batch: int,
     micro_overhead_s: float,
+    schedule: str = "gpipe",
 ) -> int:
     """The micro-batch count of the shortest step: `stage_step_s` is, per stage in order,
     (cluster, forward and backward of the whole step's batch on one of its GPUs, activation
@@ -202,7 +214,9 @@ def best_micro_batches(
     best: tuple[float, int] | None = None
     for m in micro_batch_candidates(batch, len(stage_step_s)):
         work = [StageWork(c, step_s / m, sent / m, gpus) for c, step_s, sent, gpus in stage_step_s]
-        got = estimate_pipeline(work, clusters, links, m, 1, micro_overhead_s=micro_overhead_s)
+        got = estimate_pipeline(
+            work, clusters, links, m, 1, micro_overhead_s=micro_overhead_s, schedule=schedule
+        )
         if best is None or got.step_s < best[0] * (1 - 1e-9):
             best = (got.step_s, m)
     assert best is not None  # 1 is always a candidate

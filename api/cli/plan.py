@@ -65,6 +65,7 @@ def parallelism_json(job: Any, snap: Snapshot, req: JobRequest | None = None) ->
     class: the plan above prices data parallelism."""
     from grammar.parallel import parse_parallelism
     from scheduler.memory import Layer, ModelProfile, plan_parallelism
+    from scheduler.pipeline_cost import SCHEDULES
 
     raw = job if isinstance(job, dict) else {}
     try:
@@ -77,12 +78,16 @@ def parallelism_json(job: Any, snap: Snapshot, req: JobRequest | None = None) ->
         batch = int(raw.get("batch", 32))
     except (TypeError, ValueError) as exc:
         raise fail("plan", "job.model", str(exc)) from None
+    pipeline = raw.get("pipeline")
+    schedule = str(pipeline.get("schedule", "gpipe")) if isinstance(pipeline, dict) else "gpipe"
+    if schedule not in SCHEDULES:
+        raise fail("plan", "job.pipeline.schedule", f"use one of {', '.join(SCHEDULES)}")
     out: dict[str, Any] = {"requested": str(mode), "mode": "data", "reason": "", "stages": []}
     if str(mode) == "data":
         out["reason"] = "the job file fixes data parallelism"
         return out
     try:
-        got = plan_parallelism(profile, snap.clusters, snap.links, batch)
+        got = plan_parallelism(profile, snap.clusters, snap.links, batch, schedule=schedule)
     except ValueError as exc:
         out.update(mode=None, reason=str(exc))
         return out
@@ -106,17 +111,19 @@ def parallelism_json(job: Any, snap: Snapshot, req: JobRequest | None = None) ->
         ],
     )
     if got.stages:
-        out["estimate"] = _pipeline_estimate(profile, got, snap, batch, req)
+        out["schedule"] = schedule
+        out["estimate"] = _pipeline_estimate(profile, got, snap, batch, req, schedule)
     return out
 
 
 def _pipeline_estimate(
-    profile: Any, got: Any, snap: Snapshot, batch: int, req: JobRequest | None
+    profile: Any, got: Any, snap: Snapshot, batch: int, req: JobRequest | None, schedule: str
 ) -> dict[str, Any]:
-    """The pipeline plan's step, run time, WAN bytes and price (`scheduler.pipeline_cost`)."""
+    """The pipeline plan's step, run time, WAN bytes and price (`scheduler.pipeline_cost`),
+    at the micro-batch cost the planner weighed."""
     import math
 
-    from scheduler.pipeline_cost import StageWork, estimate_pipeline
+    from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, StageWork, estimate_pipeline
 
     mb = math.ceil(batch / got.micro_batches)
     last = len(got.stages) - 1
@@ -135,6 +142,8 @@ def _pipeline_estimate(
         got.micro_batches,
         req.steps if req is not None else 1,
         req.qos.qos_class if req is not None else None,
+        micro_overhead_s=MICRO_BATCH_OVERHEAD_S,
+        schedule=schedule,
     )
     return {
         "step_s": est.step_s,

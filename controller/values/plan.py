@@ -155,7 +155,12 @@ def _micro_batches(
     batch, _ = _batch_and_activations(spec)
     try:
         m = best_micro_batches(
-            loads, snapshot.by_name, snapshot.directed_links, batch, snapshot.micro_overhead_s
+            loads,
+            snapshot.by_name,
+            snapshot.directed_links,
+            batch,
+            snapshot.micro_overhead_s,
+            spec.pipeline.schedule,
         )
     except ValueError:  # no link between two stages' clusters
         return MICRO_BATCHES_FALLBACK, "no link between two stages' clusters"
@@ -248,6 +253,7 @@ def pipeline_estimate(
             spec.steps,
             qos_class,
             micro_overhead_s=overhead,
+            schedule=spec.pipeline.schedule,
         )
     except ValueError:  # no link between two stages' clusters
         return None

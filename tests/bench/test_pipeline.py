@@ -84,5 +84,10 @@ def test_markdown_sets_the_calibrated_plan_beside_the_prior_one() -> None:
     doc = {"emulated": {"command": "C", "tasks": [{**task, "plan": PLAN, "runs": [RUN],
                                                    "calibrated": calibrated}]}}  # fmt: skip
     md = markdown(doc)
-    assert "| prior | 5.0 | 8 | 0.5000 | 0.2500 | +100 % | 50.0 % |" in md
-    assert "| fitted from the prior plan's run | 40.0 | 2 | 0.3000 | 0.3200 | -6 % | 20.0 % |" in md
+    assert "| GPipe | prior | 5.0 | 8 | 0.5000 | 0.2500 | +100 % | 50.0 % |" in md
+    fitted = "| GPipe | fitted from the prior plan's run | 40.0 | 2 | 0.3000 | 0.3200 | -6 % |"
+    assert fitted in md
+    assert "| 1F1B |" not in md  # kept before the 1F1B row was measured
+    calibrated.update(plan_1f1b={**calibrated["plan"], "step_s": 0.6}, run_1f1b=RUN)
+    md = markdown(doc)
+    assert "| 1F1B | fitted from the prior plan's run | 40.0 | 2 | 0.6000 | 0.2500 | +140 % |" in md

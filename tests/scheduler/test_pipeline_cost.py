@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from scheduler.memory import Layer, ModelProfile, plan_parallelism
-from scheduler.pipeline_cost import StageWork, bubble_fraction, estimate_pipeline
+from scheduler.pipeline_cost import (
+    MICRO_BATCH_OVERHEAD_S,
+    SCHEDULES,
+    StageWork,
+    bubble_fraction,
+    estimate_pipeline,
+)
 from tests.scheduler.builders import cluster, link
 
 EAST = cluster("east", gpus=2, gpu_model="A100", price_per_gpu_hour=2.0)
@@ -82,12 +88,14 @@ def test_unlinked_clusters_are_refused() -> None:
         )
 
 
-def test_agrees_with_the_memory_planners_step() -> None:
-    """The planner's pipeline step (scheduler.memory) is the estimate's, from its own stages."""
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_agrees_with_the_memory_planners_step(schedule: str) -> None:
+    """The planner's pipeline step (scheduler.memory) is the estimate's, from its own stages,
+    at the micro-batch cost it weighed, for either schedule."""
     profile = ModelProfile(tuple(Layer(f"l{i}", 3_000_000_000, 1e9, 4e6, 1e6) for i in range(4)))
     small = [cluster(n, gpus=2, gpu_model="A100") for n in ("a", "b")]
     links = [link("a", "b", gbps=0.5, rtt_ms=30.0)]
-    got = plan_parallelism(profile, small, links, batch=16)
+    got = plan_parallelism(profile, small, links, batch=16, schedule=schedule)
     assert len(got.stages) >= 2
     mb = -(-16 // got.micro_batches)
     work = [
@@ -101,7 +109,33 @@ def test_agrees_with_the_memory_planners_step() -> None:
         for i, st in enumerate(got.stages)
     ]
     est = estimate_pipeline(
-        work, {c.name: c for c in small}, {(x.a, x.b): x for x in links}, got.micro_batches, 1
+        work,
+        {c.name: c for c in small},
+        {(x.a, x.b): x for x in links},
+        got.micro_batches,
+        1,
+        micro_overhead_s=MICRO_BATCH_OVERHEAD_S,
+        schedule=schedule,
     )
     assert est.step_s == pytest.approx(got.step_s, rel=1e-12)
     assert est.bubble == pytest.approx(got.bubble)
+
+
+def test_1f1b_keeps_s_in_flight_so_a_long_links_round_trip_bounds_its_slot() -> None:
+    """GPipe sends every forward before the first backward: the link's RTT is paid once a
+    step. 1F1B keeps at most S micro-batches in flight, so a slot is at least a micro-batch's
+    round trip (both stages' work, the transfers both ways and the RTT) over S."""
+    stages = [StageWork("east", 0.002, 1e3), StageWork("west", 0.002, 0.0)]
+    gpipe = estimate_pipeline(stages, CLUSTERS, LINKS, micro_batches=32, steps=1)
+    one = estimate_pipeline(stages, CLUSTERS, LINKS, 32, 1, schedule="1f1b")
+    transfer = 1e3 * 8 / 1e9  # 1 kB over 1 Gbit/s
+    assert gpipe.bottleneck_s == pytest.approx(0.002)
+    assert one.bottleneck_s == pytest.approx((0.004 + 2 * transfer + 0.020) / 2)
+    assert one.step_s == pytest.approx(33 * one.bottleneck_s + 0.020)
+    assert one.step_s > 4 * gpipe.step_s
+    # where the stages' work dwarfs the RTT the two schedules take about as long
+    slow = [StageWork("east", 1.0, 1e3), StageWork("west", 1.0, 0.0)]
+    both = [estimate_pipeline(slow, CLUSTERS, LINKS, 8, 1, schedule=x).step_s for x in SCHEDULES]
+    assert both[0] <= both[1] == pytest.approx(both[0], rel=0.02)
+    with pytest.raises(ValueError, match="schedule"):
+        estimate_pipeline(stages, CLUSTERS, LINKS, 4, 1, schedule="zigzag")
