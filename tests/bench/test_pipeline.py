@@ -3,6 +3,8 @@ results file, the markdown): no testbed, no Ray."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from bench.pipeline import LEGACY_COMMAND, load_results, markdown, uplink_delta
 
 PLAN = {
@@ -75,10 +77,11 @@ def test_markdown_puts_both_sections_with_their_commands() -> None:
 def test_markdown_sets_the_calibrated_plan_beside_the_prior_one() -> None:
     """Planned against measured, on the prior micro-batch cost and on the fitted one."""
     task = {"task": "builtin:t", "batch": 64, "steps": 4, "mbps": 100.0, "rtt_ms": 20.0}
-    calibrated = {
+    fitted_plan: dict[str, Any] = {"step_s": 0.3, "micro_batches": 2, "cuts": [2]}
+    calibrated: dict[str, Any] = {
         "prior_s": 0.005,
         "fitted_s": 0.04,
-        "plan": {"step_s": 0.3, "micro_batches": 2, "cuts": [2]},
+        "plan": fitted_plan,
         "run": {**RUN, "micro_batches": 2, "step_s": 0.32, "idle_measured": 0.2},
     }
     doc = {"emulated": {"command": "C", "tasks": [{**task, "plan": PLAN, "runs": [RUN],
@@ -88,6 +91,6 @@ def test_markdown_sets_the_calibrated_plan_beside_the_prior_one() -> None:
     fitted = "| GPipe | fitted from the prior plan's run | 40.0 | 2 | 0.3000 | 0.3200 | -6 % |"
     assert fitted in md
     assert "| 1F1B |" not in md  # kept before the 1F1B row was measured
-    calibrated.update(plan_1f1b={**calibrated["plan"], "step_s": 0.6}, run_1f1b=RUN)
+    calibrated.update(plan_1f1b={**fitted_plan, "step_s": 0.6}, run_1f1b=RUN)
     md = markdown(doc)
     assert "| 1F1B | fitted from the prior plan's run | 40.0 | 2 | 0.6000 | 0.2500 | +140 % |" in md
