@@ -184,7 +184,7 @@ class StagePlan:
     memory: MemoryEstimate
     gpu_bytes: float
     compute_s: float
-    """Forward and backward of one micro-batch."""
+    """Forward and backward of one micro-batch, its fixed cost (`micro_overhead_s`) included."""
     send_s: float
     """Its output's (and back, the gradient's) transfer per micro-batch; 0 for the last."""
 
@@ -398,7 +398,7 @@ def plan_parallelism(
                     continue
                 slot = got.bottleneck
                 if schedule == "1f1b":
-                    trip = sum(st.compute_s + micro_overhead_s + 2 * st.send_s for st in got.stages)
+                    trip = sum(st.compute_s + 2 * st.send_s for st in got.stages)
                     slot = max(slot, (trip + latency) / s_count)
                 step = step_seconds(slot, s_count, micro) + latency
                 key = (step, got.wan_s * micro)

@@ -119,11 +119,11 @@ def parallelism_json(job: Any, snap: Snapshot, req: JobRequest | None = None) ->
 def _pipeline_estimate(
     profile: Any, got: Any, snap: Snapshot, batch: int, req: JobRequest | None, schedule: str
 ) -> dict[str, Any]:
-    """The pipeline plan's step, run time, WAN bytes and price (`scheduler.pipeline_cost`),
-    at the micro-batch cost the planner weighed."""
+    """The pipeline plan's step, run time, WAN bytes and price (`scheduler.pipeline_cost`);
+    its stages' compute already counts the micro-batch cost the planner weighed."""
     import math
 
-    from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, StageWork, estimate_pipeline
+    from scheduler.pipeline_cost import StageWork, estimate_pipeline
 
     mb = math.ceil(batch / got.micro_batches)
     last = len(got.stages) - 1
@@ -142,7 +142,6 @@ def _pipeline_estimate(
         got.micro_batches,
         req.steps if req is not None else 1,
         req.qos.qos_class if req is not None else None,
-        micro_overhead_s=MICRO_BATCH_OVERHEAD_S,
         schedule=schedule,
     )
     return {

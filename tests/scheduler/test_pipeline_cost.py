@@ -6,7 +6,6 @@ import pytest
 
 from scheduler.memory import Layer, ModelProfile, plan_parallelism
 from scheduler.pipeline_cost import (
-    MICRO_BATCH_OVERHEAD_S,
     SCHEDULES,
     StageWork,
     bubble_fraction,
@@ -89,12 +88,14 @@ def test_unlinked_clusters_are_refused() -> None:
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_agrees_with_the_memory_planners_step(schedule: str) -> None:
-    """The planner's pipeline step (scheduler.memory) is the estimate's, from its own stages,
-    at the micro-batch cost it weighed, for either schedule."""
+@pytest.mark.parametrize("gbps", [0.5, 100.0])
+def test_agrees_with_the_memory_planners_step(schedule: str, gbps: float) -> None:
+    """The planner's pipeline step (scheduler.memory) is the estimate's, from its own stages
+    (their compute counts the micro-batch cost it weighed), for either schedule, link-bound
+    (0.5 Gbit/s) and bound by the stages (100 Gbit/s: a cost counted twice would show)."""
     profile = ModelProfile(tuple(Layer(f"l{i}", 3_000_000_000, 1e9, 4e6, 1e6) for i in range(4)))
     small = [cluster(n, gpus=2, gpu_model="A100") for n in ("a", "b")]
-    links = [link("a", "b", gbps=0.5, rtt_ms=30.0)]
+    links = [link("a", "b", gbps=gbps, rtt_ms=30.0)]
     got = plan_parallelism(profile, small, links, batch=16, schedule=schedule)
     assert len(got.stages) >= 2
     mb = -(-16 // got.micro_batches)
@@ -114,7 +115,6 @@ def test_agrees_with_the_memory_planners_step(schedule: str) -> None:
         {(x.a, x.b): x for x in links},
         got.micro_batches,
         1,
-        micro_overhead_s=MICRO_BATCH_OVERHEAD_S,
         schedule=schedule,
     )
     assert est.step_s == pytest.approx(got.step_s, rel=1e-12)
