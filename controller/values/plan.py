@@ -152,7 +152,11 @@ def _micro_batches(
     loads = _stage_loads(spec, stages, shares, snapshot, origins)
     if loads is None:
         return MICRO_BATCHES_FALLBACK, "the stages' clusters or links are not all known"
-    batch, _ = _batch_and_activations(spec)
+    batch, act = _batch_and_activations(spec)
+    if not act and spec.args.batch_size is None:  # a task of the tenant's own, batch unsaid
+        return MICRO_BATCHES_FALLBACK, (
+            "its batch is not known (args.batch_size would let the planner weigh them)"
+        )
     try:
         m = best_micro_batches(
             loads,

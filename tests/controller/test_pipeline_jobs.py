@@ -22,7 +22,7 @@ from sqlalchemy import select, update
 from controller.loop.ray_run import pipeline_spec_of, train_spec_of
 from controller.network.snapshot import SETUP_PRIOR_S
 from controller.store.models import Cluster, Job, JobEvent, Usage
-from controller.values.plan import keep_stages
+from controller.values.plan import MICRO_BATCHES_FALLBACK, keep_stages
 from grammar.states import JobState
 from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, micro_batch_candidates
 from tests.controller.world import Net, progress, report
@@ -290,6 +290,16 @@ def test_the_planner_chooses_the_micro_batches_a_spec_leaves_open(net: Net) -> N
     assert par.micro_batches == min(steps, key=lambda m: (steps[m], m))
     assert plan.estimate.step_time_s == pytest.approx(steps[par.micro_batches], rel=1e-3)
     assert _pipeline_of(net, job).micro_batches == par.micro_batches
+
+
+def test_a_tenants_task_without_a_batch_keeps_the_default_micro_batches(net: Net) -> None:
+    """A task of the tenant's own whose batch the spec does not say: the planner cannot weigh
+    micro-batches, runs the default and says what would let it."""
+    work = {"params": 10**6, "flops_per_step": 1e9}
+    job = _placed(net, _spec("own", parallelism="pipeline", work=work))
+    plan = job.placement
+    assert plan is not None and plan.parallel.micro_batches == MICRO_BATCHES_FALLBACK
+    assert any("args.batch_size would let the planner" in r for r in plan.explanation)
 
 
 # ---- a DOWN cluster's stages are re-placed --------------------------------------------------
