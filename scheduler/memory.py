@@ -27,6 +27,7 @@ from scheduler.pipeline_cost import (
     MICRO_BATCH_OVERHEAD_S,
     boundary_latency_s,
     micro_batch_candidates,
+    slot_seconds,
 )
 from scheduler.types import Cluster, Link
 
@@ -396,10 +397,12 @@ def plan_parallelism(
                 got = _split(profile, slots, directed, mems, micro, mb, micro_overhead_s)
                 if got is None:
                     continue
-                slot = got.bottleneck
-                if schedule == "1f1b":
-                    trip = sum(st.compute_s + 2 * st.send_s for st in got.stages)
-                    slot = max(slot, (trip + latency) / s_count)
+                slot = slot_seconds(
+                    [st.compute_s for st in got.stages],
+                    [st.send_s for st in got.stages],
+                    latency,
+                    schedule,
+                )
                 step = step_seconds(slot, s_count, micro) + latency
                 key = (step, got.wan_s * micro)
                 if best is None or key < best[0]:

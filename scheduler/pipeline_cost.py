@@ -160,9 +160,7 @@ def estimate_pipeline(
             wan[(a.name, b.name)] = wan.get((a.name, b.name), 0.0) + moved  # activations
             wan[(b.name, a.name)] = wan.get((b.name, a.name), 0.0) + moved  # their gradients
     busy = [st.compute_s + micro_overhead_s for st in stages]
-    bottleneck = max(busy + link_s)
-    if schedule == "1f1b":  # S in flight: a round trip (there and back, latency too) over S
-        bottleneck = max(bottleneck, (sum(busy) + 2 * sum(link_s) + latency) / s_count)
+    bottleneck = slot_seconds(busy, link_s, latency, schedule)
     step_s = (m + s_count - 1) * bottleneck + latency
     total = step_s * steps
     gpu_cost = sum(
@@ -186,6 +184,19 @@ def estimate_pipeline(
         gpu_cost=gpu_cost,
         egress_cost=egress,
     )
+
+
+def slot_seconds(
+    busy: Sequence[float], transfers: Sequence[float], latency_s: float, schedule: str
+) -> float:
+    """A slot of `schedule`: the slowest stage's micro-batch (`busy`, its fixed cost
+    included) or link transfer; under 1F1B at least a micro-batch's round trip (every stage,
+    each transfer both ways, the boundaries' RTTs) over the S micro-batches it keeps in
+    flight."""
+    slot = max([*busy, *transfers])
+    if schedule == "1f1b":
+        slot = max(slot, (sum(busy) + 2 * sum(transfers) + latency_s) / len(busy))
+    return slot
 
 
 def fit_micro_overhead(
