@@ -45,12 +45,14 @@ class DriftCorrection:
     def round(self, own_delta: torch.Tensor, total_delta: torch.Tensor, steps: int) -> None:
         """At the slice's sync: this cluster's pseudo-gradient (anchor - parameters) and the
         clusters' weighted sum of theirs, both over `steps` local steps. The new rates per
-        step: its own less the correction it applied; the consensus (the mean of the owns)."""
+        step: its own less the correction it applied; the consensus (the mean of the owns).
+        The slice is the anchor again: its count starts over."""
         n = max(1, steps)
         own = own_delta.to(self.own.device, self.own.dtype) / n
         self.own = own - self.correction
         self.consensus = total_delta.to(self.own.device, self.own.dtype) / n
         self.correction = self.consensus - self.own
+        self.steps = 0
 
     def reset_steps(self) -> None:
         """The slice became the anchor without a round of its own (dropped, or averaged)."""

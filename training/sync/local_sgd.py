@@ -99,7 +99,6 @@ class LocalSGDSync(SyncStrategy):
         and the clusters' weighted sum `total`, over the local steps it took."""
         if self.drift is not None and self.kept is None:
             self.drift.round(own, total, self.drift.steps)
-            self.drift.steps = 0
 
     def _move_anchor(self, delta: torch.Tensor, *, average: bool) -> None:
         """An outer step on the clusters' summed pseudo-gradient `delta` (flat), or with

@@ -176,7 +176,8 @@ class StreamingSync(SyncStrategy):
         if self.drift is not None:
             if item.own is not None:
                 self.drift[p].round(item.own, total, item.steps)
-            self.drift[p].steps = 0  # the fragment becomes the anchor: its progress is dropped
+            else:  # the fragment becomes the anchor all the same: its progress is dropped
+                self.drift[p].reset_steps()
         if item.final:
             with torch.no_grad():
                 self.anchor[p].sub_(total)
