@@ -1,4 +1,5 @@
-"""Parallelism values: `data`, `pipeline`, `hybrid` (`auto` is the planner's), and stage splits.
+"""Parallelism values: `data`, `pipeline`, `hybrid`, `tensor` (`auto` is the planner's), and
+stage splits.
 
 `--stages N` asks for N stages balanced by compute; `--stages @3,5` fixes the split: new stages
 start at pieces 3 and 5 (three stages). `str()` prints the canonical form, which parses back
@@ -20,9 +21,12 @@ class Parallelism(StrEnum):
     """Stages on clusters, one worker a stage; activations cross clusters."""
     HYBRID = "hybrid"
     """Pipeline across clusters, data parallel inside each stage's cluster."""
+    TENSOR = "tensor"
+    """One cluster's GPUs split each layer (tensor parallel), data parallel over the groups;
+    never across the WAN. With stages (`tensor` GPUs a stage replica) it is 3D."""
 
 
-PARALLEL_HELP = "valid forms: auto, data, pipeline, hybrid"
+PARALLEL_HELP = "valid forms: auto, data, pipeline, hybrid, tensor"
 STAGES_HELP = (
     "valid forms: <N >= 1> (balanced by compute) or @<c1>,<c2>,... (pieces where stages start)"
 )

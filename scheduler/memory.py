@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from grammar.parallel import Parallelism
 from scheduler.gpus import DEFAULT_EFFICIENCY
@@ -28,6 +28,7 @@ from scheduler.pipeline_cost import (
     boundary_latency_s,
     micro_batch_candidates,
     slot_seconds,
+    tensor_collective_s,
 )
 from scheduler.types import Cluster, Link
 
@@ -78,6 +79,9 @@ class Layer:
     """Bytes of its output per sample: what crosses a stage boundary after it."""
     stored_bytes: float
     """Bytes it keeps for backward per sample (its inputs and intermediates)."""
+    heads: int = 0
+    """A block that splits over GPUs (tensor parallelism): its attention heads, which a split
+    must divide; 0: the layer stays whole on every GPU of a split (embeddings, the head)."""
 
 
 @dataclass(frozen=True)
@@ -120,13 +124,52 @@ class ModelProfile:
         kept = (34.0 * seq * dim + 5.0 * heads * seq * seq) * param_bytes / 2
         layers = [Layer("embed", vocab * dim + seq * dim, 0.0, act, float(seq * 8))]
         layers += [
-            Layer(f"block{i}", weights, 2.0 * weights * seq + 4.0 * seq * seq * dim, act, kept)
+            Layer(
+                f"block{i}", weights, 2.0 * weights * seq + 4.0 * seq * seq * dim, act, kept, heads
+            )
             for i in range(blocks)
         ]
         layers.append(
             Layer("head", dim * vocab, 2.0 * dim * vocab * seq, seq * vocab * 4.0, act * 2)
         )
         return cls(tuple(layers), optimizer, param_bytes)
+
+    def splits(self, tensor: int) -> bool:
+        """Whether the model splits over `tensor` GPUs: some layer splits, and every splitting
+        layer's heads divide by it."""
+        split = [x.heads for x in self.layers if x.heads]
+        return tensor == 1 or (bool(split) and all(h % tensor == 0 for h in split))
+
+    def split(self, tensor: int) -> ModelProfile:
+        """What one GPU of a `tensor`-way split holds and computes: a splitting layer's
+        parameters and FLOPs over `tensor`, and of what it keeps for backward the part
+        Megatron splits (Korthikanti et al.: 24 of a block's 34 values a token, and the
+        attention scores; the rest, the norms' and the residual's, stays whole)."""
+        if tensor == 1:
+            return self
+        kept = SPLIT_KEPT + (1 - SPLIT_KEPT) / tensor
+        return replace(
+            self,
+            layers=tuple(
+                replace(
+                    x,
+                    params=math.ceil(x.params / tensor),
+                    flops=x.flops / tensor,
+                    stored_bytes=x.stored_bytes * kept,
+                )
+                if x.heads
+                else x
+                for x in self.layers
+            ),
+        )
+
+
+SPLIT_KEPT = 10 / 34
+"""The share of a block's kept activations a tensor split leaves whole on every GPU."""
+
+MAX_TENSOR = 8
+"""The widest split the planner weighs: a split's all-reduces sit on every micro-batch's
+critical path, so it stays inside one machine's GPUs (NVLink), as Megatron keeps it."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +228,8 @@ class StagePlan:
     memory: MemoryEstimate
     gpu_bytes: float
     compute_s: float
-    """Forward and backward of one micro-batch, its fixed cost (`micro_overhead_s`) included."""
+    """Forward and backward of one micro-batch on each of its GPUs, its fixed cost
+    (`micro_overhead_s`) and a split's all-reduces included."""
     send_s: float
     """Its output's (and back, the gradient's) transfer per micro-batch; 0 for the last."""
 
@@ -198,6 +242,8 @@ class ParallelPlan:
     micro_batches: int = 1
     bubble: float = 0.0
     step_s: float = 0.0
+    tensor: int = 1
+    """GPUs of one cluster each stage's layers are split over (1: none)."""
     fits: tuple[str, ...] = field(default=())
     """Data parallel: the clusters whose GPUs hold the whole model."""
 
@@ -241,16 +287,32 @@ class _Sums:
     params: list[int]
     kept: list[float]
     per_param: int
+    split: list[int]
+    """Splitting layers (blocks) so far."""
+    split_bytes: list[float]
+    """Their outputs' bytes a sample so far: what a split all-reduces."""
 
     @classmethod
     def of(cls, profile: ModelProfile) -> _Sums:
-        flops, params, kept = [0.0], [0], [0.0]
+        flops, params, kept, split, split_bytes = [0.0], [0], [0.0], [0], [0.0]
         for x in profile.layers:
             flops.append(flops[-1] + x.flops)
             params.append(params[-1] + x.params)
             kept.append(kept[-1] + x.stored_bytes)
+            split.append(split[-1] + (1 if x.heads else 0))
+            split_bytes.append(split_bytes[-1] + (x.activation_bytes if x.heads else 0.0))
         per_param = 2 * profile.param_bytes + OPTIMIZER_STATE_BYTES[profile.optimizer]
-        return cls(flops, params, kept, per_param)
+        return cls(flops, params, kept, per_param, split, split_bytes)
+
+    def collective_s(
+        self, j: int, i: int, micro_batch: int, tensor: int, cluster: Cluster
+    ) -> float:
+        """Layers [j, i)'s all-reduces of one micro-batch under a `tensor`-way split."""
+        blocks = self.split[i] - self.split[j]
+        if tensor <= 1 or not blocks:
+            return 0.0
+        mean = (self.split_bytes[i] - self.split_bytes[j]) / blocks * micro_batch
+        return tensor_collective_s(mean, blocks, tensor, cluster.intra_bandwidth_gbps)
 
     def fits(self, profile: ModelProfile, j: int, i: int, samples: int, limit: float) -> bool:
         """`memory(profile, j, i, mb, k).total <= limit` with `samples` = mb x k in flight."""
@@ -268,10 +330,12 @@ def _split(
     micro: int,
     micro_batch: int,
     overhead_s: float,
+    tensor: int = 1,
 ) -> _Split | None:
     """The contiguous split of the layers over `slots` (one stage each, in order) with the
     least bottleneck (slowest stage or link per micro-batch) that fits every GPU; None if
-    none fits."""
+    none fits. `profile` is what one GPU of a `tensor`-way split holds (`ModelProfile.split`),
+    whose all-reduces each stage also pays."""
     layers, s_count = profile.layers, len(slots)
     n = len(layers)
     sums = _Sums.of(profile)
@@ -295,6 +359,7 @@ def _split(
                 if not sums.fits(profile, j, i, micro_batch * in_flight, limit):
                     continue
                 compute = 3.0 * (flops[i] - flops[j]) * micro_batch / speed + overhead_s
+                compute += sums.collective_s(j, i, micro_batch, tensor, slot)
                 link, wan = 0.0, 0.0
                 if k > 1:
                     got = _link_s(
@@ -329,7 +394,8 @@ def _split(
                 memory=memory(profile, lo, hi, micro_batch, min(micro, s_count - k)),
                 gpu_bytes=mems[slot.name],
                 compute_s=3.0 * (flops[hi] - flops[lo]) * micro_batch / _flops_per_s(slot)
-                + overhead_s,
+                + overhead_s
+                + sums.collective_s(lo, hi, micro_batch, tensor, slot),
                 send_s=send,
             )
         )
@@ -351,8 +417,11 @@ def plan_parallelism(
     micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S,
     schedule: str = "gpipe",
 ) -> ParallelPlan:
-    """Data parallel when the whole model trains on one GPU of some cluster, else the fastest
-    pipeline with the fewest stages; ValueError (saying why) when nothing fits. `memory_gb`
+    """Data parallel when the whole model trains on one GPU of some cluster; else, for each
+    split its layers allow (1 to `MAX_TENSOR` GPUs of one cluster, dividing the blocks'
+    heads), the fastest plan with the fewest stages of such groups (one stage of a split:
+    tensor parallel; several: a pipeline, 3D when split), and of those the shortest step;
+    ValueError (saying why) when nothing fits. `memory_gb`
     overrides GPU memory per cluster name; `micro_overhead_s` is the fixed cost of a
     micro-batch on a stage; under `schedule` 1F1B a slot is also at least a micro-batch's
     round trip over the S it keeps in flight (`scheduler.pipeline_cost`)."""
@@ -380,21 +449,74 @@ def plan_parallelism(
         orders = list(itertools.permutations(usable))
     else:
         orders = [tuple(sorted(usable, key=lambda c: (-mems[c.name], c.name)))]
+    widest = max(c.gpus_free for c in usable)
+    found = [
+        got
+        for t in range(1, min(MAX_TENSOR, widest) + 1)
+        if profile.splits(t)
+        and (
+            got := _staged(
+                profile, t, usable, orders, directed, mems, batch, micro_overhead_s, schedule
+            )
+        )
+        is not None
+    ]
+    if found:
+        # the shortest step; a narrower split where equal (fewer GPUs waiting on each other)
+        best = min(found, key=lambda p: (p.step_s, p.tensor))
+        head = (
+            f"the whole model needs {whole.total / 1e9:.1f} GB a GPU, more than the largest "
+            f"({biggest.name}: {mems[biggest.name] / 1e9:.1f} GB usable); "
+        )
+        others = sorted(f"{_kind(p)} {p.step_s:.3g} s" for p in found if p is not best)
+        weighed = f" (weighed: {', '.join(others)} a step)" if others else ""
+        return replace(best, reason=head + best.reason + weighed)
     total_gpus = sum(c.gpus_free for c in usable)
+    raise ValueError(
+        f"model: {whole.total / 1e9:.1f} GB fits no pipeline over the free GPUs "
+        f"({total_gpus} of them), its layers whole or split; a single layer may exceed a GPU, "
+        "or add clusters or GPUs"
+    )
+
+
+def _kind(plan: ParallelPlan) -> str:
+    if plan.tensor > 1:
+        return f"tensor x{plan.tensor}" if len(plan.stages) == 1 else f"3D x{plan.tensor}"
+    return f"pipeline of {len(plan.stages)}"
+
+
+def _staged(
+    whole_profile: ModelProfile,
+    tensor: int,
+    usable: Sequence[Cluster],
+    orders: Sequence[Sequence[Cluster]],
+    directed: Mapping[tuple[str, str], Link],
+    mems: Mapping[str, float],
+    batch: int,
+    micro_overhead_s: float,
+    schedule: str,
+) -> ParallelPlan | None:
+    """The fastest plan with the fewest stages that fit, each stage a group of `tensor` GPUs
+    of one cluster splitting its layers (1: one GPU a stage); None when none fits."""
+    profile = whole_profile.split(tensor)
+    n = len(profile.layers)
+    one = memory(profile, 0, n, 1, 1)
+    groups = sum(c.gpus_free // tensor for c in usable)
     # fewer stages than the parameters' state needs GPUs (each at most the largest) cannot fit:
-    # start there instead of proving every smaller count impossible
-    state = whole.params + whole.grads + whole.optimizer
-    least = max(2, math.ceil(state / mems[biggest.name]))
-    for s_count in range(least, min(n, total_gpus) + 1):
+    # start there instead of proving every smaller count impossible (one stage of one GPU is
+    # data parallelism, not weighed here)
+    state = one.params + one.grads + one.optimizer
+    least = max(1 if tensor > 1 else 2, math.ceil(state / max(mems.values())))
+    for s_count in range(least, min(n, groups) + 1):
         best: tuple[tuple[float, float], ParallelPlan] | None = None
         for order in orders:
-            slots = [c for c in order for _ in range(c.gpus_free)][:s_count]
+            slots = [c for c in order for _ in range(c.gpus_free // tensor)][:s_count]
             if len(slots) < s_count:
                 continue
             latency = _latency_s(slots, directed)
             for micro in micro_batch_candidates(batch, s_count):
                 mb = math.ceil(batch / micro)
-                got = _split(profile, slots, directed, mems, micro, mb, micro_overhead_s)
+                got = _split(profile, slots, directed, mems, micro, mb, micro_overhead_s, tensor)
                 if got is None:
                     continue
                 slot = slot_seconds(
@@ -406,25 +528,39 @@ def plan_parallelism(
                 step = step_seconds(slot, s_count, micro) + latency
                 key = (step, got.wan_s * micro)
                 if best is None or key < best[0]:
-                    used = list(dict.fromkeys(s.cluster for s in got.stages))
+                    used = list(dict.fromkeys(st.cluster for st in got.stages))
+                    if tensor > 1 and s_count == 1:
+                        why = (
+                            f"split over {tensor} GPUs of {used[0]} it needs "
+                            f"{got.stages[0].memory.total / 1e9:.1f} GB a GPU: tensor parallel "
+                            f"keeps it in one cluster, its all-reduces on the cluster's links, "
+                            f"nothing on the WAN; {micro} micro-batch(es)"
+                        )
+                    else:
+                        split = (
+                            f", each of {tensor} GPUs splitting its layers (3D)"
+                            if tensor > 1
+                            else ""
+                        )
+                        why = (
+                            f"{s_count} stages{split} over {' -> '.join(used)} fit, {micro} "
+                            f"micro-batches of {mb} balance the bubble against "
+                            "per-micro-batch cost"
+                        )
                     best = (
                         key,
                         ParallelPlan(
-                            Parallelism.PIPELINE,
-                            f"the whole model needs {whole.total / 1e9:.1f} GB a GPU, more "
-                            f"than the largest ({biggest.name}: "
-                            f"{mems[biggest.name] / 1e9:.1f} GB usable); {s_count} stages "
-                            f"over {' -> '.join(used)} fit, {micro} micro-batches of {mb} "
-                            f"balance the bubble against per-micro-batch cost",
+                            Parallelism.TENSOR
+                            if tensor > 1 and s_count == 1
+                            else Parallelism.PIPELINE,
+                            why,
                             stages=got.stages,
                             micro_batches=micro,
                             bubble=(s_count - 1) / (micro + s_count - 1),
                             step_s=step,
+                            tensor=tensor,
                         ),
                     )
         if best is not None:
             return best[1]
-    raise ValueError(
-        f"model: {whole.total / 1e9:.1f} GB fits no pipeline over the free GPUs "
-        f"({total_gpus} of them); a single layer may exceed a GPU, or add clusters or GPUs"
-    )
+    return None

@@ -15,6 +15,12 @@ Every boundary between two clusters carries M activations one way and M gradient
 large) back each step; a stage's GPUs are charged at their cluster's GPU-hour price for the
 whole run, and the bytes leaving a cluster at the egress price of the link they take.
 
+A stage whose layers are split over T GPUs of its cluster (tensor parallelism, Megatron's
+column-then-row pairs) computes 1/T of its work on each and pays four all-reduces of its
+activations a block a micro-batch, two forward and two backward, on the cluster's intra
+links (`tensor_collective_s`: a ring, 2(T-1) rounds of 1/T of the bytes, each also paying
+the intra latency).
+
 A micro-batch also costs a stage a fixed time (`micro_overhead_s`: kernel launches, a small
 batch's inefficiency, the runtime's bookkeeping), which makes many tiny micro-batches slower
 than a few, against the bubble that makes few slow; `best_micro_batches` weighs the two.
@@ -36,6 +42,27 @@ MICRO_BATCH_OVERHEAD_S = 0.005
 observed; the control plane fits it from finished runs (`controller.network.snapshot`)."""
 
 
+TENSOR_ALL_REDUCES_PER_BLOCK = 4
+"""A split block's all-reduces a micro-batch: attention's and the MLP's row-parallel outputs
+forward, their column-parallel inputs' gradients backward."""
+
+ALPHA_TENSOR_S = 10e-6
+"""The latency of one round of an all-reduce inside a cluster (as `scheduler.cost`'s
+`ALPHA_INTRA_S`)."""
+
+
+def tensor_collective_s(
+    activation_bytes: float, blocks: float, tensor: int, intra_gbps: float
+) -> float:
+    """Seconds a stage's `blocks` split blocks spend all-reducing a micro-batch's activations
+    (`activation_bytes` each) over `tensor` GPUs joined at `intra_gbps`; 0 unsplit."""
+    if tensor <= 1 or blocks <= 0:
+        return 0.0
+    rounds = 2 * (tensor - 1)
+    one = rounds * ALPHA_TENSOR_S + rounds / tensor * activation_bytes * 8 / (intra_gbps * 1e9)
+    return TENSOR_ALL_REDUCES_PER_BLOCK * blocks * one
+
+
 def micro_batch_candidates(batch: int, stages: int, limit: int = 64) -> list[int]:
     """Micro-batch counts worth trying: powers of two and multiples of the stage count."""
     found = {1 << i for i in range(7)} | {stages * k for k in (1, 2, 4, 8)}
@@ -52,7 +79,8 @@ class StageWork:
     send_bytes: float
     """Activation bytes of one micro-batch sent to the next stage (0 for the last stage)."""
     gpus: int = 1
-    """GPUs the stage holds: its data-parallel replicas (1 in a pipeline)."""
+    """GPUs the stage holds: its data-parallel replicas times its tensor split (1 in a
+    pipeline)."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-TP_PLAN_LAYERS = {
+TP_PLAN_LAYERS: dict[str, str] = {
     "attn.q": "colwise",
     "attn.k": "colwise",
     "attn.v": "colwise",
@@ -43,7 +43,7 @@ class Attention(nn.Module):
         super().__init__()
         if dim % heads:
             raise ValueError(f"heads: {heads} does not divide the width {dim}")
-        self.head_dim = dim // heads
+        self.heads, self.head_dim = heads, dim // heads
         self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
         self.o = nn.Linear(dim, dim)
 
@@ -67,10 +67,13 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block."""
+    """A pre-norm transformer block; `tensor_plan` says how its projections split."""
+
+    tensor_plan = TP_PLAN_LAYERS
 
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
+        self.heads, self.hidden = heads, 4 * dim
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.attn = Attention(dim, heads)
         self.mlp = Mlp(dim, 4 * dim)
@@ -80,8 +83,23 @@ class Block(nn.Module):
         return h + self.mlp(self.norm2(h))
 
 
+class Embed(nn.Module):
+    """Token embedding plus learned positions: the transformer's first pipeline piece."""
+
+    lookup_only = True  # `training.stages.piece_costs`: lookups and an add, no multiply-adds
+
+    def __init__(self, embed: nn.Embedding, pos: nn.Parameter) -> None:
+        super().__init__()
+        self.embed, self.pos = embed, pos
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed(x) + self.pos[: x.shape[1]]
+
+
 class Transformer(nn.Module):
-    """A small causal transformer over tokens, built to be split (`tensor_parallel`)."""
+    """A small causal transformer over tokens, built to be split: by layers into pipeline
+    stages (`pipeline_pieces`) and inside each block over a cluster's GPUs
+    (`tensor_parallel`)."""
 
     def __init__(
         self, vocab: int, ctx: int, dim: int = 64, layers: int = 2, heads: int = 4
@@ -100,32 +118,64 @@ class Transformer(nn.Module):
             h = block(h)
         return self.head(self.norm(h))
 
+    def pipeline_pieces(self) -> list[nn.Module]:
+        """Embedding, each block, the final norm, the head (`training.stages.pieces`)."""
+        return [Embed(self.embed, self.pos), *self.blocks, self.norm, self.head]
 
-def tensor_parallel(model: Transformer, mesh: Any) -> Transformer:
-    """Split `model`'s blocks over `mesh` (a 1-D `DeviceMesh` of one cluster's ranks) in
-    place, Megatron's way (`TP_PLAN_LAYERS`); every rank must hold the same model first (the
-    same seed, or the same checkpoint). ValueError when the heads or the hidden width do not
-    split evenly."""
+
+def splittable(module: nn.Module) -> bool:
+    """Whether `module` holds layers that say how they split (a `tensor_plan`)."""
+    return any(getattr(m, "tensor_plan", None) for m in module.modules())
+
+
+def check_split(module: nn.Module, tp: int) -> None:
+    """ValueError naming the fix when `module` cannot be split over `tp` GPUs: no layer says
+    how it splits, or a block's heads or hidden width do not divide by `tp`."""
+    if tp < 1:
+        raise ValueError("tensor: give at least 1 GPU")
+    if tp > 1 and not splittable(module):
+        raise ValueError(
+            f"tensor: the model ({type(module).__name__}) has no layer that says how it "
+            "splits over GPUs (a `tensor_plan`, as training.tensor_parallel.Block has); use "
+            "data or pipeline parallelism, or build the model from such blocks"
+        )
+    _check_blocks(module, tp)
+
+
+def _check_blocks(module: nn.Module, tp: int) -> None:
+    for m in module.modules():
+        if not getattr(m, "tensor_plan", None):
+            continue
+        for what in ("heads", "hidden"):
+            n = getattr(m, what, None)
+            if isinstance(n, int) and n % tp:
+                raise ValueError(
+                    f"tensor: {n} {what} do not split over {tp} GPUs; use a number of GPUs "
+                    f"that divides {n}"
+                )
+
+
+def tensor_parallel(module: nn.Module, mesh: Any) -> nn.Module:
+    """Split every block of `module` (a model, or a pipeline stage of one) over `mesh` (a 1-D
+    `DeviceMesh` of one cluster's ranks) in place, as each block's `tensor_plan` says
+    (Megatron's column-then-row pairs); every rank must hold the same weights first (the same
+    seed, or the same checkpoint). A module without such blocks (a pipeline stage of only the
+    embedding or the head) stays whole on every rank. ValueError when a block's heads or
+    hidden width do not divide by the mesh's size."""
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         parallelize_module,
     )
 
-    tp = mesh.size()
-    if model.heads % tp:
-        raise ValueError(
-            f"tensor parallel: {model.heads} heads do not split over {tp} GPUs; use a "
-            "number of GPUs that divides the heads"
-        )
+    _check_blocks(module, mesh.size())
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {
-        f"blocks.{i}.{name}": styles[how]()
-        for i in range(len(model.blocks))
-        for name, how in TP_PLAN_LAYERS.items()
-    }
-    parallelize_module(model, mesh, plan)
-    return model
+    plan: dict[str, Any] = {}
+    for name, m in module.named_modules():
+        for sub, how in (getattr(m, "tensor_plan", None) or {}).items():
+            plan[f"{name}.{sub}" if name else sub] = styles[how]()
+    parallelize_module(module, mesh, plan)
+    return module
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -138,3 +188,40 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
         data = p.detach()
         out[name] = data.full_tensor() if isinstance(data, DTensor) else data.clone()
     return out
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `t` (a split tensor's shard; a whole tensor itself)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's `state_dict()` with every split tensor gathered whole: a checkpoint that
+    any split (or none) can load. Every rank of the mesh must call it."""
+    from torch.distributed.tensor import DTensor
+
+    out = dict(state)
+    out["state"] = {
+        k: {n: v.full_tensor() if isinstance(v, DTensor) else v for n, v in s.items()}
+        for k, s in sorted(state["state"].items())
+    }
+    return out
+
+
+def split_optimizer_state(opt: torch.optim.Optimizer) -> None:
+    """After `opt.load_state_dict` of whole tensors (`full_optimizer_state`): each state
+    tensor of a split parameter split as its parameter is. Every rank of the mesh must call
+    it."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, DTensor) or p not in opt.state:
+                continue
+            st = opt.state[p]
+            for n, v in list(st.items()):
+                whole = isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
+                if whole and v.shape == p.shape:
+                    st[n] = distribute_tensor(v, p.device_mesh, p.placements)

@@ -174,7 +174,8 @@ class PriceBreakdown(_Value):
 
 
 class StageShare(_Value):
-    """One pipeline stage: its cluster and how many data-parallel replicas it has there."""
+    """One pipeline stage: its cluster and how many data-parallel replicas it has there (each
+    `Parallel.tensor` GPUs)."""
 
     cluster: str
     replicas: int = 1
@@ -183,9 +184,17 @@ class StageShare(_Value):
 class Parallel(_Value):
     """How the model is spread over the plan's GPUs, and why."""
 
-    mode: Literal["data", "pipeline", "hybrid"] = "data"
+    mode: Literal["data", "pipeline", "hybrid", "tensor"] = "data"
     stages: tuple[StageShare, ...] = Field(
-        default=(), description="Pipeline stages in order (absent for data parallelism)."
+        default=(),
+        description="Pipeline stages in order (absent for data parallelism; a tensor job's "
+        "one stage is the whole model).",
+    )
+    tensor: int = Field(
+        default=1,
+        ge=1,
+        description="GPUs of one cluster each stage replica's layers are split over (tensor "
+        "parallelism; 1: none). Above 1 with several stages, 3D parallelism.",
     )
     micro_batches: int | None = None
     micro_overhead_s: float | None = Field(

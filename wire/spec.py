@@ -26,7 +26,7 @@ from grammar.parallel import PARALLEL_HELP, STAGES_HELP, parse_stages
 
 QosClass = Literal["guaranteed", "standard", "spot"]
 ObjectiveName = Literal["time", "cost", "cost-within-deadline"]
-ParallelismName = Literal["auto", "data", "pipeline", "hybrid"]
+ParallelismName = Literal["auto", "data", "pipeline", "hybrid", "tensor"]
 ACTIVATION_COMPRESSIONS = ("auto", "none", "fp16", "bf16", "int8")
 """What `compression` may be under pipeline or hybrid parallelism: it then compresses the
 activations (and their gradients) crossing links between stages."""
@@ -330,7 +330,20 @@ class JobSpec(_In):
         description=f"How the model is spread over GPUs; {PARALLEL_HELP}. data: the whole "
         "model in every worker; pipeline: stages on clusters, one GPU a stage, activations "
         "cross the WAN (`compression` then applies to them); hybrid: pipeline across "
-        "clusters, data parallel inside each stage's cluster; auto: the planner's choice.",
+        "clusters, data parallel inside each stage's cluster; tensor: one cluster whose GPUs "
+        "split each layer (`tensor` of them a group), data parallel over the groups; auto: "
+        "the planner's choice.",
+    )
+    tensor: int | None = Field(
+        default=None,
+        strict=True,
+        ge=1,
+        le=64,
+        description="GPUs each layer is split over, inside one cluster (tensor parallelism; "
+        "never across the WAN): with parallelism tensor, default all of the job's GPUs; "
+        "with pipeline or hybrid, each stage replica's GPUs (3D parallelism). The task's "
+        "model must say how its layers split (builtin:char-gpt does), and the number must "
+        "divide its attention heads.",
     )
     pipeline: PipelineOptions = Field(
         default_factory=PipelineOptions,
@@ -388,8 +401,13 @@ class JobSpec(_In):
                 "only the runtime's knobs (batch_size, lr, seed, eval_every, checkpoint_every, "
                 "outer_lr, outer_momentum): drop args.task"
             )
-        if self.parallelism in ("pipeline", "hybrid"):
+        if self.parallelism in ("pipeline", "hybrid", "tensor"):
             self._pipeline_fits()
+        elif self.tensor is not None and self.tensor > 1:
+            raise ValueError(
+                f"tensor: splitting layers needs parallelism tensor, pipeline or hybrid, not "
+                f"{self.parallelism}; set parallelism, or drop tensor"
+            )
         workers = self.gpu_range[1]
         if self.args.batch_size is not None and self.args.batch_size < workers:
             raise ValueError(
@@ -421,12 +439,24 @@ class JobSpec(_In):
                 "(exact), not min_gpus and max_gpus"
             )
         split = self.pipeline.stages
+        tensor = self.tensor or (self.gpus if self.parallelism == "tensor" else 1)
+        if self.gpus % tensor:
+            raise ValueError(
+                f"tensor: {self.gpus} GPUs do not make groups of {tensor}; give gpus a "
+                f"multiple of {tensor}"
+            )
+        if self.parallelism == "tensor" and split is not None and parse_stages(split).count > 1:
+            raise ValueError(
+                "pipeline.stages: a tensor job runs the whole model in one cluster; for "
+                "stages of split layers use parallelism pipeline or hybrid with tensor"
+            )
         if split is not None and self.parallelism == "pipeline":
             count = parse_stages(split).count
-            if count != self.gpus:
+            if count * tensor != self.gpus:
+                per = f" of {tensor} GPUs" if tensor > 1 else ""
                 raise ValueError(
-                    f"pipeline.stages: a pipeline runs one GPU per stage; {count} stage(s) "
-                    f"need gpus: {count}, not {self.gpus}"
+                    f"pipeline.stages: a pipeline runs one replica{per} per stage; {count} "
+                    f"stage(s) need gpus: {count * tensor}, not {self.gpus}"
                 )
 
     @field_serializer("args")

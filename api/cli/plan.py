@@ -60,7 +60,8 @@ def parallelism_json(job: Any, snap: Snapshot, req: JobRequest | None = None) ->
     """The job's parallelism over the snapshot: the memory-aware planner (`scheduler.memory`)
     on the job file's optional `model` (a transformer: blocks, dim, seq, vocab, optimizer),
     else a one-layer model of its `params`; `batch` (default 32) is the global batch;
-    `parallelism` (default auto) fixes data (the plan above) or asks for a pipeline. A
+    `parallelism` (default auto) fixes data (the plan above) or asks for a pipeline, which
+    may split each stage's layers over GPUs of its cluster (tensor parallel, 3D). A
     pipeline gets its own estimate (`scheduler.pipeline_cost`) over `req`'s steps and QoS
     class: the plan above prices data parallelism."""
     from grammar.parallel import parse_parallelism
@@ -97,6 +98,7 @@ def parallelism_json(job: Any, snap: Snapshot, req: JobRequest | None = None) ->
         micro_batches=got.micro_batches,
         bubble=got.bubble,
         step_s=got.step_s,
+        tensor=got.tensor,
         fits=list(got.fits),
         stages=[
             {
@@ -132,6 +134,7 @@ def _pipeline_estimate(
             st.cluster,
             st.compute_s,
             0.0 if i == last else profile.layers[st.layers[1] - 1].activation_bytes * mb,
+            got.tensor,
         )
         for i, st in enumerate(got.stages)
     ]
@@ -167,6 +170,7 @@ def _print_parallel(par: dict[str, Any]) -> None:
             f"    stage {i} on {st['cluster']}: layers {lo}..{hi - 1}, "
             f"{st['memory_gb']:.3g} of {st['gpu_gb']:.3g} GB a GPU, "
             f"compute {st['compute_s']:.4g} s a micro-batch"
+            + (f", split over {par['tensor']} GPUs" if par.get("tensor", 1) > 1 else "")
         )
     if par["stages"]:
         print(
@@ -202,8 +206,9 @@ def planned(top: dict[str, Any], parallel: dict[str, Any]) -> dict[str, Any]:
         }
     if mode != "data" and parallel.get("stages"):
         counts: dict[str, int] = {}
+        width = int(parallel.get("tensor", 1))  # a stage's GPUs: its split
         for st in parallel["stages"]:
-            counts[st["cluster"]] = counts.get(st["cluster"], 0) + 1
+            counts[st["cluster"]] = counts.get(st["cluster"], 0) + width
         return {
             **out,
             "placement": [{"cluster": c, "gpus": g} for c, g in counts.items()],

@@ -200,8 +200,17 @@ def train(
         "data",
         "--parallel",
         help="data (whole model per worker), pipeline (one stage per worker, activations "
-        "cross clusters, --compression applies to them) or hybrid (pipeline across clusters, "
-        "data parallel inside each stage's cluster).",
+        "cross clusters, --compression applies to them), hybrid (pipeline across clusters, "
+        "data parallel inside each stage's cluster) or tensor (one cluster whose workers "
+        "split each layer, --tensor of them a group).",
+    ),
+    tensor: int | None = typer.Option(
+        None,
+        "--tensor",
+        min=1,
+        help="Workers each layer is split over inside a cluster (tensor parallelism): with "
+        "--parallel tensor, default all of the cluster's; with pipeline or hybrid, each stage "
+        "replica's (3D). The task's model must say how it splits (builtin:char-gpt).",
     ),
     stages: str | None = typer.Option(
         None,
@@ -309,10 +318,12 @@ def train(
     if mode is Parallelism.AUTO:
         raise fail("train", "--parallel", "auto needs the planner: give data, pipeline or hybrid")
     if mode is not Parallelism.DATA:
-        _train_pipeline(spec, mode, stages, micro_batches, schedule, as_json)
+        _train_pipeline(spec, mode, stages, micro_batches, schedule, as_json, tensor)
         return
     if stages is not None:
         raise fail("train", "--stages", "needs --parallel pipeline or hybrid")
+    if tensor is not None and tensor > 1:
+        raise fail("train", "--tensor", "needs --parallel tensor, pipeline or hybrid")
 
     import training
 
@@ -359,11 +370,44 @@ def train(
         Console().print(_report_table(report))
 
 
+def _placement(clusters: dict[str, int], split: Any, mode: Parallelism, tensor: int | None) -> Any:
+    """Where the stage replicas go: `tensor` workers of one cluster a replica (all of the one
+    cluster's under --parallel tensor). ValueError `field: message`."""
+    from training.pipeline import Placement, place
+
+    if mode is Parallelism.TENSOR:
+        if len(clusters) != 1 or (split is not None and split.count > 1):
+            raise ValueError(
+                "tensor: --parallel tensor runs the whole model in one cluster; give one "
+                "cluster (or --parallel pipeline --tensor N for stages of split layers)"
+            )
+        ((name, workers),) = clusters.items()
+        width = tensor or workers
+        if workers % width:
+            raise ValueError(f"tensor: {workers} worker(s) do not make groups of {width}")
+        return Placement((name,), workers // width, width)
+    width = tensor or 1
+    if any(n % width for n in clusters.values()):
+        raise ValueError(
+            f"tensor: every cluster's workers must make groups of {width}: {dict(clusters)}"
+        )
+    groups = {c: n // width for c, n in clusters.items()}
+    laid = place(groups, split.count if split else None, mode is Parallelism.HYBRID)
+    return Placement(laid.stage_clusters, laid.replicas, width)
+
+
 def _train_pipeline(
-    spec: TrainSpec, mode: Parallelism, stages: str | None, micro: int, schedule: str, as_json: bool
+    spec: TrainSpec,
+    mode: Parallelism,
+    stages: str | None,
+    micro: int,
+    schedule: str,
+    as_json: bool,
+    tensor: int | None = None,
 ) -> None:
-    """`--parallel pipeline|hybrid`: stage actors on the clusters, activations over the WAN."""
-    from training.pipeline import PipelineSpec, Schedule, place, run_pipeline
+    """`--parallel pipeline|hybrid|tensor`: stage actors on the clusters, activations over the
+    WAN, each stage replica's layers split over `tensor` workers of its cluster."""
+    from training.pipeline import PipelineSpec, Schedule, run_pipeline
 
     unsupported = [
         ("--sync", spec.sync.kind is not SyncKind.EVERY_STEP),
@@ -385,7 +429,7 @@ def _train_pipeline(
     except ValueError:
         raise fail("train", "--schedule", f"{schedule!r}: use gpipe or 1f1b") from None
     try:
-        placement = place(spec.clusters, split.count if split else None, mode is Parallelism.HYBRID)
+        placement = _placement(spec.clusters, split, mode, tensor)
         pspec = PipelineSpec(
             spec,
             placement,
@@ -397,13 +441,15 @@ def _train_pipeline(
         pspec.validate()
     except ValueError as exc:
         field, _, msg = str(exc).partition(": ")
-        flag = {"stages": "--stages", "compression": "--compression"}.get(field, field)
+        flag = {"stages": "--stages", "compression": "--compression", "tensor": "--tensor"}.get(
+            field, field
+        )
         raise fail("train", flag, msg or str(exc)) from None
     try:
         report = run_pipeline(pspec)
     except ValueError as exc:
         field, _, msg = str(exc).partition(": ")
-        flags = {"stages": "--stages", "checkpoint": "--checkpoint-dir"}
+        flags = {"stages": "--stages", "checkpoint": "--checkpoint-dir", "tensor": "--tensor"}
         raise fail("train", flags.get(field, field), msg or str(exc)) from None
     except RuntimeError as exc:
         raise fail("train", "run", str(exc), FAILED) from None
@@ -419,6 +465,7 @@ def _train_pipeline(
     rows = [
         ("stages", " -> ".join(report.stage_clusters)),
         ("replicas per stage", str(report.replicas)),
+        ("layers split over", f"{report.tensor} worker(s) a replica"),
         ("cut points", ",".join(map(str, report.cuts)) or "-"),
         ("schedule", f"{report.schedule}, {report.micro_batches} micro-batches"),
         ("activations", report.activations),

@@ -14,7 +14,7 @@ from typing import Any
 import scheduler
 from controller.store.models import Job
 from controller.values.errors import Invalid
-from controller.values.tasks import builtin_work, check_task
+from controller.values.tasks import BUILTIN_TENSOR_HEADS, builtin_work, check_task
 from wire.spec import JobSpec, stored_spec
 
 _SPECS_KEPT = 4096
@@ -55,6 +55,7 @@ def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> s
             f"qos.deadline {spec.qos.deadline} is in the past; give a future time",
             field="qos.deadline",
         )
+    check_tensor(spec)
     lo, hi = spec.gpu_range
     try:
         return scheduler.JobRequest(
@@ -66,7 +67,8 @@ def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> s
                 deadline_s=deadline_s,
                 max_cost=spec.qos.budget,
                 regions=tuple(spec.qos.regions) if spec.qos.regions else None,
-                max_clusters=spec.qos.max_clusters,
+                # a tensor job's layers split over one cluster's GPUs, never the WAN
+                max_clusters=1 if spec.parallelism == "tensor" else spec.qos.max_clusters,
                 preemptible=spec.qos.is_preemptible,
                 qos_class=spec.qos.qos_class,
             ),
@@ -81,3 +83,25 @@ def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> s
         )
     except ValueError as exc:
         raise Invalid(str(exc), field="work" if spec.work else "spec") from None
+
+
+def check_tensor(spec: JobSpec) -> None:
+    """Invalid naming `tensor` when a built-in task's model cannot split as asked (a task of
+    the tenant's own is checked where it runs: its model is not known here)."""
+    tensor = spec.tensor or (spec.gpus or 1 if spec.parallelism == "tensor" else 1)
+    if tensor <= 1 or not spec.task.startswith("builtin:"):
+        return
+    heads = BUILTIN_TENSOR_HEADS.get(spec.task)
+    if heads is None:
+        able = ", ".join(sorted(BUILTIN_TENSOR_HEADS))
+        raise Invalid(
+            f"tensor: {spec.task}'s model has no layer that splits over GPUs; use data or "
+            f"pipeline parallelism, or a task that splits ({able})",
+            field="tensor",
+        )
+    if heads % tensor:
+        raise Invalid(
+            f"tensor: {spec.task} has {heads} attention heads, which do not split over "
+            f"{tensor} GPUs; use a number of GPUs that divides {heads}",
+            field="tensor",
+        )

@@ -310,10 +310,11 @@ def batch_shares(plan: JobPlan | None, clusters: dict[str, int]) -> dict[str, fl
 
 
 def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> PipelineSpec | None:
-    """The pipeline run of a job whose plan (`JobPlan.parallel`) says pipeline or hybrid;
-    None for data parallelism. The stages are the plan's; the spec's fixed cut points apply
-    when they make that many stages. `compression` compresses the activations (auto: none);
-    the stages' replicas synchronise every step. Every stage checkpoints under the job's
+    """The pipeline run of a job whose plan (`JobPlan.parallel`) says pipeline, hybrid or
+    tensor (one stage whose layers split); None for data parallelism. The stages are the
+    plan's; the spec's fixed cut points apply when they make that many stages.
+    `compression` compresses the activations (auto: none); the stages' replicas synchronise
+    every step. Every stage checkpoints under the job's
     root (`training.pipeline.checkpoint`), and a relaunch (retry, lost cluster, preemption)
     resumes from the newest step all stages saved, wherever the stages are placed now."""
     from grammar.parallel import parse_stages
@@ -324,7 +325,9 @@ def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> Pipeline
     parallel = job.placement.parallel if job.placement is not None else None
     if parallel is None or parallel.mode == "data" or not parallel.stages:
         return None
-    placement = Placement(tuple(s.cluster for s in parallel.stages), parallel.stages[0].replicas)
+    placement = Placement(
+        tuple(s.cluster for s in parallel.stages), parallel.stages[0].replicas, parallel.tensor
+    )
     split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
     cuts = split.cuts if split is not None and split.count == placement.stages else None
     activations = "none" if spec.compression == "auto" else spec.compression
@@ -345,9 +348,14 @@ def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> Pipeline
 
 
 def _stages_text(spec: PipelineSpec) -> str:
+    from training.pipeline.driver import parallel_name
+
     p = spec.placement
-    mode = "hybrid" if p.replicas > 1 else "pipeline"
-    return f"{mode}: {p.stages} stages, {spec.micro_batches} micro-batches, {spec.schedule}"
+    split = f", layers split over {p.tensor} GPUs" if p.tensor > 1 else ""
+    return (
+        f"{parallel_name(p)}: {p.stages} stages{split}, {spec.micro_batches} micro-batches, "
+        f"{spec.schedule}"
+    )
 
 
 def _run(handle: RunHandle, spec: TrainSpec | PipelineSpec) -> None:

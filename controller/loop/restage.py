@@ -96,12 +96,13 @@ def decide(session: Session, job: Job, down: str) -> Restage | None:
         spares.append(Spare(name, pick.gpus_free, gpu_bytes))
         model.setdefault(name, world.origins[pick.name][1])
     s_count, replicas = len(par.stages), par.stages[0].replicas
+    width = replicas * par.tensor  # a stage's GPUs (its memory counted unsplit: the safe side)
     params = spec.work.params if spec.work is not None else builtin_work(spec.task).params
     needs = stage_needs(
         even_profile(params, s_count),
         tuple(range(1, s_count)),
         tuple(s.cluster for s in par.stages),
-        replicas,
+        width,
         micro_batches_of(par, spec),
         1,
     )
@@ -110,7 +111,7 @@ def decide(session: Session, job: Job, down: str) -> Restage | None:
         return Restage(got, None)
     gpus: dict[str, int] = {}
     for where in got.stages:
-        gpus[where] = gpus.get(where, 0) + replicas
+        gpus[where] = gpus.get(where, 0) + width
     shares = tuple(Share(cluster=c, gpus=n, gpu_model=model[c]) for c, n in gpus.items())
     gb = dict(par.gpu_gb)
     for s in spares:

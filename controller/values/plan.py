@@ -8,12 +8,21 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 
 import scheduler
-from controller.values.tasks import BUILTIN_ACTIVATION_BYTES, builtin_work
+from controller.values.tasks import (
+    BUILTIN_ACTIVATION_BYTES,
+    BUILTIN_TENSOR_BLOCKS,
+    builtin_work,
+)
 from grammar.parallel import parse_stages
 from scheduler.bandwidth import wan_rate_kbps
 from scheduler.gpus import DEFAULT_EFFICIENCY
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
-from scheduler.pipeline_cost import StageWork, best_micro_batches, estimate_pipeline
+from scheduler.pipeline_cost import (
+    StageWork,
+    best_micro_batches,
+    estimate_pipeline,
+    tensor_collective_s,
+)
 from training.pipeline.split import Placement, place
 from wire.plan import (
     BandwidthCharge,
@@ -92,34 +101,52 @@ def parallel_of(
                 f"the whole model needs {model_gb:.3g} GB a GPU, more than the largest "
                 f"({max(gpu.values()):.3g} GB usable): a pipeline of {gpus} stages, one a GPU"
             )
-    if mode == "data":
-        return Parallel(mode="data", model_gb=model_gb, gpu_gb=gpu, reason=reason)
     clusters: dict[str, int] = {}
     for s in shares:
         clusters[s.cluster] = clusters.get(s.cluster, 0) + s.gpus
+    if mode == "tensor" and len(clusters) > 1:  # a plan placed before the one-cluster rule
+        mode = "data"
+        reason += f"; its GPUs are on {len(clusters)} clusters, which a split never spans"
+    if mode == "data":
+        return Parallel(mode="data", model_gb=model_gb, gpu_gb=gpu, reason=reason)
+    tensor = spec.tensor or (sum(clusters.values()) if mode == "tensor" else 1)
+    if any(n % tensor for n in clusters.values()):
+        reason += f"; its layers whole, since the shares {clusters} do not make groups of {tensor}"
+        tensor = 1
+    groups = {c: n // tensor for c, n in clusters.items()}  # a stage replica each
     split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
-    layout = keep_stages(clusters, keep) if keep else None
-    if layout is not None:
+    layout = keep_stages(groups, keep) if keep and mode != "tensor" else None
+    if mode == "tensor":
+        (only,) = groups.items()
+        layout = Placement((only[0],), only[1])
+        reason += (
+            f"; each layer split over {tensor} GPU(s) of {only[0]}, {only[1]} data-parallel "
+            "group(s)"
+        )
+    elif layout is not None:
         mode = "hybrid" if layout.replicas > 1 else "pipeline"
         reason += (
-            f"; keeps its {keep} stages ({layout.replicas} GPU(s) each, several on a cluster "
-            "where needed), so the run resumes from its stage checkpoints"
+            f"; keeps its {keep} stages ({layout.replicas} replica(s) each, several on a "
+            "cluster where needed), so the run resumes from its stage checkpoints"
         )
     else:
         try:
-            layout = place(clusters, split.count if split else None, mode == "hybrid")
+            layout = place(groups, split.count if split else None, mode == "hybrid")
         except ValueError as exc:  # hybrid's equal widths not met by these shares
-            layout = place(clusters, None, False)
+            layout = place(groups, None, False)
             mode = "pipeline"
-            reason += f"; as a pipeline of one stage a GPU, since {exc}"
+            reason += f"; as a pipeline of one stage a replica, since {exc}"
+        if tensor > 1:
+            reason += f"; each stage's layers split over {tensor} GPUs of its cluster (3D)"
     stages = tuple(StageShare(cluster=c, replicas=layout.replicas) for c in layout.stage_clusters)
     micro = spec.pipeline.micro_batches
     if micro is None:
-        micro, why = _micro_batches(spec, stages, shares, snapshot, origins)
+        micro, why = _micro_batches(spec, stages, shares, snapshot, origins, tensor)
         reason += f"; {micro} micro-batches a step: {why}"
     return Parallel(
-        mode="hybrid" if mode == "hybrid" else "pipeline",
+        mode="tensor" if mode == "tensor" else "hybrid" if mode == "hybrid" else "pipeline",
         stages=stages,
+        tensor=tensor,
         micro_batches=micro,
         micro_overhead_s=snapshot.micro_overhead_s,
         bubble=round((len(stages) - 1) / (micro + len(stages) - 1), 6),
@@ -146,10 +173,11 @@ def _micro_batches(
     shares: Sequence[Share],
     snapshot: scheduler.Snapshot,
     origins: Mapping[str, tuple[str, str]],
+    tensor: int = 1,
 ) -> tuple[int, str]:
     """The planner's micro-batch count (`scheduler.pipeline_cost.best_micro_batches`) and
     why; the fallback where the stages cannot be estimated."""
-    loads = _stage_loads(spec, stages, shares, snapshot, origins)
+    loads = _stage_loads(spec, stages, shares, snapshot, origins, tensor)
     if loads is None:
         return MICRO_BATCHES_FALLBACK, "the stages' clusters or links are not all known"
     batch, act = _batch_and_activations(spec)
@@ -188,11 +216,13 @@ def _stage_loads(
     shares: Sequence[Share],
     snapshot: scheduler.Snapshot,
     origins: Mapping[str, tuple[str, str]],
+    tensor: int = 1,
 ) -> list[tuple[str, float, float, int]] | None:
     """Per stage, in order: (the snapshot's cluster name, its GPUs' forward and backward of
-    the whole step, activation bytes of the whole batch to the next stage, replicas). The
-    stages share the step's work evenly, each replica 1/R of it. None when a stage's cluster
-    is not in the snapshot."""
+    the whole step, activation bytes of the whole batch to the next stage, GPUs). The stages
+    share the step's work evenly, each replica 1/R of it, each of a replica's T tensor-parallel
+    GPUs 1/T of that plus its blocks' all-reduces (`tensor_collective_s`; a task of the
+    tenant's own has no blocks known). None when a stage's cluster is not in the snapshot."""
     names = {origin: name for name, origin in origins.items()}
     model = {s.cluster: s.gpu_model or "" for s in shares}
     snap = {st.cluster: names.get((st.cluster, model.get(st.cluster, "")), st.cluster)
@@ -201,15 +231,22 @@ def _stage_loads(
         return None
     batch, act = _batch_and_activations(spec)
     s_count = len(stages)
-    return [
-        (
-            snap[st.cluster],
-            _step_s(spec, snapshot.by_name[snap[st.cluster]]) / (s_count * st.replicas),
-            0.0 if i == s_count - 1 else act * batch,
-            st.replicas,
+    blocks = BUILTIN_TENSOR_BLOCKS.get(spec.task, 0) / s_count if spec.work is None else 0.0
+    out = []
+    for i, st in enumerate(stages):
+        c = snapshot.by_name[snap[st.cluster]]
+        split = tensor_collective_s(
+            act * batch / st.replicas, blocks, tensor, c.intra_bandwidth_gbps
         )
-        for i, st in enumerate(stages)
-    ]
+        out.append(
+            (
+                snap[st.cluster],
+                _step_s(spec, c) / (s_count * st.replicas * tensor) + split,
+                0.0 if i == s_count - 1 else act * batch,
+                st.replicas * tensor,
+            )
+        )
+    return out
 
 
 def _step_s(spec: JobSpec, c: scheduler.Cluster) -> float:
@@ -241,7 +278,7 @@ def pipeline_estimate(
     task of the tenant's own has none known, so its WAN term is left out)."""
     if parallel.mode == "data" or not parallel.stages:
         return None
-    loads = _stage_loads(spec, parallel.stages, shares, snapshot, origins)
+    loads = _stage_loads(spec, parallel.stages, shares, snapshot, origins, parallel.tensor)
     if loads is None:
         return None
     s_count, micro = len(parallel.stages), micro_batches_of(parallel, spec)
@@ -265,12 +302,15 @@ def pipeline_estimate(
     real = {name: origin[0] for name, origin in origins.items()}
     per_step = sum(n for _, _, n in est.wan_bytes_per_step)
     # the run's set-up on its stages' clusters, as the data-parallel estimate counts it
-    setup = scheduler.setup_of(snapshot, snap.values(), sum(st.replicas for st in parallel.stages))
+    width = parallel.tensor
+    setup = scheduler.setup_of(
+        snapshot, snap.values(), sum(st.replicas * width for st in parallel.stages)
+    )
     total_s = est.total_time_s + setup
     hours = total_s / 3600
     gpus: dict[str, int] = {}
     for st in parallel.stages:
-        gpus[snap[st.cluster]] = gpus.get(snap[st.cluster], 0) + st.replicas
+        gpus[snap[st.cluster]] = gpus.get(snap[st.cluster], 0) + st.replicas * width
     gpu = tuple(
         GpuCharge(
             cluster=real.get(n, n),

@@ -21,6 +21,7 @@ BUILTIN_WORK: dict[str, TaskWork] = {
     "builtin:mnist1d-cnn": TaskWork(params=9610, flops_per_step=76513280.0, batch_size=128),
     "builtin:digits-cnn": TaskWork(params=6090, flops_per_step=31162368.0, batch_size=64),
     "builtin:char-transformer": TaskWork(params=114400, flops_per_step=1283457024.0, batch_size=64),
+    "builtin:char-gpt": TaskWork(params=114528, flops_per_step=1283457024.0, batch_size=64),
     # the WAN-bound regime (training.tasks.wan): millions of parameters, little compute a step
     "builtin:gpt-stdlib": TaskWork(params=5559392, flops_per_step=7304380416.0, batch_size=6),
     "builtin:wide-mlp": TaskWork(params=4300810, flops_per_step=1639448576.0, batch_size=64),
@@ -29,6 +30,7 @@ BUILTIN_WORK: dict[str, TaskWork] = {
 
 BUILTIN_ACTIVATION_BYTES: dict[str, int] = {
     # Measured by `measure_activation_bytes` (tests/controller/test_tasks.py re-measures).
+    "builtin:char-gpt": 8192,
     "builtin:char-transformer": 8192,
     "builtin:digits-cnn": 4096,
     "builtin:gpt-stdlib": 65536,
@@ -39,6 +41,15 @@ BUILTIN_ACTIVATION_BYTES: dict[str, int] = {
 """Bytes one sample's activations take crossing a pipeline stage boundary: the largest output
 of any piece but the last (wherever the cuts fall, no boundary carries more), for the
 pipeline estimate of a stored plan (`controller.values.plan.pipeline_estimate`)."""
+
+
+BUILTIN_TENSOR_HEADS: dict[str, int] = {"builtin:char-gpt": 4}
+"""Built-in tasks whose model splits its layers over GPUs (tensor parallelism), with the
+attention heads a split must divide (`tests/controller/test_tasks.py` reads the models)."""
+
+BUILTIN_TENSOR_BLOCKS: dict[str, int] = {"builtin:char-gpt": 2}
+"""Their blocks: each costs a tensor-parallel run four all-reduces of its activations a
+micro-batch (`scheduler.pipeline_cost.tensor_collective_s`)."""
 
 
 def measure_activation_bytes(entry: str) -> int:

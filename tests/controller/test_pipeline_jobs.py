@@ -77,7 +77,7 @@ def test_spec_parallelism_defaults_and_refusals() -> None:
     with pytest.raises(ValidationError, match="stages"):
         _spec("x", parallelism="pipeline", pipeline={"stages": "@0"})
     with pytest.raises(ValidationError, match="parallelism"):
-        _spec("x", parallelism="tensor")
+        _spec("x", parallelism="sideways")
 
 
 # ---- the plan and the launch --------------------------------------------------------------
@@ -590,5 +590,190 @@ def test_pipeline_job_end_to_end(tmp_path: Path) -> None:
     finally:
         for proc in agents:
             proc.stop()
+        plane.proc.stop(timeout=60)
+        admin.close()
+
+
+# ---- tensor parallelism and 3D ------------------------------------------------------------
+
+
+def test_tensor_spec_refusals_name_the_field() -> None:
+    """A split needs a parallelism that runs it, whole groups of GPUs, and one cluster."""
+    ok = _spec("t", task="builtin:char-gpt", gpus=4, parallelism="tensor", tensor=2)
+    assert ok.tensor == 2
+    assert _spec("t", task="builtin:char-gpt", gpus=4, parallelism="tensor").tensor is None
+    refused: dict[str, dict[str, Any]] = {
+        "tensor: splitting layers needs parallelism": {"parallelism": "data", "tensor": 2},
+        "tensor: 3 GPUs do not make groups of 2": {
+            "gpus": 3,
+            "parallelism": "tensor",
+            "tensor": 2,
+        },
+        "pipeline.stages: a tensor job runs the whole model in one cluster": {
+            "gpus": 4,
+            "parallelism": "tensor",
+            "pipeline": {"stages": "2"},
+        },
+        "pipeline.stages: a pipeline runs one replica of 2 GPUs per stage": {
+            "gpus": 2,
+            "parallelism": "pipeline",
+            "tensor": 2,
+            "pipeline": {"stages": "2"},
+        },
+    }
+    for message, kw in refused.items():
+        with pytest.raises(ValidationError, match=message):
+            _spec("x", task="builtin:char-gpt", **kw)
+
+
+def test_tensor_job_of_a_task_that_does_not_split_is_refused(net: Net) -> None:
+    from controller.jobs.request import job_request
+    from controller.values.errors import Invalid
+
+    for task, message in (
+        ("builtin:char-transformer", "has no layer that splits over GPUs"),
+        ("builtin:char-gpt", "4 attention heads, which do not split over 8 GPUs"),
+    ):
+        spec = _spec("x", task=task, gpus=8, parallelism="tensor")
+        with pytest.raises(Invalid, match=message) as err:
+            job_request(spec, "t")
+        assert err.value.field == "tensor"
+
+
+@pytest.fixture
+def big(db_url: str, tmp_path: Path) -> Iterator[Net]:
+    """A 4-GPU cluster and two 2-GPU ones, joined by slow links."""
+    n = Net(db_url, tmp_path)
+    n.cluster("big", gpus=4, price="2.5")
+    n.cluster("east", gpus=2, price="2.0")
+    n.cluster("west", gpus=2, price="2.0")
+    for a, b in (("big", "east"), ("big", "west"), ("east", "west")):
+        n.link(a, b, gbps=0.1, rtt_ms=40.0)
+    yield n
+    n.close()
+
+
+def test_tensor_job_splits_its_layers_inside_one_cluster(big: Net) -> None:
+    """A tensor job takes one cluster (cheaper GPUs spread over two do not tempt it), its plan
+    says how its layers split and what each GPU computes, and the launcher runs that split."""
+    job = _placed(big, _spec("tp", task="builtin:char-gpt", gpus=4, parallelism="tensor", tensor=2))
+    assert job.placement is not None
+    plan = job.placement
+    assert [(s.cluster, s.gpus) for s in plan.clusters] == [("big", 4)]
+    par = plan.parallel
+    assert par.mode == "tensor" and par.tensor == 2
+    assert [(s.cluster, s.replicas) for s in par.stages] == [("big", 2)]
+    assert "split over 2 GPU(s) of big, 2 data-parallel group(s)" in par.reason
+    assert plan.estimate.wan_bytes == 0
+    run = _pipeline_of(big, job)
+    assert run.placement.stage_clusters == ("big",)
+    assert (run.placement.replicas, run.placement.tensor) == (2, 2)
+    assert run.train.clusters == {"big": 4}
+
+
+def test_3d_job_puts_split_stages_on_clusters(big: Net) -> None:
+    """pipeline + tensor: a stage replica is a group of `tensor` GPUs of one cluster, and the
+    plan is priced for all of them."""
+    from controller.values.plan import pipeline_estimate
+
+    spec = _spec(
+        "3d",
+        task="builtin:char-gpt",
+        gpus=4,
+        parallelism="pipeline",
+        tensor=2,
+        preference=["east", "west"],
+        qos={"max_clusters": 2},
+    )
+    job = _placed(big, spec)
+    assert job.placement is not None
+    par = job.placement.parallel
+    assert par.mode == "pipeline" and par.tensor == 2 and len(par.stages) == 2
+    assert all(s.replicas == 1 for s in par.stages)
+    assert "(3D)" in par.reason
+    run = _pipeline_of(big, job)
+    assert run.placement.world == 4 and run.placement.tensor == 2
+    # priced for every GPU of every group: the same stages unsplit hold half the GPUs
+    from controller.network.snapshot import build_world
+
+    with big.sessions() as s:
+        world = build_world(s, job.qos_class)
+    whole = par.model_copy(update={"tensor": 1})
+    shares = job.placement.clusters
+    split_est = pipeline_estimate(spec, par, shares, world.snapshot, world.origins, "standard")
+    whole_est = pipeline_estimate(spec, whole, shares, world.snapshot, world.origins, "standard")
+    assert split_est is not None and whole_est is not None
+    assert sum(g.gpus for g in split_est[1].gpu) == 4
+    assert sum(g.gpus for g in whole_est[1].gpu) == 2
+
+
+@pytest.mark.slow
+def test_tensor_job_end_to_end(tmp_path: Path) -> None:
+    """A tensor job through a real `cpn serve` (its own local Ray) and a real agent: the
+    layers of builtin:char-gpt split over a cluster's 2 GPUs, run to SUCCEEDED, its report
+    saying the split, its shards whole under the job's root, nothing on the WAN, and its
+    GPUs billed."""
+    from api.client import Client
+    from api.processes import start_agent, start_control_plane, wait_until, write_inventory
+
+    env = {
+        "CPN_HEARTBEAT_INTERVAL_S": "0.5",
+        "CPN_LEASE_GRACE_S": "10",
+        "CPN_PROBE_INTERVAL_S": "30",
+        "CPN_RECONCILE_INTERVAL_S": "0.3",
+        "CPN_RAY_NUM_CPUS": "2",
+        "CPN_CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
+    }
+    plane = start_control_plane(
+        f"sqlite:///{tmp_path / 'cpn.db'}", "cpn_admin_e2e-0123456789abcdef0123456789", settings=env
+    )
+    admin = Client(plane.url, plane.admin_token, timeout=60)
+    agent = None
+    try:
+        admin.create_cluster("east", "east")
+        admin.post(
+            "/v1/pricing/gpu",
+            {"cluster": "east", "gpu_model": "A100", "qos_class": "standard",
+             "price_per_gpu_hour": 2.0},
+        )  # fmt: skip
+        tenant = admin.post("/v1/tenants", {"name": "acme"})
+        client = Client(plane.url, admin.create_api_key("tenant", tenant["id"])["token"])
+        inventory = write_inventory(
+            tmp_path / "east.yaml", [{"model": "A100", "memory_gib": 80, "count": 2}]
+        )
+        agent = start_agent("east", plane.url, admin.create_api_key("agent", "east")["token"],
+                            inventory)  # fmt: skip
+        wait_until(
+            lambda: all(c["state"] == "READY" and c["gpus"] for c in admin.clusters()),
+            60,
+            "cluster READY",
+        )
+        job = client.post(
+            "/v1/jobs",
+            {"name": "tp", "task": "builtin:char-gpt", "gpus": 2, "steps": 4,
+             "parallelism": "tensor", "args": {"eval_every": 2, "batch_size": 8}},
+        )  # fmt: skip
+        done = wait_until(
+            lambda: (
+                (j := admin.get(f"/v1/jobs/{job['id']}"))["state"] in {"SUCCEEDED", "FAILED"} and j
+            ),
+            240,
+            "the tensor job ends",
+        )
+        events = list(admin.paginate(f"/v1/jobs/{job['id']}/events"))
+        assert done["state"] == "SUCCEEDED", events
+        par = done["placement"]["parallel"]
+        assert par["mode"] == "tensor" and par["tensor"] == 2
+        assert any("layers split over 2 GPUs" in e["message"] for e in events), events
+        report = next(e for e in events if e.get("to_state") == "SUCCEEDED")["data"]["report"]
+        assert report["steps"] == 4, report.keys()
+        assert not report["wan_bytes"], report
+        assert (tmp_path / "checkpoints" / job["id"] / "stage-0" / "step-00000004.pt").is_file()
+        usage = client.get(f"/v1/tenants/{tenant['id']}/usage")
+        gpu_rows = [r for r in usage["rows"] if r["kind"] == "gpu_seconds"]
+        assert gpu_rows and all(r["cluster"] == "east" for r in gpu_rows)
+    finally:
+        if agent is not None:
+            agent.stop()
         plane.proc.stop(timeout=60)
         admin.close()

@@ -39,3 +39,22 @@ def test_check_task_names_the_fix() -> None:
 def test_builtin_activation_table_matches_measurement(entry: str) -> None:
     assert measure_activation_bytes(entry) == BUILTIN_ACTIVATION_BYTES[entry]
     assert set(BUILTIN_ACTIVATION_BYTES) == set(BUILTIN_WORK)
+
+
+@pytest.mark.parametrize("entry", sorted(BUILTIN_WORK))
+def test_builtin_tensor_tables_match_the_models(entry: str) -> None:
+    """A built-in task splits its layers exactly when its model says how, with the heads and
+    blocks the tables give the planner."""
+    import torch
+
+    from controller.values.tasks import BUILTIN_TENSOR_BLOCKS, BUILTIN_TENSOR_HEADS
+    from training.tasks import load_task
+
+    torch.manual_seed(0)
+    model = load_task(entry).model()
+    blocks = [m for m in model.modules() if getattr(m, "tensor_plan", None)]
+    if entry not in BUILTIN_TENSOR_HEADS:
+        assert not blocks and entry not in BUILTIN_TENSOR_BLOCKS
+        return
+    assert len(blocks) == BUILTIN_TENSOR_BLOCKS[entry]
+    assert {getattr(b, "heads", None) for b in blocks} == {BUILTIN_TENSOR_HEADS[entry]}

@@ -238,7 +238,8 @@ BIG_SNAPSHOT: dict[str, Any] = {
 def test_a_70b_model_is_never_a_feasible_data_parallel_plan(tmp_path: Path, seq: int) -> None:
     """Memory binds: 70 B parameters with Adam need about 1.1 TB, no 80 GB GPU holds them. At
     a short sequence a pipeline over the 3 x 8 GPUs fits and the top level says so (its
-    placement, its estimate); at 4096 the activations fit nowhere: infeasible, exit 1."""
+    placement, every GPU of its split stages; its estimate); at 4096 the activations fit
+    nowhere: infeasible, exit 1."""
     job = {
         "gpus": 24,
         "params": 70_000_000_000,
@@ -252,8 +253,10 @@ def test_a_70b_model_is_never_a_feasible_data_parallel_plan(tmp_path: Path, seq:
     if seq == 256:
         assert r.returncode == 0, r.stderr
         assert out["feasible"] is True and out["mode"] == "pipeline"
-        stages = out["parallelism"]["stages"]
-        assert sum(p["gpus"] for p in out["placement"]) == len(stages) <= 24
+        stages, tensor = out["parallelism"]["stages"], out["parallelism"]["tensor"]
+        # the fastest of the plans weighed: stages of 2 GPUs splitting their layers (3D)
+        assert tensor == 2 and "weighed: " in out["parallelism"]["reason"]
+        assert sum(p["gpus"] for p in out["placement"]) == len(stages) * tensor <= 24
         assert all(st["layers"][1] - st["layers"][0] >= 2 for st in stages)  # layers grouped
         assert out["estimate"] == out["parallelism"]["estimate"]
     else:

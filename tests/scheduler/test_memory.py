@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from grammar.parallel import Parallelism
 from scheduler.memory import (
+    SPLIT_KEPT,
     USABLE,
     Layer,
     ModelProfile,
@@ -140,3 +141,55 @@ def test_a_built_in_task_profiled_from_its_pieces_is_planned_into_stages() -> No
     bounds = [s.layers for s in plan.stages]
     assert bounds[0][0] == 0 and bounds[-1][1] == len(parts)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+
+
+def _blocks(n: int, params: float, heads: int, flops: float = 1e12) -> ModelProfile:
+    """`n` splitting blocks of `params` each, between an embedding and a head that stay whole."""
+    return ModelProfile(
+        (
+            _layer("embed", 1e6),
+            *(Layer(f"b{i}", int(params), flops, 1e6, 1e6, heads) for i in range(n)),
+            _layer("head", 1e6),
+        )
+    )
+
+
+def test_a_split_holds_a_share_of_what_splits_and_all_of_what_does_not() -> None:
+    profile = _blocks(2, 1e9, heads=8)
+    half = profile.split(2)
+    assert [x.params for x in half.layers] == [int(1e6), int(5e8), int(5e8), int(1e6)]
+    assert half.layers[1].flops == pytest.approx(5e11)
+    kept = half.layers[1].stored_bytes / profile.layers[1].stored_bytes
+    assert kept == pytest.approx(SPLIT_KEPT + (1 - SPLIT_KEPT) / 2)
+    assert half.layers[0] == profile.layers[0] and profile.split(1) is profile
+    assert profile.splits(2) and profile.splits(8) and not profile.splits(3)
+    assert not ModelProfile((_layer("a", 1),)).splits(2)  # nothing says how it splits
+
+
+def test_a_model_too_big_for_a_gpu_splits_inside_one_cluster_before_crossing_the_wan() -> None:
+    """4 blocks of 2 G parameters (128 GB with Adam) on 40 GB GPUs: a pipeline needs its
+    activations over the slow WAN or a bubble; a 4-way split inside the 8-GPU cluster holds
+    32 GB a GPU, pays its all-reduces on the fast links inside, and is planned, the others
+    weighed and named."""
+    profile = _blocks(4, 2e9, heads=8)
+    clusters = [_cluster("a", 8), _cluster("b", 8)]
+    mem = {"a": 40 / USABLE, "b": 40 / USABLE}
+    plan = plan_parallelism(profile, clusters, [Link("a", "b", 0.1, 50)], 64, mem)
+    assert plan.parallelism is Parallelism.TENSOR and plan.tensor >= 4
+    assert len(plan.stages) == 1 and plan.stages[0].send_s == 0
+    assert plan.stages[0].memory.total <= plan.stages[0].gpu_bytes
+    assert "tensor parallel keeps it in one cluster" in plan.reason
+    assert "weighed: " in plan.reason and "pipeline of" in plan.reason
+    # a split divides the heads: 9 heads over 8 GPUs a cluster split 3 ways at most, which
+    # holds no whole model on one cluster's groups of 3 (43 GB a GPU): stages of them (3D)
+    odd = plan_parallelism(_blocks(4, 2e9, heads=9), clusters, [Link("a", "b", 0.1, 50)], 64, mem)
+    assert odd.tensor in (1, 3) and len(odd.stages) > 1
+
+
+def test_slow_links_inside_a_cluster_make_a_split_cost_more_than_it_saves() -> None:
+    """The split's all-reduces are on every micro-batch: over a cluster whose own links are
+    slow the planner keeps the layers whole (a pipeline inside the cluster)."""
+    profile = _blocks(4, 2e9, heads=8, flops=1e9)
+    slow = Cluster("a", "r", "H100", 8, 0.001, 1.0)
+    plan = plan_parallelism(profile, [slow], [], 64, {"a": 40 / USABLE})
+    assert plan.tensor == 1 and plan.parallelism is Parallelism.PIPELINE

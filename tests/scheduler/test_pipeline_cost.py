@@ -139,3 +139,16 @@ def test_1f1b_keeps_s_in_flight_so_a_long_links_round_trip_bounds_its_slot() -> 
     assert both[0] <= both[1] == pytest.approx(both[0], rel=0.02)
     with pytest.raises(ValueError, match="schedule"):
         estimate_pipeline(stages, CLUSTERS, LINKS, 4, 1, schedule="zigzag")
+
+
+def test_a_split_stage_pays_four_all_reduces_a_block() -> None:
+    """Tensor parallelism's cost: a ring all-reduce (2(T-1) rounds of 1/T of the bytes, each
+    paying the latency) four times a block; nothing unsplit."""
+    from scheduler.pipeline_cost import ALPHA_TENSOR_S, tensor_collective_s
+
+    assert tensor_collective_s(1e6, 2, 1, 100.0) == 0.0
+    assert tensor_collective_s(1e6, 0, 4, 100.0) == 0.0
+    one = 2 * ALPHA_TENSOR_S + 1e6 * 8 / 100e9  # T = 2: 2 rounds of half the bytes
+    assert tensor_collective_s(1e6, 3, 2, 100.0) == pytest.approx(4 * 3 * one)
+    # more GPUs: more rounds, each of a smaller slice; the bytes term tends to 2n/B
+    assert tensor_collective_s(1e6, 1, 8, 100.0) > tensor_collective_s(1e6, 1, 2, 100.0)

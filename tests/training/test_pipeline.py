@@ -131,8 +131,9 @@ def test_parallel_grammar() -> None:
     for bad in ("0", "x", "@4,2", "@0"):
         with pytest.raises(ValueError, match="stages"):
             parse_stages(bad)
-    with pytest.raises(ValueError, match="valid forms"):
-        parse_parallelism("tensor")
+    assert parse_parallelism("tensor") is Parallelism.TENSOR
+    with pytest.raises(ValueError, match="valid forms: auto, data, pipeline, hybrid, tensor"):
+        parse_parallelism("sideways")
 
 
 # ---------------------------------------------------------------- real Ray runs

@@ -17,6 +17,7 @@ from typing import Any
 
 from training.pipeline.schedule import bubble_fraction
 from training.pipeline.spec import PipelineReport, PipelineSpec, StageResult
+from training.pipeline.split import Placement
 from training.placement import cluster_resource
 from training.ray_actors import check_capacity, ensure_ray, kill, wait_all
 from training.results import WanBytes
@@ -90,6 +91,11 @@ def run_pipeline(
 
     check_entry(spec.train.task)
     spec.validate()
+    if spec.placement.tensor > 1:  # before any actor starts: say which split cannot be
+        from training.tasks import load_task
+        from training.tensor_parallel import check_split
+
+        check_split(load_task(spec.train.task).model(), spec.placement.tensor)
     found = prepare(
         spec.train.checkpoint,
         spec.placement.stages,
@@ -115,7 +121,8 @@ def run_pipeline(
                 reused.append(actor.reinit.remote(spec, rank, ifname))
             else:
                 actor = remote.options(
-                    name=f"cpn-{run_id}-s{p.stage_of(rank)}r{p.replica_of(rank)}",
+                    name=f"cpn-{run_id}-s{p.stage_of(rank)}r{p.replica_of(rank)}"
+                    f"t{p.tensor_of(rank)}",
                     num_cpus=0,
                     num_gpus=0,
                     resources={cluster_resource(p.cluster_of(rank)): 1.0},
@@ -153,10 +160,12 @@ def run_pipeline(
             keep.extend(actors)
         else:
             ray.get([a.close.remote() for a in actors], timeout=60)
-        if pool is not None:
+        # a process that split layers keeps DTensor's caches of the meshes it ran, which a
+        # later run's equal-looking mesh would hit (torch keys them by shape, not by group)
+        if pool is not None and p.tensor == 1:
             for rank, a in enumerate(actors):
                 pool.give(p.cluster_of(rank), a)
-        kept = keep is not None or pool is not None
+        kept = keep is not None or (pool is not None and p.tensor == 1)
     except ray.exceptions.RayError as exc:
         _check_fences(t, p.stages)  # a later attempt took over: StaleRun, not a failure
         raise RuntimeError(f"pipeline training failed: {exc}") from exc
@@ -168,9 +177,10 @@ def run_pipeline(
             ray.shutdown()
     return PipelineReport(
         task=t.task,
-        parallel="hybrid" if p.replicas > 1 else "pipeline",
+        parallel=parallel_name(p),
         stage_clusters=list(p.stage_clusters),
         replicas=p.replicas,
+        tensor=p.tensor,
         cuts=list(cuts),
         micro_batches=spec.micro_batches,
         schedule=str(spec.schedule),
@@ -191,6 +201,14 @@ def run_pipeline(
         history=history,
         resumed_from_step=found.step,
     )
+
+
+def parallel_name(p: Placement) -> str:
+    """What a placement runs, by name: tensor (one stage, its layers split), pipeline,
+    hybrid (stages with data-parallel replicas), 3d (stages with split layers)."""
+    if p.tensor > 1:
+        return "tensor" if p.stages == 1 else "3d"
+    return "hybrid" if p.replicas > 1 else "pipeline"
 
 
 def _check_fences(t: TrainSpec, stages: int) -> None:

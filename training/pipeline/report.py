@@ -54,7 +54,7 @@ def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
     wan = report.activation_bytes
     clusters: dict[str, int] = {}
     for c in report.stage_clusters:
-        clusters[c] = clusters.get(c, 0) + report.replicas
+        clusters[c] = clusters.get(c, 0) + report.replicas * report.tensor
     return TrainReport(
         task=report.task,
         clusters=clusters,
@@ -80,6 +80,7 @@ def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
         sync_stats={
             "stages": float(len(report.stage_clusters)),
             "replicas": float(report.replicas),
+            "tensor": float(report.tensor),
             "micro_batches": float(report.micro_batches),
             "bubble_fraction": report.bubble_fraction,
             "measured_bubble": report.measured_bubble,

@@ -89,6 +89,8 @@ class PipelineReport:
     """1 - mean over stages of compute time / step time: idle from bubble and links together."""
     wan_emulated: bool
     history: list[dict[str, float | None]] = field(default_factory=list)
+    tensor: int = 1
+    """GPUs each stage replica's layers were split over (tensor parallelism)."""
     resumed_from_step: int | None = None
     """The consistent cut (newest step every stage had a shard of) this run resumed from."""
     final_eval_loss: float = float("nan")

@@ -48,10 +48,14 @@ def check_cuts(cuts: Sequence[int], pieces: int) -> None:
 
 @dataclass(frozen=True)
 class Placement:
-    """Cluster of each stage, in pipeline order, and the data-parallel width of every stage."""
+    """Cluster of each stage, in pipeline order, the data-parallel width of every stage, and
+    the GPUs each stage replica's layers are split over (`tensor`: tensor parallelism inside
+    the stage's cluster). Rank `(stage * replicas + replica) * tensor + t`: a replica's
+    tensor-parallel ranks are consecutive."""
 
     stage_clusters: tuple[str, ...]
     replicas: int = 1
+    tensor: int = 1
 
     @property
     def stages(self) -> int:
@@ -59,16 +63,19 @@ class Placement:
 
     @property
     def world(self) -> int:
-        return self.stages * self.replicas
+        return self.stages * self.replicas * self.tensor
 
     def stage_of(self, rank: int) -> int:
-        return rank // self.replicas
+        return rank // (self.replicas * self.tensor)
 
     def replica_of(self, rank: int) -> int:
-        return rank % self.replicas
+        return (rank // self.tensor) % self.replicas
 
-    def rank(self, stage: int, replica: int) -> int:
-        return stage * self.replicas + replica
+    def tensor_of(self, rank: int) -> int:
+        return rank % self.tensor
+
+    def rank(self, stage: int, replica: int, t: int = 0) -> int:
+        return (stage * self.replicas + replica) * self.tensor + t
 
     def cluster_of(self, rank: int) -> str:
         return self.stage_clusters[self.stage_of(rank)]

@@ -1,7 +1,8 @@
 """One stage replica of a pipeline: a Ray actor pinned to its stage's cluster.
 
-Rank `stage * R + replica`. Each step shards the global batch over the R replicas (as
-data-parallel workers do), cuts the shard into micro-batches and runs the schedule's ops:
+Rank `(stage * R + replica) * T + t` (`Placement`). Each step shards the global batch over the
+R replicas (as data-parallel workers do), cuts the shard into micro-batches and runs the
+schedule's ops:
 a forward receives its input from the previous stage (stage 0 reads the data), a backward
 receives the output's gradient from the next stage (the last stage starts from the loss,
 weighted by the micro-batch's share of the global batch). Sends are non-blocking, receives
@@ -9,6 +10,13 @@ blocking. Messages between clusters are compressed (`codec`), counted per direct
 with a link table held back until the emulated link would have delivered them. After the
 ops, a stage with replicas all-reduces its gradients inside its cluster, then steps its own
 optimizer over its own parameters: the same update the whole model's optimizer would make.
+
+With T > 1 a stage replica is T ranks of one cluster that split each block's layers between
+them (`training.tensor_parallel`): they compute every micro-batch together, and only the
+first of them sends to and receives from the neighbouring stages, sharing what it receives
+with the others inside the cluster (a stage's output and its input's gradient are the same
+on every one of them). The replicas' all-reduce pairs ranks holding the same part. Shards
+are saved whole (gathered from the T ranks), so any split can resume from them.
 """
 
 from __future__ import annotations
@@ -33,6 +41,14 @@ from training.pipeline.split import balance, check_cuts
 from training.results import WanBytes
 from training.stages import group, piece_costs, pieces
 from training.tasks import accuracy, as_tensors, load_task
+from training.tensor_parallel import (
+    check_split,
+    full_optimizer_state,
+    full_state,
+    local,
+    split_optimizer_state,
+    tensor_parallel,
+)
 from training.wan import LinkTable
 from training.worker import free_port
 
@@ -46,12 +62,14 @@ class StageWorker:
         p = spec.placement
         self.stage = p.stage_of(rank)
         self.replica = p.replica_of(rank)
+        self.part = p.tensor_of(rank)  # which of the replica's T tensor-parallel ranks
         self.cluster = p.cluster_of(rank)
         self.first = self.stage == 0
         self.last = self.stage == p.stages - 1
         # neighbours' ranks (-1: none, and never used as such)
         self.prev = -1 if self.first else p.rank(self.stage - 1, self.replica)
         self.next = -1 if self.last else p.rank(self.stage + 1, self.replica)
+        self.head = p.rank(self.stage, self.replica)  # the replica's rank that talks to others
         if gloo_ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
         torch.set_num_threads(1)
@@ -79,17 +97,31 @@ class StageWorker:
             timeout=timedelta(seconds=120),
         )
         self.dp: Any = None
-        for s in range(p.stages if p.replicas > 1 else 0):  # every rank, every group, in order
-            g = dist.new_group([p.rank(s, r) for r in range(p.replicas)], backend="gloo")
-            if s == self.stage:
-                self.dp = g
+        self.tp: Any = None  # the replica's tensor-parallel group (T > 1)
+        mesh: Any = None
+        if p.tensor > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            full = init_device_mesh(
+                "cpu", (p.stages, p.replicas, p.tensor), mesh_dim_names=("pp", "dp", "tp")
+            )
+            mesh = full["tp"]
+            self.tp = mesh.get_group()
+            self.dp = full["dp"].get_group() if p.replicas > 1 else None
+        else:
+            for s in range(p.stages if p.replicas > 1 else 0):  # every rank, every group, in order
+                g = dist.new_group([p.rank(s, r) for r in range(p.replicas)], backend="gloo")
+                if s == self.stage:
+                    self.dp = g
         task = load_task(t.task)
         self.task = task
         self.x, self.y = as_tensors(task.train)
         self.xe, self.ye = as_tensors(task.eval)
         self.batch = min(t.batch_size or task.batch_size, len(self.x))
         torch.manual_seed(t.seed)
-        parts = pieces(task.model())
+        model = task.model()
+        check_split(model, p.tensor)
+        parts = pieces(model)
         if spec.cuts is not None:
             check_cuts(spec.cuts, len(parts))
             cuts = tuple(spec.cuts)
@@ -97,6 +129,8 @@ class StageWorker:
             cuts = balance(piece_costs(parts), p.stages)
         self.cuts = cuts
         self.module: nn.Module = group(parts, cuts)[self.stage]
+        if mesh is not None:
+            tensor_parallel(self.module, mesh)
         self.params = [q for q in self.module.parameters() if q.requires_grad]
         self.opt = task.optimizer.build(self.params, lr=t.lr)
         self.codec = codec_for(spec.activations)
@@ -113,6 +147,29 @@ class StageWorker:
         return cuts
 
     # ------------------------------------------------------------------ messages
+
+    def _pass(self, x: torch.Tensor, dst: int) -> None:
+        """Send `x` to stage rank `dst` (its replica's head): the head's job alone."""
+        if self.rank == self.head:
+            self._send(x, dst)
+
+    def _take(self, src: int) -> torch.Tensor:
+        """Receive from stage rank `src`: the head receives, then shares it with the replica's
+        other tensor-parallel ranks (inside the cluster)."""
+        if self.tp is None:
+            return self._recv(src)
+        x = self._recv(src) if self.rank == self.head else None
+        shape = torch.zeros(9, dtype=torch.long)
+        if x is not None:
+            shape[0] = x.dim()
+            shape[1 : 1 + x.dim()] = torch.tensor(x.shape)
+            shape[8] = 1 if x.dtype == torch.float64 else 0
+        dist.broadcast(shape, self.head, group=self.tp)
+        if x is None:
+            dims = [int(d) for d in shape[1 : 1 + int(shape[0])]]
+            x = torch.empty(dims, dtype=torch.float64 if shape[8] else torch.float32)
+        dist.broadcast(x, self.head, group=self.tp)
+        return x
 
     def _send(self, x: torch.Tensor, dst: int) -> None:
         there = self.spec.placement.cluster_of(dst)
@@ -169,7 +226,7 @@ class StageWorker:
         for op in stage_ops(self.spec.schedule, self.stage, p.stages, len(micro)):
             m = op.micro
             if op.forward:
-                inp = self.x[micro[m]] if self.first else self._recv(self.prev).requires_grad_()
+                inp = self.x[micro[m]] if self.first else self._take(self.prev).requires_grad_()
                 t0 = time.perf_counter()
                 out = self.module(inp)
                 if self.last:
@@ -179,10 +236,10 @@ class StageWorker:
                 self.compute_s += time.perf_counter() - t0
                 held[m] = (inp, out)
                 if not self.last:
-                    self._send(out, self.next)
+                    self._pass(out.detach(), self.next)
             else:
                 inp, out = held.pop(m)
-                grad = None if self.last else self._recv(self.next)
+                grad = None if self.last else self._take(self.next)
                 t0 = time.perf_counter()
                 if self.last:
                     losses.pop(m).backward()
@@ -191,14 +248,18 @@ class StageWorker:
                 self.compute_s += time.perf_counter() - t0
                 if not self.first:
                     assert inp.grad is not None
-                    self._send(inp.grad, self.prev)
+                    self._pass(inp.grad, self.prev)
         self._flush()
         if p.replicas > 1:  # data parallel inside the stage's cluster: exact sum of shards
-            grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
+            for q in self.params:
+                if q.grad is None:
+                    q.grad = torch.zeros_like(q)
+            grads = [local(q.grad) for q in self.params if q.grad is not None]
             flat = flatten(grads)
             dist.all_reduce(flat, group=self.dp)
-            for q, g in zip(self.params, split(flat, [q.shape for q in self.params]), strict=True):
-                q.grad = g.clone()
+            with torch.no_grad():
+                for g, new in zip(grads, split(flat, [g.shape for g in grads]), strict=True):
+                    g.copy_(new)
             if self.last:
                 dist.all_reduce(total, group=self.dp)
         t0 = time.perf_counter()
@@ -227,9 +288,18 @@ class StageWorker:
 
     def _save(self) -> None:
         """Replica 0 writes this stage's shard (the replicas' parameters are equal after the
-        all-reduce); the store refuses it (StaleRun) when a later attempt has started."""
+        all-reduce), whole: its tensor-parallel ranks gather it first; the store refuses it
+        (StaleRun) when a later attempt has started."""
         if self.replica != 0:
             return
+        if self.tp is not None:
+            module = full_state(self.module)
+            optimizer = full_optimizer_state(self.opt.state_dict())
+            if self.rank != self.head:
+                return
+        else:
+            module = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+            optimizer = self.opt.state_dict()
         t = self.spec.train
         state = {
             "version": FORMAT,
@@ -241,8 +311,8 @@ class StageWorker:
             "stage": self.stage,
             "stages": self.spec.placement.stages,
             "cuts": list(self.cuts),
-            "module": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
-            "optimizer": self.opt.state_dict(),
+            "module": module,
+            "optimizer": optimizer,
             "rng": torch.get_rng_state(),
         }
         self._store().save(self.step, state)
@@ -262,8 +332,20 @@ class StageWorker:
             cuts=self.cuts,
             where=where,
         )
-        self.module.load_state_dict(state["module"])
-        self.opt.load_state_dict(state["optimizer"])
+        if self.tp is not None:  # whole tensors into this rank's parts
+            from torch.distributed.tensor import DTensor, distribute_tensor
+
+            with torch.no_grad():
+                for name, q in self.module.named_parameters():
+                    whole = state["module"][name]
+                    if isinstance(q, DTensor):
+                        whole = distribute_tensor(whole, q.device_mesh, q.placements)
+                    q.copy_(whole)
+            self.opt.load_state_dict(state["optimizer"])
+            split_optimizer_state(self.opt)
+        else:
+            self.module.load_state_dict(state["module"])
+            self.opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         self.step = int(state["step"])
 
@@ -273,13 +355,13 @@ class StageWorker:
             stage=self.stage,
             cluster=self.cluster,
             step=self.step,
-            loss=self.loss if self.last and self.replica == 0 else None,
+            loss=self.loss if self.last and self.rank == self.head and self.replica == 0 else None,
             compute_s=self.compute_s,
             wait_s=self.wait_s,
             steps_s=self.steps_s,
             wan=self.wan,
             raw_bytes=self.raw_bytes,
-            params=sum(q.numel() for q in self.params),
+            params=sum(local(q).numel() for q in self.params),
         )
 
     @torch.no_grad()
@@ -292,18 +374,21 @@ class StageWorker:
         chunks = torch.arange(n).split(self.batch)
         loss = correct = 0.0
         for idx in chunks:
-            inp = self.xe[idx] if self.first else self._recv(self.prev)
+            inp = self.xe[idx] if self.first else self._take(self.prev)
             out = self.module(inp)
             if self.last:
                 loss += float(self.task.loss(out, self.ye[idx])) * len(idx)
                 correct += accuracy(out, self.ye[idx]) * len(idx)
             else:
-                self._send(out, self.next)
+                self._pass(out, self.next)
         self._flush()
-        return (loss / n, correct / n) if self.last else None
+        return (loss / n, correct / n) if self.last and self.rank == self.head else None
 
     def parameters(self) -> list[torch.Tensor]:
-        """This stage's parameters, in the model's order (tests compare them)."""
+        """This stage's parameters whole, in the model's order (tests compare them); every
+        tensor-parallel rank of the replica must be asked at once."""
+        if self.tp is not None:
+            return list(full_state(self.module).values())
         return [q.detach().clone() for q in self.params]
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from training.tasks.base import (
 )
 from training.tasks.builtin import (
     CharTransformer,
+    char_gpt,
     char_transformer,
     digits_cnn,
     mnist1d_cnn,
@@ -49,6 +50,7 @@ BUILTIN: dict[str, Callable[[], Task]] = {
     "mnist1d-cnn": mnist1d_cnn,
     "digits-cnn": digits_cnn,
     "char-transformer": char_transformer,
+    "char-gpt": char_gpt,
     "gpt-stdlib": gpt_stdlib,
     "wide-mlp": wide_mlp,
 }

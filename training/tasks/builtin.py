@@ -145,3 +145,18 @@ def char_transformer(ctx: int = 32) -> Task:
         batch_size=64,
         target_accuracy=0.4,
     )
+
+
+def char_gpt(ctx: int = 32) -> Task:
+    """The char transformer's data and size, its model written for every split: by layers
+    into pipeline stages and by attention heads and MLP columns over a cluster's GPUs
+    (`training.tensor_parallel.Transformer`, 4 heads: tensor parallel over 1, 2 or 4)."""
+    from training.tensor_parallel import Transformer
+
+    task = char_transformer(ctx)
+
+    def model() -> nn.Module:
+        return Transformer(96, ctx, dim=64, layers=2, heads=4)
+
+    task.model = model
+    return task
