@@ -67,8 +67,16 @@ def measure_profile(task_name: str, batch: int) -> tuple[Any, float]:
     x, y = task.train  # type: ignore[misc]
     prof = profile_pieces(parts, x[:1])
     layers = tuple(
-        Layer(f"piece{i}", p.params, p.flops, float(p.activation_bytes), float(p.stored_bytes))
-        for i, p in enumerate(prof)
+        Layer(
+            f"piece{i}",
+            p.params,
+            p.flops,
+            float(p.activation_bytes),
+            float(p.stored_bytes),
+            # a block that says how it splits over GPUs (`training.tensor_parallel`)
+            getattr(part, "heads", 0) if getattr(part, "tensor_plan", None) else 0,
+        )
+        for i, (p, part) in enumerate(zip(prof, parts, strict=True))
     )
     profile = ModelProfile(layers, task.optimizer.name)
     opt = task.optimizer.build(model.parameters())

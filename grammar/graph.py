@@ -124,6 +124,26 @@ def reduction_tree(clusters: Sequence[str], bandwidth: Bandwidth | None) -> dict
     return parents
 
 
+def hub_tree(clusters: Sequence[str], bandwidth: Bandwidth | None) -> dict[str, str]:
+    """The hub's star as a tree: every cluster's parent is the one with the most bandwidth to
+    the others (`ps_host`). Two hops an all-reduce, whatever the count, and no link between
+    two spokes used: the fallback where the spokes' own links are slow."""
+    if len(clusters) < 2:
+        return {}
+    root = ps_host(clusters, bandwidth)
+    return {c: root for c in clusters if c != root}
+
+
+def tree_degrees(parents: Mapping[str, str]) -> dict[str, int]:
+    """Each node's edges in the tree: what it sends an all-reduce, in whole payloads (one up
+    to its parent, one down to each child); the hub's is every spoke."""
+    out: dict[str, int] = {}
+    for child, parent in parents.items():
+        out[child] = out.get(child, 0) + 1
+        out[parent] = out.get(parent, 0) + 1
+    return out
+
+
 def tree_levels(parents: Mapping[str, str]) -> list[list[str]]:
     """The tree's non-root nodes by depth, shallowest first (each level's nodes in the order
     they were hung): a reduction sends level by level from the deepest, a broadcast from the

@@ -10,30 +10,44 @@ run), so jobs sharing an uplink are never promised more than it carries between 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from grammar.graph import tree_degrees
 from scheduler.types import Assignment, Estimate
 
 KBPS_PER_GBPS = 1_000_000
 
 
 def wan_need_kbps(estimate: Estimate, placement: tuple[Assignment, ...]) -> dict[str, int]:
-    """Each cluster's WAN rate under the plan, in kbit/s, sent and received alike (a ring or
-    a graph of equal exchanges): its share of the plan's WAN bytes over the time its steps
-    run (the set-up sends nothing to speak of), rounded up. Nothing for a plan on one cluster
+    """Each cluster's WAN rate under the plan, in kbit/s, sent and received alike: its share
+    of the plan's WAN bytes over the time its steps run (the set-up sends nothing to speak
+    of), rounded up; equal shares on a ring or a graph of equal exchanges, a tree's by each
+    node's edges (the root of a hub sends to every spoke). Nothing for a plan on one cluster
     or one that sends no bytes."""
     clusters = sorted({a.cluster for a in placement})
-    return wan_rate_kbps(estimate.wan_bytes, estimate.total_time_s - estimate.setup_s, clusters)
+    weights = tree_degrees(dict(estimate.tree)) if estimate.tree else None
+    return wan_rate_kbps(
+        estimate.wan_bytes, estimate.total_time_s - estimate.setup_s, clusters, weights
+    )
 
 
-def wan_rate_kbps(wan_bytes: int, steps_s: float, clusters: Sequence[str]) -> dict[str, int]:
-    """`wan_need_kbps` from the numbers: `wan_bytes` over `steps_s` seconds, shared equally
-    by `clusters` (distinct names), rounded up, never 0."""
+def wan_rate_kbps(
+    wan_bytes: int,
+    steps_s: float,
+    clusters: Sequence[str],
+    weights: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """`wan_need_kbps` from the numbers: `wan_bytes` over `steps_s` seconds, shared by
+    `clusters` (distinct names) equally or in proportion to `weights` (a tree's degrees,
+    `grammar.graph.tree_degrees`), rounded up, never 0."""
     if len(clusters) < 2 or wan_bytes <= 0 or steps_s <= 0:
         return {}
-    per_cluster_bits = wan_bytes * 8 / len(clusters)
-    kbps = max(1, math.ceil(per_cluster_bits / steps_s / 1000))
-    return dict.fromkeys(clusters, kbps)
+    if weights is None or any(weights.get(c, 0) <= 0 for c in clusters):
+        weights = dict.fromkeys(clusters, 1)
+    total = sum(weights[c] for c in clusters)
+    return {
+        c: max(1, math.ceil(wan_bytes * 8 * weights[c] / total / steps_s / 1000)) for c in clusters
+    }
 
 
 def free_gbps(capacity_gbps: float | None, reserved_kbps: int) -> float | None:

@@ -62,8 +62,10 @@ from typing import cast
 from grammar import Sync, SyncKind, parse_sync
 from grammar.auto import step_seconds
 from grammar.graph import (
+    TREE_FANOUT,
     bandwidth_ring,
     gossip_graph,
+    hub_tree,
     reduction_tree,
     region_groups,
     region_hosts,
@@ -429,24 +431,28 @@ class CostModel:
             ring=ring,
             bottleneck=worst,
         )
-        if cm.allreducible and d > 2:  # the tree where it is faster (two clusters: one hop)
-            tree = self._tree_terms(names, payload, overhead, ring)
-            if tree is not None and (
-                tree.latency_s + tree.bandwidth_s < terms.latency_s + terms.bandwidth_s
-            ):
-                terms = tree
+        if cm.allreducible and d > 2:  # a tree where it is faster (two clusters: one hop)
+            shapes = [reduction_tree(names, self._pair_gbps)]
+            if d > TREE_FANOUT + 1:  # up to three clusters the binary tree is the hub's star
+                shapes.append(hub_tree(names, self._pair_gbps))
+            for parents in shapes:
+                tree = self._tree_terms(parents, payload, overhead, ring)
+                if tree is not None and (
+                    tree.latency_s + tree.bandwidth_s < terms.latency_s + terms.bandwidth_s
+                ):
+                    terms = tree
         self._wan_cache[key] = terms
         return terms
 
     def _tree_terms(
-        self, names: tuple[str, ...], payload: float, overhead: float, ring: tuple[str, ...]
+        self, parents: dict[str, str], payload: float, overhead: float, ring: tuple[str, ...]
     ) -> WanTerms | None:
-        """A tree all-reduce (`training.exchange.LeaderExchange.tree`) over the runtime's tree
-        (`grammar.graph.reduction_tree`): the whole payload up each edge, level by level from
-        the deepest, and down each edge from the root, each level as slow as its slowest
-        edge (a + payload / B): 2 x depth hops, 2(n-1) whole copies. None where an edge of
-        the tree has no link both ways (the ring, linked edge by edge, stays)."""
-        parents = reduction_tree(names, self._pair_gbps)
+        """A tree all-reduce (`training.exchange.LeaderExchange.tree`) over `parents` (the
+        binary `grammar.graph.reduction_tree`, or the hub's star, `hub_tree`): the whole
+        payload up each edge, level by level from the deepest, and down each edge from the
+        root, each level as slow as its slowest edge (a + payload / B): 2 x depth hops,
+        2(n-1) whole copies. None where an edge of the tree has no link both ways (the ring,
+        linked edge by edge, stays)."""
         if any(self._pair_gbps(c, p) <= 0 for c, p in parents.items()):
             return None
         levels = tree_levels(parents)

@@ -1136,11 +1136,16 @@ def _explain(model: CostModel, search: _Search, ch: _Choice, est: Estimate) -> t
             root = next(p for p in parents.values() if p not in parents)
             depth = len(tree_levels(parents))
             n = len(ch.alloc.names)
+            kind = "hub" if depth == 1 and n > 3 else "tree"
             shape = (
-                f"WAN tree all-reduce from {root} ("
+                f"WAN {kind} all-reduce from {root} ("
                 + ", ".join(f"{c} under {p}" for c, p in est.tree)
                 + f"): {2 * depth} hops an exchange against the ring's {2 * (n - 1)}, "
-                "faster here (latency outweighs sending whole copies)"
+                + (
+                    "faster here (latency outweighs sending whole copies)"
+                    if kind == "tree"
+                    else "faster here (no link between two spokes is used)"
+                )
             )
         else:
             shape = f"WAN ring {' -> '.join(est.ring)}"

@@ -52,15 +52,31 @@ ALPHA_TENSOR_S = 10e-6
 
 
 def tensor_collective_s(
-    activation_bytes: float, blocks: float, tensor: int, intra_gbps: float
+    activation_bytes: float,
+    blocks: float,
+    tensor: int,
+    intra_gbps: float,
+    overhead_s: float = 0.0,
 ) -> float:
     """Seconds a stage's `blocks` split blocks spend all-reducing a micro-batch's activations
-    (`activation_bytes` each) over `tensor` GPUs joined at `intra_gbps`; 0 unsplit."""
+    (`activation_bytes` each) over `tensor` GPUs joined at `intra_gbps`, each all-reduce also
+    costing `overhead_s` (its launch and the runtime's dispatch, fitted from finished split
+    runs: `fit_tensor_overhead`); 0 unsplit."""
     if tensor <= 1 or blocks <= 0:
         return 0.0
     rounds = 2 * (tensor - 1)
     one = rounds * ALPHA_TENSOR_S + rounds / tensor * activation_bytes * 8 / (intra_gbps * 1e9)
-    return TENSOR_ALL_REDUCES_PER_BLOCK * blocks * one
+    return TENSOR_ALL_REDUCES_PER_BLOCK * blocks * (one + overhead_s)
+
+
+def fit_tensor_overhead(
+    measured_step_s: float, planned_step_s: float, all_reduces: int, counted: float
+) -> float:
+    """One split run's sample of an all-reduce's fixed cost: what its measured step took over
+    the planned one, spread over the step's `all_reduces` (a one-stage run: every one on its
+    critical path), plus the cost the plan `counted` (may be negative: the caller takes a
+    median and floors it)."""
+    return (measured_step_s - planned_step_s) / all_reduces + counted
 
 
 def micro_batch_candidates(batch: int, stages: int, limit: int = 64) -> list[int]:

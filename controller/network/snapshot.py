@@ -32,7 +32,11 @@ from controller.store.models import (
 )
 from grammar.states import LIVE, ClusterState, JobState
 from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps
-from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, fit_micro_overhead
+from scheduler.pipeline_cost import (
+    MICRO_BATCH_OVERHEAD_S,
+    fit_micro_overhead,
+    fit_tensor_overhead,
+)
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -244,6 +248,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         setup_s=seen.setup_s,
         setup_per_gpu_s=seen.setup_per_gpu_s,
         micro_overhead_s=seen.micro_overhead_s,
+        tensor_overhead_s=seen.tensor_overhead_s,
         spread=seen.spread,
     )
     return World(snapshot, origins, frozenset(ports), links, ports, ceilings)
@@ -397,6 +402,7 @@ class Observed:
     setup_per_gpu_s: float = 0.0
     spread: tuple[float, float] = SPREAD_PRIOR
     micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S
+    tensor_overhead_s: float = 0.0
 
 
 def observed(session: Session) -> Observed:
@@ -405,7 +411,9 @@ def observed(session: Session) -> Observed:
     several GPUs). Set-up: the run's wall time (RUNNING to SUCCEEDED) minus its steps at
     their observed step time, of jobs that ran once; the median each, per cluster too.
     A pipeline's micro-batch cost: its observed step over the schedule's (M + S - 1) slots
-    less the slot its estimate gave without that cost, of pipeline jobs that ran once."""
+    less the slot its estimate gave without that cost, of pipeline jobs that ran once, their
+    layers whole. A tensor split's all-reduce cost: its observed step over its estimate,
+    spread over the step's all-reduces, of one-stage split jobs that ran once."""
     jobs = session.execute(
         select(Job.id, Job.placement, Job.started_at, Job.finished_at, Job.attempts)
         .where(Job.state == JobState.SUCCEEDED, Job.placement.is_not(None))
@@ -430,6 +438,7 @@ def observed(session: Session) -> Observed:
     setups: list[tuple[int, float, tuple[str, ...]]] = []
     ratios: list[float] = []
     micro: dict[str, float] = {}  # per pipeline job: its least slot overrun at its last step
+    split: dict[str, float] = {}  # per tensor job: an all-reduce's overrun at its last step
     for job_id, step, step_s, compute_total in rows:
         if not step or step_s is None:
             continue
@@ -437,6 +446,15 @@ def observed(session: Session) -> Observed:
         est = plan.estimate
         par = plan.parallel
         if par.mode != "data":  # a pipeline's step is not the data-parallel model's
+            if par.tensor > 1:  # a split's all-reduces: fitted from one-stage runs alone
+                if len(par.stages) == 1 and par.tensor_all_reduces and tries <= 1:
+                    split[job_id] = fit_tensor_overhead(
+                        step_s,
+                        est.step_time_s,
+                        par.tensor_all_reduces,
+                        par.tensor_overhead_s or 0.0,
+                    )
+                continue
             if par.stages and par.micro_batches and est.step_time_s > 0 and tries <= 1:
                 sample = fit_micro_overhead(
                     step_s,
@@ -468,6 +486,7 @@ def observed(session: Session) -> Observed:
         setup_per_gpu_s=per_gpu,
         spread=_spread(ratios),
         micro_overhead_s=min(_median(list(micro.values()), MICRO_BATCH_OVERHEAD_S), 3599.0),
+        tensor_overhead_s=min(_median(list(split.values()), 0.0), 3599.0),
     )
 
 

@@ -4,6 +4,7 @@ the plan from the planner's result.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 
@@ -13,11 +14,13 @@ from controller.values.tasks import (
     BUILTIN_TENSOR_BLOCKS,
     builtin_work,
 )
+from grammar.graph import tree_degrees
 from grammar.parallel import parse_stages
 from scheduler.bandwidth import wan_rate_kbps
 from scheduler.gpus import DEFAULT_EFFICIENCY
 from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
 from scheduler.pipeline_cost import (
+    TENSOR_ALL_REDUCES_PER_BLOCK,
     StageWork,
     best_micro_batches,
     estimate_pipeline,
@@ -143,12 +146,20 @@ def parallel_of(
     if micro is None:
         micro, why = _micro_batches(spec, stages, shares, snapshot, origins, tensor)
         reason += f"; {micro} micro-batches a step: {why}"
+    blocks = BUILTIN_TENSOR_BLOCKS.get(spec.task, 0) if spec.work is None else 0
+    split_known = tensor > 1 and blocks > 0
     return Parallel(
         mode="tensor" if mode == "tensor" else "hybrid" if mode == "hybrid" else "pipeline",
         stages=stages,
         tensor=tensor,
         micro_batches=micro,
         micro_overhead_s=snapshot.micro_overhead_s,
+        tensor_overhead_s=snapshot.tensor_overhead_s if tensor > 1 else None,
+        tensor_all_reduces=(
+            TENSOR_ALL_REDUCES_PER_BLOCK * micro * math.ceil(blocks / len(stages))
+            if split_known
+            else None
+        ),
         bubble=round((len(stages) - 1) / (micro + len(stages) - 1), 6),
         model_gb=model_gb,
         gpu_gb=gpu,
@@ -236,7 +247,11 @@ def _stage_loads(
     for i, st in enumerate(stages):
         c = snapshot.by_name[snap[st.cluster]]
         split = tensor_collective_s(
-            act * batch / st.replicas, blocks, tensor, c.intra_bandwidth_gbps
+            act * batch / st.replicas,
+            blocks,
+            tensor,
+            c.intra_bandwidth_gbps,
+            snapshot.tensor_overhead_s,
         )
         out.append(
             (
@@ -458,10 +473,14 @@ def _with_bandwidth(
 
 def wan_kbps(estimate: PlanEstimate, shares: Sequence[Share]) -> dict[str, int]:
     """What a plan reserves of each of its clusters' ports: its WAN bytes over its steps'
-    time, shared by its clusters (by name: a cluster's GPU models share its ports), as the
-    estimate the plan states (a pipeline's is its stages')."""
+    time, shared by its clusters (by name: a cluster's GPU models share its ports; over a
+    tree, by each one's edges), as the estimate the plan states (a pipeline's is its
+    stages')."""
     clusters = sorted({s.cluster for s in shares})
-    return wan_rate_kbps(estimate.wan_bytes, estimate.total_time_s - estimate.setup_s, clusters)
+    weights = tree_degrees(estimate.tree) if estimate.tree else None
+    return wan_rate_kbps(
+        estimate.wan_bytes, estimate.total_time_s - estimate.setup_s, clusters, weights
+    )
 
 
 def planned_links(

@@ -310,6 +310,65 @@ def test_a_micro_batchs_cost_is_fitted_from_finished_pipelines_alone(db_url: str
         engine.dispose()
 
 
+def _split_job(
+    session: Session, tenant: Tenant, n: int, *, stages: int, est: float, step_s: float
+) -> None:
+    """A finished job whose layers split over 2 GPUs a stage, 16 all-reduces a step counted
+    at 1 ms each, estimated at `est` a step, measured at `step_s`."""
+    j = Job(
+        tenant_id=tenant.id,
+        name=f"t{n}",
+        spec={},
+        state="SUCCEEDED",
+        gpus_min=2 * stages,
+        gpus_max=2 * stages,
+        placement=JobPlan(
+            clusters=(Share(cluster="a", gpus=2 * stages),),
+            compression="none",
+            sync="every-step",
+            parallel=Parallel(
+                mode="tensor" if stages == 1 else "pipeline",
+                stages=tuple(StageShare(cluster="a") for _ in range(stages)),
+                tensor=2,
+                micro_batches=2,
+                micro_overhead_s=0.005,
+                tensor_overhead_s=0.001,
+                tensor_all_reduces=16,
+            ),
+            estimate=PlanEstimate(total_time_s=1.0, wan_bytes=0, step_time_s=est, compute_s=est),
+        ),
+        finished_at=utcnow() - timedelta(minutes=n),
+    )
+    session.add(j)
+    session.flush()
+    session.add(JobMetric(job_id=j.id, step=100, step_time_s=step_s, compute_time_s=1.0))
+
+
+def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: str) -> None:
+    """A one-stage split's step over its estimate, spread over its all-reduces, plus what the
+    estimate counted for each: the median (0 before any). Split runs stay out of the
+    micro-batch fit, and a split pipeline (3D) out of both: two unknowns in one number."""
+    from controller.network.snapshot import observed
+    from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S
+
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session, session.begin():
+            assert observed(session).tensor_overhead_s == 0.0
+            tenant = Tenant(name="t")
+            session.add(tenant)
+            session.flush()
+            # 0.16 s over the estimate in 16 all-reduces: 10 ms more each, 11 ms in all
+            _split_job(session, tenant, 1, stages=1, est=0.1, step_s=0.26)
+            _split_job(session, tenant, 2, stages=2, est=0.1, step_s=9.0)  # 3D: not fitted
+            session.flush()
+            seen = observed(session)
+            assert seen.tensor_overhead_s == pytest.approx(0.011)
+            assert seen.micro_overhead_s == MICRO_BATCH_OVERHEAD_S  # nothing fitted it
+    finally:
+        engine.dispose()
+
+
 def test_a_pipeline_takes_fewer_micro_batches_where_each_costs_more() -> None:
     """`best_micro_batches`: with no fixed cost the bubble decides (the most micro-batches);
     as each costs more, fewer; the estimate counts the cost in every slot."""

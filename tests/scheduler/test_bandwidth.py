@@ -34,6 +34,16 @@ def test_a_plan_needs_its_share_of_its_bytes_over_its_run_at_each_cluster() -> N
     assert wan_need_kbps(replace(ESTIMATE, wan_bytes=1), TWO) == {"a": 1, "b": 1}  # never 0
 
 
+def test_over_a_tree_each_cluster_reserves_by_its_edges() -> None:
+    """A hub sends a whole payload to every spoke: of 6 payloads an exchange over 4
+    clusters, 3 are the hub's, 1 each spoke's; the ring's equal shares would short it."""
+    four = (*TWO, Assignment("c", 1), Assignment("h", 1))
+    hub = replace(ESTIMATE, tree=(("a", "h"), ("b", "h"), ("c", "h")))
+    need = wan_need_kbps(hub, four)
+    assert need == {"a": 13_334, "b": 13_334, "c": 13_334, "h": 40_000}
+    assert sum(need.values()) == pytest.approx(sum(wan_need_kbps(ESTIMATE, four).values()), 1e-3)
+
+
 def test_the_set_up_time_does_not_dilute_the_rate_the_steps_need() -> None:
     """A run's launch and set-up send nothing to speak of: the bytes cross while steps run."""
     setup = replace(ESTIMATE, total_time_s=150.0, setup_s=50.0)

@@ -10,10 +10,12 @@ from scheduler import (
     Assignment,
     CostModel,
     JobRequest,
+    Plan,
     QoS,
     Snapshot,
     compressor_model,
     estimate,
+    plan,
     ring_allreduce_time,
     sync_model,
 )
@@ -234,6 +236,32 @@ def test_the_tree_is_priced_hop_by_hop_and_taken_only_where_it_is_faster() -> No
     # two clusters: one hop either way, the ring
     pair = estimate(snap, job(2, params=250_000), [Assignment("a", 1), Assignment("b", 1)])
     assert pair.tree == ()
+
+
+def test_a_hub_takes_the_exchange_off_the_spokes_slow_links() -> None:
+    """Four datacenters, three of them joined to each other by 10 Mbit/s links and each to
+    `h` at 10 Gbit/s: every ring crosses two slow links, the binary tree hangs one spoke under
+    another; the hub's star through `h` uses only fast links, 2 hops, and is planned and
+    explained as one. With every link fast and the RTT small, the ring stays."""
+    spokes = "abc"
+    slow = tuple(link(x, y, gbps=0.01, rtt_ms=20.0) for i, x in enumerate(spokes)
+                 for y in spokes[i + 1 :])  # fmt: skip
+    fast = tuple(link(x, "h", gbps=10.0, rtt_ms=20.0) for x in spokes)
+    snap = Snapshot(tuple(cluster(n, 1) for n in "habc"), slow + fast)
+    where = [Assignment(n, 1) for n in "habc"]
+    est = estimate(snap, job(4, params=250_000, steps=10), where)
+    assert dict(est.tree) == {"a": "h", "b": "h", "c": "h"}
+    # up and down one level, each as slow as a fast edge: 2 x (10 ms + 1 MB at 10 Gbit/s)
+    assert est.wan_s == pytest.approx(2 * (0.01 + 1e6 / 1.25e9))
+    got = plan(snap, job(4, params=250_000, steps=10, compression="none", sync="every-step"))
+    assert isinstance(got, Plan)
+    assert any("WAN hub all-reduce from h" in line for line in got.explanation)
+    even = Snapshot(
+        tuple(cluster(n, 1) for n in "habc"),
+        tuple(link(x, y, gbps=10.0, rtt_ms=1.0) for i, x in enumerate("habc")
+              for y in "habc"[i + 1 :]),
+    )  # fmt: skip
+    assert estimate(even, job(4, params=25_000_000, steps=10), where).tree == ()
 
 
 def test_reserved_bandwidth_is_priced_as_the_placement_reserves_it() -> None:
