@@ -90,9 +90,9 @@ def planned(
 ) -> tuple[float | None, list[float]]:
     """The cost model's step of `s` and each stage's memory per worker (GB): the runtime's
     cut (`training.pipeline.split.balance` over the pieces' costs), a stage's pieces' FLOPs
-    over its split, its blocks' all-reduces (each also costing `tensor_s`), each
-    micro-batch's fixed cost. `costs`: the pieces' costs the runtime cuts by
-    (`training.stages.piece_costs`)."""
+    over its split, its blocks' all-reduces and its replicas' gradient all-reduce (each
+    all-reduce also costing `tensor_s`), each micro-batch's fixed cost. `costs`: the
+    pieces' costs the runtime cuts by (`training.stages.piece_costs`)."""
     from scheduler.memory import memory
     from scheduler.pipeline_cost import StageWork, estimate_pipeline, tensor_collective_s
     from scheduler.types import Cluster, Link
@@ -120,11 +120,19 @@ def planned(
         compute = 3.0 * sum(x.flops for x in layers) * mb / speed
         compute += tensor_collective_s(act, blocks, s.tensor, INTRA_GBPS, tensor_s)
         send = 0.0 if i == len(s.stages) - 1 else layers[-1].activation_bytes * mb
-        work.append(StageWork(cluster, compute, send, s.replicas * s.tensor))
+        grads = 4.0 * sum(x.params for x in layers)  # a part's own, under a split
+        work.append(StageWork(cluster, compute, send, s.replicas * s.tensor, s.replicas, grads))
         in_flight = min(s.micro_batches, len(s.stages) - i)
         mems.append(memory(split, lo, hi, max(1, round(mb)), in_flight).total / 1e9)
     est = estimate_pipeline(
-        work, clusters, links, s.micro_batches, 1, micro_overhead_s=micro_s, schedule="gpipe"
+        work,
+        clusters,
+        links,
+        s.micro_batches,
+        1,
+        micro_overhead_s=micro_s,
+        schedule="gpipe",
+        all_reduce_overhead_s=tensor_s,
     )
     return est.step_s, mems
 
@@ -196,10 +204,11 @@ def markdown(doc: dict[str, Any]) -> str:
         f"at {INTRA_GBPS:g} Gbit/s, each micro-batch costing a stage "
         f"{doc['micro_overhead_s'] * 1e3:.3g} ms (fitted from the pipeline row's run, as the "
         "control plane fits it from finished jobs) and each all-reduce of a split "
-        f"{doc['tensor_overhead_s'] * 1e3:.3g} ms beyond its bytes (fitted from the tensor "
-        "row's run, likewise): those two rows' planned steps are therefore not independent "
-        "checks; hybrid and 3D are. Memory: what a worker holds per the planner's "
-        "memory model (parameters, gradients, Adam state, activations in flight). "
+        f"{doc['all_reduce_overhead_s'] * 1e3:.3g} ms beyond its bytes (fitted from the tensor "
+        "row's run, likewise; a stage's replicas' gradient all-reduce pays it too): those two "
+        "rows' planned steps are therefore not independent checks; hybrid and 3D are. "
+        "Memory: what a worker holds per the planner's memory model (parameters, gradients, "
+        "Adam state, activations in flight). "
         f"One process on the same batches: eval loss {ref['eval_loss']:.4f}, accuracy "
         f"{ref['accuracy']:.3f}, {ref['step_s'] * 1e3:.1f} ms a step.",
         "",
@@ -224,9 +233,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "Memory and parameters are per stage, in pipeline order. The tensor row uses one "
         "cluster's two workers (a split never crosses the WAN); the others use all four. One "
-        "run a strategy: steps vary by a few per cent from run to run on this machine. "
-        "Hybrid's planned step leaves out its replicas' gradient all-reduce inside the "
-        "cluster.",
+        "run a strategy: steps vary by a few per cent from run to run on this machine.",
         "",
     ]
     return "\n".join(lines)
@@ -265,8 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     from scheduler.pipeline_cost import (
         MICRO_BATCH_OVERHEAD_S,
         TENSOR_ALL_REDUCES_PER_BLOCK,
+        fit_all_reduce_overhead,
         fit_micro_overhead,
-        fit_tensor_overhead,
     )
     from training.stages import piece_costs, pieces
     from training.tasks import load_task
@@ -304,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
             assert prior is not None
             blocks = sum(1 for x in profile.layers if x.heads)
             count = TENSOR_ALL_REDUCES_PER_BLOCK * blocks * s.micro_batches
-            tensor_s = max(0.0, fit_tensor_overhead(got["step_s"], prior, count, 0.0))
+            tensor_s = max(0.0, fit_all_reduce_overhead(got["step_s"], prior, count, 0.0))
     rows = []
     for r in results:
         s = r.pop("strategy")
@@ -320,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         "params": profile.params,
         "speed_flops": speed,
         "micro_overhead_s": micro_s,
-        "tensor_overhead_s": tensor_s,
+        "all_reduce_overhead_s": tensor_s,
         "reference": ref,
         "rows": rows,
     }

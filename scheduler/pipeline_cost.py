@@ -51,6 +51,17 @@ ALPHA_TENSOR_S = 10e-6
 `ALPHA_INTRA_S`)."""
 
 
+def ring_all_reduce_s(nbytes: float, ranks: int, intra_gbps: float, overhead_s: float) -> float:
+    """One all-reduce of `nbytes` over `ranks` GPUs of one cluster joined at `intra_gbps`: a
+    ring, 2(R-1) rounds of 1/R of the bytes, each paying the intra latency, plus its fixed
+    cost `overhead_s` (its launch and the runtime's dispatch: `fit_all_reduce_overhead`); 0
+    alone."""
+    if ranks <= 1:
+        return 0.0
+    rounds = 2 * (ranks - 1)
+    return rounds * ALPHA_TENSOR_S + rounds / ranks * nbytes * 8 / (intra_gbps * 1e9) + overhead_s
+
+
 def tensor_collective_s(
     activation_bytes: float,
     blocks: float,
@@ -59,20 +70,19 @@ def tensor_collective_s(
     overhead_s: float = 0.0,
 ) -> float:
     """Seconds a stage's `blocks` split blocks spend all-reducing a micro-batch's activations
-    (`activation_bytes` each) over `tensor` GPUs joined at `intra_gbps`, each all-reduce also
-    costing `overhead_s` (its launch and the runtime's dispatch, fitted from finished split
-    runs: `fit_tensor_overhead`); 0 unsplit."""
+    (`activation_bytes` each) over `tensor` GPUs joined at `intra_gbps`, four all-reduces a
+    block (`ring_all_reduce_s`, each with its fixed cost `overhead_s`); 0 unsplit."""
     if tensor <= 1 or blocks <= 0:
         return 0.0
-    rounds = 2 * (tensor - 1)
-    one = rounds * ALPHA_TENSOR_S + rounds / tensor * activation_bytes * 8 / (intra_gbps * 1e9)
-    return TENSOR_ALL_REDUCES_PER_BLOCK * blocks * (one + overhead_s)
+    one = ring_all_reduce_s(activation_bytes, tensor, intra_gbps, overhead_s)
+    return TENSOR_ALL_REDUCES_PER_BLOCK * blocks * one
 
 
-def fit_tensor_overhead(
+def fit_all_reduce_overhead(
     measured_step_s: float, planned_step_s: float, all_reduces: int, counted: float
 ) -> float:
-    """One split run's sample of an all-reduce's fixed cost: what its measured step took over
+    """One split run's sample of an all-reduce's fixed cost inside a cluster (a split's, and
+    a stage's replicas' after each step alike): what its measured step took over
     the planned one, spread over the step's `all_reduces` (a one-stage run: every one on its
     critical path), plus the cost the plan `counted` (may be negative: the caller takes a
     median and floors it)."""
@@ -97,6 +107,11 @@ class StageWork:
     gpus: int = 1
     """GPUs the stage holds: its data-parallel replicas times its tensor split (1 in a
     pipeline)."""
+    replicas: int = 1
+    """Its data-parallel replicas, which all-reduce its gradients inside its cluster after
+    each step (`grad_bytes` each)."""
+    grad_bytes: float = 0.0
+    """Its parameters' gradient bytes (whole; each of a split's parts all-reduces its own)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,8 @@ class PipelineEstimate:
     """(from, to, bytes) per directed WAN link, activations and gradients together."""
     gpu_cost: float
     egress_cost: float
+    sync_s: float = 0.0
+    """The stages' replicas' gradient all-reduce after the step (the slowest stage's)."""
 
     @property
     def wan_bytes(self) -> float:
@@ -171,10 +188,13 @@ def estimate_pipeline(
     qos_class: str | None = None,
     micro_overhead_s: float = 0.0,
     schedule: str = "gpipe",
+    all_reduce_overhead_s: float = 0.0,
 ) -> PipelineEstimate:
     """The step time, run time, WAN bytes and price of `stages` (in pipeline order) running
     `micro_batches` a step for `steps` steps under `schedule`, each micro-batch costing a
-    stage `micro_overhead_s` more; links are keyed (from, to), either way found. ValueError
+    stage `micro_overhead_s` more, then each stage's replicas all-reducing its gradients
+    inside its cluster (in parallel, the slowest stage's ring; each all-reduce costing
+    `all_reduce_overhead_s` more); links are keyed (from, to), either way found. ValueError
     `field: ...` for a bad input."""
     if not stages:
         raise ValueError("stages: give at least one")
@@ -205,7 +225,16 @@ def estimate_pipeline(
             wan[(b.name, a.name)] = wan.get((b.name, a.name), 0.0) + moved  # their gradients
     busy = [st.compute_s + micro_overhead_s for st in stages]
     bottleneck = slot_seconds(busy, link_s, latency, schedule)
-    step_s = (m + s_count - 1) * bottleneck + latency
+    sync = max(
+        ring_all_reduce_s(
+            st.grad_bytes,
+            st.replicas,
+            clusters[st.cluster].intra_bandwidth_gbps,
+            all_reduce_overhead_s,
+        )
+        for st in stages
+    )
+    step_s = (m + s_count - 1) * bottleneck + latency + sync
     total = step_s * steps
     gpu_cost = sum(
         st.gpus * clusters[st.cluster].price(qos_class) * total / 3600.0 for st in stages
@@ -223,6 +252,7 @@ def estimate_pipeline(
         step_s=step_s,
         bubble=bubble_fraction(s_count, m),
         steps=steps,
+        sync_s=sync,
         total_time_s=total,
         wan_bytes_per_step=tuple((a, b, n) for (a, b), n in sorted(wan.items())),
         gpu_cost=gpu_cost,

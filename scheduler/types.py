@@ -166,7 +166,7 @@ class Snapshot:
     micro_overhead_s: float = 0.0
     """A pipeline's fixed cost of one micro-batch on one stage (`scheduler.pipeline_cost`),
     fitted from finished pipeline runs."""
-    tensor_overhead_s: float = 0.0
+    all_reduce_overhead_s: float = 0.0
     """A tensor split's fixed cost of one all-reduce (`pipeline_cost.tensor_collective_s`),
     fitted from finished tensor-parallel runs."""
     spread: tuple[float, float] = (1.0, 1.0)
@@ -182,8 +182,8 @@ class Snapshot:
             raise ValueError("setup_per_gpu_s: must be in [0, 3600) seconds")
         if not 0 <= self.micro_overhead_s < 3600:
             raise ValueError("micro_overhead_s: must be in [0, 3600) seconds")
-        if not 0 <= self.tensor_overhead_s < 3600:
-            raise ValueError("tensor_overhead_s: must be in [0, 3600) seconds")
+        if not 0 <= self.all_reduce_overhead_s < 3600:
+            raise ValueError("all_reduce_overhead_s: must be in [0, 3600) seconds")
         if not 0 < self.spread[0] <= self.spread[1]:
             raise ValueError("spread: give (low, high) with 0 < low <= high")
         names = [c.name for c in self.clusters]

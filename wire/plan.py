@@ -202,16 +202,17 @@ class Parallel(_Value):
         description="The fixed cost of one micro-batch on one stage the estimate counted "
         "(s), as fitted from finished pipeline runs; absent in older plans (0).",
     )
-    tensor_overhead_s: float | None = Field(
+    all_reduce_overhead_s: float | None = Field(
         default=None,
-        description="The fixed cost of one all-reduce of a tensor split the estimate counted "
-        "(s), as fitted from finished tensor-parallel runs; absent unsplit.",
+        description="The fixed cost of one all-reduce inside a cluster (a tensor split's, a "
+        "stage's replicas') the estimate counted (s), as fitted from finished tensor-parallel "
+        "runs; absent where the plan makes none.",
     )
-    tensor_all_reduces: int | None = Field(
+    all_reduces: int | None = Field(
         default=None,
-        description="The all-reduces a step of a tensor split makes on its busiest stage, "
-        "as the estimate counted them; absent unsplit or where the model's blocks are not "
-        "known.",
+        description="The all-reduces inside a cluster a step of a tensor split makes on its "
+        "busiest stage (the split's, and its replicas' one), as the estimate counted them; "
+        "absent unsplit or where the model's blocks are not known.",
     )
     bubble: float | None = Field(
         default=None, description="The schedule's idle share, (S-1)/(M+S-1)."

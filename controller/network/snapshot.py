@@ -34,8 +34,8 @@ from grammar.states import LIVE, ClusterState, JobState
 from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps
 from scheduler.pipeline_cost import (
     MICRO_BATCH_OVERHEAD_S,
+    fit_all_reduce_overhead,
     fit_micro_overhead,
-    fit_tensor_overhead,
 )
 
 DEFAULT_INTRA_GBPS = 100.0
@@ -248,7 +248,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         setup_s=seen.setup_s,
         setup_per_gpu_s=seen.setup_per_gpu_s,
         micro_overhead_s=seen.micro_overhead_s,
-        tensor_overhead_s=seen.tensor_overhead_s,
+        all_reduce_overhead_s=seen.all_reduce_overhead_s,
         spread=seen.spread,
     )
     return World(snapshot, origins, frozenset(ports), links, ports, ceilings)
@@ -402,7 +402,7 @@ class Observed:
     setup_per_gpu_s: float = 0.0
     spread: tuple[float, float] = SPREAD_PRIOR
     micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S
-    tensor_overhead_s: float = 0.0
+    all_reduce_overhead_s: float = 0.0
 
 
 def observed(session: Session) -> Observed:
@@ -447,12 +447,12 @@ def observed(session: Session) -> Observed:
         par = plan.parallel
         if par.mode != "data":  # a pipeline's step is not the data-parallel model's
             if par.tensor > 1:  # a split's all-reduces: fitted from one-stage runs alone
-                if len(par.stages) == 1 and par.tensor_all_reduces and tries <= 1:
-                    split[job_id] = fit_tensor_overhead(
+                if len(par.stages) == 1 and par.all_reduces and tries <= 1:
+                    split[job_id] = fit_all_reduce_overhead(
                         step_s,
                         est.step_time_s,
-                        par.tensor_all_reduces,
-                        par.tensor_overhead_s or 0.0,
+                        par.all_reduces,
+                        par.all_reduce_overhead_s or 0.0,
                     )
                 continue
             if par.stages and par.micro_batches and est.step_time_s > 0 and tries <= 1:
@@ -486,7 +486,7 @@ def observed(session: Session) -> Observed:
         setup_per_gpu_s=per_gpu,
         spread=_spread(ratios),
         micro_overhead_s=min(_median(list(micro.values()), MICRO_BATCH_OVERHEAD_S), 3599.0),
-        tensor_overhead_s=min(_median(list(split.values()), 0.0), 3599.0),
+        all_reduce_overhead_s=min(_median(list(split.values()), 0.0), 3599.0),
     )
 
 

@@ -154,9 +154,12 @@ def parallel_of(
         tensor=tensor,
         micro_batches=micro,
         micro_overhead_s=snapshot.micro_overhead_s,
-        tensor_overhead_s=snapshot.tensor_overhead_s if tensor > 1 else None,
-        tensor_all_reduces=(
+        all_reduce_overhead_s=(
+            snapshot.all_reduce_overhead_s if tensor > 1 or layout.replicas > 1 else None
+        ),
+        all_reduces=(
             TENSOR_ALL_REDUCES_PER_BLOCK * micro * math.ceil(blocks / len(stages))
+            + (1 if layout.replicas > 1 else 0)
             if split_known
             else None
         ),
@@ -251,7 +254,7 @@ def _stage_loads(
             blocks,
             tensor,
             c.intra_bandwidth_gbps,
-            snapshot.tensor_overhead_s,
+            snapshot.all_reduce_overhead_s,
         )
         out.append(
             (
@@ -298,7 +301,13 @@ def pipeline_estimate(
         return None
     s_count, micro = len(parallel.stages), micro_batches_of(parallel, spec)
     _, act = _batch_and_activations(spec)
-    work = [StageWork(c, step_s / micro, sent / micro, r) for c, step_s, sent, r in loads]
+    params = spec.work.params if spec.work is not None else builtin_work(spec.task).params
+    # each stage's replicas all-reduce its share of the gradients (each part of a split its own)
+    grads = 4.0 * params / (s_count * parallel.tensor)
+    work = [
+        StageWork(c, step_s / micro, sent / micro, gpus, st.replicas, grads)
+        for (c, step_s, sent, gpus), st in zip(loads, parallel.stages, strict=True)
+    ]
     overhead = snapshot.micro_overhead_s
     try:
         est = estimate_pipeline(
@@ -310,6 +319,7 @@ def pipeline_estimate(
             qos_class,
             micro_overhead_s=overhead,
             schedule=spec.pipeline.schedule,
+            all_reduce_overhead_s=snapshot.all_reduce_overhead_s,
         )
     except ValueError:  # no link between two stages' clusters
         return None

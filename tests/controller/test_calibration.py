@@ -332,8 +332,8 @@ def _split_job(
                 tensor=2,
                 micro_batches=2,
                 micro_overhead_s=0.005,
-                tensor_overhead_s=0.001,
-                tensor_all_reduces=16,
+                all_reduce_overhead_s=0.001,
+                all_reduces=16,
             ),
             estimate=PlanEstimate(total_time_s=1.0, wan_bytes=0, step_time_s=est, compute_s=est),
         ),
@@ -354,7 +354,7 @@ def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: st
     engine = make_engine(db_url)
     try:
         with Session(engine) as session, session.begin():
-            assert observed(session).tensor_overhead_s == 0.0
+            assert observed(session).all_reduce_overhead_s == 0.0
             tenant = Tenant(name="t")
             session.add(tenant)
             session.flush()
@@ -363,7 +363,7 @@ def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: st
             _split_job(session, tenant, 2, stages=2, est=0.1, step_s=9.0)  # 3D: not fitted
             session.flush()
             seen = observed(session)
-            assert seen.tensor_overhead_s == pytest.approx(0.011)
+            assert seen.all_reduce_overhead_s == pytest.approx(0.011)
             assert seen.micro_overhead_s == MICRO_BATCH_OVERHEAD_S  # nothing fitted it
     finally:
         engine.dispose()
