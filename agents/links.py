@@ -5,9 +5,11 @@ blob transfer: its bytes over its duration minus one RTT (the request's trip out
 first byte's trip back carry no payload). Loss is the fraction of probes that failed.
 
 What an agent reports is filtered over its last few measurements of a link, as BBR filters
-its path model: the largest bandwidth and the smallest RTT. Anything sharing the path while
-a probe runs (another agent's probe, a job's traffic) can only lower the throughput it sees
-and raise the delay, never the other way, so one unlucky probe must not become the link.
+its path model: the largest bandwidth (the link's capacity) and the smallest RTT. Anything
+sharing the path while a probe runs (another agent's probe, a job's traffic) can only lower
+the throughput it sees and raise the delay, never the other way, so one unlucky probe must
+not become the link. What the newest probe carried is reported beside it as what is free
+now: the two differ by the traffic on the path.
 
 Peers come only from the controller's `HeartbeatAck`, and a peer's URL is fetched only once it
 passes `check_probe_url` here too (the store may hold a URL from before that check existed).
@@ -38,11 +40,13 @@ PING_MAX_BODY = 4096  # a ping answers 204 with no body; more than this is not a
 
 
 def windowed(recent: Iterable[LinkMeasurement]) -> LinkMeasurement:
-    """The newest measurement with the window's largest bandwidth and smallest RTT."""
+    """The newest measurement with the window's largest bandwidth (the capacity) and
+    smallest RTT; its own bandwidth is what is free now."""
     window = list(recent)
     return window[-1].model_copy(
         update={
             "bandwidth_gbps": max(m.bandwidth_gbps for m in window),
+            "free_gbps": window[-1].bandwidth_gbps,
             "rtt_ms": min(m.rtt_ms for m in window),
         }
     )

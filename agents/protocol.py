@@ -267,7 +267,18 @@ class LinkMeasurement(_Wire):
     """One measured link from the reporting cluster to `dst`."""
 
     dst: PlainText = Field(min_length=1, max_length=63)
-    bandwidth_gbps: float = Field(gt=0, le=100_000, description="Measured throughput, Gbit/s.")
+    bandwidth_gbps: float = Field(
+        gt=0,
+        le=100_000,
+        description="The link's capacity, Gbit/s: the most its recent probes carried.",
+    )
+    free_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        le=100_000,
+        description="What is free on it now, Gbit/s: what the newest probe carried beside the "
+        "traffic on the path at the time (absent from older agents).",
+    )
     rtt_ms: float = Field(ge=0, le=600_000, description="Round-trip time, milliseconds.")
     loss: float = Field(default=0.0, ge=0, le=1, description="Fraction of probes that failed.")
     bytes_transferred: int = Field(

@@ -93,6 +93,12 @@ class Metrics:
             "Effective bandwidth of each WAN link (measured over declared), bytes per second.",
             ("src", "dst", "source"),
         )
+        self.link_free = Scraped(
+            "cpn_link_free_bytes_per_second",
+            "What each measured WAN link's newest probe carried beside the traffic on it, "
+            "bytes per second (its capacity: cpn_link_bandwidth_bytes_per_second).",
+            ("src", "dst"),
+        )
         self.link_rtt = Scraped(
             "cpn_link_rtt_seconds",
             "Effective round-trip time of each WAN link, seconds.",
@@ -140,6 +146,7 @@ class Metrics:
             self.gpus,
             self.jobs,
             self.link_bandwidth,
+            self.link_free,
             self.link_rtt,
             self.wan_ports,
             self.wan_bytes,

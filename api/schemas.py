@@ -135,7 +135,15 @@ class LinkOut(BaseModel):
     src: str
     dst: str
     source: Literal["declared", "measured"]
-    bandwidth_gbps: float
+    bandwidth_gbps: float = Field(
+        description="Capacity: declared, or the most the agent's recent probes carried."
+    )
+    free_gbps: float | None = Field(
+        default=None,
+        description="Measured links: what the newest probe carried beside the traffic on the "
+        "path then (capacity less what others send); the planner plans on the capacity less "
+        "cpn's own reservations.",
+    )
     rtt_ms: float
     loss: float
     egress_price_per_gb: float

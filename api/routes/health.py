@@ -105,10 +105,9 @@ def _scrape(session: Session, m: Metrics) -> None:
         .group_by(Cluster.name, ClusterGpus.model)
     ).all()
     jobs = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
-    links = [
-        (k.src.name, k.dst.name, k.source, k.bandwidth_gbps, k.rtt_ms)
-        for k in effective_links(session.scalars(select(Link)).unique().all())
-    ]
+    effective = effective_links(session.scalars(select(Link)).unique().all())
+    links = [(k.src.name, k.dst.name, k.source, k.bandwidth_gbps, k.rtt_ms) for k in effective]
+    free = {(k.src.name, k.dst.name): k.free_gbps for k in effective if k.free_gbps is not None}
     wan_ports = allocations.ports(session)
     wan = session.execute(
         select(Usage.cluster, Usage.dst_cluster, func.sum(Usage.quantity))
@@ -153,6 +152,7 @@ def _scrape(session: Session, m: Metrics) -> None:
     m.cluster_gpus.set_all(by_cluster)
     m.link_bandwidth.set_all({(s, d, src): gbps * 1e9 / 8 for s, d, src, gbps, _ in links})
     m.link_rtt.set_all({(s, d, src): rtt / 1000 for s, d, src, _, rtt in links})
+    m.link_free.set_all({key: gbps * 1e9 / 8 for key, gbps in free.items()})
     port_values: dict[tuple[str, ...], float] = {}
     for port in wan_ports:
         port_values[(port.cluster, port.direction, "reserved")] = port.reserved_kbps * 125.0

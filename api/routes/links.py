@@ -25,6 +25,7 @@ def _out(link: Link) -> LinkOut:
         dst=link.dst.name,
         source=link.source,
         bandwidth_gbps=link.bandwidth_gbps,
+        free_gbps=link.free_gbps,
         rtt_ms=link.rtt_ms,
         loss=link.loss,
         egress_price_per_gb=link.egress_price_per_gb,

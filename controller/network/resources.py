@@ -585,6 +585,7 @@ def ingest_links(
             "measured",
             newer_than=m.measured_at,
             bandwidth_gbps=m.bandwidth_gbps,
+            free_gbps=m.free_gbps,
             rtt_ms=m.rtt_ms,
             loss=m.loss,
             measured_at=m.measured_at,

@@ -261,6 +261,9 @@ class Link(Base):
     )
     source: Mapped[str] = mapped_column(String(16))  # "declared" | "measured"
     bandwidth_gbps: Mapped[float] = mapped_column(Float)
+    """Its capacity: declared, or the most the agent's recent probes carried."""
+    free_gbps: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    """Measured only: what the newest probe carried beside the path's traffic then."""
     rtt_ms: Mapped[float] = mapped_column(Float)
     loss: Mapped[float] = mapped_column(Float, default=0.0)
     egress_price_per_gb: Mapped[float] = mapped_column(Float, default=0.0)

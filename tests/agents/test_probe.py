@@ -217,6 +217,7 @@ def test_reports_are_the_best_of_the_last_few_measurements(probe_servers):
     # a probe that shared the path saw less bandwidth and more delay; the newest loss stands
     got = windowed(ms)
     assert (got.bandwidth_gbps, got.rtt_ms, got.loss) == (1.0, 5.0, 0.2)
+    assert got.free_gbps == 0.8  # what the newest probe carried: free now, not the capacity
     assert got.measured_at == ms[-1].measured_at
     # through measure_all: while the window fills, the reported bandwidth never falls
     peer = PeerProbe(cluster="b", probe_url=url(probe_servers()))

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 
 from api.client import ApiError, Client
@@ -81,6 +82,7 @@ def test_measured_links_replace_declared_and_keep_both(live_server: LiveServer) 
             {
                 "dst": "b",
                 "bandwidth_gbps": 0.8,
+                "free_gbps": 0.3,  # the path's traffic took the rest when the probe ran
                 "rtt_ms": 31.5,
                 "bytes_transferred": 4 << 20,
                 "measured_at": now,
@@ -91,10 +93,14 @@ def test_measured_links_replace_declared_and_keep_both(live_server: LiveServer) 
     with live_server.client() as admin:
         effective = {(k["src"], k["dst"]): k for k in admin.links()}
         assert effective[("a", "b")]["source"] == "measured"
-        assert effective[("a", "b")]["bandwidth_gbps"] == 0.8
+        assert effective[("a", "b")]["bandwidth_gbps"] == 0.8  # the capacity
+        assert effective[("a", "b")]["free_gbps"] == 0.3  # and what was free when measured
         assert effective[("a", "b")]["egress_price_per_gb"] == 0.05  # the declared price holds
         assert effective[("b", "a")]["source"] == "declared"
+        assert effective[("b", "a")]["free_gbps"] is None  # declared: a capacity only
         assert len(admin.links("all")) == 3
+    metrics = httpx.get(f"{live_server.url}/metrics").text
+    assert 'cpn_link_free_bytes_per_second{dst="b",src="a"} 3.75e+07' in metrics
     # A pinned declaration wins over measurements (e.g. probes that cannot see the real WAN).
     with live_server.client() as admin:
         admin.declare_link("a", "b", bandwidth_gbps=0.2, rtt_ms=45, pinned=True, symmetric=False)
