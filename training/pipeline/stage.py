@@ -62,7 +62,6 @@ class StageWorker:
         p = spec.placement
         self.stage = p.stage_of(rank)
         self.replica = p.replica_of(rank)
-        self.part = p.tensor_of(rank)  # which of the replica's T tensor-parallel ranks
         self.cluster = p.cluster_of(rank)
         self.first = self.stage == 0
         self.last = self.stage == p.stages - 1
@@ -159,15 +158,10 @@ class StageWorker:
         if self.tp is None:
             return self._recv(src)
         x = self._recv(src) if self.rank == self.head else None
-        shape = torch.zeros(9, dtype=torch.long)
-        if x is not None:
-            shape[0] = x.dim()
-            shape[1 : 1 + x.dim()] = torch.tensor(x.shape)
-            shape[8] = 1 if x.dtype == torch.float64 else 0
-        dist.broadcast(shape, self.head, group=self.tp)
+        meta: list[Any] = [tuple(x.shape), x.dtype] if x is not None else [None, None]
+        dist.broadcast_object_list(meta, src=self.head, group=self.tp)
         if x is None:
-            dims = [int(d) for d in shape[1 : 1 + int(shape[0])]]
-            x = torch.empty(dims, dtype=torch.float64 if shape[8] else torch.float32)
+            x = torch.empty(meta[0], dtype=meta[1])
         dist.broadcast(x, self.head, group=self.tp)
         return x
 
