@@ -60,6 +60,9 @@ def test_admin_actions_cordon_mint_and_bad_input(tab: Tab, console: Console) -> 
     expect(page.locator("#ports tbody")).to_contain_text("uplink")
     expect(page.locator("#ports tbody")).to_contain_text("10 Gb/s")
     expect(page.locator('#graph g.node[data-cluster="us-east"] .node-ports')).to_have_text("↑ 0%")
+    # a declared link has a capacity only: what is free now is the agents' to measure
+    expect(page.locator("#links thead")).to_contain_text("Free now")
+    expect(page.locator("#links tbody tr").first.locator("td").nth(3)).to_have_text("-")
     console.net.admin.request("PATCH", "/v1/clusters/us-east", json={"labels": labels})
     page.goto("/ui/admin/clusters")
     page.get_by_role("button", name="Cordon ap-south").click()

@@ -320,7 +320,8 @@ function network() {
       gpuText(c.gpus), c.cordoned ? (c.draining ? "cordoned, draining" : "cordoned") : "no", ago(c.last_heartbeat_at),
     ]));
     fill($("links").tBodies[0], links.map((l) => [
-      l.src, l.dst, `${l.bandwidth_gbps} Gb/s`, `${l.rtt_ms} ms`, `${(l.loss * 100).toFixed(2)} %`,
+      l.src, l.dst, `${l.bandwidth_gbps} Gb/s`, l.free_gbps == null ? "-" : `${l.free_gbps} Gb/s`,
+      `${l.rtt_ms} ms`, `${(l.loss * 100).toFixed(2)} %`,
       `$${l.egress_price_per_gb}/GB`, l.source, ago(l.measured_at),
     ]));
     fill($("ports").tBodies[0], ports.length === 0 ? [["none declared", "", "", "", "", ""]] : ports.map((p) => [
