@@ -777,3 +777,40 @@ def test_tensor_job_end_to_end(tmp_path: Path) -> None:
             agent.stop()
         plane.proc.stop(timeout=60)
         admin.close()
+
+
+def test_a_down_clusters_split_stage_moves_with_all_its_gpus(db_url: str, tmp_path: Path) -> None:
+    """A 3D job (2 stages, each split over 2 GPUs) on east and west; west goes DOWN. Its
+    stage moves to south with both its GPUs, the split stays, west's GPUs are released and
+    the relaunch runs the same split stages."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("east", gpus=2)
+        net.cluster("west", gpus=2)
+        net.cluster("south", gpus=2, price="9.0")  # dearer: not chosen at first
+        net.link("east", "west")
+        for a, b in [("east", "south"), ("west", "south")]:
+            net.link(a, b, gbps=1.0)
+        tenant = net.tenant("acme")
+        spec = _spec("3d", task="builtin:char-gpt", gpus=4, parallelism="pipeline", tensor=2)
+        job_id = net.submit(tenant, spec)
+        assert net.place() == [job_id]
+        run = net.start(job_id)
+        run.on_progress(progress(8, run.clusters, total_steps=20))
+        net.launcher.tick()
+        job = net.job(job_id)
+        assert job.placement is not None and job.placement.parallel.tensor == 2
+        assert sorted(s.cluster for s in job.placement.parallel.stages) == ["east", "west"]
+        net.lose("west")
+        net.launcher.tick()
+        moved = net.finish(run, report=report(8, run.clusters, stopped=True))
+        assert moved.state is JobState.SCHEDULED and moved.placement is not None
+        assert sorted(s.cluster for s in moved.placement.parallel.stages) == ["east", "south"]
+        assert moved.placement.parallel.tensor == 2
+        assert net.held(job_id) == {"east": 2, "south": 2}
+        assert net.books().in_use == {"east": 2, "west": 0, "south": 2}
+        stage_run = _pipeline_of(net, moved)
+        assert stage_run.placement.tensor == 2 and stage_run.placement.world == 4
+        assert stage_run.train.clusters == {"east": 2, "south": 2}
+    finally:
+        net.close()
