@@ -194,17 +194,19 @@ def jobs_table(jobs: list[dict[str, Any]], with_tenant: bool, wide: bool = False
 
 
 def _parallel(par: dict[str, Any] | None) -> str:
-    """The plan's parallelism: the mode, and a pipeline's stages in order."""
+    """The plan's parallelism: the mode, a pipeline's stages in order, and a split's width."""
     if not par:
         return "-"
     stages = par.get("stages") or []
     if not stages:
         return str(par.get("mode", "data"))
     width = stages[0].get("replicas", 1)
+    split = par.get("tensor", 1)
     return (
         f"{par['mode']}: "
         + " -> ".join(s["cluster"] for s in stages)
         + (f" (x{width} each)" if width > 1 else "")
+        + (f", layers split over {split} GPUs" if split > 1 else "")
         + f", {par.get('micro_batches')} micro-batches"
     )
 

@@ -814,3 +814,18 @@ def test_a_down_clusters_split_stage_moves_with_all_its_gpus(db_url: str, tmp_pa
         assert stage_run.train.clusters == {"east": 2, "south": 2}
     finally:
         net.close()
+
+
+def test_cpn_jobs_says_how_a_plan_splits_its_layers() -> None:
+    """`cpn jobs show`'s parallelism line: stages in order, replicas, the split's width."""
+    from api.cli.jobs import _parallel
+
+    par: dict[str, Any] = {
+        "mode": "pipeline",
+        "tensor": 2,
+        "micro_batches": 4,
+        "stages": [{"cluster": "east", "replicas": 1}, {"cluster": "west", "replicas": 1}],
+    }
+    assert _parallel(par) == "pipeline: east -> west, layers split over 2 GPUs, 4 micro-batches"
+    whole = {**par, "tensor": 1, "stages": [{"cluster": "east", "replicas": 2}]}
+    assert _parallel(whole) == "pipeline: east (x2 each), 4 micro-batches"
