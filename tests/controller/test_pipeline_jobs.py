@@ -504,14 +504,10 @@ def test_cpn_plan_shows_the_parallelism(tmp_path: Path) -> None:
 # ---- end to end ----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_pipeline_job_end_to_end(tmp_path: Path) -> None:
-    """A pipeline job through a real `cpn serve` (its own local Ray) and real agents: two
-    stages on two clusters of one GPU each, activations (int8) over an emulated WAN; it runs
-    to SUCCEEDED, its report carries the pipeline's figures and its activation bytes are
-    metered per link and charged as egress."""
-    from api.client import Client
-    from api.processes import start_agent, start_control_plane, wait_until, write_inventory
+def _serve(tmp_path: Path) -> Any:
+    """A real `cpn serve` on SQLite with its own local Ray (2 CPUs), quick heartbeats and
+    reconciles, checkpoints under `tmp_path`."""
+    from api.processes import start_control_plane
 
     env = {
         "CPN_HEARTBEAT_INTERVAL_S": "0.5",
@@ -521,9 +517,21 @@ def test_pipeline_job_end_to_end(tmp_path: Path) -> None:
         "CPN_RAY_NUM_CPUS": "2",
         "CPN_CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
     }
-    plane = start_control_plane(
+    return start_control_plane(
         f"sqlite:///{tmp_path / 'cpn.db'}", "cpn_admin_e2e-0123456789abcdef0123456789", settings=env
     )
+
+
+@pytest.mark.slow
+def test_pipeline_job_end_to_end(tmp_path: Path) -> None:
+    """A pipeline job through a real `cpn serve` (its own local Ray) and real agents: two
+    stages on two clusters of one GPU each, activations (int8) over an emulated WAN; it runs
+    to SUCCEEDED, its report carries the pipeline's figures and its activation bytes are
+    metered per link and charged as egress."""
+    from api.client import Client
+    from api.processes import start_agent, wait_until, write_inventory
+
+    plane = _serve(tmp_path)
     admin = Client(plane.url, plane.admin_token, timeout=60)
     agents = []
     try:
@@ -714,19 +722,9 @@ def test_tensor_job_end_to_end(tmp_path: Path) -> None:
     saying the split, its shards whole under the job's root, nothing on the WAN, and its
     GPUs billed."""
     from api.client import Client
-    from api.processes import start_agent, start_control_plane, wait_until, write_inventory
+    from api.processes import start_agent, wait_until, write_inventory
 
-    env = {
-        "CPN_HEARTBEAT_INTERVAL_S": "0.5",
-        "CPN_LEASE_GRACE_S": "10",
-        "CPN_PROBE_INTERVAL_S": "30",
-        "CPN_RECONCILE_INTERVAL_S": "0.3",
-        "CPN_RAY_NUM_CPUS": "2",
-        "CPN_CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
-    }
-    plane = start_control_plane(
-        f"sqlite:///{tmp_path / 'cpn.db'}", "cpn_admin_e2e-0123456789abcdef0123456789", settings=env
-    )
+    plane = _serve(tmp_path)
     admin = Client(plane.url, plane.admin_token, timeout=60)
     agent = None
     try:

@@ -14,14 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grammar.parallel import Parallelism, StageSplit, parse_parallelism, parse_stages
-from training.data import batch_indices
+from tests.training.helpers import reference_run
 from training.pipeline.codec import Codec, Header, decode, encode
 from training.pipeline.driver import StagePool
 from training.pipeline.schedule import Schedule, bubble_fraction, max_in_flight, stage_ops
 from training.pipeline.spec import PipelineReport
 from training.pipeline.split import Placement, balance, place
 from training.stages import group, piece_costs, pieces, profile_pieces
-from training.tasks import CharTransformer, as_tensors, load_task
+from training.tasks import CharTransformer, load_task
 
 # ---------------------------------------------------------------- pure parts
 
@@ -141,20 +141,7 @@ def test_parallel_grammar() -> None:
 
 def _reference(task_name: str, steps: int, batch: int) -> tuple[list[float], list[torch.Tensor]]:
     """Single-process training on each step's whole global batch: losses and parameters."""
-    task = load_task(task_name)
-    torch.manual_seed(0)
-    model = task.model()
-    opt = task.optimizer.build(model.parameters())
-    x, y = as_tensors(task.train)
-    losses = []
-    for step in range(steps):
-        idx = batch_indices(len(x), batch, 0, step)
-        opt.zero_grad()
-        loss = task.loss(model(x[idx]), y[idx])
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses, [q.detach().clone() for q in model.parameters()]
+    return reference_run(task_name, steps, batch)
 
 
 def _run(

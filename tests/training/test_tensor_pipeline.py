@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from training.data import batch_indices
+from tests.training.helpers import reference_run
 from training.pipeline.driver import StagePool
 from training.pipeline.schedule import Schedule
 from training.pipeline.split import Placement
-from training.tasks import as_tensors, load_task
+from training.tasks import load_task
 from training.tensor_parallel import check_split
 
 pytestmark = pytest.mark.slow
@@ -47,20 +47,7 @@ def test_a_split_that_does_not_divide_says_the_fix() -> None:
 
 
 def _reference(steps: int, batch: int) -> tuple[list[float], list[torch.Tensor]]:
-    task = load_task(TASK)
-    torch.manual_seed(0)
-    model = task.model()
-    opt = task.optimizer.build(model.parameters())
-    x, y = as_tensors(task.train)
-    losses = []
-    for step in range(steps):
-        idx = batch_indices(len(x), batch, 0, step)
-        opt.zero_grad()
-        loss = task.loss(model(x[idx]), y[idx])
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses, [q.detach().clone() for q in model.parameters()]
+    return reference_run(TASK, steps, batch)
 
 
 def _spec(placement: Placement, steps: int, ckpt: Path | None = None, **kw: Any) -> Any:
