@@ -211,6 +211,8 @@ def planned(top: dict[str, Any], parallel: dict[str, Any]) -> dict[str, Any]:
             counts[st["cluster"]] = counts.get(st["cluster"], 0) + width
         return {
             **out,
+            "stages": len(parallel["stages"]),
+            "tensor": width,
             "placement": [{"cluster": c, "gpus": g} for c, g in counts.items()],
             "compression": "none",
             "sync": "every-step",
@@ -223,8 +225,14 @@ def planned(top: dict[str, Any], parallel: dict[str, Any]) -> dict[str, Any]:
 def _print_text(result: PlanResult, answer: dict[str, Any] | None = None) -> None:
     obj = answer or result_to_json(result)
     if obj["feasible"] and obj.get("mode") not in (None, "data"):
-        stages = sum(p["gpus"] for p in obj["placement"])
-        print(f"feasible plan ({obj['objective']}): a {obj['mode']} of {stages} stages")
+        stages, split = obj.get("stages", 1), obj.get("tensor", 1)
+        if obj["mode"] == "tensor":
+            shape = f"tensor parallel, each layer split over {split} GPUs"
+        else:
+            shape = f"a {obj['mode']} of {stages} stages" + (
+                f", each split over {split} GPUs (3D)" if split > 1 else ""
+            )
+        print(f"feasible plan ({obj['objective']}): {shape}")
         print(
             "  placement:   " + ", ".join(f"{p['cluster']} x{p['gpus']}" for p in obj["placement"])
         )

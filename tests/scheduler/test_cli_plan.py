@@ -257,6 +257,12 @@ def test_a_70b_model_is_never_a_feasible_data_parallel_plan(tmp_path: Path, seq:
         # the fastest of the plans weighed: stages of 2 GPUs splitting their layers (3D)
         assert tensor == 2 and "weighed: " in out["parallelism"]["reason"]
         assert sum(p["gpus"] for p in out["placement"]) == len(stages) * tensor <= 24
+        assert (out["stages"], out["tensor"]) == (len(stages), tensor)
+        text = cpn_plan(tmp_path, snapshot=BIG_SNAPSHOT, job=job).stdout.splitlines()[0]
+        assert text == (
+            f"feasible plan (time): a pipeline of {len(stages)} stages, each split over "
+            f"{tensor} GPUs (3D)"
+        )
         assert all(st["layers"][1] - st["layers"][0] >= 2 for st in stages)  # layers grouped
         assert out["estimate"] == out["parallelism"]["estimate"]
     else:
