@@ -522,6 +522,18 @@ def _serve(tmp_path: Path) -> Any:
     )
 
 
+def _ended(admin: Any, job_id: str, what: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job once it ends (SUCCEEDED or FAILED, within 240 s) and its events."""
+    from api.processes import wait_until
+
+    done = wait_until(
+        lambda: (j := admin.get(f"/v1/jobs/{job_id}"))["state"] in {"SUCCEEDED", "FAILED"} and j,
+        240,
+        what,
+    )
+    return done, list(admin.paginate(f"/v1/jobs/{job_id}/events"))
+
+
 @pytest.mark.slow
 def test_pipeline_job_end_to_end(tmp_path: Path) -> None:
     """A pipeline job through a real `cpn serve` (its own local Ray) and real agents: two
@@ -564,14 +576,7 @@ def test_pipeline_job_end_to_end(tmp_path: Path) -> None:
              "parallelism": "pipeline", "compression": "int8",
              "pipeline": {"micro_batches": 2}, "args": {"eval_every": 3}},
         )  # fmt: skip
-        done = wait_until(
-            lambda: (
-                (j := admin.get(f"/v1/jobs/{job['id']}"))["state"] in {"SUCCEEDED", "FAILED"} and j
-            ),
-            240,
-            "the pipeline job ends",
-        )
-        events = list(admin.paginate(f"/v1/jobs/{job['id']}/events"))
+        done, events = _ended(admin, job["id"], "the pipeline job ends")
         assert done["state"] == "SUCCEEDED", events
         par = done["placement"]["parallel"]
         assert par["mode"] == "pipeline" and sorted(s["cluster"] for s in par["stages"]) == [
@@ -751,14 +756,7 @@ def test_tensor_job_end_to_end(tmp_path: Path) -> None:
             {"name": "tp", "task": "builtin:char-gpt", "gpus": 2, "steps": 4,
              "parallelism": "tensor", "args": {"eval_every": 2, "batch_size": 8}},
         )  # fmt: skip
-        done = wait_until(
-            lambda: (
-                (j := admin.get(f"/v1/jobs/{job['id']}"))["state"] in {"SUCCEEDED", "FAILED"} and j
-            ),
-            240,
-            "the tensor job ends",
-        )
-        events = list(admin.paginate(f"/v1/jobs/{job['id']}/events"))
+        done, events = _ended(admin, job["id"], "the tensor job ends")
         assert done["state"] == "SUCCEEDED", events
         par = done["placement"]["parallel"]
         assert par["mode"] == "tensor" and par["tensor"] == 2
