@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from grammar.parallel import Parallelism
 from scheduler.gpus import DEFAULT_EFFICIENCY
 from scheduler.pipeline_cost import (
+    ALL_REDUCE_OVERHEAD_S,
     MICRO_BATCH_OVERHEAD_S,
     boundary_latency_s,
     micro_batch_candidates,
@@ -305,14 +306,15 @@ class _Sums:
         return cls(flops, params, kept, per_param, split, split_bytes)
 
     def collective_s(
-        self, j: int, i: int, micro_batch: int, tensor: int, cluster: Cluster
+        self, j: int, i: int, micro_batch: int, tensor: int, cluster: Cluster, overhead_s: float
     ) -> float:
-        """Layers [j, i)'s all-reduces of one micro-batch under a `tensor`-way split."""
+        """Layers [j, i)'s all-reduces of one micro-batch under a `tensor`-way split, each
+        with its fixed cost `overhead_s`."""
         blocks = self.split[i] - self.split[j]
         if tensor <= 1 or not blocks:
             return 0.0
         mean = (self.split_bytes[i] - self.split_bytes[j]) / blocks * micro_batch
-        return tensor_collective_s(mean, blocks, tensor, cluster.intra_bandwidth_gbps)
+        return tensor_collective_s(mean, blocks, tensor, cluster.intra_bandwidth_gbps, overhead_s)
 
     def fits(self, profile: ModelProfile, j: int, i: int, samples: int, limit: float) -> bool:
         """`memory(profile, j, i, mb, k).total <= limit` with `samples` = mb x k in flight."""
@@ -331,6 +333,7 @@ def _split(
     micro_batch: int,
     overhead_s: float,
     tensor: int = 1,
+    all_reduce_s: float = ALL_REDUCE_OVERHEAD_S,
 ) -> _Split | None:
     """The contiguous split of the layers over `slots` (one stage each, in order) with the
     least bottleneck (slowest stage or link per micro-batch) that fits every GPU; None if
@@ -359,7 +362,7 @@ def _split(
                 if not sums.fits(profile, j, i, micro_batch * in_flight, limit):
                     continue
                 compute = 3.0 * (flops[i] - flops[j]) * micro_batch / speed + overhead_s
-                compute += sums.collective_s(j, i, micro_batch, tensor, slot)
+                compute += sums.collective_s(j, i, micro_batch, tensor, slot, all_reduce_s)
                 link, wan = 0.0, 0.0
                 if k > 1:
                     got = _link_s(
@@ -395,7 +398,7 @@ def _split(
                 gpu_bytes=mems[slot.name],
                 compute_s=3.0 * (flops[hi] - flops[lo]) * micro_batch / _flops_per_s(slot)
                 + overhead_s
-                + sums.collective_s(lo, hi, micro_batch, tensor, slot),
+                + sums.collective_s(lo, hi, micro_batch, tensor, slot, all_reduce_s),
                 send_s=send,
             )
         )
@@ -416,15 +419,17 @@ def plan_parallelism(
     memory_gb: Mapping[str, float] | None = None,
     micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S,
     schedule: str = "gpipe",
+    all_reduce_overhead_s: float = ALL_REDUCE_OVERHEAD_S,
 ) -> ParallelPlan:
     """Data parallel when the whole model trains on one GPU of some cluster; else, for each
     split its layers allow (1 to `MAX_TENSOR` GPUs of one cluster, dividing the blocks'
     heads), the fastest plan with the fewest stages of such groups (one stage of a split:
     tensor parallel; several: a pipeline, 3D when split), and of those the shortest step;
-    ValueError (saying why) when nothing fits. `memory_gb`
-    overrides GPU memory per cluster name; `micro_overhead_s` is the fixed cost of a
-    micro-batch on a stage; under `schedule` 1F1B a slot is also at least a micro-batch's
-    round trip over the S it keeps in flight (`scheduler.pipeline_cost`)."""
+    ValueError (saying why) when nothing fits. `memory_gb` overrides GPU memory per cluster
+    name; `micro_overhead_s` is the fixed cost of a micro-batch on a stage,
+    `all_reduce_overhead_s` that of a split's all-reduce; under `schedule` 1F1B a slot is
+    also at least a micro-batch's round trip over the S it keeps in flight
+    (`scheduler.pipeline_cost`)."""
     if batch < 1:
         raise ValueError("batch: give at least 1")
     usable = [c for c in clusters if c.schedulable and c.gpus_free > 0]
@@ -456,7 +461,15 @@ def plan_parallelism(
         if profile.splits(t)
         and (
             got := _staged(
-                profile, t, usable, orders, directed, mems, batch, micro_overhead_s, schedule
+                profile,
+                t,
+                usable,
+                orders,
+                directed,
+                mems,
+                batch,
+                (micro_overhead_s, all_reduce_overhead_s),
+                schedule,
             )
         )
         is not None
@@ -493,12 +506,14 @@ def _staged(
     directed: Mapping[tuple[str, str], Link],
     mems: Mapping[str, float],
     batch: int,
-    micro_overhead_s: float,
+    overheads: tuple[float, float],
     schedule: str,
 ) -> ParallelPlan | None:
     """The fastest plan with the fewest stages that fit, each stage a group of `tensor` GPUs
-    of one cluster splitting its layers (1: one GPU a stage); None when none fits."""
+    of one cluster splitting its layers (1: one GPU a stage); None when none fits. `overheads`:
+    the fixed costs of a micro-batch on a stage and of a split's all-reduce."""
     profile = whole_profile.split(tensor)
+    micro_s, reduce_s = overheads
     n = len(profile.layers)
     one = memory(profile, 0, n, 1, 1)
     groups = sum(c.gpus_free // tensor for c in usable)
@@ -516,7 +531,7 @@ def _staged(
             latency = _latency_s(slots, directed)
             for micro in micro_batch_candidates(batch, s_count):
                 mb = math.ceil(batch / micro)
-                got = _split(profile, slots, directed, mems, micro, mb, micro_overhead_s, tensor)
+                got = _split(profile, slots, directed, mems, micro, mb, micro_s, tensor, reduce_s)
                 if got is None:
                     continue
                 slot = slot_seconds(

@@ -42,6 +42,12 @@ MICRO_BATCH_OVERHEAD_S = 0.005
 observed; the control plane fits it from finished runs (`controller.network.snapshot`)."""
 
 
+ALL_REDUCE_OVERHEAD_S = 0.0001
+"""The prior of one all-reduce's fixed cost inside a cluster (its launch and the runtime's
+dispatch, beyond its bytes and rounds: of the order of a tenth of a millisecond for NCCL on
+one machine's GPUs; gloo on CPUs takes far more, which the fit learns), before any split run
+was observed; fitted like the micro-batch cost (`fit_all_reduce_overhead`)."""
+
 TENSOR_ALL_REDUCES_PER_BLOCK = 4
 """A split block's all-reduces a micro-batch: attention's and the MLP's row-parallel outputs
 forward, their column-parallel inputs' gradients backward."""

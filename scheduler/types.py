@@ -169,6 +169,9 @@ class Snapshot:
     all_reduce_overhead_s: float = 0.0
     """A tensor split's fixed cost of one all-reduce (`pipeline_cost.tensor_collective_s`),
     fitted from finished tensor-parallel runs."""
+    priors: frozenset[str] = frozenset()
+    """The fitted costs above (by field name) that no finished run has measured yet: their
+    values are priors, which a plan that counts them says."""
     spread: tuple[float, float] = (1.0, 1.0)
     """What finished runs took over their estimates, low and high (the 10th and 90th
     percentiles): an estimate's range is its total times these."""

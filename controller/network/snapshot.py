@@ -33,6 +33,7 @@ from controller.store.models import (
 from grammar.states import LIVE, ClusterState, JobState
 from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps
 from scheduler.pipeline_cost import (
+    ALL_REDUCE_OVERHEAD_S,
     MICRO_BATCH_OVERHEAD_S,
     fit_all_reduce_overhead,
     fit_micro_overhead,
@@ -249,6 +250,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         setup_per_gpu_s=seen.setup_per_gpu_s,
         micro_overhead_s=seen.micro_overhead_s,
         all_reduce_overhead_s=seen.all_reduce_overhead_s,
+        priors=seen.priors,
         spread=seen.spread,
     )
     return World(snapshot, origins, frozenset(ports), links, ports, ceilings)
@@ -402,7 +404,9 @@ class Observed:
     setup_per_gpu_s: float = 0.0
     spread: tuple[float, float] = SPREAD_PRIOR
     micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S
-    all_reduce_overhead_s: float = 0.0
+    all_reduce_overhead_s: float = ALL_REDUCE_OVERHEAD_S
+    priors: frozenset[str] = frozenset({"micro_overhead_s", "all_reduce_overhead_s"})
+    """Which of the two costs above no finished run has measured yet (still their priors)."""
 
 
 def observed(session: Session) -> Observed:
@@ -486,7 +490,12 @@ def observed(session: Session) -> Observed:
         setup_per_gpu_s=per_gpu,
         spread=_spread(ratios),
         micro_overhead_s=min(_median(list(micro.values()), MICRO_BATCH_OVERHEAD_S), 3599.0),
-        all_reduce_overhead_s=min(_median(list(split.values()), 0.0), 3599.0),
+        all_reduce_overhead_s=min(_median(list(split.values()), ALL_REDUCE_OVERHEAD_S), 3599.0),
+        priors=frozenset(
+            name
+            for name, samples in (("micro_overhead_s", micro), ("all_reduce_overhead_s", split))
+            if not samples
+        ),
     )
 
 

@@ -374,12 +374,23 @@ def pipeline_estimate(
     why = (
         f"priced as a {parallel.mode} of {s_count} stages: step {est.step_s:.4g} s "
         f"({micro + s_count - 1} x the slowest stage or link, {est.bottleneck_s:.4g} s, a "
-        f"micro-batch's fixed {overhead * 1e3:.3g} ms included, and the links' latency once, "
-        f"{est.latency_s:.4g} s), "
+        f"micro-batch's fixed {overhead * 1e3:.3g} ms{_prior(snapshot, 'micro_overhead_s')} "
+        f"included, and the links' latency once, {est.latency_s:.4g} s), "
         f"{per_step / 1e6:.4g} MB of activations and gradients over the WAN a step"
         + ("" if act else " (activation size unknown: WAN not counted)")
+        + (
+            f"; an all-reduce inside a cluster costs {snapshot.all_reduce_overhead_s * 1e3:.3g} "
+            f"ms beyond its bytes{_prior(snapshot, 'all_reduce_overhead_s')}"
+            if parallel.tensor > 1 or any(st.replicas > 1 for st in parallel.stages)
+            else ""
+        )
     )
     return estimate, PriceBreakdown(total=round(cost, 6), gpu=gpu, egress=tuple(egress)), why
+
+
+def _prior(snapshot: scheduler.Snapshot, cost: str) -> str:
+    """What a plan says of a fitted cost no finished run has measured yet."""
+    return " (a prior: no run has measured it yet)" if cost in snapshot.priors else ""
 
 
 def _party(snapshot: scheduler.Snapshot, name: str) -> str | None:

@@ -346,15 +346,18 @@ def _split_job(
 
 def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: str) -> None:
     """A one-stage split's step over its estimate, spread over its all-reduces, plus what the
-    estimate counted for each: the median (0 before any). Split runs stay out of the
-    micro-batch fit, and a split pipeline (3D) out of both: two unknowns in one number."""
+    estimate counted for each: the median (the prior before any, and said to be one). Split
+    runs stay out of the micro-batch fit, and a split pipeline (3D) out of both: two unknowns
+    in one number."""
     from controller.network.snapshot import observed
-    from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S
+    from scheduler.pipeline_cost import ALL_REDUCE_OVERHEAD_S, MICRO_BATCH_OVERHEAD_S
 
     engine = make_engine(db_url)
     try:
         with Session(engine) as session, session.begin():
-            assert observed(session).all_reduce_overhead_s == 0.0
+            before = observed(session)
+            assert before.all_reduce_overhead_s == ALL_REDUCE_OVERHEAD_S > 0
+            assert before.priors == {"micro_overhead_s", "all_reduce_overhead_s"}
             tenant = Tenant(name="t")
             session.add(tenant)
             session.flush()
@@ -365,6 +368,7 @@ def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: st
             seen = observed(session)
             assert seen.all_reduce_overhead_s == pytest.approx(0.011)
             assert seen.micro_overhead_s == MICRO_BATCH_OVERHEAD_S  # nothing fitted it
+            assert seen.priors == {"micro_overhead_s"}
     finally:
         engine.dispose()
 

@@ -24,7 +24,11 @@ from controller.network.snapshot import SETUP_PRIOR_S
 from controller.store.models import Cluster, Job, JobEvent, Usage
 from controller.values.plan import MICRO_BATCHES_FALLBACK, keep_stages
 from grammar.states import JobState
-from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S, micro_batch_candidates
+from scheduler.pipeline_cost import (
+    ALL_REDUCE_OVERHEAD_S,
+    MICRO_BATCH_OVERHEAD_S,
+    micro_batch_candidates,
+)
 from tests.controller.world import Net, progress, report
 from training.pipeline.report import report_of, stage_progress
 from training.pipeline.spec import PipelineReport, StageResult
@@ -678,6 +682,10 @@ def test_tensor_job_splits_its_layers_inside_one_cluster(big: Net) -> None:
     assert [(s.cluster, s.replicas) for s in par.stages] == [("big", 2)]
     assert "split over 2 GPU(s) of big, 2 data-parallel group(s)" in par.reason
     assert plan.estimate.wan_bytes == 0
+    # no split job has finished here: its all-reduces are counted at the prior, and it says so
+    assert par.all_reduce_overhead_s == ALL_REDUCE_OVERHEAD_S > 0
+    priced = next(line for line in plan.explanation if line.startswith("priced as"))
+    assert "all-reduce inside a cluster costs 0.1 ms beyond its bytes (a prior" in priced
     run = _pipeline_of(big, job)
     assert run.placement.stage_clusters == ("big",)
     assert (run.placement.replicas, run.placement.tensor) == (2, 2)
