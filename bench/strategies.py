@@ -44,12 +44,21 @@ class Strategy:
     replicas: int = 1
     tensor: int = 1
     micro_batches: int = 1
+    pipelines: tuple[tuple[str, ...], ...] = ()
+    """Whole pipeline replicas' clusters (empty: every replica in its stage's cluster)."""
 
 
 STRATEGIES = (
     Strategy("data (fp32, every step)", ()),
     Strategy("pipeline (4 stages)", ("a", "a", "b", "b"), micro_batches=8),
     Strategy("hybrid (2 stages x 2 replicas)", ("a", "b"), replicas=2, micro_batches=4),
+    Strategy(
+        "hybrid (2 whole pipelines, a and b)",
+        ("a", "a"),
+        replicas=2,
+        micro_batches=4,
+        pipelines=(("a", "a"), ("b", "b")),
+    ),
     Strategy("tensor (a: 2 GPUs split)", ("a",), tensor=2),
     Strategy("3D (2 stages x 2-GPU split)", ("a", "b"), tensor=2, micro_batches=4),
 )
@@ -94,7 +103,7 @@ def planned(
     all-reduce also costing `tensor_s`), each micro-batch's fixed cost. `costs`: the
     pieces' costs the runtime cuts by (`training.stages.piece_costs`)."""
     from scheduler.memory import memory
-    from scheduler.pipeline_cost import StageWork, estimate_pipeline, tensor_collective_s
+    from scheduler.pipeline_cost import StageWork, estimate_whole_pipelines, tensor_collective_s
     from scheduler.types import Cluster, Link
     from training.pipeline.split import balance
 
@@ -111,8 +120,11 @@ def planned(
     cuts = balance(costs, len(s.stages))
     bounds = [0, *cuts, len(profile.layers)]
     mb = batch / s.replicas / s.micro_batches
-    work, mems = [], []
-    for i, cluster in enumerate(s.stages):
+    rows = s.pipelines or (s.stages,)
+    width = 1 if s.pipelines else s.replicas  # replicas a stage has in its own cluster
+    work: list[list[StageWork]] = [[] for _ in rows]
+    mems = []
+    for i in range(len(s.stages)):
         lo, hi = bounds[i], bounds[i + 1]
         layers = split.layers[lo:hi]
         blocks = sum(1 for x in layers if x.heads)
@@ -121,10 +133,11 @@ def planned(
         compute += tensor_collective_s(act, blocks, s.tensor, INTRA_GBPS, tensor_s)
         send = 0.0 if i == len(s.stages) - 1 else layers[-1].activation_bytes * mb
         grads = 4.0 * sum(x.params for x in layers)  # a part's own, under a split
-        work.append(StageWork(cluster, compute, send, s.replicas * s.tensor, s.replicas, grads))
+        for row, stages in zip(rows, work, strict=True):
+            stages.append(StageWork(row[i], compute, send, width * s.tensor, width, grads))
         in_flight = min(s.micro_batches, len(s.stages) - i)
         mems.append(memory(split, lo, hi, max(1, round(mb)), in_flight).total / 1e9)
-    est = estimate_pipeline(
+    est = estimate_whole_pipelines(
         work,
         clusters,
         links,
@@ -166,12 +179,9 @@ def run(s: Strategy, steps: int, batch: int, mbps: float, rtt_ms: float) -> dict
         }
     from training.pipeline import PipelineSpec, Placement, Schedule, run_pipeline
 
-    used: dict[str, int] = {}
-    for c in s.stages:
-        used[c] = used.get(c, 0) + s.replicas * s.tensor
-    placement = Placement(s.stages, s.replicas, s.tensor)
+    placement = Placement(s.stages, s.replicas, s.tensor, s.pipelines)
     spec = PipelineSpec(
-        replace(train, clusters=used),
+        replace(train, clusters=placement.workers()),
         placement,
         micro_batches=s.micro_batches,
         schedule=Schedule.GPIPE,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.types import Cluster, Link
 
@@ -258,6 +258,106 @@ def estimate_pipeline(
         step_s=step_s,
         bubble=bubble_fraction(s_count, m),
         steps=steps,
+        sync_s=sync,
+        total_time_s=total,
+        wan_bytes_per_step=tuple((a, b, n) for (a, b), n in sorted(wan.items())),
+        gpu_cost=gpu_cost,
+        egress_cost=egress,
+    )
+
+
+def wan_ring_all_reduce_s(
+    nbytes: float,
+    ring: Sequence[str],
+    clusters: Mapping[str, Cluster],
+    links: Mapping[tuple[str, str], Link],
+    overhead_s: float = 0.0,
+) -> tuple[float, dict[tuple[str, str], float]]:
+    """One ring all-reduce of `nbytes` among ranks on the clusters `ring` (in rank order,
+    rank r sending to r + 1, as gloo's ring does): 2(R - 1) rounds of 1/R of the bytes, each
+    as slow as its slowest edge (half the link's RTT plus the chunk at its bandwidth; an
+    edge inside a cluster at its intra bandwidth), plus its fixed cost `overhead_s`. Returns
+    the seconds and the bytes each directed WAN link carries. ValueError naming a pair
+    without a link."""
+    r_count = len(ring)
+    if r_count <= 1:
+        return 0.0, {}
+    chunk = nbytes / r_count
+    slowest = 0.0
+    wan: dict[tuple[str, str], float] = {}
+    for a, b in zip(ring, [*ring[1:], ring[0]], strict=True):
+        here, there = clusters[a], clusters[b]
+        if a == b:
+            slowest = max(slowest, chunk * 8 / (here.intra_bandwidth_gbps * 1e9))
+            continue
+        slowest = max(
+            slowest,
+            boundary_latency_s(here, there, links) / 2 + link_seconds(here, there, links, chunk),
+        )
+        wan[(a, b)] = wan.get((a, b), 0.0) + 2 * (r_count - 1) * chunk
+    return 2 * (r_count - 1) * slowest + overhead_s, wan
+
+
+def estimate_whole_pipelines(
+    pipelines: Sequence[Sequence[StageWork]],
+    clusters: Mapping[str, Cluster],
+    links: Mapping[tuple[str, str], Link],
+    micro_batches: int,
+    steps: int,
+    qos_class: str | None = None,
+    micro_overhead_s: float = 0.0,
+    schedule: str = "gpipe",
+    all_reduce_overhead_s: float = 0.0,
+) -> PipelineEstimate:
+    """Data parallelism over whole pipeline replicas on clusters of their own (`pipelines`:
+    each replica's stages in order, one replica each, the same count): every replica runs
+    its share of the batch as `estimate_pipeline` times it, the slowest sets the step, then
+    each stage's replicas all-reduce its gradients over the WAN between their clusters
+    (`wan_ring_all_reduce_s`, the stages in parallel: the slowest). ValueError as
+    `estimate_pipeline`, and for replicas of unequal depth."""
+    if not pipelines:
+        raise ValueError("pipelines: give at least one")
+    depth = len(pipelines[0])
+    if any(len(p) != depth for p in pipelines):
+        raise ValueError("pipelines: every replica needs the same number of stages")
+    each = [
+        estimate_pipeline(
+            p, clusters, links, micro_batches, steps, qos_class,
+            micro_overhead_s=micro_overhead_s, schedule=schedule,
+            all_reduce_overhead_s=all_reduce_overhead_s,
+        )
+        for p in pipelines
+    ]  # fmt: skip
+    if len(pipelines) == 1:
+        return each[0]
+    sync = 0.0
+    wan: dict[tuple[str, str], float] = {}
+    for e in each:
+        for a, b, n in e.wan_bytes_per_step:
+            wan[(a, b)] = wan.get((a, b), 0.0) + n
+    for s in range(depth):
+        ring = [p[s].cluster for p in pipelines]
+        took, moved = wan_ring_all_reduce_s(
+            pipelines[0][s].grad_bytes, ring, clusters, links, all_reduce_overhead_s
+        )
+        sync = max(sync, took)
+        for edge, n in moved.items():
+            wan[edge] = wan.get(edge, 0.0) + n
+    slowest = max(each, key=lambda e: e.step_s)
+    step_s = slowest.step_s + sync
+    total = step_s * steps
+    gpu_cost = sum(
+        st.gpus * clusters[st.cluster].price(qos_class) * total / 3600.0
+        for p in pipelines
+        for st in p
+    )
+    egress = 0.0
+    for (src, dst), nbytes in wan.items():
+        lk = _link(links, src, dst)
+        egress += nbytes * steps / 1e9 * (lk.egress_price_per_gb if lk is not None else 0.0)
+    return replace(
+        slowest,
+        step_s=step_s,
         sync_s=sync,
         total_time_s=total,
         wan_bytes_per_step=tuple((a, b, n) for (a, b), n in sorted(wan.items())),

@@ -175,10 +175,17 @@ class PriceBreakdown(_Value):
 
 class StageShare(_Value):
     """One pipeline stage: its cluster and how many data-parallel replicas it has there (each
-    `Parallel.tensor` GPUs)."""
+    `Parallel.tensor` GPUs), or, for whole pipeline replicas on clusters of their own, each
+    replica's cluster."""
 
     cluster: str
     replicas: int = 1
+    replica_clusters: tuple[str, ...] = Field(
+        default=(),
+        description="The cluster of each replica, in replica order, when the replicas are "
+        "whole pipelines on clusters of their own (their gradients all-reduce over the WAN); "
+        "empty: every replica on `cluster`.",
+    )
 
 
 class Parallel(_Value):

@@ -202,10 +202,15 @@ def _parallel(par: dict[str, Any] | None) -> str:
         return str(par.get("mode", "data"))
     width = stages[0].get("replicas", 1)
     split = par.get("tensor", 1)
+    rows = list(zip(*(s.get("replica_clusters") or () for s in stages), strict=False))
+    laid = (
+        " | ".join(" -> ".join(row) for row in rows) + f" ({len(rows)} whole pipelines)"
+        if rows and len(rows[0]) == len(stages)
+        else " -> ".join(s["cluster"] for s in stages) + (f" (x{width} each)" if width > 1 else "")
+    )
     return (
         f"{par['mode']}: "
-        + " -> ".join(s["cluster"] for s in stages)
-        + (f" (x{width} each)" if width > 1 else "")
+        + laid
         + (f", layers split over {split} GPUs" if split > 1 else "")
         + f", {par.get('micro_batches')} micro-batches"
     )

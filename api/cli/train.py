@@ -218,6 +218,13 @@ def train(
         help="Pipeline stages: N (balanced by compute) or @C1,C2,... (pieces where stages "
         "start); default one per worker (pipeline) or per cluster (hybrid).",
     ),
+    whole_pipelines: bool = typer.Option(
+        False,
+        "--whole-pipelines",
+        help="hybrid: each replica a whole pipeline of --stages consecutive workers, on "
+        "clusters of its own (3D across datacenters); the stages' gradients all-reduce across "
+        "the WAN instead of inside each stage's cluster.",
+    ),
     micro_batches: int = typer.Option(
         4, "--micro-batches", min=1, help="Micro-batches per step (pipeline, hybrid)."
     ),
@@ -317,8 +324,12 @@ def train(
         raise fail("train", "--parallel", str(exc)) from None
     if mode is Parallelism.AUTO:
         raise fail("train", "--parallel", "auto needs the planner: give data, pipeline or hybrid")
+    if whole_pipelines and mode is not Parallelism.HYBRID:
+        raise fail("train", "--whole-pipelines", "needs --parallel hybrid")
     if mode is not Parallelism.DATA:
-        _train_pipeline(spec, mode, stages, micro_batches, schedule, as_json, tensor)
+        _train_pipeline(
+            spec, mode, stages, micro_batches, schedule, as_json, tensor, whole_pipelines
+        )
         return
     if stages is not None:
         raise fail("train", "--stages", "needs --parallel pipeline or hybrid")
@@ -370,9 +381,16 @@ def train(
         Console().print(_report_table(report))
 
 
-def _placement(clusters: dict[str, int], split: Any, mode: Parallelism, tensor: int | None) -> Any:
+def _placement(
+    clusters: dict[str, int],
+    split: Any,
+    mode: Parallelism,
+    tensor: int | None,
+    whole: bool = False,
+) -> Any:
     """Where the stage replicas go: `tensor` workers of one cluster a replica (all of the one
-    cluster's under --parallel tensor). ValueError `field: message`."""
+    cluster's under --parallel tensor); `whole` pipeline replicas on clusters of their own.
+    ValueError `field: message`."""
     from training.pipeline import Placement, place
 
     if mode is Parallelism.TENSOR:
@@ -392,8 +410,8 @@ def _placement(clusters: dict[str, int], split: Any, mode: Parallelism, tensor: 
             f"tensor: every cluster's workers must make groups of {width}: {dict(clusters)}"
         )
     groups = {c: n // width for c, n in clusters.items()}
-    laid = place(groups, split.count if split else None, mode is Parallelism.HYBRID)
-    return Placement(laid.stage_clusters, laid.replicas, width)
+    laid = place(groups, split.count if split else None, mode is Parallelism.HYBRID, whole)
+    return Placement(laid.stage_clusters, laid.replicas, width, laid.pipelines)
 
 
 def _train_pipeline(
@@ -404,9 +422,11 @@ def _train_pipeline(
     schedule: str,
     as_json: bool,
     tensor: int | None = None,
+    whole: bool = False,
 ) -> None:
     """`--parallel pipeline|hybrid|tensor`: stage actors on the clusters, activations over the
-    WAN, each stage replica's layers split over `tensor` workers of its cluster."""
+    WAN, each stage replica's layers split over `tensor` workers of its cluster (`whole`:
+    hybrid replicas are whole pipelines on clusters of their own)."""
     from training.pipeline import PipelineSpec, Schedule, run_pipeline
 
     unsupported = [
@@ -429,7 +449,7 @@ def _train_pipeline(
     except ValueError:
         raise fail("train", "--schedule", f"{schedule!r}: use gpipe or 1f1b") from None
     try:
-        placement = _placement(spec.clusters, split, mode, tensor)
+        placement = _placement(spec.clusters, split, mode, tensor, whole)
         pspec = PipelineSpec(
             spec,
             placement,
@@ -465,6 +485,7 @@ def _train_pipeline(
     rows = [
         ("stages", " -> ".join(report.stage_clusters)),
         ("replicas per stage", str(report.replicas)),
+        *((f"  pipeline {r}", " -> ".join(row)) for r, row in enumerate(report.pipelines)),
         ("layers split over", f"{report.tensor} worker(s) a replica"),
         ("cut points", ",".join(map(str, report.cuts)) or "-"),
         ("schedule", f"{report.schedule}, {report.micro_batches} micro-batches"),

@@ -325,8 +325,14 @@ def pipeline_spec_of(job: Job, spec: JobSpec, train_spec: TrainSpec) -> Pipeline
     parallel = job.placement.parallel if job.placement is not None else None
     if parallel is None or parallel.mode == "data" or not parallel.stages:
         return None
+    first = parallel.stages[0]
     placement = Placement(
-        tuple(s.cluster for s in parallel.stages), parallel.stages[0].replicas, parallel.tensor
+        tuple(s.cluster for s in parallel.stages),
+        first.replicas,
+        parallel.tensor,
+        tuple(tuple(s.replica_clusters[r] for s in parallel.stages) for r in range(first.replicas))
+        if first.replica_clusters
+        else (),
     )
     split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
     cuts = split.cuts if split is not None and split.count == placement.stages else None

@@ -65,9 +65,12 @@ def even_profile(params: int, stages: int) -> ModelProfile:
 
 def decide(session: Session, job: Job, down: str) -> Restage | None:
     """Where the stages of `job` on `down` go; None when the job is not a pipeline or hybrid
-    (the settlement then queues it to be placed again whole)."""
+    of stages inside their clusters (the settlement then queues it to be placed again whole,
+    its stage count kept)."""
     plan = job.placement
     if plan is None or plan.parallel.mode == "data" or not plan.parallel.stages:
+        return None
+    if plan.parallel.stages[0].replica_clusters:  # whole pipelines: placed again, stages kept
         return None
     spec = spec_of(job)
     par = plan.parallel

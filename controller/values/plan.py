@@ -23,7 +23,7 @@ from scheduler.pipeline_cost import (
     TENSOR_ALL_REDUCES_PER_BLOCK,
     StageWork,
     best_micro_batches,
-    estimate_pipeline,
+    estimate_whole_pipelines,
     tensor_collective_s,
 )
 from training.pipeline.split import Placement, place
@@ -118,6 +118,7 @@ def parallel_of(
         tensor = 1
     groups = {c: n // tensor for c, n in clusters.items()}  # a stage replica each
     split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
+    where: Where = (shares, snapshot, origins)
     layout = keep_stages(groups, keep) if keep and mode != "tensor" else None
     if mode == "tensor":
         (only,) = groups.items()
@@ -133,21 +134,132 @@ def parallel_of(
             "cluster where needed), so the run resumes from its stage checkpoints"
         )
     else:
-        try:
-            layout = place(groups, split.count if split else None, mode == "hybrid")
-        except ValueError as exc:  # hybrid's equal widths not met by these shares
-            layout = place(groups, None, False)
-            mode = "pipeline"
+        return _staged(spec, groups, split.count if split else None, mode, tensor, where,
+                       (model_gb, gpu, reason))  # fmt: skip
+    return _parallel(spec, layout, mode, tensor, where, (model_gb, gpu, reason))
+
+
+Where = tuple[tuple[Share, ...], scheduler.Snapshot, Mapping[str, tuple[str, str]]]
+"""A plan's shares, the snapshot and the snapshot names' origins (what estimates read)."""
+
+
+def _staged(
+    spec: JobSpec,
+    groups: Mapping[str, int],
+    stages: int | None,
+    mode: str,
+    tensor: int,
+    where: Where,
+    about: tuple[float, dict[str, float], str],
+) -> Parallel:
+    """A pipeline's or hybrid's layout placed afresh: `stages` (None: the default count) over
+    the stage replicas `groups`; a hybrid weighs its replicas inside each stage's cluster
+    against whole pipeline replicas across clusters (`_fastest_hybrid`), and one the shares
+    cannot lay out either way runs as a pipeline of one stage a replica."""
+    model_gb, gpu, reason = about
+    inside: Placement | None = None
+    try:
+        inside = place(dict(groups), stages, mode == "hybrid")
+    except ValueError as exc:  # hybrid's equal widths not met by these shares
+        if mode != "hybrid" or not _whole_layouts(groups, stages):
+            inside, mode = place(dict(groups), None, False), "pipeline"
             reason += f"; as a pipeline of one stage a replica, since {exc}"
-        if tensor > 1:
-            reason += f"; each stage's layers split over {tensor} GPUs of its cluster (3D)"
-    stages = tuple(StageShare(cluster=c, replicas=layout.replicas) for c in layout.stage_clusters)
+    if tensor > 1:
+        reason += f"; each stage's layers split over {tensor} GPUs of its cluster (3D)"
+    if mode == "hybrid":
+        return _fastest_hybrid(spec, inside, groups, stages, tensor, where, (model_gb, gpu, reason))
+    assert inside is not None
+    return _parallel(spec, inside, mode, tensor, where, (model_gb, gpu, reason))
+
+
+def _whole_layouts(groups: Mapping[str, int], stages: int | None) -> list[Placement]:
+    """Hybrids of whole pipeline replicas on clusters of their own (`place(whole=True)`) the
+    stage replicas `groups` make: `stages` deep, or every depth that leaves two replicas or
+    more; only those whose replicas of a stage are not all in one cluster."""
+    total = sum(groups.values())
+    depths = [stages] if stages else [d for d in range(2, total // 2 + 1) if total % d == 0]
+    out = []
+    for d in depths:
+        if d is None or d < 1 or total % d or total // d < 2:
+            continue
+        laid = place(dict(groups), d, True, whole=True)
+        if any(len(set(laid.replica_clusters(s))) > 1 for s in range(laid.stages)):
+            out.append(laid)
+    return out
+
+
+def _fastest_hybrid(
+    spec: JobSpec,
+    inside: Placement | None,
+    groups: Mapping[str, int],
+    stages: int | None,
+    tensor: int,
+    where: Where,
+    about: tuple[float, dict[str, float], str],
+) -> Parallel:
+    """A hybrid's layout: replicas of each stage inside its cluster (`inside`, when the shares
+    allow it) or whole pipeline replicas on clusters of their own, whichever the pipeline
+    estimate times shortest a step, of equal steps the one moving fewer WAN bytes (the first
+    where no estimate can be made)."""
+    found = [
+        _parallel(spec, layout, "hybrid", tensor, where, about)
+        for layout in ([inside] if inside is not None else []) + _whole_layouts(groups, stages)
+    ]
+    timed = []
+    for par in found:
+        est = pipeline_estimate(spec, par, where[0], where[1], where[2], "standard")
+        step, moved = (est[0].step_time_s, est[0].wan_bytes) if est is not None else (math.inf, 0)
+        # equal steps to three digits: the fewer WAN bytes (less egress, more room on links)
+        timed.append(((float(f"{step:.3g}"), moved), step, par))
+    _, best_s, best = min(timed, key=lambda x: x[0])
+    if best_s == math.inf:
+        best = found[0]
+    if len(found) < 2:
+        return best
+    others = [f"{_layout_text(par)} {step:.4g} s" for _, step, par in timed if par is not best]
+    return best.model_copy(
+        update={
+            "reason": best.reason
+            + f"; {_layout_text(best)}, step {best_s:.4g} s (weighed: {', '.join(others)})"
+        }
+    )
+
+
+def _layout_text(par: Parallel) -> str:
+    """How a hybrid's replicas lie, in a few words."""
+    first = par.stages[0]
+    if first.replica_clusters:
+        rows = zip(*(st.replica_clusters for st in par.stages), strict=True)
+        return f"{first.replicas} whole pipelines ({'; '.join(' -> '.join(r) for r in rows)})"
+    return f"{len(par.stages)} stages of {first.replicas} replicas inside their clusters"
+
+
+def _parallel(
+    spec: JobSpec,
+    layout: Placement,
+    mode: str,
+    tensor: int,
+    where: Where,
+    about: tuple[float, dict[str, float], str],
+) -> Parallel:
+    """The plan's parallelism for a chosen `layout`: its stages, micro-batches and costs."""
+    shares, snapshot, origins = where
+    model_gb, gpu, reason = about
+    stages = tuple(
+        StageShare(
+            cluster=c,
+            replicas=layout.replicas,
+            replica_clusters=layout.replica_clusters(s) if layout.pipelines else (),
+        )
+        for s, c in enumerate(layout.stage_clusters)
+    )
     micro = spec.pipeline.micro_batches
     if micro is None:
         micro, why = _micro_batches(spec, stages, shares, snapshot, origins, tensor)
         reason += f"; {micro} micro-batches a step: {why}"
     blocks = BUILTIN_TENSOR_BLOCKS.get(spec.task, 0) if spec.work is None else 0
     split_known = tensor > 1 and blocks > 0
+    inside = layout.replicas > 1 and not layout.pipelines  # an all-reduce inside a cluster
     return Parallel(
         mode="tensor" if mode == "tensor" else "hybrid" if mode == "hybrid" else "pipeline",
         stages=stages,
@@ -159,7 +271,7 @@ def parallel_of(
         ),
         all_reduces=(
             TENSOR_ALL_REDUCES_PER_BLOCK * micro * math.ceil(blocks / len(stages))
-            + (1 if layout.replicas > 1 else 0)
+            + (1 if inside else 0)
             if split_known
             else None
         ),
@@ -231,19 +343,23 @@ def _stage_loads(
     snapshot: scheduler.Snapshot,
     origins: Mapping[str, tuple[str, str]],
     tensor: int = 1,
+    pipelines: int = 1,
 ) -> list[tuple[str, float, float, int]] | None:
     """Per stage, in order: (the snapshot's cluster name, its GPUs' forward and backward of
     the whole step, activation bytes of the whole batch to the next stage, GPUs). The stages
     share the step's work evenly, each replica 1/R of it, each of a replica's T tensor-parallel
     GPUs 1/T of that plus its blocks' all-reduces (`tensor_collective_s`; a task of the
-    tenant's own has no blocks known). None when a stage's cluster is not in the snapshot."""
+    tenant's own has no blocks known); `stages` as one of `pipelines` whole pipeline
+    replicas, 1/`pipelines` of the batch. None when a stage's cluster is not in the
+    snapshot."""
     names = {origin: name for name, origin in origins.items()}
     model = {s.cluster: s.gpu_model or "" for s in shares}
     snap = {st.cluster: names.get((st.cluster, model.get(st.cluster, "")), st.cluster)
             for st in stages}  # fmt: skip
     if any(n not in snapshot.by_name for n in snap.values()):
         return None
-    batch, act = _batch_and_activations(spec)
+    whole_batch, act = _batch_and_activations(spec)
+    batch = whole_batch / pipelines  # this pipeline's share of the batch
     s_count = len(stages)
     blocks = BUILTIN_TENSOR_BLOCKS.get(spec.task, 0) / s_count if spec.work is None else 0.0
     out = []
@@ -259,7 +375,7 @@ def _stage_loads(
         out.append(
             (
                 snap[st.cluster],
-                _step_s(spec, c) / (s_count * st.replicas * tensor) + split,
+                _step_s(spec, c) / (s_count * st.replicas * tensor * pipelines) + split,
                 0.0 if i == s_count - 1 else act * batch,
                 st.replicas * tensor,
             )
@@ -296,8 +412,21 @@ def pipeline_estimate(
     task of the tenant's own has none known, so its WAN term is left out)."""
     if parallel.mode == "data" or not parallel.stages:
         return None
-    loads = _stage_loads(spec, parallel.stages, shares, snapshot, origins, parallel.tensor)
-    if loads is None:
+    first = parallel.stages[0]
+    # whole pipeline replicas: one row of stages each, on its own clusters; else one row
+    rows = (
+        [
+            tuple(StageShare(cluster=st.replica_clusters[r]) for st in parallel.stages)
+            for r in range(first.replicas)
+        ]
+        if first.replica_clusters
+        else [parallel.stages]
+    )
+    found = [
+        _stage_loads(spec, row, shares, snapshot, origins, parallel.tensor, len(rows))
+        for row in rows
+    ]
+    if any(loads is None for loads in found):
         return None
     s_count, micro = len(parallel.stages), micro_batches_of(parallel, spec)
     _, act = _batch_and_activations(spec)
@@ -305,12 +434,15 @@ def pipeline_estimate(
     # each stage's replicas all-reduce its share of the gradients (each part of a split its own)
     grads = 4.0 * params / (s_count * parallel.tensor)
     work = [
-        StageWork(c, step_s / micro, sent / micro, gpus, st.replicas, grads)
-        for (c, step_s, sent, gpus), st in zip(loads, parallel.stages, strict=True)
+        [
+            StageWork(c, step_s / micro, sent / micro, gpus, st.replicas, grads)
+            for (c, step_s, sent, gpus), st in zip(loads or [], row, strict=True)
+        ]
+        for loads, row in zip(found, rows, strict=True)
     ]
     overhead = snapshot.micro_overhead_s
     try:
-        est = estimate_pipeline(
+        est = estimate_whole_pipelines(
             work,
             snapshot.by_name,
             snapshot.directed_links,
@@ -323,19 +455,21 @@ def pipeline_estimate(
         )
     except ValueError:  # no link between two stages' clusters
         return None
-    snap = {st.cluster: name for st, (name, *_) in zip(parallel.stages, loads, strict=True)}
+    snap = {
+        st.cluster: w.cluster
+        for row, ws in zip(rows, work, strict=True)
+        for st, w in zip(row, ws, strict=True)
+    }
     real = {name: origin[0] for name, origin in origins.items()}
     per_step = sum(n for _, _, n in est.wan_bytes_per_step)
     # the run's set-up on its stages' clusters, as the data-parallel estimate counts it
-    width = parallel.tensor
-    setup = scheduler.setup_of(
-        snapshot, snap.values(), sum(st.replicas * width for st in parallel.stages)
-    )
+    gpus: dict[str, int] = {}
+    for ws in work:
+        for w in ws:
+            gpus[w.cluster] = gpus.get(w.cluster, 0) + w.gpus
+    setup = scheduler.setup_of(snapshot, snap.values(), sum(gpus.values()))
     total_s = est.total_time_s + setup
     hours = total_s / 3600
-    gpus: dict[str, int] = {}
-    for st in parallel.stages:
-        gpus[snap[st.cluster]] = gpus.get(snap[st.cluster], 0) + st.replicas * width
     gpu = tuple(
         GpuCharge(
             cluster=real.get(n, n),
@@ -358,7 +492,8 @@ def pipeline_estimate(
                          price_per_gb=price_gb, amount=round(gb * price_gb, 6),
                          provider=_party(snapshot, a))
         )  # fmt: skip
-    compute = max(w.compute_s for w in work) + overhead
+    compute = max(w.compute_s for ws in work for w in ws) + overhead
+    across = est.sync_s if first.replica_clusters else 0.0  # the gradients' WAN all-reduce
     cost = sum(g.amount for g in gpu) + sum(e.amount for e in egress)
     estimate = PlanEstimate(
         step_time_s=est.step_s,
@@ -368,7 +503,7 @@ def pipeline_estimate(
         setup_s=setup,
         total_time_range_s=(total_s * snapshot.spread[0], total_s * snapshot.spread[1]),
         compute_s=compute * (micro + s_count - 1),
-        wan_s=max(est.link_s, default=0.0) * (micro + s_count - 1) + est.latency_s,
+        wan_s=max(est.link_s, default=0.0) * (micro + s_count - 1) + est.latency_s + across,
         effective_steps=float(spec.steps),
     )
     why = (
@@ -378,6 +513,12 @@ def pipeline_estimate(
         f"included, and the links' latency once, {est.latency_s:.4g} s), "
         f"{per_step / 1e6:.4g} MB of activations and gradients over the WAN a step"
         + ("" if act else " (activation size unknown: WAN not counted)")
+        + (
+            f"; then each stage's gradients all-reduce over the WAN between its "
+            f"{first.replicas} whole pipelines' clusters, {across:.4g} s"
+            if across
+            else ""
+        )
         + (
             f"; an all-reduce inside a cluster costs {snapshot.all_reduce_overhead_s * 1e3:.3g} "
             f"ms beyond its bytes{_prior(snapshot, 'all_reduce_overhead_s')}"

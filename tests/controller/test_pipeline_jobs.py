@@ -169,21 +169,50 @@ def test_auto_takes_pipeline_only_when_the_model_fits_no_gpu(db_url: str, tmp_pa
         net.close()
 
 
-def test_hybrid_plan_gives_each_stage_its_replicas(db_url: str, tmp_path: Path) -> None:
-    """Hybrid over two clusters of two GPUs: one stage a cluster, two replicas each."""
+@pytest.mark.parametrize(
+    ("task", "gbps", "whole"),
+    [
+        # the MLP's gradients outweigh its activations: replicas inside each stage's cluster
+        ("builtin:mnist1d-mlp", 0.1, False),
+        # the transformer's activations outweigh its gradients: whole pipelines, one a cluster
+        (TASK, 0.1, True),
+    ],
+)
+def test_hybrid_plan_weighs_replicas_inside_clusters_against_whole_pipelines(
+    db_url: str, tmp_path: Path, task: str, gbps: float, whole: bool
+) -> None:
+    """Hybrid over two clusters of two GPUs: one stage a cluster with two replicas each
+    (activations over the WAN), or a whole two-stage pipeline in each cluster (gradients
+    over the WAN), whichever the pipeline estimate times faster; the plan says both, and the
+    launcher runs the one chosen."""
     net = Net(db_url, tmp_path)
     try:
         net.cluster("east", gpus=2)
         net.cluster("west", gpus=2)
-        net.link("east", "west")
-        job = _placed(net, _spec("hyb", gpus=4, parallelism="hybrid"))
+        net.link("east", "west", gbps=gbps, rtt_ms=40.0)
+        job = _placed(net, _spec("hyb", task=task, gpus=4, parallelism="hybrid"))
         assert job.placement is not None
         par = job.placement.parallel
-        assert par.mode == "hybrid"
-        assert [(s.replicas) for s in par.stages] == [2, 2]
-        assert sorted(s.cluster for s in par.stages) == ["east", "west"]
+        assert par.mode == "hybrid" and [s.replicas for s in par.stages] == [2, 2]
+        assert "weighed: " in par.reason
         run = _pipeline_of(net, job)
         assert run.placement.replicas == 2 and run.placement.world == 4
+        wan = {(a.src, a.dst) for a in job.placement.price.egress} if job.placement.price else set()
+        if whole:
+            assert [s.cluster for s in par.stages] in (["east", "east"], ["west", "west"])
+            assert all(sorted(s.replica_clusters) == ["east", "west"] for s in par.stages)
+            assert "2 whole pipelines" in par.reason
+            assert sorted(run.placement.pipelines) == [("east", "east"), ("west", "west")]
+            assert run.placement.replica_clusters(0) in (("east", "west"), ("west", "east"))
+            assert (
+                "all-reduce over the WAN between its 2 whole pipelines' clusters"
+                in (job.placement.explanation[-1])
+            )
+        else:
+            assert sorted(s.cluster for s in par.stages) == ["east", "west"]
+            assert all(not s.replica_clusters for s in par.stages)
+            assert run.placement.pipelines == ()
+        assert wan == {("east", "west"), ("west", "east")}  # gradients or activations, priced
     finally:
         net.close()
 
@@ -414,7 +443,7 @@ def test_keep_stages_puts_several_stages_on_a_cluster() -> None:
 def test_a_hybrid_replanned_onto_one_cluster_keeps_its_stage_count(
     db_url: str, tmp_path: Path
 ) -> None:
-    """A hybrid of two stages (one a cluster, two replicas each) fails an attempt and is
+    """A hybrid of two stages (over east and west, two replicas each) fails an attempt and is
     placed again where only north's four GPUs are free. One stage a cluster would make it a
     single stage, whose run refuses the two-stage checkpoints ("stages: ... resume with the
     same number of stages"); it keeps two stages of two replicas, both on north."""
@@ -430,10 +459,9 @@ def test_a_hybrid_replanned_onto_one_cluster_keeps_its_stage_count(
         job_id = net.submit(tenant, _spec("hyb", gpus=4, steps=200_000, parallelism="hybrid"))
         assert net.place() == [job_id]
         first = net.job(job_id).placement
-        assert first is not None and sorted(s.cluster for s in first.parallel.stages) == [
-            "east",
-            "west",
-        ]
+        assert first is not None and first.parallel.mode == "hybrid"
+        used = {c for s in first.parallel.stages for c in (*s.replica_clusters, s.cluster)}
+        assert used == {"east", "west"}  # replicas inside clusters or whole pipelines
         run = net.start(job_id)
         failed = net.finish(run, error=RuntimeError("a stage actor died"))
         assert failed.state is JobState.RESCHEDULING
@@ -833,3 +861,13 @@ def test_cpn_jobs_says_how_a_plan_splits_its_layers() -> None:
     assert _parallel(par) == "pipeline: east -> west, layers split over 2 GPUs, 4 micro-batches"
     whole = {**par, "tensor": 1, "stages": [{"cluster": "east", "replicas": 2}]}
     assert _parallel(whole) == "pipeline: east (x2 each), 4 micro-batches"
+    across = {
+        "mode": "hybrid",
+        "tensor": 1,
+        "micro_batches": 2,
+        "stages": [
+            {"cluster": "a", "replicas": 2, "replica_clusters": ["a", "c"]},
+            {"cluster": "b", "replicas": 2, "replica_clusters": ["b", "d"]},
+        ],
+    }
+    assert _parallel(across) == "hybrid: a -> b | c -> d (2 whole pipelines), 2 micro-batches"

@@ -10,6 +10,8 @@ from scheduler.pipeline_cost import (
     StageWork,
     bubble_fraction,
     estimate_pipeline,
+    estimate_whole_pipelines,
+    wan_ring_all_reduce_s,
 )
 from tests.scheduler.builders import cluster, link
 
@@ -40,6 +42,53 @@ def test_three_stages_over_two_clusters_by_hand() -> None:
     assert est.gpu_cost == pytest.approx((2.0 + 2.0 + 3.0) * 98.0 / 3600)
     assert est.egress_cost == pytest.approx(16.0 * 0.05)
     assert est.cost == pytest.approx(7 * 98 / 3600 + 0.8)
+
+
+def test_whole_pipeline_replicas_all_reduce_over_the_wan_by_hand() -> None:
+    """Pipelines (a, b) and (c, d), each fast inside, slow between: every replica runs its
+    micro-batches, then each stage's two replicas all-reduce over the WAN, 2(R - 1) = 2
+    rounds of half the gradient, each a one-way latency plus the chunk."""
+    names = ("a", "b", "c", "d")
+    clusters = {n: cluster(n, gpus=1, gpu_model="A100", price_per_gpu_hour=1.0) for n in names}
+    links = {
+        ("a", "b"): link("a", "b", gbps=1.0, rtt_ms=20.0),
+        ("c", "d"): link("c", "d", gbps=1.0, rtt_ms=20.0),
+        ("a", "c"): link("a", "c", gbps=0.1, rtt_ms=40.0, egress=0.01),
+        ("b", "d"): link("b", "d", gbps=0.1, rtt_ms=40.0),
+    }
+
+    def replica(first: str, second: str) -> list[StageWork]:
+        return [
+            StageWork(first, 0.1, 10e6, grad_bytes=100e6),
+            StageWork(second, 0.1, 0.0, grad_bytes=50e6),
+        ]
+
+    est = estimate_whole_pipelines(
+        [replica("a", "b"), replica("c", "d")], clusters, links, micro_batches=4, steps=10
+    )
+    one = (4 + 2 - 1) * 0.1 + 0.02  # a replica's step: its slots and its boundary's RTT
+    sync = 2 * (0.02 + 50e6 * 8 / 0.1e9)  # stage 0's ring, the slower: 2 rounds of 50 MB
+    assert est.sync_s == pytest.approx(sync)
+    assert est.step_s == pytest.approx(one + sync) and est.total_time_s == pytest.approx(
+        10 * (one + sync)
+    )
+    per_step = {(a, b): n for a, b, n in est.wan_bytes_per_step}
+    assert per_step == pytest.approx(
+        {("a", "b"): 40e6, ("b", "a"): 40e6, ("c", "d"): 40e6, ("d", "c"): 40e6,
+         ("a", "c"): 100e6, ("c", "a"): 100e6, ("b", "d"): 50e6, ("d", "b"): 50e6}
+    )  # fmt: skip
+    assert est.gpu_cost == pytest.approx(4 * 1.0 * est.total_time_s / 3600)
+    assert est.egress_cost == pytest.approx(200e6 * 10 / 1e9 * 0.01)
+    # one replica is a plain pipeline; unequal depths are refused
+    alone = estimate_whole_pipelines([replica("a", "b")], clusters, links, 4, 10)
+    assert alone == estimate_pipeline(replica("a", "b"), clusters, links, 4, 10)
+    with pytest.raises(ValueError, match="same number of stages"):
+        estimate_whole_pipelines([replica("a", "b"), replica("c", "d")[:1]], clusters, links, 4, 1)
+    # a ring inside one cluster moves nothing over the WAN
+    took, moved = wan_ring_all_reduce_s(8e6, ["a", "a"], clusters, links)
+    assert moved == {} and took == pytest.approx(2 * 4e6 * 8 / (EAST.intra_bandwidth_gbps * 1e9))
+    with pytest.raises(ValueError, match="no link between 'a' and 'd'"):
+        wan_ring_all_reduce_s(8e6, ["a", "d"], clusters, links)
 
 
 def test_compute_bound_hybrid_counts_every_replica() -> None:

@@ -102,6 +102,26 @@ def test_place_pipeline_and_hybrid() -> None:
         place({"a": 3, "b": 2}, 2, True)
 
 
+def test_place_whole_pipeline_replicas_on_clusters_of_their_own() -> None:
+    """Whole pipelines: consecutive workers make a replica; a stage's replicas are on
+    different clusters, and the layout says so."""
+    got = place({"a": 1, "b": 1, "c": 1, "d": 1}, 2, True, whole=True)
+    assert got == Placement(("a", "b"), 2, pipelines=(("a", "b"), ("c", "d")))
+    assert [got.cluster_of(r) for r in range(4)] == ["a", "c", "b", "d"]
+    assert got.replica_clusters(0) == ("a", "c") and got.replica_clusters(1) == ("b", "d")
+    assert got.workers() == {"a": 1, "c": 1, "b": 1, "d": 1}
+    # two workers a cluster: each cluster holds a whole pipeline, data parallel across them
+    two = place({"a": 2, "b": 2}, 2, True, whole=True)
+    assert two.pipelines == (("a", "a"), ("b", "b")) and two.replica_clusters(1) == ("a", "b")
+    assert place({"a": 2}, 2, True, whole=True) == Placement(("a", "a"))  # one replica
+    with pytest.raises(ValueError, match="--stages that divides them"):
+        place({"a": 1, "b": 2}, 2, True, whole=True)
+    with pytest.raises(ValueError, match="pipelines: give each of the replicas"):
+        Placement(("a", "b"), 2, pipelines=(("a", "b"), ("c",)))
+    with pytest.raises(ValueError, match="pipelines: give each of the replicas"):
+        Placement(("a", "b"), 2, pipelines=(("c", "d"), ("a", "b")))
+
+
 def test_codec_roundtrip_and_wire_bytes() -> None:
     x = torch.randn(4, 8, 16)
     for codec, tol, ratio in [

@@ -30,6 +30,8 @@ def _train(*args: str) -> tuple[int, str, str]:
         (["--parallel", "pipeline", "--schedule", "zigzag"], "--schedule"),
         (["--parallel", "hybrid", "--sync", "local-sgd:4"], "--sync"),
         (["--parallel", "pipeline", "--resume"], "resume"),
+        (["--parallel", "pipeline", "--whole-pipelines"], "--whole-pipelines"),
+        (["--parallel", "hybrid", "--whole-pipelines", "--clusters", "a:1,b:2"], "--stages"),
     ],
 )
 def test_bad_pipeline_flags_one_line(args: list[str], needle: str) -> None:

@@ -1,8 +1,9 @@
 """Tensor parallelism as the runtime runs it (issue 53, items 1 and 2): a stage replica's
 layers split over T ranks of its cluster, alone (a tensor-parallel job: one stage), beside
-data-parallel replicas, and under pipeline stages across clusters (3D). Each real Ray run
-must train as one process does on the same batches, and a split run's stage checkpoints must
-resume under another split."""
+data-parallel replicas, and under pipeline stages across clusters (3D); and data parallelism
+over whole pipeline replicas on clusters of their own. Each real Ray run must train as one
+process does on the same batches, and a split run's stage checkpoints must resume under
+another split."""
 
 from __future__ import annotations
 
@@ -54,12 +55,9 @@ def _spec(placement: Placement, steps: int, ckpt: Path | None = None, **kw: Any)
     from training.pipeline import PipelineSpec
     from training.spec import TrainSpec
 
-    clusters: dict[str, int] = {}
-    for c in placement.stage_clusters:
-        clusters[c] = clusters.get(c, 0) + placement.replicas * placement.tensor
     train = TrainSpec(
         task=TASK,
-        clusters=clusters,
+        clusters=placement.workers(),
         steps=steps,
         batch_size=16,
         eval_every=1,
@@ -150,6 +148,27 @@ def test_3d_pipeline_of_split_stages_equals_single_process_and_resumes_unsplit(
     _, ref = _reference(5, 16)
     params = _params(keep, whole_p)
     assert all(torch.allclose(a, b, atol=PARAM_ATOL) for a, b in zip(params, ref, strict=True))
+
+
+def test_whole_pipeline_replicas_across_clusters_equal_single_process(pool: StagePool) -> None:
+    """Two pipelines, (a, b) and (c, d): each stage's gradients all-reduce over the WAN
+    between its replicas' clusters (counted: each replica sends its stage's gradient bytes a
+    step, 2(R - 1) rounds of 1/R), the activations inside each pipeline; the run trains as
+    one process does."""
+    from training.pipeline import run_pipeline
+
+    p = Placement(("a", "b"), replicas=2, pipelines=(("a", "b"), ("c", "d")))
+    steps = 3
+    report = run_pipeline(_spec(p, steps, micro_batches=2, link_mbps=200, rtt_ms=2), pool=pool)
+    losses, _ = _reference(steps, 16)
+    assert report.parallel == "hybrid" and report.pipelines == [["a", "b"], ["c", "d"]]
+    assert [h["loss"] for h in report.history] == pytest.approx(losses, rel=1e-5)
+    wan = report.activation_bytes
+    for (x, y), stage in ((("a", "c"), 0), (("b", "d"), 1)):
+        grads = steps * 4 * report.stage_params[stage]
+        assert wan[(x, y)] == wan[(y, x)] == grads
+    assert wan[("a", "b")] > 0 and wan[("c", "d")] > 0  # each pipeline's own activations
+    assert ("a", "d") not in wan and ("c", "b") not in wan
 
 
 def ray_close(keep: list[Any]) -> None:

@@ -180,6 +180,7 @@ def run_pipeline(
         parallel=parallel_name(p),
         stage_clusters=list(p.stage_clusters),
         replicas=p.replicas,
+        pipelines=[list(row) for row in p.pipelines],
         tensor=p.tensor,
         cuts=list(cuts),
         micro_batches=spec.micro_batches,

@@ -53,8 +53,9 @@ def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
     the pipeline's own figures go in `sync_stats`."""
     wan = report.activation_bytes
     clusters: dict[str, int] = {}
-    for c in report.stage_clusters:
-        clusters[c] = clusters.get(c, 0) + report.replicas * report.tensor
+    for row in report.pipelines or [report.stage_clusters] * report.replicas:
+        for c in row:
+            clusters[c] = clusters.get(c, 0) + report.tensor
     return TrainReport(
         task=report.task,
         clusters=clusters,
@@ -80,6 +81,7 @@ def report_of(spec: PipelineSpec, report: PipelineReport) -> TrainReport:
         sync_stats={
             "stages": float(len(report.stage_clusters)),
             "replicas": float(report.replicas),
+            "whole_pipelines": float(bool(report.pipelines)),
             "tensor": float(report.tensor),
             "micro_batches": float(report.micro_batches),
             "bubble_fraction": report.bubble_fraction,

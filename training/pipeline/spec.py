@@ -81,7 +81,8 @@ class PipelineReport:
     stage_params: list[int]
     activation_bytes: WanBytes
     """Activations and their gradients put on each WAN link (stages in different clusters),
-    the final evaluation's forward pass included."""
+    the final evaluation's forward pass included, and whole pipeline replicas' gradient
+    all-reduce."""
     compression_ratio: float
     bubble_fraction: float
     """The schedule's idle share, (S-1)/(M+S-1)."""
@@ -95,6 +96,9 @@ class PipelineReport:
     """The consistent cut (newest step every stage had a shard of) this run resumed from."""
     final_eval_loss: float = float("nan")
     """Mean loss over the evaluated samples at the end (`final_loss`: the last step's)."""
+    pipelines: list[list[str]] = field(default_factory=list)
+    """Whole pipeline replicas' clusters, replica by replica (empty: every replica of a stage
+    in its stage's cluster)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

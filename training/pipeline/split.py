@@ -51,11 +51,25 @@ class Placement:
     """Cluster of each stage, in pipeline order, the data-parallel width of every stage, and
     the GPUs each stage replica's layers are split over (`tensor`: tensor parallelism inside
     the stage's cluster). Rank `(stage * replicas + replica) * tensor + t`: a replica's
-    tensor-parallel ranks are consecutive."""
+    tensor-parallel ranks are consecutive. With `pipelines` the replicas are whole pipelines
+    on clusters of their own (replica r's stage s on `pipelines[r][s]`), whose gradient
+    all-reduce crosses the WAN; without, every replica of a stage is in its stage's cluster."""
 
     stage_clusters: tuple[str, ...]
     replicas: int = 1
     tensor: int = 1
+    pipelines: tuple[tuple[str, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.pipelines and (
+            len(self.pipelines) != self.replicas
+            or any(len(c) != self.stages for c in self.pipelines)
+            or self.pipelines[0] != self.stage_clusters
+        ):
+            raise ValueError(
+                "pipelines: give each of the replicas one cluster a stage, replica 0's the "
+                "stage clusters"
+            )
 
     @property
     def stages(self) -> int:
@@ -78,16 +92,44 @@ class Placement:
         return (stage * self.replicas + replica) * self.tensor + t
 
     def cluster_of(self, rank: int) -> str:
+        if self.pipelines:
+            return self.pipelines[self.replica_of(rank)][self.stage_of(rank)]
         return self.stage_clusters[self.stage_of(rank)]
 
+    def replica_clusters(self, stage: int) -> tuple[str, ...]:
+        """The cluster of each of `stage`'s replicas, in replica order."""
+        return tuple(self.cluster_of(self.rank(stage, r)) for r in range(self.replicas))
 
-def place(clusters: dict[str, int], stages: int | None, hybrid: bool) -> Placement:
+    def workers(self) -> dict[str, int]:
+        """Ranks per cluster, in order of first appearance."""
+        out: dict[str, int] = {}
+        for rank in range(self.world):
+            c = self.cluster_of(rank)
+            out[c] = out.get(c, 0) + 1
+        return out
+
+
+def place(
+    clusters: dict[str, int], stages: int | None, hybrid: bool, whole: bool = False
+) -> Placement:
     """Stages on clusters in the order the clusters are given, consecutive stages together.
 
     Pipeline: one worker a stage, so the workers must number the stages. Hybrid: every stage
     has the same number R of replicas, all in its cluster, so each cluster's workers are a
-    multiple of R and the stages number the workers over R. ValueError says the fix."""
+    multiple of R and the stages number the workers over R. Hybrid of `whole` pipelines:
+    the workers, in order, make replicas of `stages` consecutive workers each (a replica's
+    stages on its own clusters; their gradients all-reduce across them). ValueError says
+    the fix."""
     total = sum(clusters.values())
+    if whole:
+        if stages is None or stages < 1 or total % stages:
+            raise ValueError(
+                f"stages: whole pipeline replicas take --stages workers each, and --clusters "
+                f"gives {total} worker(s); give --stages that divides them"
+            )
+        order = [c for c, n in clusters.items() for _ in range(n)]
+        runs = tuple(tuple(order[i : i + stages]) for i in range(0, total, stages))
+        return Placement(runs[0], len(runs), pipelines=runs if len(runs) > 1 else ())
     if not hybrid:
         count = total if stages is None else stages
         if count != total:

@@ -8,8 +8,10 @@ receives the output's gradient from the next stage (the last stage starts from t
 weighted by the micro-batch's share of the global batch). Sends are non-blocking, receives
 blocking. Messages between clusters are compressed (`codec`), counted per directed link, and
 with a link table held back until the emulated link would have delivered them. After the
-ops, a stage with replicas all-reduces its gradients inside its cluster, then steps its own
-optimizer over its own parameters: the same update the whole model's optimizer would make.
+ops, a stage with replicas all-reduces its gradients (inside its cluster, or across the
+clusters of whole pipeline replicas: counted and emulated as the WAN ring it is), then steps
+its own optimizer over its own parameters: the same update the whole model's optimizer would
+make.
 
 With T > 1 a stage replica is T ranks of one cluster that split each block's layers between
 them (`training.tensor_parallel`): they compute every micro-batch together, and only the
@@ -198,6 +200,30 @@ class StageWorker:
         self.wait_s += time.perf_counter() - start
         return decode(head, payload)
 
+    def _across(self, start: float, nbytes: int) -> None:
+        """The replicas' all-reduce of `nbytes` that began at `start`, where they are whole
+        pipelines on different clusters: gloo's ring (replica r sends to r + 1), 2(R - 1)
+        rounds of 1/R of the bytes; this rank counts its own sends over the WAN and, with a
+        link table, waits until the emulated links would have carried every round."""
+        p = self.spec.placement
+        ring = p.replica_clusters(self.stage)
+        if len(set(ring)) < 2:
+            return
+        r_count = p.replicas
+        chunk = nbytes // r_count
+        edges = [(ring[r], ring[(r + 1) % r_count]) for r in range(r_count)]
+        wan = {e: chunk for e in edges if e[0] != e[1]}
+        there = edges[self.replica]
+        if there[0] != there[1]:
+            self.wan = self.wan + WanBytes({there: 2 * (r_count - 1) * chunk})
+            self.raw_bytes += 2 * (r_count - 1) * chunk
+        rounds = [wan] * (2 * (r_count - 1))
+        need = self.links.rounds_time(rounds) if self.links is not None else 0.0
+        wait = start + need - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        self.wait_s += time.perf_counter() - start
+
     def _flush(self) -> None:
         for work, _ in self.pending:
             work.wait()
@@ -244,13 +270,15 @@ class StageWorker:
                     assert inp.grad is not None
                     self._pass(inp.grad, self.prev)
         self._flush()
-        if p.replicas > 1:  # data parallel inside the stage's cluster: exact sum of shards
+        if p.replicas > 1:  # data parallel over the stage's replicas: exact sum of shards
             for q in self.params:
                 if q.grad is None:
                     q.grad = torch.zeros_like(q)
             grads = [local(q.grad) for q in self.params if q.grad is not None]
             flat = flatten(grads)
+            start = time.perf_counter()
             dist.all_reduce(flat, group=self.dp)
+            self._across(start, flat.numel() * flat.element_size())
             with torch.no_grad():
                 for g, new in zip(grads, split(flat, [g.shape for g in grads]), strict=True):
                     g.copy_(new)
