@@ -19,6 +19,7 @@ import torch
 import training
 from grammar import Compression, CompressionKind, parse_compression
 from training import TrainSpec
+from training.runner import WorkerPool
 from training.worker import free_port
 
 SHAPES = [torch.Size([40, 30]), torch.Size([30]), torch.Size([7, 3, 3])]
@@ -246,11 +247,24 @@ def test_bytes_per_leader_stay_flat_as_clusters_are_added() -> None:
         t.numel() for t in training.tasks.load_task("builtin:mnist1d-mlp").model().parameters()
     )
     model = 4 * params
-    for n in (2, 3, 4):
+    pool = WorkerPool()  # the three runs share their clusters' warm workers
+    try:
+        reports = [
+            training.run(
+                TrainSpec(
+                    task="builtin:mnist1d-mlp",
+                    clusters=dict.fromkeys("abcd"[:n], 1),
+                    steps=steps,
+                    eval_every=steps,
+                ),
+                pool=pool,
+            )
+            for n in (2, 3, 4)
+        ]
+    finally:
+        pool.close()
+    for n, report in zip((2, 3, 4), reports, strict=True):
         clusters = dict.fromkeys("abcd"[:n], 1)
-        report = training.run(
-            TrainSpec(task="builtin:mnist1d-mlp", clusters=clusters, steps=steps, eval_every=steps)
-        )
         assert report.wan_setup_bytes == n * (n - 1) * 33  # digests, not the model
         for leader in clusters:
             out = sum(b for (src, _), b in report.wan_bytes.items() if src == leader)

@@ -6,6 +6,7 @@ import pytest
 
 import training
 from training import TrainSpec
+from training.runner import WorkerPool
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
 
@@ -21,8 +22,12 @@ def test_topk_one_percent_with_error_feedback_matches_uncompressed() -> None:
             eval_every=400,
         )
 
-    dense = training.run(spec("none"))
-    sparse = training.run(spec("topk:0.01"))
+    pool = WorkerPool()  # the second run takes the first's warm workers
+    try:
+        dense = training.run(spec("none"), pool=pool)
+        sparse = training.run(spec("topk:0.01"), pool=pool)
+    finally:
+        pool.close()
     assert dense.final_accuracy > 0.6  # both really learned
     assert sparse.final_accuracy >= dense.final_accuracy - 0.01
     assert sparse.steps == dense.steps == 1600
