@@ -68,8 +68,11 @@ def parallel_of(
 ) -> Parallel:
     """The parallelism of a job on `shares`: the spec's when it fixes one; under `auto`, the
     memory model's (`scheduler.memory`): data parallel when the whole model (parameters,
-    gradients, Adam state) fits one GPU of some share, else a pipeline of one stage per GPU.
-    A hybrid whose shares cannot give every stage equal replicas runs as that pipeline.
+    gradients, Adam state) fits one GPU of some share, else, of every stage count whose
+    stages fit the smallest GPU, the pipeline (one stage a GPU) or hybrid (replicas inside
+    each stage's cluster, or whole pipelines across clusters) the pipeline estimate times
+    shortest. A hybrid whose shares cannot give every stage equal replicas, either way,
+    runs as a pipeline of one stage a GPU.
 
     `keep`: the stage count of the job's earlier pipeline or hybrid plan. A job placed again
     keeps it (`keep_stages`), on however many clusters it lands, so its run resumes from
@@ -84,7 +87,7 @@ def parallel_of(
             with suppress(ValueError):  # a GPU model of unknown memory: no memory verdict
                 gpu[s.cluster] = round(gpu_memory_bytes(c) / 1e9, 3)
     model_gb = round(whole / 1e9, 6)
-    mode = spec.parallelism
+    mode: str = spec.parallelism  # "split": auto, for a model no GPU holds
     reason = f"the spec asks for {mode} parallelism"
     if mode == "auto" and keep:
         mode = "pipeline"
@@ -99,10 +102,10 @@ def parallel_of(
                 f"{', '.join(fits) or 'no known GPU model'}: data parallel moves no activations"
             )
         else:
-            mode = "pipeline"
+            mode = "split"
             reason = (
                 f"the whole model needs {model_gb:.3g} GB a GPU, more than the largest "
-                f"({max(gpu.values()):.3g} GB usable): a pipeline of {gpus} stages, one a GPU"
+                f"({max(gpu.values()):.3g} GB usable)"
             )
     clusters: dict[str, int] = {}
     for s in shares:
@@ -133,6 +136,16 @@ def parallel_of(
             f"; keeps its {keep} stages ({layout.replicas} replica(s) each, several on a "
             "cluster where needed), so the run resumes from its stage checkpoints"
         )
+    elif mode == "split":  # auto, the model on no GPU: every depth and layout that fits
+        total, least = sum(groups.values()), min(gpu.values()) * 1e9
+        layouts: list[Placement] = []
+        for d in (d for d in range(2, total + 1) if whole / d <= least):
+            with suppress(ValueError):  # stages the shares cannot give equal replicas
+                layouts.append(place(dict(groups), d, d < total))
+            layouts += _whole_layouts(groups, d)
+        # none fits even one GPU a stage: that pipeline still, its memory the run's to find
+        layouts = layouts or [place(dict(groups), None, False)]
+        return _fastest(spec, layouts, tensor, where, (model_gb, gpu, reason))
     else:
         return _staged(spec, groups, split.count if split else None, mode, tensor, where,
                        (model_gb, gpu, reason))  # fmt: skip
@@ -198,12 +211,24 @@ def _fastest_hybrid(
     about: tuple[float, dict[str, float], str],
 ) -> Parallel:
     """A hybrid's layout: replicas of each stage inside its cluster (`inside`, when the shares
-    allow it) or whole pipeline replicas on clusters of their own, whichever the pipeline
-    estimate times shortest a step, of equal steps the one moving fewer WAN bytes (the first
-    where no estimate can be made)."""
+    allow it) or whole pipeline replicas on clusters of their own (`_fastest`)."""
+    layouts = ([inside] if inside is not None else []) + _whole_layouts(groups, stages)
+    return _fastest(spec, layouts, tensor, where, about)
+
+
+def _fastest(
+    spec: JobSpec,
+    layouts: Sequence[Placement],
+    tensor: int,
+    where: Where,
+    about: tuple[float, dict[str, float], str],
+) -> Parallel:
+    """Of `layouts` (a pipeline where one replica, else a hybrid), the one the pipeline
+    estimate times shortest a step, of equal steps (to three digits) the one moving fewer
+    WAN bytes; the first where no estimate can be made. The reason names the others."""
     found = [
-        _parallel(spec, layout, "hybrid", tensor, where, about)
-        for layout in ([inside] if inside is not None else []) + _whole_layouts(groups, stages)
+        _parallel(spec, laid, "hybrid" if laid.replicas > 1 else "pipeline", tensor, where, about)
+        for laid in layouts
     ]
     timed = []
     for par in found:
@@ -226,8 +251,10 @@ def _fastest_hybrid(
 
 
 def _layout_text(par: Parallel) -> str:
-    """How a hybrid's replicas lie, in a few words."""
+    """How a pipeline's stages and replicas lie, in a few words."""
     first = par.stages[0]
+    if first.replicas == 1:
+        return f"a pipeline of {len(par.stages)} stages, one a GPU"
     if first.replica_clusters:
         rows = zip(*(st.replica_clusters for st in par.stages), strict=True)
         return f"{first.replicas} whole pipelines ({'; '.join(' -> '.join(r) for r in rows)})"

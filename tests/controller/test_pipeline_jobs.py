@@ -9,6 +9,7 @@ through a real `cpn serve` and Ray is `test_pipeline_job_end_to_end` below (slow
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -165,6 +166,33 @@ def test_auto_takes_pipeline_only_when_the_model_fits_no_gpu(db_url: str, tmp_pa
         assert small.placement is not None and small.placement.parallel.mode == "data"
         assert "fits" in small.placement.parallel.reason
         assert _pipeline_of(net, small) is None
+    finally:
+        net.close()
+
+
+def test_auto_weighs_every_depth_and_layout_whose_stages_fit(db_url: str, tmp_path: Path) -> None:
+    """A 6 B-parameter model (96 GB of state) over two clusters of two 80 GB GPUs: two stages
+    fit a GPU each (48 GB), so `auto` weighs two stages with replicas inside their clusters,
+    two whole pipelines, and four stages of one GPU; the replicas' 12 GB gradient all-reduce
+    a step outweighs the deeper pipeline's bubble, so the four stages win, and the plan says
+    what it weighed."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("east", gpus=2)
+        net.cluster("west", gpus=2)
+        net.link("east", "west", gbps=0.1, rtt_ms=40.0)
+        work = Work(params=6 * 10**9, flops_per_step=1e14)
+        job = _placed(net, _spec("big", gpus=4, task="builtin:mnist1d-mlp", work=work))
+        assert job.placement is not None
+        par = job.placement.parallel
+        assert par.mode == "pipeline" and [s.replicas for s in par.stages] == [1, 1, 1, 1]
+        chosen = re.search(r"a pipeline of 4 stages, one a GPU, step ([0-9.]+) s", par.reason)
+        weighed = re.findall(
+            r"(inside their clusters|whole pipelines \(.*?\)) ([0-9.]+) s", par.reason
+        )
+        assert chosen is not None and len(weighed) == 2, par.reason
+        assert all(float(chosen[1]) < float(step) for _, step in weighed)
+        assert job.placement.estimate.step_time_s == pytest.approx(float(chosen[1]), rel=1e-3)
     finally:
         net.close()
 
