@@ -242,13 +242,7 @@ def estimate_pipeline(
     )
     step_s = (m + s_count - 1) * bottleneck + latency + sync
     total = step_s * steps
-    gpu_cost = sum(
-        st.gpus * clusters[st.cluster].price(qos_class) * total / 3600.0 for st in stages
-    )
-    egress = 0.0
-    for (src, dst), nbytes in wan.items():
-        lk = _link(links, src, dst)
-        egress += nbytes * steps / 1e9 * (lk.egress_price_per_gb if lk is not None else 0.0)
+    gpu_cost, egress = _costs([stages], clusters, links, wan, steps, total, qos_class)
     return PipelineEstimate(
         stages=s_count,
         micro_batches=m,
@@ -264,6 +258,29 @@ def estimate_pipeline(
         gpu_cost=gpu_cost,
         egress_cost=egress,
     )
+
+
+def _costs(
+    pipelines: Sequence[Sequence[StageWork]],
+    clusters: Mapping[str, Cluster],
+    links: Mapping[tuple[str, str], Link],
+    wan: Mapping[tuple[str, str], float],
+    steps: int,
+    total_s: float,
+    qos_class: str | None,
+) -> tuple[float, float]:
+    """Every stage's GPUs at their cluster's price for `total_s`, and the egress of `wan`
+    (bytes a step per directed link) over `steps` at each link's price."""
+    gpu = sum(
+        st.gpus * clusters[st.cluster].price(qos_class) * total_s / 3600.0
+        for row in pipelines
+        for st in row
+    )
+    egress = 0.0
+    for (src, dst), nbytes in wan.items():
+        lk = _link(links, src, dst)
+        egress += nbytes * steps / 1e9 * (lk.egress_price_per_gb if lk is not None else 0.0)
+    return gpu, egress
 
 
 def wan_ring_all_reduce_s(
@@ -346,15 +363,7 @@ def estimate_whole_pipelines(
     slowest = max(each, key=lambda e: e.step_s)
     step_s = slowest.step_s + sync
     total = step_s * steps
-    gpu_cost = sum(
-        st.gpus * clusters[st.cluster].price(qos_class) * total / 3600.0
-        for p in pipelines
-        for st in p
-    )
-    egress = 0.0
-    for (src, dst), nbytes in wan.items():
-        lk = _link(links, src, dst)
-        egress += nbytes * steps / 1e9 * (lk.egress_price_per_gb if lk is not None else 0.0)
+    gpu_cost, egress = _costs(pipelines, clusters, links, wan, steps, total, qos_class)
     return replace(
         slowest,
         step_s=step_s,
