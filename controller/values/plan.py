@@ -320,6 +320,17 @@ def micro_batches_of(parallel: Parallel, spec: JobSpec) -> int:
     return parallel.micro_batches or spec.pipeline.micro_batches or MICRO_BATCHES_FALLBACK
 
 
+def _rows(stages: Sequence[StageShare]) -> list[tuple[StageShare, ...]]:
+    """Each whole pipeline replica's stages, one replica each, on its own clusters; or the
+    stages as they are (one row) where every replica is in its stage's cluster."""
+    if not stages or not stages[0].replica_clusters:
+        return [tuple(stages)]
+    return [
+        tuple(StageShare(cluster=st.replica_clusters[r]) for st in stages)
+        for r in range(stages[0].replicas)
+    ]
+
+
 def _micro_batches(
     spec: JobSpec,
     stages: Sequence[StageShare],
@@ -329,8 +340,10 @@ def _micro_batches(
     tensor: int = 1,
 ) -> tuple[int, str]:
     """The planner's micro-batch count (`scheduler.pipeline_cost.best_micro_batches`) and
-    why; the fallback where the stages cannot be estimated."""
-    loads = _stage_loads(spec, stages, shares, snapshot, origins, tensor)
+    why; the fallback where the stages cannot be estimated. Whole pipeline replicas: weighed
+    on the first replica's pipeline, with its share of the batch."""
+    rows = _rows(stages)
+    loads = _stage_loads(spec, rows[0], shares, snapshot, origins, tensor, len(rows))
     if loads is None:
         return MICRO_BATCHES_FALLBACK, "the stages' clusters or links are not all known"
     batch, act = _batch_and_activations(spec)
@@ -343,7 +356,7 @@ def _micro_batches(
             loads,
             snapshot.by_name,
             snapshot.directed_links,
-            batch,
+            max(1, batch // len(rows)),
             snapshot.micro_overhead_s,
             spec.pipeline.schedule,
         )
@@ -440,15 +453,7 @@ def pipeline_estimate(
     if parallel.mode == "data" or not parallel.stages:
         return None
     first = parallel.stages[0]
-    # whole pipeline replicas: one row of stages each, on its own clusters; else one row
-    rows = (
-        [
-            tuple(StageShare(cluster=st.replica_clusters[r]) for st in parallel.stages)
-            for r in range(first.replicas)
-        ]
-        if first.replica_clusters
-        else [parallel.stages]
-    )
+    rows = _rows(parallel.stages)
     found = [
         _stage_loads(spec, row, shares, snapshot, origins, parallel.tensor, len(rows))
         for row in rows
