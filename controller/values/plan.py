@@ -4,6 +4,7 @@ the plan from the planner's result.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
@@ -185,20 +186,28 @@ def _staged(
     return _parallel(spec, inside, mode, tensor, where, (model_gb, gpu, reason))
 
 
+WHOLE_ORDERS_MAX = 4
+"""Up to this many clusters, whole pipelines are weighed in every order of the clusters
+(which clusters make a replica, which holds its first stage); above, in the shares' order."""
+
+
 def _whole_layouts(groups: Mapping[str, int], stages: int | None) -> list[Placement]:
     """Hybrids of whole pipeline replicas on clusters of their own (`place(whole=True)`) the
     stage replicas `groups` make: `stages` deep, or every depth that leaves two replicas or
-    more; only those whose replicas of a stage are not all in one cluster."""
+    more; only those whose replicas of a stage are not all in one cluster, each set of
+    replicas once."""
     total = sum(groups.values())
     depths = [stages] if stages else [d for d in range(2, total // 2 + 1) if total % d == 0]
-    out = []
-    for d in depths:
-        if d is None or d < 1 or total % d or total // d < 2:
-            continue
-        laid = place(dict(groups), d, True, whole=True)
-        if any(len(set(laid.replica_clusters(s))) > 1 for s in range(laid.stages)):
-            out.append(laid)
-    return out
+    orders = itertools.permutations(groups) if len(groups) <= WHOLE_ORDERS_MAX else [tuple(groups)]
+    out: dict[tuple[tuple[str, ...], ...], Placement] = {}
+    for order in orders:
+        for d in depths:
+            if d is None or d < 1 or total % d or total // d < 2:
+                continue
+            laid = place({c: groups[c] for c in order}, d, True, whole=True)
+            if any(len(set(laid.replica_clusters(s))) > 1 for s in range(laid.stages)):
+                out.setdefault(tuple(sorted(laid.pipelines)), laid)
+    return list(out.values())
 
 
 def _fastest_hybrid(

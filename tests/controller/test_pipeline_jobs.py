@@ -197,6 +197,37 @@ def test_auto_weighs_every_depth_and_layout_whose_stages_fit(db_url: str, tmp_pa
         net.close()
 
 
+def test_whole_pipelines_pair_the_clusters_whose_links_carry_the_activations(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Four clusters of one GPU, a hybrid of two stages: no stage can keep its two replicas
+    in one cluster, so the replicas are whole pipelines. Whichever clusters make a replica
+    is weighed: the transformer's activations take the fast links (a-c, b-d), its gradients
+    the slow ones, though the shares list a, b, c, d."""
+    net = Net(db_url, tmp_path)
+    try:
+        for name in "abcd":
+            net.cluster(name, gpus=1)
+        for x, y in (("a", "c"), ("b", "d")):
+            net.link(x, y, gbps=10.0, rtt_ms=2.0)
+        for x, y in (("a", "b"), ("c", "d"), ("a", "d"), ("b", "c")):
+            net.link(x, y, gbps=0.05, rtt_ms=40.0)
+        spec = _spec(
+            "pairs", gpus=4, parallelism="hybrid", pipeline={"stages": "2"},
+            preference=["a", "b", "c", "d"], qos={"max_clusters": 4},
+        )  # fmt: skip
+        job = _placed(net, spec)
+        assert job.placement is not None
+        par = job.placement.parallel
+        assert par.mode == "hybrid" and all(len(s.replica_clusters) == 2 for s in par.stages)
+        rows = zip(*(s.replica_clusters for s in par.stages), strict=True)
+        replicas = {frozenset(r) for r in rows}
+        assert replicas == {frozenset("ac"), frozenset("bd")}, par.reason
+        assert "weighed: " in par.reason
+    finally:
+        net.close()
+
+
 @pytest.mark.parametrize(
     ("task", "gbps", "whole"),
     [
