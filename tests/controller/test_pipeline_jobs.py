@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -930,3 +931,27 @@ def test_cpn_jobs_says_how_a_plan_splits_its_layers() -> None:
         ],
     }
     assert _parallel(across) == "hybrid: a -> b | c -> d (2 whole pipelines), 2 micro-batches"
+
+
+def test_a_whole_pipelines_report_counts_every_replicas_clusters() -> None:
+    """The report settlement reads counts each whole pipeline replica's GPUs on its own
+    clusters (not every replica on replica 0's)."""
+    from training.pipeline import PipelineSpec
+    from training.pipeline.split import Placement
+    from training.spec import TrainSpec
+
+    placement = Placement(("a", "b"), 2, pipelines=(("a", "b"), ("c", "d")))
+    run = PipelineSpec(TrainSpec(task=TASK, clusters=placement.workers(), steps=4), placement)
+    final = PipelineReport(
+        task=TASK, parallel="hybrid", stage_clusters=["a", "b"], replicas=2, cuts=[2],
+        micro_batches=2, schedule="gpipe", activations="none", steps=4, final_loss=0.2,
+        final_accuracy=0.5, wall_s=1.0, stage_compute_s=[0.1, 0.2], stage_wait_s=[0.05, 0.05],
+        stage_params=[1000, 1000], activation_bytes=WanBytes({("a", "c"): 8000}),
+        compression_ratio=1.0, bubble_fraction=0.2, measured_bubble=0.3, wan_emulated=True,
+        pipelines=[["a", "b"], ["c", "d"]],
+    )  # fmt: skip
+    out = report_of(run, final)
+    assert out.clusters == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert out.sync_stats["whole_pipelines"] == 1.0
+    inside = report_of(run, replace(final, pipelines=[]))
+    assert inside.clusters == {"a": 2, "b": 2} and inside.sync_stats["whole_pipelines"] == 0.0
