@@ -533,7 +533,8 @@ class CostModel:
         """An `async-ps` run's WAN, where the runtime puts its servers
         (`grammar.graph.region_hosts`, over the clusters' regions): what a tick waits for and
         sends (each cluster's leader pushes the payload to its server and pulls as much back,
-        blocking: the slowest such round trip; nothing where a region is one cluster) and
+        blocking: the slowest such round trip, and the call's own fixed cost
+        (`Snapshot.ps_push_s`) even where a region is one cluster) and
         each regional server's exchange with the global one (there and back; each region has
         one in flight at a time, never waited for, on its own link: `_parts` counts how many
         fit, region by region). Flat (one region): no region exchange."""
@@ -548,7 +549,8 @@ class CostModel:
         by = self.snapshot.by_name
         groups = region_groups(names, {n: by[n].region for n in names})
         top, hosts = region_hosts(groups, self._pair_gbps)
-        overhead = cm.overhead_flops_per_param * self.job.params / self.pace(names)[0]
+        coding = cm.overhead_flops_per_param * self.job.params / self.pace(names)[0]
+        overhead = coding + self.snapshot.ps_push_s  # each call to a server blocks its caller
         ring = tuple(bandwidth_ring(names, self._pair_gbps))
 
         def star(pairs: list[tuple[str, str]]) -> WanTerms:

@@ -169,6 +169,10 @@ class Snapshot:
     all_reduce_overhead_s: float = 0.0
     """A tensor split's fixed cost of one all-reduce (`pipeline_cost.tensor_collective_s`),
     fitted from finished tensor-parallel runs."""
+    ps_push_s: float = 0.0
+    """An async-ps push's fixed cost beyond its WAN terms: the blocking call to its server
+    and the coding at both ends, paid every tick even where the server is the cluster's own;
+    fitted from finished async-ps runs."""
     priors: frozenset[str] = frozenset()
     """The fitted costs above (by field name) that no finished run has measured yet: their
     values are priors, which a plan that counts them says."""
@@ -187,6 +191,8 @@ class Snapshot:
             raise ValueError("micro_overhead_s: must be in [0, 3600) seconds")
         if not 0 <= self.all_reduce_overhead_s < 3600:
             raise ValueError("all_reduce_overhead_s: must be in [0, 3600) seconds")
+        if not 0 <= self.ps_push_s < 3600:
+            raise ValueError("ps_push_s: must be in [0, 3600) seconds")
         if not 0 < self.spread[0] <= self.spread[1]:
             raise ValueError("spread: give (low, high) with 0 < low <= high")
         names = [c.name for c in self.clusters]

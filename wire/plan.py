@@ -98,6 +98,11 @@ class PlanEstimate(_Value):
     step_overhead_s: float = Field(
         default=0.0, description="Observed per-step overhead included in step_time_s."
     )
+    ps_push_s: float | None = Field(
+        default=None,
+        description="Under async-ps: the fixed cost of a push to its server counted in "
+        "step_time_s (fitted from finished async-ps runs; absent otherwise).",
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -250,6 +250,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         setup_per_gpu_s=seen.setup_per_gpu_s,
         micro_overhead_s=seen.micro_overhead_s,
         all_reduce_overhead_s=seen.all_reduce_overhead_s,
+        ps_push_s=seen.ps_push_s,
         priors=seen.priors,
         spread=seen.spread,
     )
@@ -387,6 +388,11 @@ def _effective_links(rows: Iterable[Any]) -> list[Any]:
 SPREAD_PRIOR = (0.5, 2.0)
 """What a run may take over its estimate before any run was observed: half to twice."""
 
+PS_PUSH_PRIOR_S = 0.002
+"""The prior of an async-ps push's fixed cost (`scheduler.Snapshot.ps_push_s`) before any
+async-ps run was observed: a Ray actor call to a server on a nearby node and the coding of
+the model at both ends, a few milliseconds for a small model."""
+
 SETUP_PRIOR_S = 30.0
 """A run's seconds outside its steps before any run was observed: Ray actors started, torch
 imported, the data loaded, evaluations, checkpoints and the drain (about what a fresh
@@ -405,8 +411,9 @@ class Observed:
     spread: tuple[float, float] = SPREAD_PRIOR
     micro_overhead_s: float = MICRO_BATCH_OVERHEAD_S
     all_reduce_overhead_s: float = ALL_REDUCE_OVERHEAD_S
-    priors: frozenset[str] = frozenset({"micro_overhead_s", "all_reduce_overhead_s"})
-    """Which of the two costs above no finished run has measured yet (still their priors)."""
+    ps_push_s: float = PS_PUSH_PRIOR_S
+    priors: frozenset[str] = frozenset({"micro_overhead_s", "all_reduce_overhead_s", "ps_push_s"})
+    """Which of the three costs above no finished run has measured yet (still their priors)."""
 
 
 def observed(session: Session) -> Observed:
@@ -417,7 +424,10 @@ def observed(session: Session) -> Observed:
     A pipeline's micro-batch cost: its observed step over the schedule's (M + S - 1) slots
     less the slot its estimate gave without that cost, of pipeline jobs that ran once, their
     layers whole. A tensor split's all-reduce cost: its observed step over its estimate,
-    spread over the step's all-reduces, of one-stage split jobs that ran once."""
+    spread over the step's all-reduces, of one-stage split jobs that ran once. An async-ps
+    push's fixed cost: its observed tick over its estimate, plus the cost that counted, of
+    async-ps jobs that ran once (kept out of the fleet's step overhead: a push's call is
+    not what other modes pay)."""
     jobs = session.execute(
         select(Job.id, Job.placement, Job.started_at, Job.finished_at, Job.attempts)
         .where(Job.state == JobState.SUCCEEDED, Job.placement.is_not(None))
@@ -443,6 +453,7 @@ def observed(session: Session) -> Observed:
     ratios: list[float] = []
     micro: dict[str, float] = {}  # per pipeline job: its least slot overrun at its last step
     split: dict[str, float] = {}  # per tensor job: an all-reduce's overrun at its last step
+    pushes: list[float] = []  # per async-ps job: a push's fixed cost as its last step shows
     for job_id, step, step_s, compute_total in rows:
         if not step or step_s is None:
             continue
@@ -469,7 +480,10 @@ def observed(session: Session) -> Observed:
                 )
                 micro[job_id] = min(micro.get(job_id, math.inf), sample)
             continue
-        if plan.gpus > 1 and est.compute_s and compute_total is not None:
+        if est.ps_push_s is not None:  # async-ps: its pushes' fixed cost, not the fleet's
+            if tries <= 1:
+                pushes.append(step_s - est.step_time_s + est.ps_push_s)
+        elif plan.gpus > 1 and est.compute_s and compute_total is not None:
             modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
             residuals.append(step_s - compute_total / step - modelled_comm)
         if start is not None and end is not None and tries <= 1 and plan.parallel.mode == "data":
@@ -491,9 +505,14 @@ def observed(session: Session) -> Observed:
         spread=_spread(ratios),
         micro_overhead_s=min(_median(list(micro.values()), MICRO_BATCH_OVERHEAD_S), 3599.0),
         all_reduce_overhead_s=min(_median(list(split.values()), ALL_REDUCE_OVERHEAD_S), 3599.0),
+        ps_push_s=min(_median(pushes, PS_PUSH_PRIOR_S), 3599.0),
         priors=frozenset(
             name
-            for name, samples in (("micro_overhead_s", micro), ("all_reduce_overhead_s", split))
+            for name, samples in (
+                ("micro_overhead_s", list(micro)),
+                ("all_reduce_overhead_s", list(split)),
+                ("ps_push_s", pushes),
+            )
             if not samples
         ),
     )

@@ -801,12 +801,23 @@ def plan_of(
         tree={origin(c)[0]: origin(p)[0] for c, p in est.tree},
         batch_shares=_shares_by_cluster(est.batch_shares, origin),
         step_overhead_s=est.step_overhead_s,
+        ps_push_s=(
+            snapshot.ps_push_s
+            if len(result.placement) > 1 and str(result.sync).startswith("async-ps")
+            else None
+        ),
         setup_s=est.setup_s,
         total_time_range_s=est.total_time_range_s,
         quality_cost=round(est.quality_cost, 6),
     )
     breakdown = PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress))
     explanation = (*result.explanation, *((parallel.reason,) if parallel.mode != "data" else ()))
+    if estimate.ps_push_s is not None:
+        explanation = (
+            *explanation,
+            f"each tick's push to its parameter server costs {estimate.ps_push_s * 1e3:.3g} ms "
+            f"beyond its WAN bytes{_prior(snapshot, 'ps_push_s')}",
+        )
     if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged
         explanation = (*explanation, why)

@@ -357,7 +357,7 @@ def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: st
         with Session(engine) as session, session.begin():
             before = observed(session)
             assert before.all_reduce_overhead_s == ALL_REDUCE_OVERHEAD_S > 0
-            assert before.priors == {"micro_overhead_s", "all_reduce_overhead_s"}
+            assert before.priors == {"micro_overhead_s", "all_reduce_overhead_s", "ps_push_s"}
             tenant = Tenant(name="t")
             session.add(tenant)
             session.flush()
@@ -368,7 +368,62 @@ def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: st
             seen = observed(session)
             assert seen.all_reduce_overhead_s == pytest.approx(0.011)
             assert seen.micro_overhead_s == MICRO_BATCH_OVERHEAD_S  # nothing fitted it
-            assert seen.priors == {"micro_overhead_s"}
+            assert seen.priors == {"micro_overhead_s", "ps_push_s"}
+    finally:
+        engine.dispose()
+
+
+def _ps_job(session: Session, tenant: Tenant, n: int, *, est: float, step_s: float) -> None:
+    """A finished async-ps job on two clusters, planned at `est` a tick with a push counted
+    at 2 ms, measured at `step_s`."""
+    j = Job(
+        tenant_id=tenant.id,
+        name=f"ps{n}",
+        spec={},
+        state="SUCCEEDED",
+        gpus_min=2,
+        gpus_max=2,
+        placement=JobPlan(
+            clusters=(Share(cluster="a", gpus=1), Share(cluster="b", gpus=1)),
+            compression="none",
+            sync="async-ps:4",
+            estimate=PlanEstimate(
+                total_time_s=1.0,
+                wan_bytes=0,
+                step_time_s=est,
+                compute_s=0.001,
+                ps_push_s=0.002,
+            ),
+        ),
+        finished_at=utcnow() - timedelta(minutes=n),
+    )
+    session.add(j)
+    session.flush()
+    session.add(JobMetric(job_id=j.id, step=100, step_time_s=step_s, compute_time_s=0.1))
+
+
+def test_an_async_ps_push_cost_is_fitted_from_async_ps_runs_alone(db_url: str) -> None:
+    """An async-ps job's tick over its estimate, plus the push cost it counted: the median
+    (the prior before any, and said to be one); its pushes stay out of the fleet's step
+    overhead, which every other mode pays."""
+    from controller.network.snapshot import PS_PUSH_PRIOR_S, observed
+
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session, session.begin():
+            before = observed(session)
+            assert before.ps_push_s == PS_PUSH_PRIOR_S > 0 and "ps_push_s" in before.priors
+            tenant = Tenant(name="t")
+            session.add(tenant)
+            session.flush()
+            _ps_job(session, tenant, 1, est=0.010, step_s=0.045)  # 35 ms more: 37 ms a push
+            _ps_job(session, tenant, 2, est=0.010, step_s=0.047)
+            _ps_job(session, tenant, 3, est=0.010, step_s=0.049)
+            session.flush()
+            seen = observed(session)
+            assert seen.ps_push_s == pytest.approx(0.039)
+            assert "ps_push_s" not in seen.priors
+            assert seen.step_overhead_s == 0.0  # no other multi-worker job ran
     finally:
         engine.dispose()
 

@@ -102,6 +102,7 @@ def test_an_old_job_plan_parses_with_defaults() -> None:
             "quality_cost": 0.0,
             "batch_shares": {},  # an older plan: equal per worker
             "tree": {},  # and a ring
+            "ps_push_s": None,  # no async-ps push cost counted
         },
     }
     assert out["links"] == []

@@ -125,6 +125,15 @@ def test_async_ps_is_priced_where_the_runtime_puts_its_servers() -> None:
     shares = min(1.0, step / near) + min(1.0, step / wait)
     assert step / wait < 1.0 and shares > 2 * step / wait
     assert est.wan_bytes == pytest.approx(steps * shares * 2 * payload)
+    # each call to a server blocks its caller for a fixed cost (`ps_push_s`, fitted from
+    # finished runs), local pushes included: a longer tick, in which more exchanges fit
+    push = 0.01
+    pushed = CostModel(Snapshot(apart, links, ps_push_s=push), j)
+    est = pushed.estimate(pl, "none", "async-ps:2")
+    assert est.step_time_s == pytest.approx(step + push)
+    fit = min(1.0, (step + push) / (near + push)) + min(1.0, (step + push) / (wait + push))
+    assert fit > shares
+    assert est.wan_bytes == pytest.approx(steps * fit * 2 * payload)
 
 
 def test_uneven_links_make_auto_consider_gossip_and_even_ones_do_not() -> None:
