@@ -246,37 +246,52 @@ def test_a_run_is_measured_only_where_it_trained_on_its_planned_split() -> None:
     assert observations(handle, restarted, (50, trained.compute_by_cluster)) == []
 
 
+def _store(
+    session: Session,
+    tenant: Tenant,
+    name: str,
+    n: int,
+    plan: JobPlan,
+    step_s: float,
+    compute: float,
+) -> None:
+    """A job finished `n` minutes ago on `plan`, its last report at step 100 (`step_s` a step,
+    `compute` seconds of compute in all)."""
+    j = Job(
+        tenant_id=tenant.id,
+        name=name,
+        spec={},
+        state="SUCCEEDED",
+        gpus_min=plan.gpus,
+        gpus_max=plan.gpus,
+        placement=plan,
+        finished_at=utcnow() - timedelta(minutes=n),
+    )
+    session.add(j)
+    session.flush()
+    session.add(JobMetric(job_id=j.id, step=100, step_time_s=step_s, compute_time_s=compute))
+
+
 def _pipelined(
     session: Session, tenant: Tenant, n: int, *, est_step_s: float, used: float, step_s: float
 ) -> None:
     """A finished 2-stage pipeline job of 4 micro-batches (5 slots a step), estimated at
     `est_step_s` a step with a micro-batch cost of `used`, measured at `step_s`."""
-    j = Job(
-        tenant_id=tenant.id,
-        name=f"p{n}",
-        spec={},
-        state="SUCCEEDED",
-        gpus_min=2,
-        gpus_max=2,
-        placement=JobPlan(
-            clusters=(Share(cluster="a", gpus=1), Share(cluster="b", gpus=1)),
-            compression="none",
-            sync="every-step",
-            parallel=Parallel(
-                mode="pipeline",
-                stages=(StageShare(cluster="a"), StageShare(cluster="b")),
-                micro_batches=4,
-                micro_overhead_s=used,
-            ),
-            estimate=PlanEstimate(
-                total_time_s=1.0, wan_bytes=0, step_time_s=est_step_s, compute_s=est_step_s
-            ),
+    plan = JobPlan(
+        clusters=(Share(cluster="a", gpus=1), Share(cluster="b", gpus=1)),
+        compression="none",
+        sync="every-step",
+        parallel=Parallel(
+            mode="pipeline",
+            stages=(StageShare(cluster="a"), StageShare(cluster="b")),
+            micro_batches=4,
+            micro_overhead_s=used,
         ),
-        finished_at=utcnow() - timedelta(minutes=n),
+        estimate=PlanEstimate(
+            total_time_s=1.0, wan_bytes=0, step_time_s=est_step_s, compute_s=est_step_s
+        ),
     )
-    session.add(j)
-    session.flush()
-    session.add(JobMetric(job_id=j.id, step=100, step_time_s=step_s, compute_time_s=1.0))
+    _store(session, tenant, f"p{n}", n, plan, step_s, 1.0)
 
 
 def test_a_micro_batchs_cost_is_fitted_from_finished_pipelines_alone(db_url: str) -> None:
@@ -315,33 +330,22 @@ def _split_job(
 ) -> None:
     """A finished job whose layers split over 2 GPUs a stage, 16 all-reduces a step counted
     at 1 ms each, estimated at `est` a step, measured at `step_s`."""
-    j = Job(
-        tenant_id=tenant.id,
-        name=f"t{n}",
-        spec={},
-        state="SUCCEEDED",
-        gpus_min=2 * stages,
-        gpus_max=2 * stages,
-        placement=JobPlan(
-            clusters=(Share(cluster="a", gpus=2 * stages),),
-            compression="none",
-            sync="every-step",
-            parallel=Parallel(
-                mode="tensor" if stages == 1 else "pipeline",
-                stages=tuple(StageShare(cluster="a") for _ in range(stages)),
-                tensor=2,
-                micro_batches=2,
-                micro_overhead_s=0.005,
-                all_reduce_overhead_s=0.001,
-                all_reduces=16,
-            ),
-            estimate=PlanEstimate(total_time_s=1.0, wan_bytes=0, step_time_s=est, compute_s=est),
+    plan = JobPlan(
+        clusters=(Share(cluster="a", gpus=2 * stages),),
+        compression="none",
+        sync="every-step",
+        parallel=Parallel(
+            mode="tensor" if stages == 1 else "pipeline",
+            stages=tuple(StageShare(cluster="a") for _ in range(stages)),
+            tensor=2,
+            micro_batches=2,
+            micro_overhead_s=0.005,
+            all_reduce_overhead_s=0.001,
+            all_reduces=16,
         ),
-        finished_at=utcnow() - timedelta(minutes=n),
+        estimate=PlanEstimate(total_time_s=1.0, wan_bytes=0, step_time_s=est, compute_s=est),
     )
-    session.add(j)
-    session.flush()
-    session.add(JobMetric(job_id=j.id, step=100, step_time_s=step_s, compute_time_s=1.0))
+    _store(session, tenant, f"t{n}", n, plan, step_s, 1.0)
 
 
 def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: str) -> None:
@@ -376,30 +380,19 @@ def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: st
 def _ps_job(session: Session, tenant: Tenant, n: int, *, est: float, step_s: float) -> None:
     """A finished async-ps job on two clusters, planned at `est` a tick with a push counted
     at 2 ms, measured at `step_s`."""
-    j = Job(
-        tenant_id=tenant.id,
-        name=f"ps{n}",
-        spec={},
-        state="SUCCEEDED",
-        gpus_min=2,
-        gpus_max=2,
-        placement=JobPlan(
-            clusters=(Share(cluster="a", gpus=1), Share(cluster="b", gpus=1)),
-            compression="none",
-            sync="async-ps:4",
-            estimate=PlanEstimate(
-                total_time_s=1.0,
-                wan_bytes=0,
-                step_time_s=est,
-                compute_s=0.001,
-                ps_push_s=0.002,
-            ),
+    plan = JobPlan(
+        clusters=(Share(cluster="a", gpus=1), Share(cluster="b", gpus=1)),
+        compression="none",
+        sync="async-ps:4",
+        estimate=PlanEstimate(
+            total_time_s=1.0,
+            wan_bytes=0,
+            step_time_s=est,
+            compute_s=0.001,
+            ps_push_s=0.002,
         ),
-        finished_at=utcnow() - timedelta(minutes=n),
     )
-    session.add(j)
-    session.flush()
-    session.add(JobMetric(job_id=j.id, step=100, step_time_s=step_s, compute_time_s=0.1))
+    _store(session, tenant, f"ps{n}", n, plan, step_s, 0.1)
 
 
 def test_an_async_ps_push_cost_is_fitted_from_async_ps_runs_alone(db_url: str) -> None:
