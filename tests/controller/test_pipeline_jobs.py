@@ -280,6 +280,17 @@ def test_hybrid_plan_weighs_replicas_inside_clusters_against_whole_pipelines(
 # ---- metering -----------------------------------------------------------------------------
 
 
+def _east_west_and_south(net: Net) -> None:
+    """East and west, two GPUs each on a fast link, where a first plan goes; south, dearer and
+    on slower links, where a lost cluster's stages can move."""
+    net.cluster("east", gpus=2)
+    net.cluster("west", gpus=2)
+    net.cluster("south", gpus=2, price="9.0")  # dearer: not chosen at first
+    net.link("east", "west")
+    for a, b in [("east", "south"), ("west", "south")]:
+        net.link(a, b, gbps=1.0)  # slower: the first plan takes east and west
+
+
 def _stage(rank: int, cluster: str, sent: dict[tuple[str, str], int], loss: float | None) -> Any:
     return StageResult(
         rank=rank, stage=rank, cluster=cluster, step=0, loss=loss, compute_s=0.1 * (rank + 1),
@@ -421,12 +432,7 @@ def test_a_down_clusters_stages_move_and_the_pipeline_relaunches(
     relaunch runs the same four stages (same split: the stage checkpoints resume)."""
     net = Net(db_url, tmp_path)
     try:
-        net.cluster("east", gpus=2)
-        net.cluster("west", gpus=2)
-        net.cluster("south", gpus=2, price="9.0")  # dearer: not chosen at first
-        net.link("east", "west")
-        for a, b in [("east", "south"), ("west", "south")]:
-            net.link(a, b, gbps=1.0)  # slower: the first plan takes east and west
+        _east_west_and_south(net)
         job, run = _running_pipeline(net)
         net.cluster("north", gpus=4, model="L4", price="0.5")  # cheap, free, too small
         net.link("west", "north")
@@ -877,12 +883,7 @@ def test_a_down_clusters_split_stage_moves_with_all_its_gpus(db_url: str, tmp_pa
     the relaunch runs the same split stages."""
     net = Net(db_url, tmp_path)
     try:
-        net.cluster("east", gpus=2)
-        net.cluster("west", gpus=2)
-        net.cluster("south", gpus=2, price="9.0")  # dearer: not chosen at first
-        net.link("east", "west")
-        for a, b in [("east", "south"), ("west", "south")]:
-            net.link(a, b, gbps=1.0)
+        _east_west_and_south(net)
         tenant = net.tenant("acme")
         spec = _spec("3d", task="builtin:char-gpt", gpus=4, parallelism="pipeline", tensor=2)
         job_id = net.submit(tenant, spec)
