@@ -105,7 +105,7 @@ def plan(
 ) -> Any:
     """The planner's pipeline over two declared clusters, each with 80 % of the memory the
     whole model needs (so no single one holds it), or just over its largest piece's share;
-    each micro-batch costing a stage `micro_overhead_s` (None: the planner's prior)."""
+    each micro-batch adding `micro_overhead_s` to its slot (None: the planner's prior)."""
     from scheduler.memory import USABLE, memory, plan_parallelism
     from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S
     from scheduler.types import Cluster, Link

@@ -211,7 +211,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "strategy starts from the same seed and trains on the same batches. Planned: "
         "`scheduler.pipeline_cost` over this machine's measured speed "
         f"({doc['speed_flops'] / 1e9:.3g} GFLOP/s a worker), the clusters' own links declared "
-        f"at {INTRA_GBPS:g} Gbit/s, each micro-batch costing a stage "
+        f"at {INTRA_GBPS:g} Gbit/s, each micro-batch adding to its slot (a stage or a link) "
         f"{doc['micro_overhead_s'] * 1e3:.3g} ms (fitted from the pipeline row's run, as the "
         "control plane fits it from finished jobs) and each all-reduce of a split "
         f"{doc['all_reduce_overhead_s'] * 1e3:.3g} ms beyond its bytes (fitted from the tensor "

@@ -229,8 +229,8 @@ class StagePlan:
     memory: MemoryEstimate
     gpu_bytes: float
     compute_s: float
-    """Forward and backward of one micro-batch on each of its GPUs, its fixed cost
-    (`micro_overhead_s`) and a split's all-reduces included."""
+    """Forward and backward of one micro-batch on each of its GPUs, a split's all-reduces
+    included (a micro-batch's fixed cost is the slot's: `slot_seconds`)."""
     send_s: float
     """Its output's (and back, the gradient's) transfer per micro-batch; 0 for the last."""
 
@@ -245,6 +245,8 @@ class ParallelPlan:
     step_s: float = 0.0
     tensor: int = 1
     """GPUs of one cluster each stage's layers are split over (1: none)."""
+    micro_overhead_s: float = 0.0
+    """The fixed cost of a micro-batch its step counted (a slot's, beyond its stages' work)."""
     fits: tuple[str, ...] = field(default=())
     """Data parallel: the clusters whose GPUs hold the whole model."""
 
@@ -331,7 +333,6 @@ def _split(
     mems: Mapping[str, float],
     micro: int,
     micro_batch: int,
-    overhead_s: float,
     tensor: int = 1,
     all_reduce_s: float = ALL_REDUCE_OVERHEAD_S,
 ) -> _Split | None:
@@ -361,7 +362,7 @@ def _split(
                     continue
                 if not sums.fits(profile, j, i, micro_batch * in_flight, limit):
                     continue
-                compute = 3.0 * (flops[i] - flops[j]) * micro_batch / speed + overhead_s
+                compute = 3.0 * (flops[i] - flops[j]) * micro_batch / speed
                 compute += sums.collective_s(j, i, micro_batch, tensor, slot, all_reduce_s)
                 link, wan = 0.0, 0.0
                 if k > 1:
@@ -397,7 +398,6 @@ def _split(
                 memory=memory(profile, lo, hi, micro_batch, min(micro, s_count - k)),
                 gpu_bytes=mems[slot.name],
                 compute_s=3.0 * (flops[hi] - flops[lo]) * micro_batch / _flops_per_s(slot)
-                + overhead_s
                 + sums.collective_s(lo, hi, micro_batch, tensor, slot, all_reduce_s),
                 send_s=send,
             )
@@ -531,7 +531,7 @@ def _staged(
             latency = _latency_s(slots, directed)
             for micro in micro_batch_candidates(batch, s_count):
                 mb = math.ceil(batch / micro)
-                got = _split(profile, slots, directed, mems, micro, mb, micro_s, tensor, reduce_s)
+                got = _split(profile, slots, directed, mems, micro, mb, tensor, reduce_s)
                 if got is None:
                     continue
                 slot = slot_seconds(
@@ -539,6 +539,7 @@ def _staged(
                     [st.send_s for st in got.stages],
                     latency,
                     schedule,
+                    micro_s,
                 )
                 step = step_seconds(slot, s_count, micro) + latency
                 key = (step, got.wan_s * micro)
@@ -574,6 +575,7 @@ def _staged(
                             bubble=(s_count - 1) / (micro + s_count - 1),
                             step_s=step,
                             tensor=tensor,
+                            micro_overhead_s=micro_s,
                         ),
                     )
         if best is not None:

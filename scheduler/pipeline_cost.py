@@ -21,9 +21,12 @@ activations a block a micro-batch, two forward and two backward, on the cluster'
 links (`tensor_collective_s`: a ring, 2(T-1) rounds of 1/T of the bytes, each also paying
 the intra latency).
 
-A micro-batch also costs a stage a fixed time (`micro_overhead_s`: kernel launches, a small
-batch's inefficiency, the runtime's bookkeeping), which makes many tiny micro-batches slower
-than a few, against the bubble that makes few slow; `best_micro_batches` weighs the two.
+A micro-batch also costs its slot a fixed time (`micro_overhead_s`: kernel launches, a small
+batch's inefficiency, its messages' encoding and hand-over, the runtime's bookkeeping), which
+makes many tiny micro-batches slower than a few, against the bubble that makes few slow;
+`best_micro_batches` weighs the two. It is added to the slot whichever bounds it, a stage or
+a link, so the cost fitted from a run (`fit_micro_overhead`) gives that run's step back
+where a link paces it too.
 """
 
 from __future__ import annotations
@@ -229,8 +232,8 @@ def estimate_pipeline(
             moved = here.send_bytes * m
             wan[(a.name, b.name)] = wan.get((a.name, b.name), 0.0) + moved  # activations
             wan[(b.name, a.name)] = wan.get((b.name, a.name), 0.0) + moved  # their gradients
-    busy = [st.compute_s + micro_overhead_s for st in stages]
-    bottleneck = slot_seconds(busy, link_s, latency, schedule)
+    busy = [st.compute_s for st in stages]
+    bottleneck = slot_seconds(busy, link_s, latency, schedule, micro_overhead_s)
     sync = max(
         ring_all_reduce_s(
             st.grad_bytes,
@@ -376,16 +379,20 @@ def estimate_whole_pipelines(
 
 
 def slot_seconds(
-    busy: Sequence[float], transfers: Sequence[float], latency_s: float, schedule: str
+    busy: Sequence[float],
+    transfers: Sequence[float],
+    latency_s: float,
+    schedule: str,
+    fixed_s: float = 0.0,
 ) -> float:
-    """A slot of `schedule`: the slowest stage's micro-batch (`busy`, its fixed cost
-    included) or link transfer; under 1F1B at least a micro-batch's round trip (every stage,
-    each transfer both ways, the boundaries' RTTs) over the S micro-batches it keeps in
-    flight."""
+    """A slot of `schedule`: the slowest stage's micro-batch (`busy`) or link transfer; under
+    1F1B at least a micro-batch's round trip (every stage, each transfer both ways, the
+    boundaries' RTTs) over the S micro-batches it keeps in flight; plus a micro-batch's fixed
+    cost `fixed_s`, whichever bounds the slot."""
     slot = max([*busy, *transfers])
     if schedule == "1f1b":
         slot = max(slot, (sum(busy) + 2 * sum(transfers) + latency_s) / len(busy))
-    return slot
+    return slot + fixed_s
 
 
 def fit_micro_overhead(

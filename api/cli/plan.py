@@ -122,7 +122,7 @@ def _pipeline_estimate(
     profile: Any, got: Any, snap: Snapshot, batch: int, req: JobRequest | None, schedule: str
 ) -> dict[str, Any]:
     """The pipeline plan's step, run time, WAN bytes and price (`scheduler.pipeline_cost`);
-    its stages' compute already counts the micro-batch cost the planner weighed."""
+    at the micro-batch cost the planner weighed."""
     import math
 
     from scheduler.pipeline_cost import StageWork, estimate_pipeline
@@ -145,6 +145,7 @@ def _pipeline_estimate(
         got.micro_batches,
         req.steps if req is not None else 1,
         req.qos.qos_class if req is not None else None,
+        micro_overhead_s=got.micro_overhead_s,
         schedule=schedule,
     )
     return {

@@ -373,7 +373,7 @@ def _micro_batches(
         return MICRO_BATCHES_FALLBACK, "no link between two stages' clusters"
     return m, (
         f"the shortest step, weighing the bubble against a micro-batch's fixed cost of "
-        f"{snapshot.micro_overhead_s * 1e3:.3g} ms a stage"
+        f"{snapshot.micro_overhead_s * 1e3:.3g} ms"
     )
 
 

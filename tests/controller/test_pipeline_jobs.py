@@ -230,16 +230,17 @@ def test_whole_pipelines_pair_the_clusters_whose_links_carry_the_activations(
 
 
 @pytest.mark.parametrize(
-    ("task", "gbps", "whole"),
+    ("task", "batch", "whole"),
     [
-        # the MLP's gradients outweigh its activations: replicas inside each stage's cluster
-        ("builtin:mnist1d-mlp", 0.1, False),
+        # at batch 8 the MLP's gradients (92 kB) outweigh its activations (4 kB): replicas
+        # inside each stage's cluster
+        ("builtin:mnist1d-mlp", 8, False),
         # the transformer's activations outweigh its gradients: whole pipelines, one a cluster
-        (TASK, 0.1, True),
+        (TASK, None, True),
     ],
 )
 def test_hybrid_plan_weighs_replicas_inside_clusters_against_whole_pipelines(
-    db_url: str, tmp_path: Path, task: str, gbps: float, whole: bool
+    db_url: str, tmp_path: Path, task: str, batch: int | None, whole: bool
 ) -> None:
     """Hybrid over two clusters of two GPUs: one stage a cluster with two replicas each
     (activations over the WAN), or a whole two-stage pipeline in each cluster (gradients
@@ -249,8 +250,9 @@ def test_hybrid_plan_weighs_replicas_inside_clusters_against_whole_pipelines(
     try:
         net.cluster("east", gpus=2)
         net.cluster("west", gpus=2)
-        net.link("east", "west", gbps=gbps, rtt_ms=40.0)
-        job = _placed(net, _spec("hyb", task=task, gpus=4, parallelism="hybrid"))
+        net.link("east", "west", gbps=0.1, rtt_ms=40.0)
+        args = {"batch_size": batch} if batch else {}
+        job = _placed(net, _spec("hyb", task=task, gpus=4, parallelism="hybrid", args=args))
         assert job.placement is not None
         par = job.placement.parallel
         assert par.mode == "hybrid" and [s.replicas for s in par.stages] == [2, 2]
@@ -356,7 +358,8 @@ def test_stored_plan_of_a_pipeline_is_priced_as_a_pipeline(net: Net) -> None:
     assert plan is not None and plan.parallel.mode == "pipeline"
     micro_bytes = 8192 * 64 / 8  # char-transformer: 8 KiB a sample crosses; batch 64 in 8
     link_s = micro_bytes * 8 / 0.1e9
-    assert plan.estimate.step_time_s == pytest.approx((8 + 2 - 1) * link_s + 40e-3)
+    slot = link_s + MICRO_BATCH_OVERHEAD_S  # a micro-batch's fixed cost paces a link's slot too
+    assert plan.estimate.step_time_s == pytest.approx((8 + 2 - 1) * slot + 40e-3)
     # the steps and the run's set-up (the prior: no run observed yet)
     assert plan.estimate.setup_s == SETUP_PRIOR_S
     assert plan.estimate.total_time_s == pytest.approx(
@@ -384,11 +387,11 @@ def test_the_planner_chooses_the_micro_batches_a_spec_leaves_open(net: Net) -> N
     par = plan.parallel
     assert par.micro_batches is not None and par.micro_overhead_s == MICRO_BATCH_OVERHEAD_S
     assert any(f"{par.micro_batches} micro-batches a step" in r for r in plan.explanation)
-    # the link bounds a slot (its compute is far less): every candidate's step, as the
-    # estimate prices it, the link's RTT once
+    # the link bounds a slot (its compute is far less), a micro-batch's fixed cost beside it:
+    # every candidate's step, as the estimate prices it, the link's RTT once
     micro_bytes = 8192 * 64  # a whole batch's activations
     steps = {
-        m: (m + 1) * max(micro_bytes / m * 8 / 0.1e9, MICRO_BATCH_OVERHEAD_S) + 40e-3
+        m: (m + 1) * (micro_bytes / m * 8 / 0.1e9 + MICRO_BATCH_OVERHEAD_S) + 40e-3
         for m in micro_batch_candidates(64, 2)
     }
     assert par.micro_batches == min(steps, key=lambda m: (steps[m], m))

@@ -6,11 +6,13 @@ import pytest
 
 from scheduler.memory import Layer, ModelProfile, plan_parallelism
 from scheduler.pipeline_cost import (
+    MICRO_BATCH_OVERHEAD_S,
     SCHEDULES,
     StageWork,
     bubble_fraction,
     estimate_pipeline,
     estimate_whole_pipelines,
+    fit_micro_overhead,
     wan_ring_all_reduce_s,
 )
 from tests.scheduler.builders import cluster, link
@@ -140,8 +142,9 @@ def test_unlinked_clusters_are_refused() -> None:
 @pytest.mark.parametrize("gbps", [0.5, 100.0])
 def test_agrees_with_the_memory_planners_step(schedule: str, gbps: float) -> None:
     """The planner's pipeline step (scheduler.memory) is the estimate's, from its own stages
-    (their compute counts the micro-batch cost it weighed), for either schedule, link-bound
-    (0.5 Gbit/s) and bound by the stages (100 Gbit/s: a cost counted twice would show)."""
+    and the micro-batch cost it weighed, for either schedule, link-bound (0.5 Gbit/s: the
+    cost paces a link's slot too) and bound by the stages (100 Gbit/s: a cost counted twice
+    would show)."""
     profile = ModelProfile(tuple(Layer(f"l{i}", 3_000_000_000, 1e9, 4e6, 1e6) for i in range(4)))
     small = [cluster(n, gpus=2, gpu_model="A100") for n in ("a", "b")]
     links = [link("a", "b", gbps=gbps, rtt_ms=30.0)]
@@ -164,6 +167,7 @@ def test_agrees_with_the_memory_planners_step(schedule: str, gbps: float) -> Non
         {(x.a, x.b): x for x in links},
         got.micro_batches,
         1,
+        micro_overhead_s=MICRO_BATCH_OVERHEAD_S,
         schedule=schedule,
     )
     assert est.step_s == pytest.approx(got.step_s, rel=1e-12)
@@ -201,3 +205,24 @@ def test_a_split_stage_pays_four_all_reduces_a_block() -> None:
     assert tensor_collective_s(1e6, 3, 2, 100.0) == pytest.approx(4 * 3 * one)
     # more GPUs: more rounds, each of a smaller slice; the bytes term tends to 2n/B
     assert tensor_collective_s(1e6, 1, 8, 100.0) > tensor_collective_s(1e6, 1, 2, 100.0)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_fitted_micro_batch_cost_gives_a_link_bound_runs_step_back(schedule: str) -> None:
+    """The micro-batch cost fitted from a run whose slots a link paces, planned again with that
+    cost, is the run's step: the cost is the slot's whichever bounds it (counted on the stages
+    alone, a link-bound plan would absorb it under the link's time and stay short)."""
+    clusters = {c.name: c for c in (cluster("a", gpus=1), cluster("b", gpus=1))}
+    links = {("a", "b"): link("a", "b", gbps=0.1, rtt_ms=20.0)}
+    work = [StageWork("a", 0.004, 400_000), StageWork("b", 0.004, 0)]  # link: 32 ms a slot
+
+    def step(cost: float) -> float:
+        return estimate_pipeline(
+            work, clusters, links, 4, 1, micro_overhead_s=cost, schedule=schedule
+        ).step_s
+
+    planned = step(MICRO_BATCH_OVERHEAD_S)
+    measured = planned * 1.3
+    fitted = fit_micro_overhead(measured, planned, 4, 2, MICRO_BATCH_OVERHEAD_S)
+    assert fitted > MICRO_BATCH_OVERHEAD_S
+    assert step(fitted) == pytest.approx(measured, rel=1e-9)
