@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 
 import scheduler
@@ -143,7 +143,7 @@ def parallel_of(
         for d in (d for d in range(2, total + 1) if whole / d <= least):
             with suppress(ValueError):  # stages the shares cannot give equal replicas
                 layouts.append(place(dict(groups), d, d < total))
-            layouts += _whole_layouts(groups, d)
+            layouts += _whole_layouts(groups, d, where)
         # none fits even one GPU a stage: that pipeline still, its memory the run's to find
         layouts = layouts or [place(dict(groups), None, False)]
         return _fastest(spec, layouts, tensor, where, (model_gb, gpu, reason))
@@ -175,7 +175,7 @@ def _staged(
     try:
         inside = place(dict(groups), stages, mode == "hybrid")
     except ValueError as exc:  # hybrid's equal widths not met by these shares
-        if mode != "hybrid" or not _whole_layouts(groups, stages):
+        if mode != "hybrid" or not _whole_layouts(groups, stages, where):
             inside, mode = place(dict(groups), None, False), "pipeline"
             reason += f"; as a pipeline of one stage a replica, since {exc}"
     if tensor > 1:
@@ -188,17 +188,55 @@ def _staged(
 
 WHOLE_ORDERS_MAX = 4
 """Up to this many clusters, whole pipelines are weighed in every order of the clusters
-(which clusters make a replica, which holds its first stage); above, in the shares' order."""
+(which clusters make a replica, which holds its first stage); above, in the shares' order
+and in each chain that goes on from a cluster to the one it has the fastest link to
+(`_chains`: consecutive clusters of an order make a replica, so its activations take fast
+links)."""
 
 
-def _whole_layouts(groups: Mapping[str, int], stages: int | None) -> list[Placement]:
+def _snapshot_names(
+    clusters: Iterable[str], shares: Sequence[Share], origins: Mapping[str, tuple[str, str]]
+) -> dict[str, str]:
+    """Each of `clusters` (a share's cluster) by its name in the snapshot (its GPU model's
+    part of it), or its own where the snapshot has none."""
+    names = {origin: name for name, origin in origins.items()}
+    model = {s.cluster: s.gpu_model or "" for s in shares}
+    return {c: names.get((c, model.get(c, "")), c) for c in clusters}
+
+
+def _chains(clusters: Sequence[str], where: Where) -> list[tuple[str, ...]]:
+    """From each of `clusters` (share names), the order that always goes on to the unvisited
+    cluster with the fastest link from the last (ties: the shares' order; no link: last)."""
+    shares, snapshot, origins = where
+    snap = _snapshot_names(clusters, shares, origins)
+
+    def gbps(a: str, b: str) -> float:
+        there = snapshot.link(snap[a], snap[b]) or snapshot.link(snap[b], snap[a])
+        return there.bandwidth_gbps if there is not None else 0.0
+
+    out = []
+    for first in clusters:
+        order, left = [first], [c for c in clusters if c != first]
+        while left:
+            nxt = max(left, key=lambda c: gbps(order[-1], c))  # max keeps the first of ties
+            order.append(nxt)
+            left.remove(nxt)
+        out.append(tuple(order))
+    return out
+
+
+def _whole_layouts(groups: Mapping[str, int], stages: int | None, where: Where) -> list[Placement]:
     """Hybrids of whole pipeline replicas on clusters of their own (`place(whole=True)`) the
     stage replicas `groups` make: `stages` deep, or every depth that leaves two replicas or
-    more; only those whose replicas of a stage are not all in one cluster, each set of
-    replicas once."""
+    more, in the orders `WHOLE_ORDERS_MAX` names; only those whose replicas of a stage are
+    not all in one cluster, each set of replicas once."""
     total = sum(groups.values())
     depths = [stages] if stages else [d for d in range(2, total // 2 + 1) if total % d == 0]
-    orders = itertools.permutations(groups) if len(groups) <= WHOLE_ORDERS_MAX else [tuple(groups)]
+    orders: Iterable[tuple[str, ...]] = (
+        itertools.permutations(groups)
+        if len(groups) <= WHOLE_ORDERS_MAX
+        else [tuple(groups), *_chains(list(groups), where)]
+    )
     out: dict[tuple[tuple[str, ...], ...], Placement] = {}
     for order in orders:
         for d in depths:
@@ -221,7 +259,7 @@ def _fastest_hybrid(
 ) -> Parallel:
     """A hybrid's layout: replicas of each stage inside its cluster (`inside`, when the shares
     allow it) or whole pipeline replicas on clusters of their own (`_fastest`)."""
-    layouts = ([inside] if inside is not None else []) + _whole_layouts(groups, stages)
+    layouts = ([inside] if inside is not None else []) + _whole_layouts(groups, stages, where)
     return _fastest(spec, layouts, tensor, where, about)
 
 
@@ -401,10 +439,7 @@ def _stage_loads(
     tenant's own has no blocks known); `stages` as one of `pipelines` whole pipeline
     replicas, 1/`pipelines` of the batch. None when a stage's cluster is not in the
     snapshot."""
-    names = {origin: name for name, origin in origins.items()}
-    model = {s.cluster: s.gpu_model or "" for s in shares}
-    snap = {st.cluster: names.get((st.cluster, model.get(st.cluster, "")), st.cluster)
-            for st in stages}  # fmt: skip
+    snap = _snapshot_names([st.cluster for st in stages], shares, origins)
     if any(n not in snapshot.by_name for n in snap.values()):
         return None
     whole_batch, act = _batch_and_activations(spec)

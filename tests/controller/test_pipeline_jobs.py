@@ -8,6 +8,7 @@ through a real `cpn serve` and Ray is `test_pipeline_job_end_to_end` below (slow
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -225,6 +226,36 @@ def test_whole_pipelines_pair_the_clusters_whose_links_carry_the_activations(
         replicas = {frozenset(r) for r in rows}
         assert replicas == {frozenset("ac"), frozenset("bd")}, par.reason
         assert "weighed: " in par.reason
+    finally:
+        net.close()
+
+
+def test_above_four_clusters_whole_pipelines_follow_the_fast_links(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Six clusters of one GPU (too many to weigh every order): besides the shares' order,
+    each chain along the fastest links is weighed, so the replicas pair a-d, b-e and c-f,
+    where the shares' order alone would pair a-b, c-d and e-f over slow links."""
+    net = Net(db_url, tmp_path)
+    try:
+        for name in "abcdef":
+            net.cluster(name, gpus=1)
+        fast = {frozenset(p) for p in ("ad", "be", "cf")}
+        for x, y in itertools.combinations("abcdef", 2):
+            if frozenset((x, y)) in fast:
+                net.link(x, y, gbps=10.0, rtt_ms=2.0)
+            else:
+                net.link(x, y, gbps=0.05, rtt_ms=40.0)
+        spec = _spec(
+            "chains", gpus=6, parallelism="hybrid", pipeline={"stages": "2"},
+            preference=list("abcdef"), qos={"max_clusters": 6},
+        )  # fmt: skip
+        job = _placed(net, spec)
+        assert job.placement is not None
+        par = job.placement.parallel
+        assert par.mode == "hybrid" and all(len(s.replica_clusters) == 3 for s in par.stages)
+        rows = zip(*(s.replica_clusters for s in par.stages), strict=True)
+        assert {frozenset(r) for r in rows} == fast, par.reason
     finally:
         net.close()
 
