@@ -199,63 +199,44 @@ def test_auto_weighs_every_depth_and_layout_whose_stages_fit(db_url: str, tmp_pa
         net.close()
 
 
+@pytest.mark.parametrize(
+    ("names", "pairs"),
+    [
+        ("abcd", ("ac", "bd")),  # every order of the four clusters weighed
+        ("abcdef", ("ad", "be", "cf")),  # too many: the shares' order and the fast chains
+    ],
+)
 def test_whole_pipelines_pair_the_clusters_whose_links_carry_the_activations(
-    db_url: str, tmp_path: Path
+    db_url: str, tmp_path: Path, names: str, pairs: tuple[str, ...]
 ) -> None:
-    """Four clusters of one GPU, a hybrid of two stages: no stage can keep its two replicas
-    in one cluster, so the replicas are whole pipelines. Whichever clusters make a replica
-    is weighed: the transformer's activations take the fast links (a-c, b-d), its gradients
-    the slow ones, though the shares list a, b, c, d."""
+    """Clusters of one GPU, a hybrid of two stages: no stage can keep its replicas in one
+    cluster, so the replicas are whole pipelines. Whichever clusters make a replica is
+    weighed: the transformer's activations take the fast links, its gradients the slow
+    ones, though the shares list the clusters in order (which would pair a-b, c-d, ...).
+    Above four clusters, each chain along the fastest links is weighed beside the shares'
+    order (`WHOLE_ORDERS_MAX`)."""
     net = Net(db_url, tmp_path)
     try:
-        for name in "abcd":
+        for name in names:
             net.cluster(name, gpus=1)
-        for x, y in (("a", "c"), ("b", "d")):
-            net.link(x, y, gbps=10.0, rtt_ms=2.0)
-        for x, y in (("a", "b"), ("c", "d"), ("a", "d"), ("b", "c")):
-            net.link(x, y, gbps=0.05, rtt_ms=40.0)
-        spec = _spec(
-            "pairs", gpus=4, parallelism="hybrid", pipeline={"stages": "2"},
-            preference=["a", "b", "c", "d"], qos={"max_clusters": 4},
-        )  # fmt: skip
-        job = _placed(net, spec)
-        assert job.placement is not None
-        par = job.placement.parallel
-        assert par.mode == "hybrid" and all(len(s.replica_clusters) == 2 for s in par.stages)
-        rows = zip(*(s.replica_clusters for s in par.stages), strict=True)
-        replicas = {frozenset(r) for r in rows}
-        assert replicas == {frozenset("ac"), frozenset("bd")}, par.reason
-        assert "weighed: " in par.reason
-    finally:
-        net.close()
-
-
-def test_above_four_clusters_whole_pipelines_follow_the_fast_links(
-    db_url: str, tmp_path: Path
-) -> None:
-    """Six clusters of one GPU (too many to weigh every order): besides the shares' order,
-    each chain along the fastest links is weighed, so the replicas pair a-d, b-e and c-f,
-    where the shares' order alone would pair a-b, c-d and e-f over slow links."""
-    net = Net(db_url, tmp_path)
-    try:
-        for name in "abcdef":
-            net.cluster(name, gpus=1)
-        fast = {frozenset(p) for p in ("ad", "be", "cf")}
-        for x, y in itertools.combinations("abcdef", 2):
+        fast = {frozenset(p) for p in pairs}
+        for x, y in itertools.combinations(names, 2):
             if frozenset((x, y)) in fast:
                 net.link(x, y, gbps=10.0, rtt_ms=2.0)
             else:
                 net.link(x, y, gbps=0.05, rtt_ms=40.0)
         spec = _spec(
-            "chains", gpus=6, parallelism="hybrid", pipeline={"stages": "2"},
-            preference=list("abcdef"), qos={"max_clusters": 6},
+            "pairs", gpus=len(names), parallelism="hybrid", pipeline={"stages": "2"},
+            preference=list(names), qos={"max_clusters": len(names)},
         )  # fmt: skip
         job = _placed(net, spec)
         assert job.placement is not None
         par = job.placement.parallel
-        assert par.mode == "hybrid" and all(len(s.replica_clusters) == 3 for s in par.stages)
+        assert par.mode == "hybrid"
+        assert all(len(s.replica_clusters) == len(pairs) for s in par.stages)
         rows = zip(*(s.replica_clusters for s in par.stages), strict=True)
         assert {frozenset(r) for r in rows} == fast, par.reason
+        assert "weighed: " in par.reason
     finally:
         net.close()
 
