@@ -138,11 +138,13 @@ def _why(
         }
         said = f"finished {report.steps} steps: accuracy {report.final_accuracy:.4f}"
         if report.warning and math.isfinite(report.best_eval_loss):
-            # the best is by eval loss: its accuracy may well be below the final one
-            said += (
-                f" (its best evaluation, by eval loss: {report.best_eval_loss:.4g} at step "
-                f"{report.best_step}, accuracy {report.best_accuracy:.4f}; final eval loss "
-                f"{report.final_eval_loss:.4g})"
+            # the best is by eval loss: its accuracy may well be below the final one, so the
+            # final figures come first, named as final, then the best's
+            said = (
+                f"finished {report.steps} steps: final accuracy {report.final_accuracy:.4f}, "
+                f"eval loss {report.final_eval_loss:.4g}; its best evaluation by eval loss was "
+                f"step {report.best_step} (eval loss {report.best_eval_loss:.4g}, accuracy "
+                f"{report.best_accuracy:.4f})"
             )
         elif report.warning:
             said += (
