@@ -83,6 +83,8 @@ class WorkerGroup:
         self.actors = actors
         self.reused = reused
         self.ranks = ranks_of(spec)
+        self.nodes: frozenset[str] = frozenset()
+        """The Ray nodes its workers run on, once set up."""
 
     @classmethod
     def create(
@@ -111,6 +113,7 @@ class WorkerGroup:
             )
         master, port = ray.get(self.actors[0].address.remote(), timeout=300)
         step: int = wait_all([a.setup.remote(master, port, resume_step) for a in self.actors])[0]
+        self.nodes = frozenset(ray.get([a.node.remote() for a in self.actors], timeout=300))
         return step
 
     def run_segment(self, until: int) -> list[SegmentResult]:
@@ -411,6 +414,7 @@ def run(
         return group, step
 
     joining: Joining | None = None
+    nodes: set[str] = set()
     try:
         check_capacity(spec)
         while True:  # one attempt a pass: a restart ends it, the next resumes
@@ -421,6 +425,7 @@ def run(
             ended = False
             try:
                 step = group.setup(resume_step)
+                nodes |= group.nodes
                 if t0 is None:
                     t0 = time.perf_counter()
                 broke_at: int | None = None
@@ -604,6 +609,7 @@ def run(
         compression_ratio=wan.compression_ratio,
         wan_setup_bytes=wan.setup_bytes,
         wan_emulated=spec.emulated,
+        hosts=len(nodes),
         links=links,
         restarts=restarts,
         resumed_from_step=resumed_from,

@@ -473,6 +473,9 @@ class TrainReport:
     resumed_from_step: int | None
     stopped: bool
     history: list[dict[str, float]]
+    hosts: int = 0
+    """The Ray nodes its workers ran on (0: not known). On one, they started on its cores
+    one after another, so its set-up grew with them (`controller.network.snapshot`)."""
     wan_setup_bytes: int = 0
     """Of `wan_bytes_total`, what the start-up sent: the digests that check every worker built
     the same model, and the model itself only where some did not."""

@@ -216,6 +216,13 @@ class Worker:
         xe, ye = as_tensors(task.eval)
         self.loaded = Loaded(key, task, x, y, xe, ye)
 
+    def node(self) -> str:
+        """The Ray node this worker runs on: workers on one node start on its cores, so a
+        run's set-up grows with them there (`TrainReport.hosts`)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the rendezvous store."""
         import ray

@@ -33,6 +33,7 @@ REPORT_KEYS = (
     "best_eval_loss",
     "warning",
     "wall_s",
+    "hosts",
     "compute_s",
     "comm_s",
     "intra_s",

@@ -23,6 +23,7 @@ from controller.store.models import (
     Cluster,
     ClusterGpus,
     Job,
+    JobEvent,
     JobMetric,
     Link,
     Provider,
@@ -420,7 +421,8 @@ def observed(session: Session) -> Observed:
     """Fit the step overhead and the set-up time from the last finished jobs. Step overhead:
     observed step minus observed compute minus what the estimate gave communication (jobs on
     several GPUs). Set-up: the run's wall time (RUNNING to SUCCEEDED) minus its steps at
-    their observed step time, of jobs that ran once; the median each, per cluster too.
+    their observed step time, of jobs that ran once; the median each, per cluster too, less
+    a part a GPU (`_per_gpu`: fitted, or all of it where their workers shared one host).
     A pipeline's micro-batch cost: its observed step over the schedule's (M + S - 1) slots
     less the slot its estimate gave without that cost, of pipeline jobs that ran once, their
     layers whole. A tensor split's all-reduce cost: its observed step over its estimate,
@@ -448,6 +450,16 @@ def observed(session: Session) -> Observed:
             JobMetric.job_id, JobMetric.step, JobMetric.step_time_s, JobMetric.compute_time_s
         ).join(last, (JobMetric.job_id == last.c.job_id) & (JobMetric.step == last.c.step))
     ).all()
+    hosts = {
+        job_id: (data.get("report") or {}).get("hosts")
+        for job_id, data in session.execute(
+            select(JobEvent.job_id, JobEvent.data).where(
+                JobEvent.job_id.in_(plans), JobEvent.to_state == JobState.SUCCEEDED
+            )
+        ).all()
+        if isinstance(data, dict)
+    }
+    one_host: list[bool] = []  # per set-up sample: its workers all ran on one Ray node
     residuals: list[float] = []
     setups: list[tuple[int, float, tuple[str, ...]]] = []
     ratios: list[float] = []
@@ -492,7 +504,8 @@ def observed(session: Session) -> Observed:
                 ratios.append(wall / est.total_time_s)
             setup = max(0.0, wall - step * step_s)
             setups.append((plan.gpus, setup, tuple(s.cluster for s in plan.clusters)))
-    per_gpu = _per_gpu(setups)
+            one_host.append(hosts.get(job_id) == 1)
+    per_gpu = _per_gpu(setups, bool(one_host) and all(one_host))
     by_cluster: dict[str, list[float]] = defaultdict(list)
     for gpus, setup, clusters in setups:
         for name in clusters:
@@ -528,10 +541,14 @@ def _spread(ratios: Sequence[float]) -> tuple[float, float]:
     return (max(low, 0.01), min(high, 100.0))
 
 
-def _per_gpu(samples: Sequence[tuple[int, float, tuple[str, ...]]]) -> float:
+def _per_gpu(samples: Sequence[tuple[int, float, tuple[str, ...]]], one_host: bool) -> float:
     """The least-squares slope of set-up time against the run's GPUs (never negative): where
-    workers start one machine's cores at a time it grows with them, elsewhere it is ~0."""
+    workers start one machine's cores at a time it grows with them, elsewhere it is ~0.
+    Too few samples for a slope: 0, or, where every sample's workers ran on one Ray node
+    (`one_host`), the median set-up a GPU (it grows with them there: none of it fixed)."""
     if len(samples) < 3 or len({g for g, _, _ in samples}) < 2:
+        if one_host:
+            return min(_median([s / g for g, s, _ in samples if g > 0], 0.0), 3599.0)
         return 0.0
     mg = statistics.fmean(g for g, _, _ in samples)
     ms = statistics.fmean(s for _, s, _ in samples)

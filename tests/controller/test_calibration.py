@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 import scheduler
 from controller.network.snapshot import step_overhead
 from controller.store.db import make_engine
-from controller.store.models import Job, JobMetric, Tenant, utcnow
+from controller.store.models import Job, JobEvent, JobMetric, Tenant, utcnow
 from tests.scheduler.builders import cluster, job, link
 from training import Progress
 from wire.plan import JobPlan, Parallel, PlanEstimate, Share, StageShare
@@ -116,8 +116,10 @@ def _ran(
     wall_s: float,
     attempts: int = 0,
     estimated_s: float = 10.0,
+    hosts: int | None = None,
 ) -> None:
-    """A finished run of 100 steps at 0.1 s each that took `wall_s` RUNNING to SUCCEEDED."""
+    """A finished run of 100 steps at 0.1 s each that took `wall_s` RUNNING to SUCCEEDED
+    (its report saying on how many Ray nodes its workers ran, where `hosts` is given)."""
     end = utcnow()
     j = Job(
         tenant_id=tenant.id,
@@ -139,6 +141,11 @@ def _ran(
     session.add(j)
     session.flush()
     session.add(JobMetric(job_id=j.id, step=100, step_time_s=0.1, compute_time_s=5.0))
+    if hosts is not None:
+        report = {"steps": 100, "hosts": hosts}
+        session.add(
+            JobEvent(job_id=j.id, kind="state", to_state="SUCCEEDED", data={"report": report})
+        )
 
 
 def test_set_up_time_is_fitted_per_cluster_from_finished_runs(db_url: str) -> None:
@@ -205,6 +212,39 @@ def test_set_up_that_grows_with_the_workers_is_fitted_per_gpu(db_url: str) -> No
             assert seen.setup_per_gpu_s == pytest.approx(2.5)
             assert seen.setup_s == pytest.approx(1.0)
             assert dict(seen.setup_by_cluster) == pytest.approx({"a": 1.0})
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("hosts", "per_gpu", "base"), [(1, 2.0, 0.0), (2, 0.0, 12.0), (None, 0.0, 12.0)]
+)
+def test_one_runs_set_up_on_one_host_is_counted_a_gpu(
+    db_url: str, hosts: int | None, per_gpu: float, base: float
+) -> None:
+    """One finished run of 6 GPUs whose set-up took 12 s: too few for a slope, so where its
+    workers ran on one Ray node (they start on its cores one after another) all of it is
+    counted per GPU, and a 2-GPU job is planned 4 s of set-up; on several nodes, or where
+    the report does not say, it is fixed (12 s whatever the GPUs)."""
+    from controller.network.snapshot import observed
+
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session, session.begin():
+            tenant = Tenant(name="t")
+            session.add(tenant)
+            session.flush()
+            _ran(session, tenant, "six", cluster="a", gpus=6, wall_s=22.0, hosts=hosts)
+            session.flush()
+            seen = observed(session)
+            assert seen.setup_per_gpu_s == pytest.approx(per_gpu)
+            assert seen.setup_s == pytest.approx(base)
+            snap = scheduler.Snapshot(
+                (cluster("a", 2, setup_s=dict(seen.setup_by_cluster)["a"]),),
+                setup_s=seen.setup_s,
+                setup_per_gpu_s=seen.setup_per_gpu_s,
+            )
+            assert scheduler.setup_of(snap, ["a"], 2) == pytest.approx(base + 2 * per_gpu)
     finally:
         engine.dispose()
 

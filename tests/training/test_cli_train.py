@@ -100,6 +100,7 @@ def test_train_json_report_and_plot(tmp_path: Path) -> None:
         "wan_bytes_total",
         "compression_ratio",
         "wan_emulated",
+        "hosts",
     ):
         assert key in report
     assert report["clusters"] == {"a": 1, "b": 1} and report["steps"] == 8

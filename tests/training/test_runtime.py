@@ -40,6 +40,7 @@ def test_every_step_uncompressed_equals_single_process_full_batch(tmp_path: Path
         )
     )
     assert report.steps == steps and report.restarts == 0
+    assert report.hosts == 1  # one local Ray: every worker on its one node
     # the ring all-reduce puts bytes on the ring's edges only: per step each edge carries two
     # reduce-scatter and two all-gather chunks of a third of the model (2(n-1)/n = 4/3 of it)
     assert set(report.wan_bytes) == {("a", "b"), ("b", "c"), ("c", "a")}
