@@ -3,6 +3,8 @@ jobs and their metrics in a real database (SQLite and PostgreSQL), and how estim
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -59,29 +61,22 @@ def _finished(
 
 
 def test_step_overhead_is_the_median_residual_of_finished_jobs(db_url: str) -> None:
-    engine = make_engine(db_url)
-    try:
-        with Session(engine) as session, session.begin():
-            assert step_overhead(session) == 0.0  # nothing observed yet
-            tenant = Tenant(name="t")
-            session.add(tenant)
-            session.flush()
-            est: dict[str, Any] = {"step_time_s": 0.003, "compute_s": 0.001}
-            # residuals: 0.020 - 0.004 - 0.002 = 0.014; 0.010 - 0.004 - 0.002 = 0.004; and a
-            # job estimated with an overhead of 0.005 already: 0.030 - 0.004 - (0.008 - 0.001
-            # - 0.005) = 0.024. The median is 0.014.
-            _finished(session, tenant, 1, gpus=4, est=est, step_s=0.020, compute_per_step=0.004)
-            _finished(session, tenant, 2, gpus=4, est=est, step_s=0.010, compute_per_step=0.004)
-            with_overhead = {"step_time_s": 0.008, "compute_s": 0.001, "step_overhead_s": 0.005}
-            _finished(
-                session, tenant, 3, gpus=2, est=with_overhead, step_s=0.030, compute_per_step=0.004
-            )
-            # a single worker waits on nobody: not a sample
-            _finished(session, tenant, 4, gpus=1, est=est, step_s=9.0, compute_per_step=0.004)
-            session.flush()
-            assert step_overhead(session) == pytest.approx(0.014)
-    finally:
-        engine.dispose()
+    with _books(db_url) as (session, tenant):
+        assert step_overhead(session) == 0.0  # nothing observed yet
+        est: dict[str, Any] = {"step_time_s": 0.003, "compute_s": 0.001}
+        # residuals: 0.020 - 0.004 - 0.002 = 0.014; 0.010 - 0.004 - 0.002 = 0.004; and a
+        # job estimated with an overhead of 0.005 already: 0.030 - 0.004 - (0.008 - 0.001
+        # - 0.005) = 0.024. The median is 0.014.
+        _finished(session, tenant, 1, gpus=4, est=est, step_s=0.020, compute_per_step=0.004)
+        _finished(session, tenant, 2, gpus=4, est=est, step_s=0.010, compute_per_step=0.004)
+        with_overhead = {"step_time_s": 0.008, "compute_s": 0.001, "step_overhead_s": 0.005}
+        _finished(
+            session, tenant, 3, gpus=2, est=with_overhead, step_s=0.030, compute_per_step=0.004
+        )
+        # a single worker waits on nobody: not a sample
+        _finished(session, tenant, 4, gpus=1, est=est, step_s=9.0, compute_per_step=0.004)
+        session.flush()
+        assert step_overhead(session) == pytest.approx(0.014)
 
 
 def test_fit_and_estimates_use_the_overhead_for_multi_worker_placements() -> None:
@@ -104,6 +99,20 @@ def _placement(gpus: int) -> tuple[scheduler.Assignment, ...]:
     if gpus <= 8:
         return (scheduler.Assignment("a", gpus),)
     return (scheduler.Assignment("a", 8), scheduler.Assignment("b", gpus - 8))
+
+
+@contextmanager
+def _books(db_url: str) -> Iterator[tuple[Session, Tenant]]:
+    """A session on `db_url` in one transaction, and a tenant whose jobs it holds."""
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session, session.begin():
+            tenant = Tenant(name="t")
+            session.add(tenant)
+            session.flush()
+            yield session, tenant
+    finally:
+        engine.dispose()
 
 
 def _ran(
@@ -154,27 +163,20 @@ def test_set_up_time_is_fitted_per_cluster_from_finished_runs(db_url: str) -> No
     is seen; per cluster where runs used it; a run that restarted is no sample."""
     from controller.network.snapshot import SETUP_PRIOR_S, observed
 
-    engine = make_engine(db_url)
-    try:
-        with Session(engine) as session, session.begin():
-            assert observed(session).setup_s == SETUP_PRIOR_S
-            tenant = Tenant(name="t")
-            session.add(tenant)
-            session.flush()
-            # 100 steps of 0.1 s: 10 s of steps; walls 22 s and 14 s on a, 40 s on b
-            for n, (where, wall, tries) in enumerate(
-                [("a", 22.0, 1), ("a", 14.0, 1), ("b", 40.0, 1), ("b", 500.0, 2)]
-            ):
-                _ran(session, tenant, f"j{n}", cluster=where, gpus=1, wall_s=wall, attempts=tries)
-            session.flush()
-            seen = observed(session)
-            assert seen.setup_s == pytest.approx(12.0)  # median of 12, 4, 30
-            assert dict(seen.setup_by_cluster) == pytest.approx({"a": 8.0, "b": 30.0})
-            # the runs took 2.2, 1.4 and 4.0 times their estimate: a quote's range is its
-            # estimate times (1, the 90th percentile), the estimate itself kept inside
-            assert seen.spread == pytest.approx((1.0, 3.64))
-    finally:
-        engine.dispose()
+    with _books(db_url) as (session, tenant):
+        assert observed(session).setup_s == SETUP_PRIOR_S
+        # 100 steps of 0.1 s: 10 s of steps; walls 22 s and 14 s on a, 40 s on b
+        for n, (where, wall, tries) in enumerate(
+            [("a", 22.0, 1), ("a", 14.0, 1), ("b", 40.0, 1), ("b", 500.0, 2)]
+        ):
+            _ran(session, tenant, f"j{n}", cluster=where, gpus=1, wall_s=wall, attempts=tries)
+        session.flush()
+        seen = observed(session)
+        assert seen.setup_s == pytest.approx(12.0)  # median of 12, 4, 30
+        assert dict(seen.setup_by_cluster) == pytest.approx({"a": 8.0, "b": 30.0})
+        # the runs took 2.2, 1.4 and 4.0 times their estimate: a quote's range is its
+        # estimate times (1, the 90th percentile), the estimate itself kept inside
+        assert seen.spread == pytest.approx((1.0, 3.64))
 
 
 def test_the_set_up_is_in_every_estimate_and_its_price() -> None:
@@ -198,22 +200,15 @@ def test_set_up_that_grows_with_the_workers_is_fitted_per_gpu(db_url: str) -> No
     with the run's GPUs: the fit keeps a per-GPU part and the rest per cluster."""
     from controller.network.snapshot import observed
 
-    engine = make_engine(db_url)
-    try:
-        with Session(engine) as session, session.begin():
-            tenant = Tenant(name="t")
-            session.add(tenant)
-            session.flush()
-            for n, gpus in enumerate((2, 4, 6)):
-                wall = 10.0 + 1.0 + 2.5 * gpus
-                _ran(session, tenant, f"g{n}", cluster="a", gpus=gpus, wall_s=wall, estimated_s=1.0)
-            session.flush()
-            seen = observed(session)
-            assert seen.setup_per_gpu_s == pytest.approx(2.5)
-            assert seen.setup_s == pytest.approx(1.0)
-            assert dict(seen.setup_by_cluster) == pytest.approx({"a": 1.0})
-    finally:
-        engine.dispose()
+    with _books(db_url) as (session, tenant):
+        for n, gpus in enumerate((2, 4, 6)):
+            wall = 10.0 + 1.0 + 2.5 * gpus
+            _ran(session, tenant, f"g{n}", cluster="a", gpus=gpus, wall_s=wall, estimated_s=1.0)
+        session.flush()
+        seen = observed(session)
+        assert seen.setup_per_gpu_s == pytest.approx(2.5)
+        assert seen.setup_s == pytest.approx(1.0)
+        assert dict(seen.setup_by_cluster) == pytest.approx({"a": 1.0})
 
 
 @pytest.mark.parametrize(
@@ -228,25 +223,18 @@ def test_one_runs_set_up_on_one_host_is_counted_a_gpu(
     the report does not say, it is fixed (12 s whatever the GPUs)."""
     from controller.network.snapshot import observed
 
-    engine = make_engine(db_url)
-    try:
-        with Session(engine) as session, session.begin():
-            tenant = Tenant(name="t")
-            session.add(tenant)
-            session.flush()
-            _ran(session, tenant, "six", cluster="a", gpus=6, wall_s=22.0, hosts=hosts)
-            session.flush()
-            seen = observed(session)
-            assert seen.setup_per_gpu_s == pytest.approx(per_gpu)
-            assert seen.setup_s == pytest.approx(base)
-            snap = scheduler.Snapshot(
-                (cluster("a", 2, setup_s=dict(seen.setup_by_cluster)["a"]),),
-                setup_s=seen.setup_s,
-                setup_per_gpu_s=seen.setup_per_gpu_s,
-            )
-            assert scheduler.setup_of(snap, ["a"], 2) == pytest.approx(base + 2 * per_gpu)
-    finally:
-        engine.dispose()
+    with _books(db_url) as (session, tenant):
+        _ran(session, tenant, "six", cluster="a", gpus=6, wall_s=22.0, hosts=hosts)
+        session.flush()
+        seen = observed(session)
+        assert seen.setup_per_gpu_s == pytest.approx(per_gpu)
+        assert seen.setup_s == pytest.approx(base)
+        snap = scheduler.Snapshot(
+            (cluster("a", 2, setup_s=dict(seen.setup_by_cluster)["a"]),),
+            setup_s=seen.setup_s,
+            setup_per_gpu_s=seen.setup_per_gpu_s,
+        )
+        assert scheduler.setup_of(snap, ["a"], 2) == pytest.approx(base + 2 * per_gpu)
 
 
 def test_a_run_is_measured_only_where_it_trained_on_its_planned_split() -> None:
@@ -341,28 +329,21 @@ def test_a_micro_batchs_cost_is_fitted_from_finished_pipelines_alone(db_url: str
     from controller.network.snapshot import observed
     from scheduler.pipeline_cost import MICRO_BATCH_OVERHEAD_S
 
-    engine = make_engine(db_url)
-    try:
-        with Session(engine) as session, session.begin():
-            assert observed(session).micro_overhead_s == MICRO_BATCH_OVERHEAD_S
-            tenant = Tenant(name="t")
-            session.add(tenant)
-            session.flush()
-            # slots of 0.1 s planned, 0.005 of them the cost counted: 0.095 without it;
-            # measured 0.2 and 0.12 a slot: 0.105 and 0.025, median 0.065
-            _pipelined(session, tenant, 1, est_step_s=0.5, used=0.005, step_s=1.0)
-            _pipelined(session, tenant, 2, est_step_s=0.5, used=0.005, step_s=0.6)
-            session.flush()
-            seen = observed(session)
-            assert seen.micro_overhead_s == pytest.approx(0.065)
-            assert seen.step_overhead_s == 0.0  # no data-parallel job ran
-            _pipelined(session, tenant, 3, est_step_s=0.5, used=0.0, step_s=0.1)
-            _pipelined(session, tenant, 4, est_step_s=0.5, used=0.0, step_s=0.1)
-            _pipelined(session, tenant, 5, est_step_s=0.5, used=0.0, step_s=0.1)
-            session.flush()
-            assert observed(session).micro_overhead_s == 0.0  # faster than planned: no credit
-    finally:
-        engine.dispose()
+    with _books(db_url) as (session, tenant):
+        assert observed(session).micro_overhead_s == MICRO_BATCH_OVERHEAD_S
+        # slots of 0.1 s planned, 0.005 of them the cost counted: 0.095 without it;
+        # measured 0.2 and 0.12 a slot: 0.105 and 0.025, median 0.065
+        _pipelined(session, tenant, 1, est_step_s=0.5, used=0.005, step_s=1.0)
+        _pipelined(session, tenant, 2, est_step_s=0.5, used=0.005, step_s=0.6)
+        session.flush()
+        seen = observed(session)
+        assert seen.micro_overhead_s == pytest.approx(0.065)
+        assert seen.step_overhead_s == 0.0  # no data-parallel job ran
+        _pipelined(session, tenant, 3, est_step_s=0.5, used=0.0, step_s=0.1)
+        _pipelined(session, tenant, 4, est_step_s=0.5, used=0.0, step_s=0.1)
+        _pipelined(session, tenant, 5, est_step_s=0.5, used=0.0, step_s=0.1)
+        session.flush()
+        assert observed(session).micro_overhead_s == 0.0  # faster than planned: no credit
 
 
 def _split_job(
@@ -396,25 +377,18 @@ def test_a_splits_all_reduce_cost_is_fitted_from_one_stage_split_runs(db_url: st
     from controller.network.snapshot import observed
     from scheduler.pipeline_cost import ALL_REDUCE_OVERHEAD_S, MICRO_BATCH_OVERHEAD_S
 
-    engine = make_engine(db_url)
-    try:
-        with Session(engine) as session, session.begin():
-            before = observed(session)
-            assert before.all_reduce_overhead_s == ALL_REDUCE_OVERHEAD_S > 0
-            assert before.priors == {"micro_overhead_s", "all_reduce_overhead_s", "ps_push_s"}
-            tenant = Tenant(name="t")
-            session.add(tenant)
-            session.flush()
-            # 0.16 s over the estimate in 16 all-reduces: 10 ms more each, 11 ms in all
-            _split_job(session, tenant, 1, stages=1, est=0.1, step_s=0.26)
-            _split_job(session, tenant, 2, stages=2, est=0.1, step_s=9.0)  # 3D: not fitted
-            session.flush()
-            seen = observed(session)
-            assert seen.all_reduce_overhead_s == pytest.approx(0.011)
-            assert seen.micro_overhead_s == MICRO_BATCH_OVERHEAD_S  # nothing fitted it
-            assert seen.priors == {"micro_overhead_s", "ps_push_s"}
-    finally:
-        engine.dispose()
+    with _books(db_url) as (session, tenant):
+        before = observed(session)
+        assert before.all_reduce_overhead_s == ALL_REDUCE_OVERHEAD_S > 0
+        assert before.priors == {"micro_overhead_s", "all_reduce_overhead_s", "ps_push_s"}
+        # 0.16 s over the estimate in 16 all-reduces: 10 ms more each, 11 ms in all
+        _split_job(session, tenant, 1, stages=1, est=0.1, step_s=0.26)
+        _split_job(session, tenant, 2, stages=2, est=0.1, step_s=9.0)  # 3D: not fitted
+        session.flush()
+        seen = observed(session)
+        assert seen.all_reduce_overhead_s == pytest.approx(0.011)
+        assert seen.micro_overhead_s == MICRO_BATCH_OVERHEAD_S  # nothing fitted it
+        assert seen.priors == {"micro_overhead_s", "ps_push_s"}
 
 
 def _ps_job(session: Session, tenant: Tenant, n: int, *, est: float, step_s: float) -> None:
@@ -441,24 +415,17 @@ def test_an_async_ps_push_cost_is_fitted_from_async_ps_runs_alone(db_url: str) -
     overhead, which every other mode pays."""
     from controller.network.snapshot import PS_PUSH_PRIOR_S, observed
 
-    engine = make_engine(db_url)
-    try:
-        with Session(engine) as session, session.begin():
-            before = observed(session)
-            assert before.ps_push_s == PS_PUSH_PRIOR_S > 0 and "ps_push_s" in before.priors
-            tenant = Tenant(name="t")
-            session.add(tenant)
-            session.flush()
-            _ps_job(session, tenant, 1, est=0.010, step_s=0.045)  # 35 ms more: 37 ms a push
-            _ps_job(session, tenant, 2, est=0.010, step_s=0.047)
-            _ps_job(session, tenant, 3, est=0.010, step_s=0.049)
-            session.flush()
-            seen = observed(session)
-            assert seen.ps_push_s == pytest.approx(0.039)
-            assert "ps_push_s" not in seen.priors
-            assert seen.step_overhead_s == 0.0  # no other multi-worker job ran
-    finally:
-        engine.dispose()
+    with _books(db_url) as (session, tenant):
+        before = observed(session)
+        assert before.ps_push_s == PS_PUSH_PRIOR_S > 0 and "ps_push_s" in before.priors
+        _ps_job(session, tenant, 1, est=0.010, step_s=0.045)  # 35 ms more: 37 ms a push
+        _ps_job(session, tenant, 2, est=0.010, step_s=0.047)
+        _ps_job(session, tenant, 3, est=0.010, step_s=0.049)
+        session.flush()
+        seen = observed(session)
+        assert seen.ps_push_s == pytest.approx(0.039)
+        assert "ps_push_s" not in seen.priors
+        assert seen.step_overhead_s == 0.0  # no other multi-worker job ran
 
 
 def test_a_pipeline_takes_fewer_micro_batches_where_each_costs_more() -> None:
