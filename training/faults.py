@@ -45,7 +45,8 @@ class Lost(StrEnum):
     GONE = "gone"
     """One of its workers died (its process, or its node)."""
     SILENT = "silent"
-    """One of its workers did not answer within the grace window (a cut link)."""
+    """One of its workers answered neither the driver's probe nor its peers (a cut link, a
+    frozen host)."""
     REMOVED = "removed"
     """The controller took it away (it went DOWN: its agent's lease expired)."""
 

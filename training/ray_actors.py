@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,16 +86,22 @@ class Outcome:
 
 
 def outcomes(
-    refs: list[Any], grace_s: float, actors: list[Any] | None = None
+    refs: list[Any],
+    grace_s: float,
+    actors: list[Any] | None = None,
+    on_silent: Callable[[set[int]], bool] | None = None,
 ) -> tuple[list[Outcome], float | None]:
     """Every call's outcome: all of them, or, once one failed, those that end within
     `grace_s` after it (the others are left unanswered). Also when the first failed.
 
-    With `actors` (each call's actor, made with `PROBE_GROUP`), the ones still busy when the
-    first call fails are asked `ping` on a thread of their own: one that answers within
-    `PROBE_S` is slow, not lost, and is waited for; one that does not is unreachable (its
-    node, or the link to it, is gone) and is not waited for: a cut link costs the grace
-    window once (the survivors' own timeout), not twice."""
+    With `actors` (each call's actor, made with `PROBE_GROUP`), the busy ones are asked
+    `ping` on a thread of their own throughout: one that answers within `PROBE_S` is slow,
+    not lost, and is waited for; one that does not is unreachable (its node, or the link to
+    it, is gone) and, once a call failed, is not waited for. With `on_silent`, an unreachable
+    one found while the others are heard counts as that failure if `on_silent`, given the
+    indices of the unreachable calls, ends the waits of peers blocked on them (it says whether
+    it could: `training.connections`), so a cut link costs a probe's time, not the grace
+    window."""
     import ray
 
     out = [Outcome() for _ in refs]
@@ -102,7 +109,7 @@ def outcomes(
     pending = list(refs)
     deadline = time.monotonic() + SEGMENT_TIMEOUT_S
     failed_at: float | None = None
-    pings: dict[Any, Any] = {}
+    probe = _Probe(actors) if actors is not None else None
     while pending:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -118,16 +125,49 @@ def outcomes(
                 if failed_at is None:
                     failed_at = time.monotonic()
                     deadline = min(deadline, failed_at + grace_s)
-        if failed_at is not None and actors is not None and pending:
-            if not pings:
-                pings = {r: ping(actors[index[r]]) for r in pending}
-            elif time.monotonic() > failed_at + PROBE_S:
-                answered, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=0)
-                heard = set(answered)
-                pending = [r for r in pending if pings.get(r) in heard]  # the rest: silent
+        if probe is None or not pending:
+            continue
+        silent = probe.silent([index[r] for r in pending])
+        if not silent:
+            continue
+        if failed_at is None:
+            heard = probe.heard | {i for i, o in enumerate(out) if o.done}
+            if on_silent is None or not heard - silent or not on_silent(silent):
+                continue  # nobody else heard from (the driver's own trouble), or no way to
+                # end the waits on them: the peers' grace window decides
+            failed_at = time.monotonic()
+            deadline = min(deadline, failed_at + grace_s)
+        pending = [r for r in pending if index[r] not in silent]
     if failed_at is None and pending:
         raise TimeoutError(f"workers made no progress for {SEGMENT_TIMEOUT_S:.0f} s")
     return out, failed_at
+
+
+class _Probe:
+    """Each busy actor's last `ping`: answered ones are asked again, so a ping unanswered for
+    `PROBE_S` means an actor unreachable now, not one slow earlier."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+        self.sent: dict[int, tuple[Any, float]] = {}
+        self.heard: set[int] = set()
+
+    def silent(self, busy: list[int]) -> set[int]:
+        """Which of the `busy` actors have not answered a ping for `PROBE_S`."""
+        import ray
+
+        now = time.monotonic()
+        out: set[int] = set()
+        for i in busy:
+            last = self.sent.get(i)
+            if last is not None and not ray.wait([last[0]], timeout=0)[0]:
+                if now - last[1] > PROBE_S:
+                    out.add(i)
+                continue
+            if last is not None:
+                self.heard.add(i)
+            self.sent[i] = (ping(self.actors[i]), now)
+        return out
 
 
 PROBE_GROUP = {"probe": 1}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from training.connections import Address
 from training.faults import GroupBroken, Lost, Membership, Recovery, recover, ring_ordered
 from training.logs import LogLine
 from training.placement import cluster_resource
@@ -85,6 +86,8 @@ class WorkerGroup:
         self.ranks = ranks_of(spec)
         self.nodes: frozenset[str] = frozenset()
         """The Ray nodes its workers run on, once set up."""
+        self.addresses: frozenset[Address] = frozenset()
+        """Where its workers' process groups listen, once set up (under fault domains)."""
 
     @classmethod
     def create(
@@ -114,7 +117,28 @@ class WorkerGroup:
         master, port = ray.get(self.actors[0].address.remote(), timeout=300)
         step: int = wait_all([a.setup.remote(master, port, resume_step) for a in self.actors])[0]
         self.nodes = frozenset(ray.get([a.node.remote() for a in self.actors], timeout=300))
+        self._listen()
         return step
+
+    def _listen(self) -> None:
+        """Learn where the workers' groups listen: the addresses `_sever` hands out."""
+        import ray
+
+        if self.spec.fault_domains:
+            got = ray.get([a.addresses.remote() for a in self.actors], timeout=300)
+            self.addresses = frozenset().union(*got)
+
+    def _sever(self, silent: set[int]) -> bool:
+        """Every worker the driver still hears ends its connections to the process groups
+        (all of them: the group re-forms anyway), so a collective blocked on the silent ones
+        fails now. False where the groups' addresses are unknown (a mode that does not
+        re-form: the grace window decides)."""
+        if not self.addresses:
+            return False
+        for rank, a in enumerate(self.actors):
+            if rank not in silent:
+                a.sever.options(concurrency_group="probe").remote(self.addresses)
+        return True
 
     def run_segment(self, until: int) -> list[SegmentResult]:
         """Train every worker to step `until`; rank 0 evaluates. The results in rank order.
@@ -128,7 +152,9 @@ class WorkerGroup:
         import ray
 
         # a peer blocked on a silent one fails within the grace window: wait that out
-        done, failed_at = outcomes(refs, self.spec.fault_grace_s + 10.0, self.actors)
+        done, failed_at = outcomes(
+            refs, self.spec.fault_grace_s + 10.0, self.actors, on_silent=self._sever
+        )
         if failed_at is None:
             return [o.value for o in done]
         lost: dict[str, Lost] = {}
@@ -181,6 +207,7 @@ class WorkerGroup:
                 ray.get([a.address.remote() for a in fresh], timeout=300)
             master, port = ray.get(actors[0].address.remote(), timeout=300)
             steps = wait_all([a.setup.remote(master, port, None, True) for a in actors])
+            group._listen()
         except BaseException:
             group.kill()  # the caller restarts from a checkpoint
             raise

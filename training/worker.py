@@ -28,9 +28,11 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from grammar import Sync
+from training import connections
 from training.auto import runs_auto
 from training.checkpoint import FORMAT, PARTS, check_identity, open_store
 from training.collective import Collective, flatten, split
+from training.connections import Address
 from training.data import batch_indices, rank_weights, shard, shard_sizes
 from training.faults import Agreement, GroupBroken, Position, agree, is_collective_error
 from training.logs import capture
@@ -201,6 +203,18 @@ class Worker:
         cluster from an unreachable one by it (`training.ray_actors.outcomes`)."""
         return True
 
+    def addresses(self) -> frozenset[Address]:
+        """Where this rank's process groups listen (for the others' `sever`)."""
+        return getattr(self, "listeners", frozenset())
+
+    def sever(self, addresses: frozenset[Address]) -> int:
+        """On the probe thread: end this rank's connections to and from the groups listening
+        at `addresses` (every rank's), so a collective blocked on a peer the driver cannot
+        reach fails now and this rank re-forms with the others (`training.connections`)."""
+        n = connections.sever(addresses, self.addresses())
+        print(f"a peer is unreachable: {n} group connections ended", flush=True)
+        return n
+
     def prepare(self) -> None:
         """Load the task and this rank's samples: seconds that a cluster joining a running
         job spends while the others train on (`training.runner`), not while they wait."""
@@ -235,6 +249,7 @@ class Worker:
         spec = self.spec
         # under fault domains a silent peer fails a collective after the grace window
         timeout = timedelta(seconds=spec.fault_grace_s if self.live else 120)
+        before = connections.listening() if self.live else frozenset()
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://{master}:{port}",
@@ -259,6 +274,8 @@ class Worker:
             if self.live
             else None
         )
+        self.listeners = connections.listening() - before if self.live else frozenset()
+        """Where this rank's groups listen: the driver hands them to the others, to `sever`."""
 
         self.prepare()
         assert self.loaded is not None

@@ -5,7 +5,12 @@ takes away leaves, one it adds joins and takes a peer's state.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -215,6 +220,41 @@ def test_after_a_loss_the_callers_new_plan_for_the_survivors_is_what_runs(tmp_pa
     assert [(m["cluster"], m["change"]) for m in report.membership] == [("c", "left")]
     assert list(report.clusters) == ["b", "a"]
     assert report.batch_shares == pytest.approx(shares, abs=0.05)
+
+
+def test_a_frozen_cluster_is_left_after_a_probe_not_the_grace_window(tmp_path: Path) -> None:
+    """A stopped worker (SIGSTOP: alive, its sockets open, answering nothing) is what a cut
+    link looks like to its peers: their collective waits on it and gloo ends that wait only
+    after the grace window. The driver finds it unreachable by its probe, the others end
+    their connections to its group (`training.connections`), and the run goes on without it
+    long before the window."""
+    grace = 120.0
+    seen: list[training.Progress] = []
+    frozen: list[tuple[int, float]] = []
+
+    def freeze_c(p: training.Progress) -> None:
+        seen.append(p)
+        if len(seen) == 2:
+            (name,) = [n for n in ray.util.list_named_actors() if n.endswith("-w2")]
+            getpid: Any = ray.get_actor(name).__ray_call__  # runs `os.getpid` in the actor
+            pid = ray.get(getpid.remote(lambda _self: os.getpid()), timeout=60)
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append((pid, time.monotonic()))
+        elif frozen and len(frozen) == 1:
+            frozen.append((0, time.monotonic()))  # the first report after the freeze
+
+    try:
+        report = training.run(_spec(tmp_path, fault_grace_s=grace), on_progress=freeze_c)
+    finally:
+        for pid, _ in frozen[:1]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert report.restarts == 0 and report.resumed_from_step is None
+    left = [(m["cluster"], m["why"]) for m in report.membership if m["change"] == "left"]
+    assert left == [("c", "silent")]
+    assert report.clusters == {"a": 1, "b": 1} and report.steps == 48
+    # the survivors went on within a probe's time and a re-form, not after the window
+    assert frozen[1][1] - frozen[0][1] < grace / 2, frozen
 
 
 def test_async_ps_goes_on_when_its_servers_host_is_lost(tmp_path: Path) -> None:

@@ -32,12 +32,19 @@ class Member:
             time.sleep(PROBE_S + 3.0)
             return "done"
         self.release.wait(120)  # silent: never ends on its own
+        if self.how == "fail":
+            raise RuntimeError("connection closed by peer")
         return "late"
 
     def ping(self) -> bool:
         if not self.answers:
             self.release.wait(120)
         return True
+
+    def sever(self) -> None:
+        """On the probe thread: a blocked `run` fails now (as `Worker.sever` ends its wait)."""
+        self.how = "fail"
+        self.release.set()
 
 
 def _members(*kinds: tuple[str, bool]) -> list[Any]:
@@ -71,3 +78,49 @@ def test_without_probes_a_silent_member_costs_the_whole_window() -> None:
     finally:
         for a in actors:
             ray.kill(a)
+
+
+def test_a_member_unreachable_before_any_failure_ends_its_peers_waits() -> None:
+    """Nobody failed yet: the two answering members wait on the third, which answers no
+    probe. After `PROBE_S` the driver asks them to end their waits (`on_silent`), counts
+    that as the failure and does not wait for the silent one."""
+    actors = _members(("blocked", True), ("blocked", True), ("silent", False))
+    told: list[set[int]] = []
+
+    def end_waits(silent: set[int]) -> bool:
+        told.append(silent)
+        for i, a in enumerate(actors):
+            if i not in silent:
+                a.sever.options(concurrency_group="probe").remote()
+        return True
+
+    try:
+        began = time.monotonic()
+        done, failed_at = outcomes([a.run.remote() for a in actors], 60.0, actors, end_waits)
+        assert told == [{2}]
+        assert failed_at is not None and failed_at - began >= PROBE_S
+        assert [o.done for o in done] == [True, True, False]
+        assert all(isinstance(o.error, ray.exceptions.RayTaskError) for o in done[:2])
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+def test_nobody_is_cut_off_while_no_member_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every busy member silent at once is the driver's trouble (its host, its link), not
+    theirs: nobody's wait is ended; the segment's own time limit stands."""
+    monkeypatch.setattr("training.ray_actors.SEGMENT_TIMEOUT_S", PROBE_S + 4.0)
+    actors = _members(("silent", False), ("silent", False))
+    told: list[set[int]] = []
+
+    def end_waits(silent: set[int]) -> bool:
+        told.append(silent)
+        return True
+
+    try:
+        with pytest.raises(TimeoutError):
+            outcomes([a.run.remote() for a in actors], 5.0, actors, end_waits)
+    finally:
+        for a in actors:
+            ray.kill(a)
+    assert told == []
