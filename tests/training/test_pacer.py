@@ -1,4 +1,5 @@
-"""A job's WAN sends keep to its reservation (issue 49): the token bucket of the exchange.
+"""A job's WAN sends keep to its reservation (issue 49): the token bucket of the exchange and
+of async-ps's pushes.
 
 `Pacer` is pure (times in, waits out); the exchange test runs it on real gloo leaders in
 spawned processes: with a reservation the leaders' sends average no more than it (one
@@ -14,7 +15,10 @@ from typing import Any
 import pytest
 import torch
 
+import training
 from tests.training.test_ring import NONE, NUMEL, _collective, _contribution, _spawn
+from training import TrainSpec
+from training.runner import WorkerPool
 from training.wan import Pacer
 
 EXCHANGES = 8
@@ -123,3 +127,39 @@ def test_a_paced_ring_sends_in_slices_at_the_planned_rate_and_sums_exactly(
             assert torch.equal(got, first)
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         assert rank["wall_s"] >= rank["bytes"] * 8 / (SLICED_MBPS * 1e6) * 0.999
+
+
+PS_STEPS = 24
+PS_RATE_KBPS = 500  # an int8 push of the MNIST-1D MLP is ~0.19 Mbit: ~0.4 s each at this rate
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_async_ps_pushes_keep_to_the_reservation() -> None:
+    """A spoke's pushes to the parameter server are its WAN sends: with a reservation they
+    average no more than it (one push of burst); without one the same run pushes as fast as
+    the loopback allows."""
+
+    def run(kbps: int | None) -> training.TrainReport:
+        spec = TrainSpec(
+            task="builtin:mnist1d-mlp",
+            clusters={"a": 1, "b": 1},
+            sync="async-ps:4",
+            compression="int8",
+            steps=PS_STEPS,
+            eval_every=PS_STEPS,
+            wan_kbps=dict.fromkeys(("a", "b"), kbps) if kbps else {},
+        )
+        return training.run(spec, pool=pool)
+
+    pool = WorkerPool()
+    try:
+        free, paced = run(None), run(PS_RATE_KBPS)
+    finally:
+        pool.close()
+    # the spoke's pushes and the host's pulls, each paced by the push it answers
+    bits = 8 * min(n for n in paced.wan_bytes.values() if n > 0)
+    burst = bits / PS_STEPS * 2  # a push, with room for one of another size
+    at_rate = (bits - burst) / (PS_RATE_KBPS * 1e3)
+    assert bits >= PS_STEPS * 23_000 * 8 / 2  # every tick pushed int8 parameters
+    assert paced.wall_s >= at_rate
+    assert free.wall_s < at_rate / 2

@@ -382,6 +382,7 @@ class AsyncPSSync(SyncStrategy):
 
         exchanger = self.comm.exchanger
         assert exchanger is not None
+        paced = exchanger.pace() if self.comm.cluster != self.host else 0.0
         start = time.perf_counter()
         cpu = delta.detach().to("cpu", torch.float32).reshape(-1)
         pieces = param_pieces(self.comm.names, self.comm.shapes, 0, cpu.numel())
@@ -417,6 +418,7 @@ class AsyncPSSync(SyncStrategy):
             time.sleep(need - elapsed)
         for edge, n in sent.items():
             self.sent[edge] = self.sent.get(edge, 0) + n
+        exchanger.sent_by_me(start, sent)  # the push against this cluster's reservation
         exchanger.counters = exchanger.counters + ExchangeCounters(
             wan_bytes=WanBytes(sent),
             raw_bytes=2 * cpu.numel() * 4 if sent else 0,
@@ -424,6 +426,7 @@ class AsyncPSSync(SyncStrategy):
             rounds=1,
             wall_s=time.perf_counter() - start,
             link_s=need,
+            paced_s=paced,
         )
         self.pushes += 1
         return view.to(delta.device, delta.dtype)
