@@ -97,11 +97,10 @@ def outcomes(
     With `actors` (each call's actor, made with `PROBE_GROUP`), the busy ones are asked
     `ping` on a thread of their own throughout: one that answers within `PROBE_S` is slow,
     not lost, and is waited for; one that does not is unreachable (its node, or the link to
-    it, is gone) and, once a call failed, is not waited for. With `on_silent`, an unreachable
-    one found while the others are heard counts as that failure if `on_silent`, given the
-    indices of the unreachable calls, ends the waits of peers blocked on them (it says whether
-    it could: `training.connections`), so a cut link costs a probe's time, not the grace
-    window."""
+    it, is gone) and, once a call failed, is not waited for. With `on_silent`, the first
+    unreachable ones found while others are heard go to it, once: it ends the waits of peers
+    blocked on them (it says whether it could: `training.connections`), which counts as a
+    failure if none came yet, so a cut link costs a probe's time, not the grace window."""
     import ray
 
     out = [Outcome() for _ in refs]
@@ -110,6 +109,7 @@ def outcomes(
     deadline = time.monotonic() + SEGMENT_TIMEOUT_S
     failed_at: float | None = None
     probe = _Probe(actors) if actors is not None else None
+    told = False
     while pending:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -130,14 +130,16 @@ def outcomes(
         silent = probe.silent([index[r] for r in pending])
         if not silent:
             continue
-        if failed_at is None:
-            heard = probe.heard | {i for i, o in enumerate(out) if o.done}
-            if on_silent is None or not heard - silent or not on_silent(silent):
-                continue  # nobody else heard from (the driver's own trouble), or no way to
-                # end the waits on them: the peers' grace window decides
-            failed_at = time.monotonic()
-            deadline = min(deadline, failed_at + grace_s)
-        pending = [r for r in pending if index[r] not in silent]
+        # nobody else heard from is the driver's own trouble; without `on_silent`, or where
+        # it cannot end the waits on them, the peers' grace window decides
+        heard = probe.heard | {i for i, o in enumerate(out) if o.done}
+        if not told and on_silent is not None and heard - silent and on_silent(silent):
+            told = True
+            if failed_at is None:
+                failed_at = time.monotonic()
+                deadline = min(deadline, failed_at + grace_s)
+        if failed_at is not None:
+            pending = [r for r in pending if index[r] not in silent]
     if failed_at is None and pending:
         raise TimeoutError(f"workers made no progress for {SEGMENT_TIMEOUT_S:.0f} s")
     return out, failed_at

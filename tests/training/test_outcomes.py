@@ -109,6 +109,30 @@ def test_a_member_unreachable_before_any_failure_ends_its_peers_waits(
             ray.kill(a)
 
 
+def test_after_a_failure_a_member_still_waiting_on_a_silent_one_is_freed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One member failed (its sockets closed), another still waits on the silent third: its
+    wait is ended too, not left to the window."""
+    monkeypatch.setattr("training.ray_actors.PROBE_S", 1.5)
+    actors = _members(("fail", True), ("blocked", True), ("silent", False))
+    told: list[set[int]] = []
+
+    def end_waits(silent: set[int]) -> bool:
+        told.append(silent)
+        actors[1].sever.options(concurrency_group="probe").remote()
+        return True
+
+    try:
+        done, _ = outcomes([a.run.remote() for a in actors], 60.0, actors, end_waits)
+        assert told == [{2}]
+        assert [o.done for o in done] == [True, True, False]  # not the 60 s window
+        assert isinstance(done[1].error, ray.exceptions.RayTaskError)
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
 def test_nobody_is_cut_off_while_no_member_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every busy member silent at once is the driver's trouble (its host, its link), not
     theirs: nobody's wait is ended; the segment's own time limit stands."""
