@@ -226,8 +226,10 @@ class TrainSpec:
     can join mid-run (`training.faults`), where the sync mode can (`training.sync.regroups`);
     False: every loss restarts every cluster from the newest checkpoint."""
     fault_grace_s: float = 60.0
-    """Under fault domains, how long a collective waits for a silent peer before the run
-    counts its cluster lost (longer than the slowest cluster's lag at an outer round)."""
+    """Under fault domains, how long a collective waits for a peer that is late (longer than
+    the slowest cluster's lag at an outer round). A peer that answers not even the driver's
+    probe (`training.ray_actors.PROBE_S`) is counted lost sooner: its peers' waits are ended
+    (`training.connections`)."""
     tree: dict[str, str] = field(default_factory=dict)
     """{cluster: parent}: all-reduce between leaders over this tree (`training.exchange.
     LeaderExchange.tree`; the plan's `grammar.graph.reduction_tree`) instead of the ring,
