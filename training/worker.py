@@ -149,6 +149,9 @@ class Worker:
         self.sync: Sync = spec.sync
         self.live = spec.fault_domains and regroups(self.sync)
         """This rank re-forms with the others when a cluster leaves or joins (`regroup`)."""
+        self.listeners: frozenset[Address] = frozenset()
+        """Where this rank's groups listen, once set up: the driver hands them to the others,
+        to `sever`."""
         self.pending = False
         """The current step's local steps are done but its outer round (`after_step`) is not."""
         self.held: dict[str, Any] | None = None
@@ -205,7 +208,7 @@ class Worker:
 
     def addresses(self) -> frozenset[Address]:
         """Where this rank's process groups listen (for the others' `sever`)."""
-        return getattr(self, "listeners", frozenset())
+        return self.listeners
 
     def sever(self, addresses: frozenset[Address]) -> int:
         """On the probe thread: end this rank's connections to and from the groups listening
@@ -275,7 +278,6 @@ class Worker:
             else None
         )
         self.listeners = connections.listening() - before if self.live else frozenset()
-        """Where this rank's groups listen: the driver hands them to the others, to `sever`."""
 
         self.prepare()
         assert self.loaded is not None
