@@ -21,6 +21,7 @@ from training.sync import (
     AutoSync,
     EveryStepSync,
     LocalSGDSync,
+    PartialSync,
     Scope,
     StaleSync,
     StreamingSync,
@@ -119,6 +120,28 @@ def test_local_sgd_seats_a_late_member_that_replays_the_rounds_it_sat_out_exactl
         torch.equal(late.outer.state[a]["momentum_buffer"], here.outer.state[b]["momentum_buffer"])
         for a, b in zip(late.anchor, here.anchor, strict=True)
     )
+
+
+def test_partial_seats_a_late_member_on_the_steps_of_the_rounds_it_sat_out() -> None:
+    """Partial seats a newcomer at the round's end as local SGD does; the local steps per
+    step it trains on then are those the rounds it took part in decided (every leader
+    computes the same), not those of the older state it took."""
+    spec = TrainSpec(sync="partial:4", steps=10)
+    source = make_sync_strategy(parse_sync(spec.sync), _context(spec))
+    late = make_sync_strategy(parse_sync(spec.sync), _context(spec))
+    fresh = make_sync_strategy(parse_sync(spec.sync), _context(spec))
+    assert isinstance(source, PartialSync) and isinstance(late, PartialSync)
+    assert isinstance(fresh, PartialSync)
+    assert [source.seats_at(s) for s in (0, 3, 4, 9)] == [4, 4, 8, 10]
+    source.steps = {"a": 3}
+    state = source.state_dict()
+    late.defer()
+    late.steps = {"a": 2}  # what the round it sat out decided
+    late.load_state_dict(state, None)
+    late.replay()
+    assert late.steps == {"a": 2}
+    fresh.load_state_dict(state, None)  # one that waited for the state takes its steps
+    assert fresh.steps == {"a": 3}
 
 
 def test_streaming_staggers_its_fragments_over_the_period() -> None:

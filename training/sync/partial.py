@@ -39,7 +39,10 @@ class PartialSync(LocalSGDSync):
 
     It shrinks and grows in place as local SGD does: the survivors keep their local steps
     per step (`state_dict`), a newcomer starts at one, and the next round's end measures
-    every cluster's speed again."""
+    every cluster's speed again. A newcomer is seated late as in local SGD: sitting out,
+    it reports no step time, which the round's end reads as one local step per step (what a
+    newcomer starts at), and it keeps the steps the rounds it sat out decided, not those of
+    the state it takes (`load_state_dict`)."""
 
     WINDOW = 64
     """Local step times the speed estimate is the median of."""
@@ -52,11 +55,6 @@ class PartialSync(LocalSGDSync):
 
     def local_steps(self, step: int) -> int:
         return self.steps[self.comm.cluster]
-
-    def seats_at(self, step: int) -> int | None:
-        """None: a round's end also measures every cluster's speed from its local steps,
-        which a member sitting the round out has none of."""
-        return None
 
     def after_backward(self, grad: torch.Tensor, step: int, compute_s: float) -> torch.Tensor:
         self.times.append(self.ctx.device_s())
@@ -118,6 +116,12 @@ class PartialSync(LocalSGDSync):
     def load_state_dict(
         self, state: Mapping[str, Any] | None, cluster_state: Mapping[str, Any] | None
     ) -> None:
+        sat_out = dict(self.steps) if self.kept is not None else None
         super().load_state_dict(state, cluster_state)
         saved = (state or {}).get("steps") or {}
-        self.steps = {c: int(saved.get(c, 1)) for c in self.comm.clusters}
+        # seated late: the state is older than the rounds this member has taken part in since
+        self.steps = (
+            sat_out
+            if sat_out is not None
+            else {c: int(saved.get(c, 1)) for c in self.comm.clusters}
+        )
