@@ -165,8 +165,16 @@ class PortOut(BaseModel):
     capacity_gbps: float | None = Field(
         description="The `uplink_gbps` / `downlink_gbps` label; null: undeclared (no limit)."
     )
+    measured_gbps: float | None = Field(
+        default=None,
+        description="The most the agents' probes carried over it; where below the capacity, "
+        "jobs are planned on this instead. Null: not measured.",
+    )
     reserved_gbps: float
-    free_gbps: float | None = Field(description="Capacity less reservations; null: no limit.")
+    free_gbps: float | None = Field(
+        description="What jobs may still reserve: the capacity (or what was measured, where "
+        "less) less reservations; null: no limit."
+    )
     holders: list[PortHolderOut] = Field(description="Jobs holding part of it, largest first.")
 
 

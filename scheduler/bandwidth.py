@@ -50,6 +50,16 @@ def wan_rate_kbps(
     }
 
 
+def port_gbps(declared_gbps: float | None, carried_gbps: float | None) -> float | None:
+    """The capacity a port is planned on: what was declared, but no more than the most its
+    agents' probes carried over it (a flow's goodput through the port, which framing and the
+    shaper's bursts keep below the line rate). A port nobody declared stays unlimited: a
+    probe measures the paths it crossed, which the links already hold."""
+    if declared_gbps is None or carried_gbps is None:
+        return declared_gbps
+    return min(declared_gbps, carried_gbps)
+
+
 def free_gbps(capacity_gbps: float | None, reserved_kbps: int) -> float | None:
     """What is left of a port (None: no capacity declared, so no limit but the links')."""
     if capacity_gbps is None:

@@ -66,7 +66,7 @@ def links_table(links: list[dict[str, Any]], wide: bool = False) -> Table:
 
 def ports_table(ports: list[dict[str, Any]], wide: bool = False) -> Table:
     table = Table(title="WAN ports (uplinks and downlinks)")
-    for col in ("cluster", "way", "capacity Gbit/s", "reserved", "free", "jobs"):
+    for col in ("cluster", "way", "capacity Gbit/s", "measured", "reserved", "free", "jobs"):
         table.add_column(col)
 
     def gbps(value: float | None) -> str:
@@ -82,6 +82,7 @@ def ports_table(ports: list[dict[str, Any]], wide: bool = False) -> Table:
             p["cluster"],
             p["direction"],
             gbps(p["capacity_gbps"]),
+            gbps(p.get("measured_gbps")),
             gbps(p["reserved_gbps"]),
             gbps(p["free_gbps"]),
             (jobs + (f" +{more} more" if more > 0 else "")) or "-",

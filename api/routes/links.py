@@ -142,6 +142,7 @@ def list_ports(session: SessionDep, _: AdminDep, page: PageDep) -> Page[PortOut]
             cluster=p.cluster,
             direction="up" if p.direction == "up" else "down",
             capacity_gbps=_gbps(p.capacity_kbps),
+            measured_gbps=_gbps(p.carried_kbps),
             reserved_gbps=p.reserved_kbps / KBPS_PER_GBPS,
             free_gbps=_gbps(p.free_kbps),
             holders=[

@@ -25,9 +25,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from controller.network.labels import number
+from controller.network.resources import carried_gbps, measured_links
 from controller.store.models import Allocation, Cluster, ClusterGpus, Job, WanPort, utcnow
 from controller.values.errors import Conflict
-from scheduler.bandwidth import KBPS_PER_GBPS
+from scheduler.bandwidth import KBPS_PER_GBPS, port_gbps
 
 log = logging.getLogger("cpn.allocations")
 
@@ -264,19 +265,25 @@ class Holder:
 @dataclass(frozen=True)
 class Port:
     """One cluster's uplink or downlink as it stands: declared capacity (None: undeclared,
-    nothing limited), what is reserved and by whom."""
+    nothing limited), the most agents' probes carried over it (None: not measured), what is
+    reserved and by whom."""
 
     cluster: str
     direction: str
     capacity_kbps: int | None
     reserved_kbps: int
     holders: tuple[Holder, ...]
+    carried_kbps: int | None = None
 
     @property
     def free_kbps(self) -> int | None:
+        """What the planner may still reserve: the capacity it plans on (`port_gbps`) less
+        the reservations."""
         if self.capacity_kbps is None:
             return None
-        return max(self.capacity_kbps - self.reserved_kbps, 0)
+        planned = port_gbps(self.capacity_kbps, self.carried_kbps)
+        assert planned is not None  # the capacity is declared
+        return max(round(planned) - self.reserved_kbps, 0)
 
 
 def ports(session: Session) -> list[Port]:
@@ -295,16 +302,18 @@ def ports(session: Session) -> list[Port]:
             select(WanPort.cluster_id, WanPort.direction, WanPort.reserved_kbps)
         )
     }
+    carried = carried_gbps(measured_links(session))
     out: list[Port] = []
     for cluster_id, name, labels in session.execute(
         select(Cluster.id, Cluster.name, Cluster.labels).order_by(Cluster.name)
     ):
         holders = tuple(sorted(held.get(cluster_id, ()), key=lambda h: (-h.kbps, h.job_id)))
-        for direction, key in (("up", "uplink_gbps"), ("down", "downlink_gbps")):
+        for i, (direction, key) in enumerate((("up", "uplink_gbps"), ("down", "downlink_gbps"))):
             capacity = number(labels or {}, key, name)
             kbps = reserved.get((cluster_id, direction))
             if capacity is None and kbps is None:
                 continue
+            seen = carried.get(name, (None, None))[i]
             out.append(
                 Port(
                     cluster=name,
@@ -312,6 +321,7 @@ def ports(session: Session) -> list[Port]:
                     capacity_kbps=None if capacity is None else round(capacity * KBPS_PER_GBPS),
                     reserved_kbps=kbps or 0,
                     holders=holders,
+                    carried_kbps=None if seen is None else round(seen * KBPS_PER_GBPS),
                 )
             )
     return out

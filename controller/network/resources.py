@@ -682,6 +682,37 @@ def declare_link(
     return link
 
 
+def carried_gbps(rows: Iterable[Any]) -> dict[str, tuple[float | None, float | None]]:
+    """The most the agents' probes carried out of and into each cluster (Gbit/s; None: no
+    measurement that way), by name, from link rows (`source`, `src_name`, `dst_name`,
+    `bandwidth_gbps`): the port is at least that fast, and planned on no more where less was
+    declared (`scheduler.bandwidth.port_gbps`)."""
+    up: dict[str, float] = {}
+    down: dict[str, float] = {}
+    for row in rows:
+        if row.source != "measured":
+            continue
+        up[row.src_name] = max(up.get(row.src_name, 0.0), row.bandwidth_gbps)
+        down[row.dst_name] = max(down.get(row.dst_name, 0.0), row.bandwidth_gbps)
+    return {name: (up.get(name), down.get(name)) for name in up.keys() | down.keys()}
+
+
+def measured_links(session: Session) -> Sequence[Any]:
+    """The measured links' rows `carried_gbps` reads."""
+    src, dst = aliased(Cluster), aliased(Cluster)
+    return session.execute(
+        select(
+            Link.source,
+            Link.bandwidth_gbps,
+            src.name.label("src_name"),
+            dst.name.label("dst_name"),
+        )
+        .join(src, src.id == Link.src_cluster_id)
+        .join(dst, dst.id == Link.dst_cluster_id)
+        .where(Link.source == "measured")
+    ).all()
+
+
 def winning_links(links: Iterable[_L]) -> list[_L]:
     """One link per directed pair: a pinned declared link, else the measured, else the declared.
     Takes ORM links or rows of their columns (the snapshot reads columns on the hot path)."""

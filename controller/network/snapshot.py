@@ -32,7 +32,7 @@ from controller.store.models import (
     utcnow,
 )
 from grammar.states import LIVE, ClusterState, JobState
-from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps
+from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps, port_gbps
 from scheduler.pipeline_cost import (
     ALL_REDUCE_OVERHEAD_S,
     MICRO_BATCH_OVERHEAD_S,
@@ -233,8 +233,9 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                 )
             )
     cluster_names = {c.id: (c.name, c.labels) for c in clusters}
-    ports, ceilings = _free_ports(session, cluster_names)
-    links = _scheduler_links(session, names, egress)
+    rows = _link_rows(session)
+    ports, ceilings = _free_ports(session, cluster_names, resources.carried_gbps(rows))
+    links = _scheduler_links(rows, names, egress)
     snapshot = scheduler.Snapshot(
         clusters=tuple(out),
         links=_shared(links, origins, ports, ceilings),
@@ -263,11 +264,14 @@ Ports = dict[str, tuple[float | None, float | None]]
 
 
 def _free_ports(
-    session: Session, clusters: Mapping[str, tuple[str, Mapping[str, Any]]]
+    session: Session,
+    clusters: Mapping[str, tuple[str, Mapping[str, Any]]],
+    carried: Ports,
 ) -> tuple[Ports, Ports]:
     """Each cluster's free uplink and downlink, and the most of each one job is planned on
-    (its `wan_job_share` of the capacity; None: the whole port). Clusters declaring neither
-    port are left out."""
+    (its `wan_job_share` of the capacity; None: the whole port). A port's capacity is the
+    declared one, less where its agents' probes never carried that much (`carried`, by
+    name: `scheduler.bandwidth.port_gbps`). Clusters declaring neither port are left out."""
     reserved: dict[tuple[str, str], int] = {
         (cluster_id, direction): kbps
         for cluster_id, direction, kbps in session.execute(
@@ -281,6 +285,8 @@ def _free_ports(
         down = labels.number(cluster_labels, "downlink_gbps", name)
         if up is None and down is None:
             continue
+        seen_up, seen_down = carried.get(name, (None, None))
+        up, down = port_gbps(up, seen_up), port_gbps(down, seen_down)
         free[name] = (
             free_gbps(up, reserved.get((cluster_id, "up"), 0)),
             free_gbps(down, reserved.get((cluster_id, "down"), 0)),
@@ -342,11 +348,10 @@ a tenth of a placement at 1,000 clusters. One slot, replaced whole: safe across 
 
 
 def _scheduler_links(
-    session: Session, names: dict[str, list[str]], egress: dict[tuple[str, str], Decimal]
+    rows: Sequence[Any], names: dict[str, list[str]], egress: dict[tuple[str, str], Decimal]
 ) -> tuple[scheduler.Link, ...]:
     """Every effective link between priced (cluster, model) pairs, at the egress price now."""
     global _last_table
-    rows = _link_rows(session)
     last = _last_table
     if last is not None and last.rows == rows and last.names == names and last.egress == egress:
         return last.links
