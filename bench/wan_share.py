@@ -6,9 +6,13 @@ at `--mbit` both ways. A job on a+b and one on a+c share a's uplink (and downlin
 
 The plans: cpn's own placement (`place_pending`) on a real SQLite database, no Ray (this bench
 launches the planned runs itself, as `train_spec_of` makes them): clusters a, b, c as on the
-testbed plus d and e (not on the testbed), 1 T4 each but a with 3; links of `--mbit` between
-every pair; the GPU efficiency calibrated from the task's compute on the testbed, measured by
-two single-datacenter runs side by side (the load of the measured runs). Jobs, placed in turn:
+testbed plus d and e (not on the testbed), 1 T4 each but a with 3; links of `--mbit` declared
+between every pair, and the testbed's links also measured as cpn's agents measure them (each
+datacenter's `LinkProber` against the others' `ProbeServer`, the controller's probe size,
+windowed over three probes, on the idle wire before any run) and reported to the controller
+(`ingest_links`); the GPU efficiency calibrated from the task's compute on the testbed,
+measured by two single-datacenter runs side by side (the load of the measured runs). Jobs,
+placed in turn:
 
 - J1 (tenant x): data local to a and b (so it runs on a:1 + b:1); J2 (tenant y): on a:1 + c:1; both
   run `--task` with `--compression` / `--sync`;
@@ -60,6 +64,7 @@ SLOTS = 2
 GPUS = {"a": 3, "b": 1, "c": 1, "d": 1, "e": 1}
 MODEL = "T4"
 RUN_TIMEOUT_S = 600
+PROBE_PORT = 9100
 
 
 @dataclass(frozen=True)
@@ -136,15 +141,26 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 # ----------------------------------------------------------------------------- control plane
 
 
-def plan_all(mode: str, a: argparse.Namespace, efficiency: dict[str, float]) -> list[Planned]:
-    """Place J1, J2, J3 in turn through cpn's placement; each job's plan and run spec."""
-    from agents.protocol import GpuInventory, Heartbeat
+def plan_all(
+    mode: str,
+    a: argparse.Namespace,
+    efficiency: dict[str, float],
+    measured: dict[str, list[dict[str, Any]]],
+) -> list[Planned]:
+    """Place J1, J2, J3 in turn through cpn's placement, the agents' `measured` links (by
+    reporting datacenter) reported first; each job's plan and run spec."""
+    from agents.protocol import GpuInventory, Heartbeat, LinkReport
     from controller.jobs.request import spec_of
     from controller.jobs.service import Submission, Submitted, submit_many
     from controller.loop.placement import place_pending
     from controller.loop.ray_run import LauncherConfig, train_spec_of
     from controller.network.leases import LeasePolicy
-    from controller.network.resources import create_cluster, declare_link, ingest_heartbeat
+    from controller.network.resources import (
+        create_cluster,
+        declare_link,
+        ingest_heartbeat,
+        ingest_links,
+    )
     from controller.store.db import make_engine, make_sessionmaker
     from controller.store.migrate import upgrade
     from controller.store.models import QOS_CLASSES, GpuPrice, Job, Tenant, utcnow
@@ -184,6 +200,8 @@ def plan_all(mode: str, a: argparse.Namespace, efficiency: dict[str, float]) -> 
                         s, src, dst, bandwidth_gbps=gbps, rtt_ms=1.0, loss=0.0,
                         egress_price_per_gb=0.0,
                     )  # fmt: skip
+        for src, links in measured.items():
+            ingest_links(s, LinkReport.model_validate({"cluster": src, "links": links}))
         tenants = {c.tenant: Tenant(name=c.tenant, budget=1e9) for c in CASES}
         s.add_all(tenants.values())
         s.flush()
@@ -267,6 +285,69 @@ def driver(a: argparse.Namespace) -> None:
     print(json.dumps({**keep, "final_accuracy": rep.final_accuracy, "samples": samples}))
 
 
+def serve_probe(a: argparse.Namespace) -> None:
+    """An agent's probe endpoint on `a.host` (in a datacenter's namespace) until killed."""
+    from agents.probe_server import ProbeServer
+
+    with ProbeServer(a.host, PROBE_PORT):
+        while True:
+            time.sleep(3600)
+
+
+def probe_peers(a: argparse.Namespace) -> None:
+    """An agent's link measurements to `a.peers` (name=url,...), as its runner makes them:
+    `rounds` rounds of one probe per peer, each report windowed over the last three. Prints
+    the last round's reports as one JSON list."""
+    from agents.links import LinkProber
+    from agents.protocol import PeerProbe
+
+    peers = [PeerProbe(cluster=n, probe_url=u) for n, u in (x.split("=") for x in a.peers)]
+    prober = LinkProber()
+    found: dict[str, Any] = {}
+    for _ in range(a.rounds):
+        for m in prober.measure_all(peers, a.probe_bytes):
+            found[m.dst] = m.model_dump(mode="json")
+    print(json.dumps(list(found.values())))
+
+
+def measure_on(bed: Any) -> dict[str, list[dict[str, Any]]]:
+    """What cpn's agents would report of the testbed's links, on the idle wire: each
+    datacenter probes the others in turn (`probe_peers`), against their probe endpoints; the
+    controller's default probe size."""
+    from api.config import Settings
+
+    dcs = [bed.datacenter(d["name"]) for d in bed.datacenters]
+    size = Settings.model_fields["probe_bytes"].default
+    module = [sys.executable, "-m", "bench.wan_share"]
+    servers = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", dc.netns, *module, "probe-serve", "--host", dc.ip],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for dc in dcs
+    ]
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        time.sleep(2.0)  # the endpoints bind (a failed probe is retried by the next round)
+        for dc in dcs:
+            peers = [f"{o.name}=http://{o.ip}:{PROBE_PORT}" for o in dcs if o is not dc]
+            argv = [*module, "probe", "--probe-bytes", str(size), "--peers", *peers]
+            done = subprocess.run(
+                ["ip", "netns", "exec", dc.netns, *argv],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=True,
+            )
+            out[dc.name] = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        for proc in servers:
+            proc.kill()
+            proc.wait()
+    return out
+
+
 def run_side_by_side(bed: Any, specs: dict[str, dict[str, Any]], tmp: Path) -> dict[str, Any]:
     """Run every spec at once (one driver each in the hub); their JSON, and the bytes out of
     and into a's uplink meanwhile."""
@@ -309,7 +390,7 @@ def calibrate_on(bed: Any, a: argparse.Namespace, tmp: Path) -> tuple[dict[str, 
     from training import TrainSpec
 
     specs = {
-        f"calibrate-{dc}": asdict(
+        f"calibrate-{dc}": (
             TrainSpec(
                 task=a.task,
                 clusters={dc: SLOTS},
@@ -317,7 +398,7 @@ def calibrate_on(bed: Any, a: argparse.Namespace, tmp: Path) -> tuple[dict[str, 
                 sync=a.sync,
                 steps=a.calibrate_steps,
                 eval_every=a.calibrate_steps,
-            )
+            ).to_dict()
         )
         for dc in ("b", "c")
     }
@@ -426,6 +507,12 @@ def main(argv: list[str] | None = None) -> None:
     d = sub.add_parser("driver")
     d.add_argument("--spec", required=True)
     d.add_argument("--ray-address", required=True)
+    ps = sub.add_parser("probe-serve")
+    ps.add_argument("--host", required=True)
+    pr = sub.add_parser("probe")
+    pr.add_argument("--peers", nargs="+", required=True)
+    pr.add_argument("--probe-bytes", type=int, required=True)
+    pr.add_argument("--rounds", type=int, default=3)
     p.add_argument("--mbit", type=float, default=100.0)
     p.add_argument("--task", default="builtin:wide-mlp")
     p.add_argument("--compression", default="none")
@@ -440,6 +527,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.cmd == "driver":
         driver(a)
         return
+    if a.cmd == "probe-serve":
+        serve_probe(a)
+        return
+    if a.cmd == "probe":
+        probe_peers(a)
+        return
 
     from testbed import TestbedError, down, parse_dcs, up
 
@@ -452,11 +545,19 @@ def main(argv: list[str] | None = None) -> None:
             bed = up(parse_dcs(layout, a.mbit, SLOTS))
         except TestbedError as exc:
             sys.exit(f"bench.wan_share: {exc}")
+        measured = measure_on(bed)
+        results["measured_links"] = measured
+        seen = {
+            f"{src}->{m['dst']}": m["bandwidth_gbps"] * 1000
+            for src, links in measured.items()
+            for m in links
+        }
+        print(f"measured (Mbit/s): {seen}", flush=True)
         efficiency, compute = calibrate_on(bed, a, tmp)
         results["calibration"] = {"efficiency": efficiency, "compute_s_per_step": compute}
         print(f"calibrated: {compute:.4f} s a step, efficiency {efficiency}", flush=True)
         for mode in a.modes.split(","):
-            planned = plan_all("cpn" if mode == "alone" else mode, a, efficiency)
+            planned = plan_all("cpn" if mode == "alone" else mode, a, efficiency, measured)
             if mode == "alone":  # J1 on its own: the model's error without a second job
                 planned = planned[:1]
             for x in planned:
@@ -477,7 +578,14 @@ def main(argv: list[str] | None = None) -> None:
         f"`{cmd}`, {time.strftime('%Y-%m-%d')}, 2 CPU cores, nothing beside it. {a.task}, "
         f"{a.compression} / {a.sync} for J1 and J2, {a.steps} steps, 1 worker per cluster; "
         f"uplinks {a.mbit:g} Mbit/s (tc tbf, both ways); compute calibrated on the testbed at "
-        f"{results['calibration']['compute_s_per_step']:.3f} s a step (two runs side by side)."
+        f"{results['calibration']['compute_s_per_step']:.3f} s a step (two runs side by side). "
+        "The testbed's links as cpn's agents measured them on the idle wire (Mbit/s): "
+        + ", ".join(
+            f"{src}->{m['dst']} {m['bandwidth_gbps'] * 1000:.1f}"
+            for src, links in sorted(results["measured_links"].items())
+            for m in links
+        )
+        + f"; declared: {a.mbit:g} between every pair."
     )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{a.name}.md").write_text(
