@@ -387,6 +387,7 @@ class Worker:
             self._sent()
             return
         self.idle = frozenset(receivers)
+        self.strategy.sitting_out(True)
         self._split(self.idle)
         if self.rank in receivers:
             self.step = self.local_step = at  # where the others stand
@@ -480,6 +481,7 @@ class Worker:
         self._catch_up()
         self._sent()
         self.idle = frozenset()
+        self.strategy.sitting_out(False)
         self._split()
 
     def _sent(self) -> None:

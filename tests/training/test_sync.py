@@ -144,6 +144,26 @@ def test_partial_seats_a_late_member_on_the_steps_of_the_rounds_it_sat_out() -> 
     assert fresh.steps == {"a": 3}
 
 
+def test_auto_seats_a_late_member_as_its_running_mode_and_decides_nothing_meanwhile() -> None:
+    """A control-plane auto job running local SGD seats a newcomer at the round's end as
+    local SGD does (its rounds kept by the running mode), and re-decides nothing while the
+    newcomer sits out: a mode switched then would not be the one its kept rounds are of."""
+    spec = TrainSpec(sync="local-sgd:4", compression="int8", adapt=("sync", "compression"))
+    auto = make_sync_strategy(Sync(SyncKind.AUTO), _context(spec))  # as the worker makes it
+    assert isinstance(auto, AutoSync) and isinstance(auto.inner, LocalSGDSync)
+    assert [auto.seats_at(s) for s in (0, 3, 4)] == [4, 4, 8]
+    assert auto._observe_now(3)  # a round's end: the policy looks at what it measured
+    auto.sitting_out(True)
+    auto.defer()
+    assert auto.inner.kept == []
+    assert not auto._observe_now(3) and not auto._observe_now(7)
+    auto.sitting_out(False)
+    assert auto._observe_now(7)
+    streaming = TrainSpec(sync="streaming:8", compression="int8", adapt=("compression",))
+    waits = make_sync_strategy(Sync(SyncKind.AUTO), _context(streaming))
+    assert waits.seats_at(3) is None  # streaming waits for the state
+
+
 def test_streaming_staggers_its_fragments_over_the_period() -> None:
     # fragment p leaves after the steps s with s + 1 = (p + 1) H / F (mod H): F per period
     assert fragment_offsets(8, 4) == [2, 4, 6, 8]

@@ -100,6 +100,8 @@ class AutoSync(SyncStrategy):
         self.window = 0.0
         self.applied_from: float | None = None
         self.mark = self._leader_mark()
+        self.seating = False
+        """Members joined late sit out (`sitting_out`): nothing is decided until they sit in."""
         self.choices: list[AutoChoice] = []
         self.past_stats: dict[str, float] = {}
         """`stats` of the modes run before the current one, summed."""
@@ -146,6 +148,23 @@ class AutoSync(SyncStrategy):
     def at_sync_point(self, step: int) -> bool:
         assert self.inner is not None
         return self.inner.at_sync_point(step)
+
+    def seats_at(self, step: int) -> int | None:
+        """The running mode's: local SGD (the warm-up's too) seats a newcomer at its round's
+        end, the others wait for the state."""
+        assert self.inner is not None
+        return self.inner.seats_at(step)
+
+    def defer(self) -> None:
+        assert self.inner is not None
+        self.inner.defer()
+
+    def replay(self) -> None:
+        assert self.inner is not None
+        self.inner.replay()
+
+    def sitting_out(self, seating: bool) -> None:
+        self.seating = seating
 
     def stats(self) -> dict[str, float]:
         """The policy's current period and decisions, and what the modes it ran report
@@ -214,6 +233,8 @@ class AutoSync(SyncStrategy):
     # -------------------------------------------------------------- measuring and deciding
 
     def _observe_now(self, step: int) -> bool:
+        if self.seating:  # a mode switched now would not be the one their kept rounds are of
+            return False
         cur = self.policy.current
         if cur is None:  # the warm-up's first exchange (after a resume too, wherever it is)
             return (step + 1) % self.warmup == 0

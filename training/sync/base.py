@@ -143,6 +143,11 @@ class SyncStrategy(ABC):
         """After `load_state_dict` took the peer's state: apply the rounds kept since."""
         raise NotImplementedError(f"{type(self).__name__} seats no member late")
 
+    def sitting_out(self, seating: bool) -> None:  # noqa: B027 - optional hook
+        """On every rank alike: True once members joined late sit out (`seats_at`), False
+        once they are seated. A mode that re-decides itself at run time (auto) decides
+        nothing meanwhile: what the members sitting out keep (`defer`) is that mode's."""
+
     def after_local_step(self) -> None:  # noqa: B027 - optional hook
         """After each local optimizer step (several per step where `local_steps` > 1): a
         correction of the parameters themselves goes here (`training.sync.drift`)."""
