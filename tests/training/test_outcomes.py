@@ -48,9 +48,14 @@ class Member:
 
 
 def _members(*kinds: tuple[str, bool]) -> list[Any]:
+    """The actors, the answering ones up (a loaded machine may take longer than a short
+    probe to start an actor's process: a worker's is up long before its segments)."""
     make: Any = ray.remote  # its stubs lack `concurrency_groups`
     remote: Any = make(concurrency_groups=PROBE_GROUP)(Member)
-    return [remote.options(num_cpus=0).remote(how, answers) for how, answers in kinds]
+    actors = [remote.options(num_cpus=0).remote(how, answers) for how, answers in kinds]
+    up = [a.ping.remote() for a, (_, answers) in zip(actors, kinds, strict=True) if answers]
+    ray.get(up, timeout=120)
+    return actors
 
 
 def test_an_unreachable_member_is_not_waited_for_a_slow_one_is() -> None:
