@@ -38,6 +38,11 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   flight, at most one a step: min(1, step / its own round trip) of them a step;
   streaming:H:fF:dD: each fragment waits what it outlasts its D steps of compute, F times a
   period, and the link carries the F fragments in the period's compute.
+- shared ports: a path is already no faster than the free share of the declared ports it
+  crosses (`Snapshot.ports`); where a collective sends k messages out of one cluster, or
+  into one, at the same time (a tree's level, a gossip round, the pushes to a parameter
+  server and its answers), they also share that port: k n'/U (`_ports_s`). A ring's round
+  sends one message out of each cluster and one into it.
 - gossip:P (`neighbours`): every P steps each cluster sends the payload n' to its neighbours
   in the runtime's gossip graph (`grammar.graph.gossip_graph`: the bandwidth-ordered ring
   plus exponential-graph chords as fast as its slowest edge), all at once: max over the
@@ -450,8 +455,9 @@ class CostModel:
         """A tree all-reduce (`training.exchange.LeaderExchange.tree`) over `parents` (the
         binary `grammar.graph.reduction_tree`, or the hub's star, `hub_tree`): the whole
         payload up each edge, level by level from the deepest, and down each edge from the
-        root, each level as slow as its slowest edge (a + payload / B): 2 x depth hops,
-        2(n-1) whole copies. None where an edge of the tree has no link both ways (the ring,
+        root, each level as slow as its slowest edge (a + payload / B), or as the children's
+        copies through their parent's declared port (`_ports_s`): 2 x depth hops, 2(n-1)
+        whole copies. None where an edge of the tree has no link both ways (the ring,
         linked edge by edge, stays)."""
         if any(self._pair_gbps(c, p) <= 0 for c, p in parents.items()):
             return None
@@ -467,7 +473,7 @@ class CostModel:
             edge = max(edges, key=lambda e: (costs[e][0] + payload / costs[e][1], e))
             alpha, bw, _ = costs[edge]
             latency += alpha
-            bandwidth += payload / bw
+            bandwidth += max(payload / bw, self._ports_s(edges, payload))
             egress += sum(payload / 1e9 * c[2] for c in costs.values())
             if alpha + payload / bw > slowest:
                 slowest, worst = alpha + payload / bw, edge
@@ -497,8 +503,9 @@ class CostModel:
     def gossip_wan(self, names: tuple[str, ...], compression: str) -> WanTerms:
         """One gossip round on `gossip_graph`: every cluster sends the whole payload to each
         of its neighbours at once, so the round lasts as long as the slowest directed edge of
-        the graph and moves payload x (sum of the degrees) bytes, growing with the degree,
-        not with the cluster count."""
+        the graph, or as a cluster's copies through its declared port (`_ports_s`), and moves
+        payload x (sum of the degrees) bytes, growing with the degree, not with the cluster
+        count."""
         if len(names) < 2:
             return NO_WAN
         key = (names, compression)
@@ -515,7 +522,9 @@ class CostModel:
         assert link is not None
         terms = WanTerms(
             latency_s=link.rtt_ms / 2000.0,
-            bandwidth_s=payload / (link.bandwidth_gbps * 1e9 / 8),
+            bandwidth_s=max(
+                payload / (link.bandwidth_gbps * 1e9 / 8), self._ports_s(directed, payload)
+            ),
             overhead_s=max(
                 cm.overhead_flops_per_param * self.job.params / self.rate[n] for n in names
             ),
@@ -567,9 +576,12 @@ class CostModel:
 
             worst = max(legs, key=lambda e: (wait(e), e))
             there, back = legs[worst]
+            shared = self._ports_s(legs, payload) + self._ports_s(
+                [(h, a) for a, h in legs], payload
+            )  # the pushes into a host's downlink, its answers out of its uplink
             return WanTerms(
                 latency_s=there[0] + back[0],
-                bandwidth_s=payload / there[1] + payload / back[1],
+                bandwidth_s=max(payload / there[1] + payload / back[1], shared),
                 overhead_s=overhead,
                 bytes=2 * len(legs) * payload,
                 egress_cost=sum(payload / 1e9 * (t[2] + b[2]) for t, b in legs.values()),
@@ -632,6 +644,30 @@ class CostModel:
             hit = (lk.rtt_ms / 2000.0, lk.bandwidth_gbps * 1e9 / 8, lk.egress_price_per_gb)
             self._edges[(a, b)] = hit
         return hit
+
+    def _ports_s(self, edges: Iterable[tuple[str, str]], payload: float) -> float:
+        """Seconds the `edges`' messages of `payload` bytes, sent at once, need through the
+        declared ports they share (`Snapshot.ports`): k of them leaving one cluster take k x
+        payload over its uplink, k reaching one over its downlink, however fast each path is
+        alone. 0 where no declared port carries more than one."""
+        ports = self.snapshot.port_of
+        if not ports:
+            return 0.0
+        out: dict[str, int] = {}
+        into: dict[str, int] = {}
+        for a, b in edges:
+            out[a] = out.get(a, 0) + 1
+            into[b] = into.get(b, 0) + 1
+        worst = 0.0
+        for counts, up in ((out, True), (into, False)):
+            for name, k in counts.items():
+                port = ports.get(name)
+                if k < 2 or port is None:
+                    continue
+                gbps = port.up_gbps if up else port.down_gbps
+                if gbps is not None and gbps > 0:
+                    worst = max(worst, k * payload / (gbps * 1e9 / 8))
+        return worst
 
     def _edge_costs(
         self, names: tuple[str, ...], chunk: float

@@ -109,6 +109,23 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Port:
+    """What a job may use of one cluster's uplink and downlink, Gbit/s (None: no limit):
+    the free share of a declared port. A path is already no faster than the ports it
+    crosses; a collective whose messages leave or reach one cluster at the same time (a
+    tree's level, a gossip round, a server's pushes) shares them besides."""
+
+    cluster: str
+    up_gbps: float | None = None
+    down_gbps: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("up_gbps", self.up_gbps), ("down_gbps", self.down_gbps)):
+            if value is not None and not value >= 0:
+                raise ValueError(f"port of {self.cluster}: {name} must be >= 0 or None")
+
+
+@dataclass(frozen=True)
 class Assignment:
     """`gpus` GPUs of one cluster."""
 
@@ -179,6 +196,8 @@ class Snapshot:
     spread: tuple[float, float] = (1.0, 1.0)
     """What finished runs took over their estimates, low and high (the 10th and 90th
     percentiles): an estimate's range is its total times these."""
+    ports: tuple[Port, ...] = ()
+    """The declared WAN ports, by cluster, at what a job may use of them (`Port`)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.step_overhead_s < 3600:
@@ -200,6 +219,9 @@ class Snapshot:
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"clusters: names must be unique, repeated: {', '.join(dup)}")
         known = set(names)
+        for port in self.ports:
+            if port.cluster not in known:
+                raise ValueError(f"ports: names unknown cluster {port.cluster!r}")
         for link in self.links:
             for end in (link.a, link.b):
                 if end not in known:
@@ -235,6 +257,10 @@ class Snapshot:
 
     def link(self, a: str, b: str) -> Link | None:
         return self.directed_links.get((a, b))
+
+    @cached_property
+    def port_of(self) -> dict[str, Port]:
+        return {p.cluster: p for p in self.ports}
 
     @cached_property
     def positions(self) -> dict[str, int]:

@@ -111,8 +111,7 @@ class World:
         snapshot = self.snapshot.with_free(taken, running)
         ports = self._ports_moved(wan_kbps or {}, -1)
         if ports is not self.ports:
-            links = _shared(self.links, self.origins, ports, self.ceilings)
-            snapshot = replace(snapshot, links=links)
+            snapshot = self._with_ports(snapshot, ports)
         return World(snapshot, self.origins, self.paced, self.links, ports, self.ceilings)
 
     def release(
@@ -130,7 +129,17 @@ class World:
         ports = self._ports_moved(held, +1)
         if ports is self.ports:
             return freed
-        return replace(freed, links=_shared(self.links, self.origins, ports, self.ceilings))
+        return self._with_ports(freed, ports)
+
+    def _with_ports(
+        self, snapshot: scheduler.Snapshot, ports: Mapping[str, tuple[float | None, float | None]]
+    ) -> scheduler.Snapshot:
+        """`snapshot` planned on `ports` (free, by cluster name): its links and its ports."""
+        return replace(
+            snapshot,
+            links=_shared(self.links, self.origins, ports, self.ceilings),
+            ports=_snapshot_ports(self.origins, ports, self.ceilings),
+        )
 
     def _ports_moved(
         self, kbps_by_cluster: Mapping[str, int], sign: int
@@ -239,6 +248,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
     snapshot = scheduler.Snapshot(
         clusters=tuple(out),
         links=_shared(links, origins, ports, ceilings),
+        ports=_snapshot_ports(origins, ports, ceilings),
         running=tuple(running_jobs(session)),
         quotas=tuple(
             (tenant_id, quota)
@@ -323,6 +333,23 @@ def _shared(
         if gbps <= 0:
             continue
         out.append(link if gbps == link.bandwidth_gbps else replace(link, bandwidth_gbps=gbps))
+    return tuple(out)
+
+
+def _snapshot_ports(
+    origins: Mapping[str, tuple[str, str]],
+    ports: Mapping[str, tuple[float | None, float | None]],
+    ceilings: Mapping[str, tuple[float | None, float | None]],
+) -> tuple[scheduler.Port, ...]:
+    """The planner's ports: each snapshot cluster's free uplink and downlink (`ports`, by
+    cluster name; `origins` maps a snapshot name to its cluster's), no more than the share
+    of them one job may take (`ceilings`)."""
+    none: tuple[float | None, float | None] = (None, None)
+    out: list[scheduler.Port] = []
+    for name, (cluster, _) in origins.items():
+        if cluster in ports:
+            free, most = ports[cluster], ceilings.get(cluster, none)
+            out.append(scheduler.Port(name, _least(free[0], most[0]), _least(free[1], most[1])))
     return tuple(out)
 
 

@@ -282,6 +282,14 @@ def test_a_job_is_planned_on_no_more_than_its_share_of_a_port(net: Net) -> None:
     assert _path_gbps(net, "west", "east") == 100.0  # west's ports are not declared
     _others_hold(net, "east", 3_500_000)  # less than the share is left: that is the limit
     assert _path_gbps(net, "east", "west") == pytest.approx(0.5)
+    # the planner's ports are the same limits (what a collective's copies share)
+    with net.sessions() as s:
+        world = build_world(s, "standard")
+    [port] = world.snapshot.ports
+    assert (world.origins[port.cluster][0], port.up_gbps, port.down_gbps) == ("east", 0.5, None)
+    # a placement in the same pass takes its reservation out of them too
+    after = world.after("j", "t", 0, False, (), wan_kbps={"east": 250_000})
+    assert after.snapshot.port_of[port.cluster].up_gbps == pytest.approx(0.25)
 
 
 def _measured(net: Net, src: str, dst: str, gbps: float) -> None:

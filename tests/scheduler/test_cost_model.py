@@ -11,6 +11,7 @@ from scheduler import (
     CostModel,
     JobRequest,
     Plan,
+    Port,
     QoS,
     Snapshot,
     compressor_model,
@@ -236,6 +237,37 @@ def test_the_tree_is_priced_hop_by_hop_and_taken_only_where_it_is_faster() -> No
     # two clusters: one hop either way, the ring
     pair = estimate(snap, job(2, params=250_000), [Assignment("a", 1), Assignment("b", 1)])
     assert pair.tree == ()
+
+
+def test_a_trees_copies_through_one_declared_port_share_it() -> None:
+    """Three clusters, 1 Gbit/s and 100 ms RTT each way, 10 MB a copy: edge by edge the tree
+    (2 hops of it) beats the ring (4 rounds of a third); but a parent's two children send
+    into its downlink at once, and it answers both out of its uplink: where those ports are
+    declared at the links' 1 Gbit/s, each hop carries two copies through one port, and the
+    ring, whose rounds put one message out of and into each cluster, is faster."""
+    names = "abc"
+    links = tuple(
+        link(x, y, gbps=1.0, rtt_ms=100.0) for i, x in enumerate(names) for y in names[i + 1 :]
+    )
+    where = [Assignment(n, 1) for n in names]
+    request = job(3, params=2_500_000, steps=10)
+    free = Snapshot(tuple(cluster(n, 1) for n in names), links)
+    edgewise = estimate(free, request, where)
+    assert edgewise.tree == (("b", "a"), ("c", "a"))
+    assert edgewise.wan_s == pytest.approx(2 * (0.05 + 1e7 / 1.25e8))  # 0.26 s
+    ported = Snapshot(free.clusters, links, ports=tuple(Port(n, 1.0, 1.0) for n in names))
+    # the tree now: 2 x (0.05 + 2 x 0.08) = 0.42 s; the ring 4 x (0.05 + 0.0267) = 0.307 s
+    shared = estimate(ported, request, where)
+    assert shared.tree == ()
+    assert shared.wan_s == pytest.approx(4 * (0.05 + 1e7 / 3 / 1.25e8))
+    # a gossip round: each cluster sends to both others at once, through its uplink
+    model = CostModel(ported, request)
+    one = CostModel(free, request).gossip_wan(tuple(names), "none")
+    two = model.gossip_wan(tuple(names), "none")
+    assert one.bandwidth_s == pytest.approx(1e7 / 1.25e8)
+    assert two.bandwidth_s == pytest.approx(2 * 1e7 / 1.25e8)
+    with pytest.raises(ValueError, match="unknown cluster 'z'"):
+        Snapshot(free.clusters, links, ports=(Port("z", 1.0, 1.0),))
 
 
 def test_a_hub_takes_the_exchange_off_the_spokes_slow_links() -> None:
