@@ -163,3 +163,58 @@ def test_async_ps_pushes_keep_to_the_reservation() -> None:
     assert bits >= PS_STEPS * 23_000 * 8 / 2  # every tick pushed int8 parameters
     assert paced.wall_s >= at_rate
     assert free.wall_s < at_rate / 2
+
+
+class _GlobalServer:
+    """The global server's `push` as a Ray call that has already answered."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.push = self
+
+    def remote(self, *args: Any) -> Any:
+        import ray
+
+        return ray.put(self.server.push(*args))
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("rate_bps", [None, 1000.0])
+def test_a_regional_servers_exchanges_keep_to_its_hosts_reservation(
+    rate_bps: float | None,
+) -> None:
+    """HALoS's regional server exchanges with the global one out of its host's uplink: with
+    a reservation it sends once (its burst) in a second of pushes, each exchange's bits
+    taking many seconds at the rate, and sums the region's progress into its next one;
+    without, it sends after every push whose answer has come back."""
+    from grammar import parse_compression
+    from training.compression import make_compressor
+    from training.exchange import encode, param_pieces
+    from training.sync.async_ps import ParameterServer, RegionalServer
+
+    params = torch.zeros(64)
+    pieces = param_pieces(["w"], [torch.Size([64])], 0, 64)
+    compression = parse_compression("none")
+    region = RegionalServer(
+        params,
+        {"a": 1.0},
+        4,
+        pieces,
+        region="eu",
+        host="a",
+        global_host="g",
+        global_server=_GlobalServer(ParameterServer(params, {"eu": 1.0}, 4, pieces)),
+        compression=compression,
+        link=None,
+        rate_bps=rate_bps,
+    )
+    coder = make_compressor(compression)
+    for _ in range(10):
+        update = encode(compression, coder, ["w"], [torch.full((64,), 0.01)], {})
+        region.push("a", update, region.version, 0.1)
+    sent, exchanges = region.flush()
+    # unpaced: one after each push (the last one's with the flush's) and the flush's own;
+    # paced: the first push's (the burst) and the flush's
+    assert exchanges == (2 if rate_bps else 11)
+    assert sent[("a", "g")] > 0
+    assert torch.allclose(region.params, torch.full((64,), -0.1))  # no progress lost

@@ -38,7 +38,7 @@ from training.sync.hetero import (
     staleness_weight,
     steps_per_tick,
 )
-from training.wan import Link
+from training.wan import Link, Pacer
 
 
 class ParameterServer:
@@ -131,9 +131,12 @@ class RegionalServer(ParameterServer):
         global_server: Any,
         compression: Compression,
         link: Link | None,
+        rate_bps: float | None = None,
     ) -> None:
         super().__init__(params, shares, staleness, pieces)
         self.region, self.host, self.global_host = region, host, global_host
+        self.pacer = Pacer(rate_bps) if rate_bps else None
+        """The host's WAN reservation: its exchanges with the global server keep to it."""
         self.global_server = global_server
         self.compression = compression
         self.link = link  # regional host to global host (None: unshaped or the same)
@@ -157,8 +160,9 @@ class RegionalServer(ParameterServer):
     ) -> tuple[bytes, int, float]:
         self._land(block=False)
         pull, version, slowest = super().push(cluster, payload, base_version, step_s)
-        if self.pending is None and self.version - self.sent_version >= self.period:
-            self._send()
+        paced = self.pacer is not None and self.pacer.wait_s(time.perf_counter()) > 0
+        if self.pending is None and self.version - self.sent_version >= self.period and not paced:
+            self._send()  # a paced one: a later push sends, the region's progress summed
         return pull, version, max(slowest, self.global_slowest)
 
     def _send(self) -> None:
@@ -169,6 +173,8 @@ class RegionalServer(ParameterServer):
         slowest = max(self.step_s.values(), default=0.0)
         self.sent_params = self.params.clone()
         self.sent_version = self.version
+        if self.pacer is not None:
+            self.pacer.sent(time.perf_counter(), len(payload) * 8.0)
         self.pending = self.global_server.push.remote(
             self.region, payload, self.global_version, slowest
         )
@@ -213,6 +219,8 @@ class RegionalServer(ParameterServer):
         """After the region's last push: land the exchange in flight, send the rest, land
         it. Returns the region exchanges' WAN bytes by link and how many there were."""
         self._land(block=True)
+        if self.pacer is not None:
+            time.sleep(self.pacer.wait_s(time.perf_counter()))
         self._send()
         self._land(block=True)
         return dict(self.sent), self.exchanges
@@ -371,6 +379,7 @@ class AsyncPSSync(SyncStrategy):
                     global_server=self.global_server,
                     compression=self.compression,
                     link=link if me != self.global_host else None,
+                    rate_bps=None if exchanger.pacer is None else exchanger.pacer.rate_bps,
                 )
             dist.barrier(group=exchanger.group)
             if self.server is None:
