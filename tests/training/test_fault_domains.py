@@ -138,9 +138,9 @@ def test_the_caller_takes_a_cluster_away_and_adds_another(
     assert report.restarts == 0
     changes = [(m["cluster"], m["change"]) for m in report.membership]
     assert changes[:2] == [("c", "left"), ("d", "joined")], changes
-    # a mode that seats a newcomer late (local SGD, partial) says when it began training;
-    # one that waits for the state trains it at once
-    late = str(mode.get("sync", "local-sgd")).startswith(("local-sgd", "partial"))
+    # a mode that seats a newcomer late (local SGD, partial, streaming) says when it began
+    # training; one that waits for the state trains it at once
+    late = str(mode.get("sync", "local-sgd")).startswith(("local-sgd", "partial", "streaming"))
     assert changes[2:] == ([("d", "seated")] if late else []), changes
     joined = report.membership[1]
     # the newcomer's workers started and loaded while a and b trained on; it joined at a

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grammar import Sync, SyncKind, parse_sync
-from training.collective import Collective
+from training.collective import Collective, flatten
 from training.data import batch_indices, shard
 from training.spec import TrainSpec
 from training.sync import (
@@ -162,6 +162,54 @@ def test_auto_seats_a_late_member_as_its_running_mode_and_decides_nothing_meanwh
     streaming = TrainSpec(sync="streaming:8", compression="int8", adapt=("compression",))
     waits = make_sync_strategy(Sync(SyncKind.AUTO), _context(streaming))
     assert waits.seats_at(3) is None  # streaming waits for the state
+
+
+def test_streaming_seats_a_late_member_that_replays_what_the_others_applied_exactly() -> None:
+    """A member that joined late at step 4 keeps each fragment's sum applied while its
+    state is on its way; at its seat (the period's end, step 8) it takes the state as of its
+    joining (with a fragment that was in flight then), applies that fragment and the kept
+    sums in the others' order, and holds their anchors and outer momentum bitwise, its
+    parameters its anchors; its own fragment in flight lands as theirs does."""
+    import copy
+
+    spec = TrainSpec(sync="streaming:4:f2:d1", steps=12)
+    here = make_sync_strategy(parse_sync(spec.sync), _context(spec))
+    late = make_sync_strategy(parse_sync(spec.sync), _context(spec))  # other random weights
+    assert isinstance(here, StreamingSync) and isinstance(late, StreamingSync)
+    assert [here.seats_at(s) for s in (0, 4, 7, 9)] == [4, 8, 8, 12]
+    gen = torch.Generator().manual_seed(0)
+
+    def train(who: StreamingSync) -> None:
+        with torch.no_grad():
+            for p in who.ctx.params:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+
+    for step in range(4):  # fragment 0 sent after 1, applied after 2; 1 sent after 3
+        train(here)
+        here.after_step(step)
+    assert [(i.fragment, i.apply_at) for i in here.inflight] == [(1, 4)]
+    state, cluster = copy.deepcopy(here.state_dict()), copy.deepcopy(here.cluster_state())
+    late.defer()
+    for step in range(4, 8):  # the others train; late sits out, in the same exchanges
+        train(here)
+        here.after_step(step)
+        late.after_step(step)
+        if late.inflight and late.inflight[-1].sent == step:  # the sum is the others'
+            late.inflight[-1].result = here.inflight[-1].result.clone()  # type: ignore[union-attr]
+    late.load_state_dict(state, cluster)
+    late.replay()
+    for mine, theirs in zip(late.anchor, here.anchor, strict=True):
+        assert torch.equal(mine, theirs)
+    assert all(
+        torch.equal(late.outer.state[a]["momentum_buffer"], here.outer.state[b]["momentum_buffer"])
+        for a, b in zip(late.anchor, here.anchor, strict=True)
+    )
+    assert torch.equal(flatten([p.detach() for p in late.ctx.params]), torch.cat(late.anchor))
+    assert [(i.fragment, i.apply_at) for i in late.inflight] == [(1, 8)]
+    here.after_step(8)
+    late.after_step(8)
+    for mine, theirs in zip(late.anchor, here.anchor, strict=True):
+        assert torch.equal(mine, theirs)
 
 
 def test_streaming_staggers_its_fragments_over_the_period() -> None:

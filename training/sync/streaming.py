@@ -110,6 +110,13 @@ class StreamingSync(SyncStrategy):
         self.late = 0
         self.late_wait_s = 0.0
         self.drain_s = 0.0
+        self.kept: list[tuple[int, torch.Tensor, bool]] | None = None
+        """Joining late (`defer`): each applied fragment's (fragment, sum, final), in order,
+        applied to the state once it is here (`replay`)."""
+        self.joined: list[InFlight] = []
+        """Joining late: the fragments the state had in flight (`load_state_dict`)."""
+        self.applied_upto = -1.0
+        """The step through which fragments due were applied (every one after a drain)."""
 
     @property
     def scope(self) -> Scope:
@@ -178,7 +185,15 @@ class StreamingSync(SyncStrategy):
                 self.drift[p].round(item.own, total, item.steps)
             else:  # the fragment becomes the anchor all the same: its progress is dropped
                 self.drift[p].reset_steps()
-        if item.final:
+        self._move(p, total, final=item.final)
+
+    def _move(self, p: int, total: torch.Tensor, *, final: bool) -> None:
+        """Fragment p's outer step on the clusters' sum `total` (or, `final`, the average),
+        then its parameters: the new anchor. Joining late, the sum is kept instead."""
+        if self.kept is not None:
+            self.kept.append((p, total.clone(), final))
+            return
+        if final:
             with torch.no_grad():
                 self.anchor[p].sub_(total)
         else:
@@ -186,6 +201,40 @@ class StreamingSync(SyncStrategy):
                 a.grad = total.clone() if i == p else None
             self.outer.step()
         self._write(p, self.anchor[p])
+
+    # ------------------------------------------------------------------ joining late
+
+    def seats_at(self, step: int) -> int | None:
+        """The period's end, as local SGD's: the sums of the fragments applied meanwhile are
+        kept and applied in the same order once the state is here. None with the drift
+        correction, whose rates a member sitting out has none of."""
+        if self.drift is not None:
+            return None
+        return min((step // self.period + 1) * self.period, self.spec.steps)
+
+    def defer(self) -> None:
+        self.kept = []
+
+    def replay(self) -> None:
+        """After `load_state_dict` took the peer's state: its fragments in flight that the
+        others have applied since, then the kept sums, in the order the others applied
+        them (their deque's: the state's first); its others stay in flight, ahead of this
+        member's own. Every parameter is then its anchor: a newcomer's own progress is none."""
+        kept, self.kept = self.kept or [], None
+        joined, self.joined = self.joined, []
+        due = [i for i in joined if i.apply_at <= self.applied_upto]
+        for item in due:
+            assert isinstance(item.result, torch.Tensor)  # taken from the state
+            self._move(item.fragment, item.result, final=item.final)
+        for p, total, final in kept:
+            self._move(p, total, final=final)
+        ahead = [i for i in joined if i.apply_at > self.applied_upto]
+        for item in reversed(ahead):
+            if not self.comm.is_leader:
+                item.result = None  # the leader's comes by broadcast, as for its own
+            self.inflight.appendleft(item)
+        for p in range(self.fragments):
+            self._write(p, self.anchor[p])
 
     # ------------------------------------------------------------------ the loop
 
@@ -204,6 +253,7 @@ class StreamingSync(SyncStrategy):
             self._send(p, step)
         while self.inflight and self.inflight[0].apply_at <= step:
             self._apply(self.inflight.popleft())
+        self.applied_upto = max(self.applied_upto, float(step))
 
     def drain(self, step: int) -> None:
         """After `after_step(step)`: apply what is in flight (early), then average once more
@@ -220,6 +270,7 @@ class StreamingSync(SyncStrategy):
                 self._send(p, step, final=True)
         while self.inflight:
             self._apply(self.inflight.popleft(), due=False)
+        self.applied_upto = float("inf")  # a state's fragments in flight: applied too
         self.drain_s += time.perf_counter() - t0
 
     def stats(self) -> dict[str, float]:
@@ -289,10 +340,16 @@ class StreamingSync(SyncStrategy):
             for a, saved in zip(self.anchor, state["anchor"], strict=True):
                 a.copy_(saved)
         self.outer.load_state_dict(state["outer"])
-        self.finished = bool(state.get("finished", False))
         device = self.comm.device
         saved_inflight = list((cluster_state or {}).get("inflight", []))
         results = list(state.get("results", []))
+        if self.kept is not None:  # joining late: its own rounds are in flight meanwhile
+            self.joined = [
+                InFlight(entry[0], entry[1], entry[2], None if r is None else r.to(device))
+                for entry, r in zip(saved_inflight, results, strict=True)
+            ]
+            return
+        self.finished = bool(state.get("finished", False))
         self.inflight.clear()
         for entry, result in zip(saved_inflight, results, strict=True):
             p, sent, apply_at = entry[:3]  # checkpoints before 2026-11-28 add a snapshot
