@@ -167,7 +167,11 @@ def compare(
         waited = float(est["step_time_s"]) - local - float(est.get("step_overhead_s") or 0.0)
         steps = int(report.get("steps") or 0)
         est_share = max(0.0, waited) * steps / float(est["total_time_s"])
-        if actual_s > 0 and "intra_s" in report:
+        if actual_s > 0 and report.get("wan_wait_s") is not None:
+            # the rank that arrived last at the exchanges: the links' time, not a wait for
+            # another cluster's compute (which the plan counts in the pace, not the WAN)
+            share = float(report["wan_wait_s"]) / actual_s
+        elif actual_s > 0 and "intra_s" in report:
             exposed = float(report.get("comm_s") or 0.0) - float(report["intra_s"])
             share = max(0.0, exposed) / actual_s
     return Row(

@@ -630,6 +630,7 @@ def run(
         compute_s=base_compute + (last.compute_s if last is not None else 0.0),
         comm_s=base_comm + (last.comm_s if last is not None else 0.0),
         intra_s=base_intra + (last.intra_s if last is not None else 0.0),
+        wan_wait_s=min((max(0.0, r.comm_s - r.intra_s) for r in last_all), default=None),
         wan_s=wan.wall_s,
         wan_bytes=wan.wan_bytes,
         wan_bytes_total=wan.sent_bytes,

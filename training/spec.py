@@ -483,7 +483,12 @@ class TrainReport:
     the same model, and the model itself only where some did not."""
     intra_s: float = 0.0
     """Of `comm_s`, rank 0's intra-cluster reduces: the rest is the WAN the steps waited
-    for (`bench.promise` sets it against the plan's WAN share)."""
+    for, and the other clusters' compute where rank 0's is faster."""
+    wan_wait_s: float | None = None
+    """The least any rank's steps waited at exchanges beyond its intra-cluster reduces, in
+    the run's last group: the rank that arrives last waits for the links alone, not for
+    another cluster's compute; the plan's WAN share is set against it (`bench.promise`).
+    None where no segment ran."""
     steps_by_cluster: dict[str, int] = field(default_factory=dict)
     """Local optimizer steps each cluster took (this attempt); equal to `steps` unless the
     sync mode lets fast clusters run ahead (partial, async-ps)."""

@@ -37,6 +37,7 @@ REPORT_KEYS = (
     "compute_s",
     "comm_s",
     "intra_s",
+    "wan_wait_s",
     "wan_s",
     "wan_bytes",
     "wan_bytes_total",
@@ -50,7 +51,8 @@ REPORT_KEYS = (
     "membership",
     "artefact",
 )
-"""What the SUCCEEDED event keeps of the run's report (`membership`: the clusters that left or
+"""What the SUCCEEDED event keeps of the run's report (`wan_wait_s`: the links' share of the
+steps, which `bench.promise` sets against the plan's; `membership`: the clusters that left or
 joined a run under fault domains, which the demo and the console read; `wan_setup_bytes`: of
 the WAN bytes, the start-up's, which go round gloo's ring whatever collective the plan
 chose, so what ran is checked against the plan without them)."""

@@ -188,3 +188,20 @@ def test_the_run_keeps_its_best_evaluations_model_as_its_artefact(tmp_path: Path
         "step": 24,
         "where": open_store(str(tmp_path / "last")).where(24),
     }
+
+
+def test_the_links_wait_is_told_apart_from_a_wait_for_a_slower_cluster() -> None:
+    """Rank 0's cluster computes twenty times as fast as b's, so at every exchange it waits
+    for b's compute: its exchange time is mostly that wait. The report's `wan_wait_s` is the
+    least any rank waited, b's, which arrives last and waits for the links alone."""
+    spec = TrainSpec(
+        task="builtin:mnist1d-mlp",
+        clusters={"a": 1, "b": 1},
+        steps=24,
+        eval_every=24,
+        slowdown={"b": 20.0},
+    )
+    report = training.run(spec)
+    rank0_wait = report.comm_s - report.intra_s
+    assert report.wan_wait_s is not None
+    assert 0.0 <= report.wan_wait_s < rank0_wait / 2, (report.wan_wait_s, rank0_wait)
