@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from controller.network.labels import number
-from controller.network.resources import carried_gbps, measured_links
+from controller.network.resources import carried_gbps, link_rows
 from controller.store.models import Allocation, Cluster, ClusterGpus, Job, WanPort, utcnow
 from controller.values.errors import Conflict
 from scheduler.bandwidth import KBPS_PER_GBPS, port_gbps
@@ -302,7 +302,7 @@ def ports(session: Session) -> list[Port]:
             select(WanPort.cluster_id, WanPort.direction, WanPort.reserved_kbps)
         )
     }
-    carried = carried_gbps(measured_links(session))
+    carried = carried_gbps(link_rows(session))
     out: list[Port] = []
     for cluster_id, name, labels in session.execute(
         select(Cluster.id, Cluster.name, Cluster.labels).order_by(Cluster.name)

@@ -697,19 +697,24 @@ def carried_gbps(rows: Iterable[Any]) -> dict[str, tuple[float | None, float | N
     return {name: (up.get(name), down.get(name)) for name in up.keys() | down.keys()}
 
 
-def measured_links(session: Session) -> Sequence[Any]:
-    """The measured links' rows `carried_gbps` reads."""
+def link_rows(session: Session) -> Sequence[Any]:
+    """Every link's columns with its clusters' names, as the snapshot plans on them and
+    `carried_gbps` reads them."""
     src, dst = aliased(Cluster), aliased(Cluster)
     return session.execute(
         select(
+            Link.src_cluster_id,
+            Link.dst_cluster_id,
             Link.source,
+            Link.pinned,
             Link.bandwidth_gbps,
+            Link.rtt_ms,
+            Link.egress_price_per_gb,
             src.name.label("src_name"),
             dst.name.label("dst_name"),
         )
         .join(src, src.id == Link.src_cluster_id)
         .join(dst, dst.id == Link.dst_cluster_id)
-        .where(Link.source == "measured")
     ).all()
 
 

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 import scheduler
 from controller.access.tenancy import granted_priority
@@ -25,7 +25,6 @@ from controller.store.models import (
     Job,
     JobEvent,
     JobMetric,
-    Link,
     Provider,
     Tenant,
     WanPort,
@@ -242,7 +241,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
                 )
             )
     cluster_names = {c.id: (c.name, c.labels) for c in clusters}
-    rows = _link_rows(session)
+    rows = resources.link_rows(session)
     ports, ceilings = _free_ports(session, cluster_names, resources.carried_gbps(rows))
     links = _scheduler_links(rows, names, egress)
     snapshot = scheduler.Snapshot(
@@ -392,25 +391,6 @@ def _scheduler_links(
                 links.append(scheduler.Link(a, b, link.bandwidth_gbps, link.rtt_ms, float(price)))
     _last_table = _LinkTable(rows, names, egress, tuple(links))
     return _last_table.links
-
-
-def _link_rows(session: Session) -> Sequence[Any]:
-    src, dst = aliased(Cluster), aliased(Cluster)
-    return session.execute(
-        select(
-            Link.src_cluster_id,
-            Link.dst_cluster_id,
-            Link.source,
-            Link.pinned,
-            Link.bandwidth_gbps,
-            Link.rtt_ms,
-            Link.egress_price_per_gb,
-            src.name.label("src_name"),
-            dst.name.label("dst_name"),
-        )
-        .join(src, src.id == Link.src_cluster_id)
-        .join(dst, dst.id == Link.dst_cluster_id)
-    ).all()
 
 
 def _effective_links(rows: Iterable[Any]) -> list[Any]:

@@ -88,6 +88,16 @@ def test_local_sgd_is_at_a_sync_point_every_period_and_at_the_end() -> None:
     assert [s for s in range(1, 11) if strategy.at_sync_point(s)] == [4, 8, 10]
 
 
+def _same_outer(late: LocalSGDSync | StreamingSync, here: LocalSGDSync | StreamingSync) -> None:
+    """Bitwise the same anchors and outer momentum: what a member seated late must hold."""
+    for mine, theirs in zip(late.anchor, here.anchor, strict=True):
+        assert torch.equal(mine, theirs)
+    assert all(
+        torch.equal(late.outer.state[a]["momentum_buffer"], here.outer.state[b]["momentum_buffer"])
+        for a, b in zip(late.anchor, here.anchor, strict=True)
+    )
+
+
 def test_local_sgd_seats_a_late_member_that_replays_the_rounds_it_sat_out_exactly() -> None:
     """A member that joined late takes each outer step's sum while its state is on its way
     (`defer`), then the state as of its joining, then the kept sums (`replay`): it ends with
@@ -112,14 +122,9 @@ def test_local_sgd_seats_a_late_member_that_replays_the_rounds_it_sat_out_exactl
             p.copy_(a)
     late.load_state_dict(joined_with, None)
     late.replay()
-    for mine, theirs in zip(late.anchor, here.anchor, strict=True):
-        assert torch.equal(mine, theirs)
+    _same_outer(late, here)
     for mine, theirs in zip(late.ctx.params, here.ctx.params, strict=True):
         assert torch.equal(mine, theirs)
-    assert all(
-        torch.equal(late.outer.state[a]["momentum_buffer"], here.outer.state[b]["momentum_buffer"])
-        for a, b in zip(late.anchor, here.anchor, strict=True)
-    )
 
 
 def test_partial_seats_a_late_member_on_the_steps_of_the_rounds_it_sat_out() -> None:
@@ -160,8 +165,10 @@ def test_auto_seats_a_late_member_as_its_running_mode_and_decides_nothing_meanwh
     auto.sitting_out(False)
     assert auto._observe_now(7)
     streaming = TrainSpec(sync="streaming:8", compression="int8", adapt=("compression",))
-    waits = make_sync_strategy(Sync(SyncKind.AUTO), _context(streaming))
-    assert waits.seats_at(3) is None  # streaming waits for the state
+    assert make_sync_strategy(Sync(SyncKind.AUTO), _context(streaming)).seats_at(3) == 8
+    lockstep = TrainSpec(sync="every-step", compression="int8", adapt=("compression",))
+    waits = make_sync_strategy(Sync(SyncKind.AUTO), _context(lockstep))
+    assert waits.seats_at(3) is None  # every-step: the members wait for the state
 
 
 def test_streaming_seats_a_late_member_that_replays_what_the_others_applied_exactly() -> None:
@@ -198,12 +205,7 @@ def test_streaming_seats_a_late_member_that_replays_what_the_others_applied_exac
             late.inflight[-1].result = here.inflight[-1].result.clone()  # type: ignore[union-attr]
     late.load_state_dict(state, cluster)
     late.replay()
-    for mine, theirs in zip(late.anchor, here.anchor, strict=True):
-        assert torch.equal(mine, theirs)
-    assert all(
-        torch.equal(late.outer.state[a]["momentum_buffer"], here.outer.state[b]["momentum_buffer"])
-        for a, b in zip(late.anchor, here.anchor, strict=True)
-    )
+    _same_outer(late, here)
     assert torch.equal(flatten([p.detach() for p in late.ctx.params]), torch.cat(late.anchor))
     assert [(i.fragment, i.apply_at) for i in late.inflight] == [(1, 8)]
     here.after_step(8)

@@ -150,8 +150,8 @@ class AutoSync(SyncStrategy):
         return self.inner.at_sync_point(step)
 
     def seats_at(self, step: int) -> int | None:
-        """The running mode's: local SGD (the warm-up's too) seats a newcomer at its round's
-        end, the others wait for the state."""
+        """The running mode's: local SGD (the warm-up's too) and streaming seat a newcomer
+        at their round's end; under every-step the members wait for the state."""
         assert self.inner is not None
         return self.inner.seats_at(step)
 
