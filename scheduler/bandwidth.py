@@ -60,6 +60,23 @@ def port_gbps(declared_gbps: float | None, carried_gbps: float | None) -> float 
     return min(declared_gbps, carried_gbps)
 
 
+def burst_slowdown(
+    wan_share: float, burst_gbps: float, capacity_gbps: float, others_gbps: float
+) -> float:
+    """How much longer a placed job's steps may take once others send `others_gbps` on a
+    port of `capacity_gbps` that its exchanges cross at `burst_gbps` (the share it was
+    planned at): the part of its step on the WAN (`wan_share`) stretched by burst over what
+    is left of the port, where that is less than the burst; 0 where its bursts still fit,
+    inf where nothing is left. Reservations are averages: a job planned on the whole port
+    reserves less than it, and a later job's steady stream comes out of its bursts."""
+    left = capacity_gbps - others_gbps
+    if left >= burst_gbps:
+        return 0.0
+    if left <= 0:
+        return math.inf
+    return max(0.0, wan_share) * (burst_gbps / left - 1.0)
+
+
 def free_gbps(capacity_gbps: float | None, reserved_kbps: int) -> float | None:
     """What is left of a port (None: no capacity declared, so no limit but the links')."""
     if capacity_gbps is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from itertools import islice
@@ -28,10 +28,11 @@ from controller.money import budget
 from controller.network.allocations import Slot, ports, reserve
 from controller.network.snapshot import World, build_world
 from controller.store import failpoints
-from controller.store.models import REASON_MAX, Job, Tenant, bounded, utcnow
+from controller.store.models import REASON_MAX, Job, JobEvent, Tenant, bounded, utcnow
 from controller.values.errors import Conflict, CpnError, Invalid
 from controller.values.plan import plan_of
 from grammar.states import ACTIVE, QUEUED, JobState
+from scheduler.bandwidth import burst_slowdown, port_gbps
 from wire.plan import JobPlan
 
 log = logging.getLogger("cpn.reconcile")
@@ -353,6 +354,8 @@ def _place_one(
         job.reason = bounded(f"waiting: {exc.detail}", REASON_MAX)
         worlds.clear()  # someone else reserved: read the world again
         return None
+    if placement.wan_kbps and world.paced & placement.wan_kbps.keys():
+        _warn_bursts(session, job.id, world.paced & placement.wan_kbps.keys())
     for qos_class, w in list(worlds.items()):
         worlds[qos_class] = w.after(
             job.id,
@@ -365,6 +368,65 @@ def _place_one(
         )
     waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
     return Placed(job.id, placement, waited, time.perf_counter() - started)
+
+
+SLOWER_WARNED = 0.05
+"""A placed job whose steps a later job's reservation may slow by more than this is told."""
+
+
+def _warn_bursts(session: Session, placed: str, clusters: Set[str]) -> None:
+    """Tell the running jobs whose exchanges cross a port that the job `placed` just
+    reserved on (`clusters`, by name) when its rate leaves less of the port than they were
+    planned at (`scheduler.bandwidth.burst_slowdown`): each reserved its average, so the new
+    job was admitted, yet while it sends their bursts get less. One warning event per job
+    and port, with the numbers; the other job is not named (it may be another tenant's)."""
+    for port in ports(session):
+        if port.cluster not in clusters or port.capacity_kbps is None:
+            continue
+        capacity = (port_gbps(port.capacity_kbps, port.carried_kbps) or 0.0) / 1e6
+        for holder in port.holders:
+            if holder.job_id == placed:
+                continue
+            job = session.get(Job, holder.job_id)
+            plan = job.placement if job is not None else None
+            if job is None or plan is None:
+                continue
+            bursts = [
+                k.bandwidth_gbps for k in plan.links if k.paced and port.cluster in (k.src, k.dst)
+            ]
+            est = plan.estimate
+            if not bursts or est.compute_s is None or est.step_time_s <= 0:
+                continue
+            local = est.compute_s + (est.intra_s or 0.0) + est.step_overhead_s
+            share = (est.step_time_s - local) / est.step_time_s
+            others = sum(h.kbps for h in port.holders if h.job_id != holder.job_id) / 1e6
+            slower = burst_slowdown(share, max(bursts), capacity, others)
+            if slower <= SLOWER_WARNED:
+                continue
+            way = "uplink" if port.direction == "up" else "downlink"
+            left = max(capacity - others, 0.0)
+            more = "it waits until they end" if slower == float("inf") else f"{slower:.0%}"
+            session.add(
+                JobEvent(
+                    job_id=job.id,
+                    kind="warning",
+                    message=bounded(
+                        f"WAN of {port.cluster}: other jobs now reserve {others:.3g} Gbit/s "
+                        f"of its {capacity:.3g} Gbit/s {way}; while they send, this job's "
+                        f"exchanges get {left:.3g} of the {max(bursts):.3g} Gbit/s its plan "
+                        f"was timed at, so its steps may take up to {more} longer than "
+                        "planned",
+                        REASON_MAX,
+                    ),
+                    data={
+                        "cluster": port.cluster,
+                        "direction": port.direction,
+                        "planned_gbps": max(bursts),
+                        "left_gbps": left,
+                        "slower": None if slower == float("inf") else slower,
+                    },
+                )
+            )
 
 
 def _left(job: Job) -> float:

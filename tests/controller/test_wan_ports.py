@@ -378,3 +378,44 @@ def test_a_job_short_of_bandwidth_preempts_by_the_rules_for_gpus(
     placed = net.job(high).placement
     assert placed is not None and {s.cluster for s in placed.clusters} == {"east", "west"}
     assert 0 < _need(net, high)["east"] <= _reserved(net)[("east", "up")] <= need["east"]
+
+
+def test_a_running_job_is_told_when_a_later_reservation_leaves_less_than_its_bursts(
+    net: Net,
+) -> None:
+    """The first job across east's 3 Gbit/s uplink is planned on all of it and reserves its
+    average; a second, admitted on what is left, sends steadily beside it: while it does,
+    the first job's exchanges get less than they were timed at. The first job is told, with
+    the numbers (and without the other job's name: it is another tenant's)."""
+    from scheduler.bandwidth import burst_slowdown
+    from wire.spec import DataSpec
+
+    _label(net, "east", uplink_gbps=3)
+    both = DataSpec(residency="local", clusters=["east", "west"])
+    first = net.submit(net.tenant("acme"), spec("first", gpus=2).model_copy(update={"data": both}))
+    assert net.place() == [first]
+    second = net.submit(
+        net.tenant("other"), spec("second", gpus=2).model_copy(update={"data": both})
+    )
+    assert net.place() == [second]
+    plan = net.job(first).placement
+    assert plan is not None
+    est = plan.estimate
+    assert est.compute_s is not None
+    share = (est.step_time_s - est.compute_s - (est.intra_s or 0.0) - est.step_overhead_s) / (
+        est.step_time_s
+    )
+    others = _need(net, second)["east"] / 1e6
+    slower = burst_slowdown(share, 3.0, 3.0, others)
+    with net.sessions() as s:
+        told = s.scalars(
+            select(JobEvent).where(JobEvent.job_id == first, JobEvent.kind == "warning")
+        ).all()
+        quiet = s.scalars(
+            select(JobEvent).where(JobEvent.job_id == second, JobEvent.kind == "warning")
+        ).all()
+    assert slower > 0.05, slower  # the case this test is about
+    assert [e.data["cluster"] for e in told] == ["east"]  # its uplink; west declares nothing
+    assert told[0].data["slower"] == pytest.approx(slower)
+    assert "may take up to" in told[0].message and second not in told[0].message
+    assert quiet == []  # the job just placed was planned on what was left

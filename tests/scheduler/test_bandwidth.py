@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler import Assignment, Estimate
-from scheduler.bandwidth import free_gbps, path_gbps, wan_need_kbps
+from scheduler.bandwidth import burst_slowdown, free_gbps, path_gbps, wan_need_kbps
 
 ESTIMATE = Estimate(
     step_time_s=1.0,
@@ -65,3 +65,12 @@ def test_what_is_left_of_a_port() -> None:
     assert free_gbps(None, 5) is None
     assert free_gbps(10.0, 2_500_000) == 7.5
     assert free_gbps(1.0, 2_000_000) == 0.0  # a capacity lowered below what is held
+
+
+def test_a_burst_is_slowed_by_what_others_leave_of_the_port() -> None:
+    # planned at 1 Gbit/s of a 3 Gbit/s port: others may take 2 before its bursts slow
+    assert burst_slowdown(0.5, 1.0, 3.0, 2.0) == 0.0
+    # planned on the whole port, half its step on the WAN, others take a quarter of it:
+    # the WAN half takes 4/3 as long, the step a sixth longer
+    assert burst_slowdown(0.5, 3.0, 3.0, 0.75) == pytest.approx(0.5 * (3.0 / 2.25 - 1.0))
+    assert burst_slowdown(0.5, 3.0, 3.0, 3.0) == float("inf")
