@@ -380,8 +380,8 @@ def _warn_bursts(session: Session, placed: str, clusters: Set[str]) -> None:
     planned at (`scheduler.bandwidth.burst_slowdown`): each reserved its average, so the new
     job was admitted, yet while it sends their bursts get less. One warning event per job
     and port, with the numbers; the other job is not named (it may be another tenant's)."""
-    for port in ports(session):
-        if port.cluster not in clusters or port.capacity_kbps is None:
+    for port in ports(session, clusters):
+        if port.capacity_kbps is None:
             continue
         capacity = (port_gbps(port.capacity_kbps, port.carried_kbps) or 0.0) / 1e6
         for holder in port.holders:

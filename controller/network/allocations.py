@@ -14,7 +14,7 @@ above the capacity declared when reserved, given back by the release that closes
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -286,9 +286,9 @@ class Port:
         return max(round(planned) - self.reserved_kbps, 0)
 
 
-def ports(session: Session) -> list[Port]:
+def ports(session: Session, only: Set[str] | None = None) -> list[Port]:
     """Every declared or reserved port, by cluster name then direction (up, down), with the
-    jobs whose open allocations hold it, largest first."""
+    jobs whose open allocations hold it, largest first; `only`: of these clusters (names)."""
     held: dict[str, list[Holder]] = {}
     for cluster_id, job_id, tenant_id, kbps in session.execute(
         select(Allocation.cluster_id, Allocation.job_id, Job.tenant_id, Allocation.wan_kbps)
@@ -302,11 +302,12 @@ def ports(session: Session) -> list[Port]:
             select(WanPort.cluster_id, WanPort.direction, WanPort.reserved_kbps)
         )
     }
-    carried = carried_gbps(link_rows(session))
+    carried = carried_gbps(link_rows(session, only))
+    clusters = select(Cluster.id, Cluster.name, Cluster.labels).order_by(Cluster.name)
+    if only is not None:
+        clusters = clusters.where(Cluster.name.in_(sorted(only)))
     out: list[Port] = []
-    for cluster_id, name, labels in session.execute(
-        select(Cluster.id, Cluster.name, Cluster.labels).order_by(Cluster.name)
-    ):
+    for cluster_id, name, labels in session.execute(clusters):
         holders = tuple(sorted(held.get(cluster_id, ()), key=lambda h: (-h.kbps, h.job_id)))
         for i, (direction, key) in enumerate((("up", "uplink_gbps"), ("down", "downlink_gbps"))):
             capacity = number(labels or {}, key, name)

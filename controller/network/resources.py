@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -697,11 +698,11 @@ def carried_gbps(rows: Iterable[Any]) -> dict[str, tuple[float | None, float | N
     return {name: (up.get(name), down.get(name)) for name in up.keys() | down.keys()}
 
 
-def link_rows(session: Session) -> Sequence[Any]:
+def link_rows(session: Session, touching: AbstractSet[str] | None = None) -> Sequence[Any]:
     """Every link's columns with its clusters' names, as the snapshot plans on them and
-    `carried_gbps` reads them."""
+    `carried_gbps` reads them; `touching`: only the links out of or into these clusters."""
     src, dst = aliased(Cluster), aliased(Cluster)
-    return session.execute(
+    query = (
         select(
             Link.src_cluster_id,
             Link.dst_cluster_id,
@@ -715,7 +716,11 @@ def link_rows(session: Session) -> Sequence[Any]:
         )
         .join(src, src.id == Link.src_cluster_id)
         .join(dst, dst.id == Link.dst_cluster_id)
-    ).all()
+    )
+    if touching is not None:
+        names = sorted(touching)
+        query = query.where(or_(src.name.in_(names), dst.name.in_(names)))
+    return session.execute(query).all()
 
 
 def winning_links(links: Iterable[_L]) -> list[_L]:
