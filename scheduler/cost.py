@@ -542,8 +542,8 @@ class CostModel:
         """An `async-ps` run's WAN, where the runtime puts its servers
         (`grammar.graph.region_hosts`, over the clusters' regions): what a tick waits for and
         sends (each cluster's leader pushes the payload to its server and pulls as much back,
-        blocking: the slowest such round trip, and the call's own fixed cost
-        (`Snapshot.ps_push_s`) even where a region is one cluster) and
+        blocking: the slowest such round trip, and the push's own fixed cost
+        (`Snapshot.ps_push_s`: the server's work, a call to it where it is another process)) and
         each regional server's exchange with the global one (there and back; each region has
         one in flight at a time, never waited for, on its own link: `_parts` counts how many
         fit, region by region). Flat (one region): no region exchange."""

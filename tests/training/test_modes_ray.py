@@ -132,6 +132,19 @@ def test_async_ps_across_two_regions_is_hierarchical_and_crosses_less(pool: Work
     assert tiered.wan_bytes[("d", "a")] < flat.wan_bytes[("d", "a")] / 4
 
 
+def test_async_ps_regions_of_one_cluster_exchange_from_the_first_step(pool: WorkerPool) -> None:
+    # each cluster its own region: its server is its leader's own object (no call to another
+    # process a tick), and the global server answers before the first push, so the regions
+    # exchange with it all through the run, not only at the end (4, one a region)
+    regions = {c: f"r{i}" for i, c in enumerate(CLUSTERS)}
+    steps = 32
+    report = _run(pool, "async-ps:4", steps, regions=regions, compression="none", speed_bound=1)
+    stats = report.sync_stats
+    assert stats["regions"] == 4
+    assert stats["region_exchanges"] >= 4 + steps // 2, stats
+    assert report.final_loss <= math.log(10) - 0.2
+
+
 @pytest.mark.parametrize("sync", ["partial:4", "async-ps:2"])
 def test_fast_clusters_take_at_least_twice_the_steps_of_a_4x_slower_one(
     pool: WorkerPool, sync: str

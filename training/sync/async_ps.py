@@ -116,7 +116,8 @@ class ParameterServer:
 class RegionalServer(ParameterServer):
     """One region's server under the global one (bench/results/async-ps-notes.md): a
     `ParameterServer` for the region's clusters that exchanges its progress with the global
-    server asynchronously (one exchange in flight at a time). Run as a Ray actor."""
+    server asynchronously (one exchange in flight at a time). Run as a Ray actor; a region
+    of one cluster keeps it in that cluster's leader, its only caller."""
 
     def __init__(
         self,
@@ -232,6 +233,15 @@ def ticks_between_barriers(staleness: int, clusters: int) -> int:
     if clusters < 2:
         return 1
     return max(1, staleness // (clusters - 1) - 1)
+
+
+def _call(server: Any, method: str, *args: Any) -> Any:
+    """`server.method(*args)`: a Ray actor's, waited for, or this process's own object's."""
+    import ray
+
+    if isinstance(server, ray.actor.ActorHandle):
+        return ray.get(getattr(server, method).remote(*args))
+    return getattr(server, method)(*args)
 
 
 def _actor(cls: type, name: str) -> Any:
@@ -352,6 +362,9 @@ class AsyncPSSync(SyncStrategy):
             self.global_server = _actor(ParameterServer, name[0]).remote(
                 self.anchor.cpu(), weights, self.sync.staleness, pieces
             )
+            # up before any step: a region's exchanges do not wait for it, and would find
+            # none answered while its process starts
+            ray.get(self.global_server.stats.remote())
         # the global server is named before its name is used: a barrier between
         dist.barrier(group=exchanger.group)
         if self.global_server is None:
@@ -368,7 +381,14 @@ class AsyncPSSync(SyncStrategy):
                 total = sum(shares.get(c, 0.0) for c in members) or 1.0
                 links = self.comm.links
                 link = links.get(me, self.global_host) if links is not None else None
-                self.server = _actor(RegionalServer, f"{name[0]}-{self.region}").remote(
+                # a region of one cluster: its server is its leader's own object, so a push
+                # is no call to another process (its only caller is here)
+                make = (
+                    RegionalServer
+                    if len(members) == 1
+                    else _actor(RegionalServer, f"{name[0]}-{self.region}").remote
+                )
+                self.server = make(
                     self.anchor.cpu(),
                     {c: shares.get(c, 0.0) / total for c in members},
                     self.sync.staleness,
@@ -381,6 +401,7 @@ class AsyncPSSync(SyncStrategy):
                     link=link if me != self.global_host else None,
                     rate_bps=None if exchanger.pacer is None else exchanger.pacer.rate_bps,
                 )
+                _call(self.server, "stats")  # up before any push
             dist.barrier(group=exchanger.group)
             if self.server is None:
                 self.server = ray.get_actor(f"{name[0]}-{self.region}")
@@ -402,8 +423,8 @@ class AsyncPSSync(SyncStrategy):
         # step must not make a cluster look slow
         mean_s = statistics.median(self.times) if self.times else 0.0
         try:
-            pull, self.version, slowest = ray.get(
-                self.server.push.remote(self.comm.cluster, payload, self.version, mean_s)
+            pull, self.version, slowest = _call(
+                self.server, "push", self.comm.cluster, payload, self.version, mean_s
             )
         except ray.exceptions.RayActorError as exc:  # its host's worker (and cluster) is gone
             raise GroupBroken(f"the parameter server at {self.host} is gone: {exc}") from None
@@ -500,7 +521,7 @@ class AsyncPSSync(SyncStrategy):
             count_leaders_sends(self.comm, self.sent)
             self.sent.clear()
             fresh = ray.get(self.global_server.final.remote())
-            self.final = ray.get(self.server.stats.remote())
+            self.final = _call(self.server, "stats")
             self.final_global = ray.get(self.global_server.stats.remote())
             # the exact final model, once, uncompressed, to every cluster but the host's
             host = self.global_host
@@ -515,14 +536,13 @@ class AsyncPSSync(SyncStrategy):
     def _flush_regions(self) -> None:
         """Leaders: once every cluster's last push is in, each regional server sends its last
         progress; its exchanges' bytes count as its host's sends."""
-        import ray
 
         exchanger = self.comm.exchanger
         assert exchanger is not None
         dist.barrier(group=exchanger.group)
         exchanges = 0
         if self.comm.cluster == self.host:
-            sent, exchanges = ray.get(self.server.flush.remote())
+            sent, exchanges = _call(self.server, "flush")
             for edge, n in sent.items():
                 self.sent[edge] = self.sent.get(edge, 0) + n
             exchanger.counters = exchanger.counters + ExchangeCounters(
@@ -565,7 +585,7 @@ class AsyncPSSync(SyncStrategy):
         import ray
 
         me = self.comm.cluster
-        if self.server is not None and me == self.host:
+        if isinstance(self.server, ray.actor.ActorHandle) and me == self.host:
             ray.kill(self.server, no_restart=True)
         if self.hierarchical and self.global_server is not None and me == self.global_host:
             ray.kill(self.global_server, no_restart=True)
