@@ -67,14 +67,26 @@ def gossip_graph(
     return {c: sorted(ns, key=order.__getitem__) for c, ns in graph.items()}
 
 
-def metropolis_weights(graph: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+def metropolis_weights(
+    graph: dict[str, list[str]], shares: Mapping[str, float] | None = None
+) -> dict[str, dict[str, float]]:
     """Mixing weights for a graph of unequal degrees: w_ij = 1 / (1 + max(d_i, d_j)) per
     edge and the rest on the node itself (Metropolis-Hastings), so the mixing matrix is
-    symmetric and doubly stochastic and gossip converges to the plain mean."""
+    symmetric and doubly stochastic and gossip converges to the plain mean.
+
+    With the clusters' batch `shares`, each row is w_ij s_j over its sum: a cluster that
+    trained on more of the batch counts for more, as in local SGD's average and gossip's
+    final all-reduce. On a complete graph a round then is that share-weighted mean; elsewhere
+    consensus weighs cluster j by s_j times its row's sum."""
     out: dict[str, dict[str, float]] = {}
     for c, ns in graph.items():
         w = {n: 1.0 / (1 + max(len(ns), len(graph[n]))) for n in ns}
         w[c] = 1.0 - sum(w.values())
+        if shares is not None:
+            raw = {n: v * shares.get(n, 0.0) for n, v in w.items()}
+            total = sum(raw.values())
+            if total > 0:
+                w = {n: v / total for n, v in raw.items()}
         out[c] = w
     return out
 

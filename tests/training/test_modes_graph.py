@@ -68,6 +68,17 @@ def test_metropolis_weights_are_doubly_stochastic() -> None:
     assert w["a"]["b"] == pytest.approx(0.25) and w["b"]["b"] == pytest.approx(0.75)
 
 
+def test_shares_weight_each_row_and_a_complete_graph_mixes_to_the_weighted_mean() -> None:
+    shares = {"a": 0.5, "b": 0.3, "c": 0.2}
+    complete = metropolis_weights(gossip_graph(["a", "b", "c"], None), shares)
+    for row in complete.values():
+        assert row == pytest.approx(shares)
+    star = {"a": ["b", "c", "d"], "b": ["a"], "c": ["a"], "d": ["a"]}
+    w = metropolis_weights(star, {"a": 0.4, "b": 0.2, "c": 0.2, "d": 0.2})
+    assert all(sum(row.values()) == pytest.approx(1.0) for row in w.values())
+    assert w["b"]["a"] == pytest.approx(0.25 * 0.4 / (0.25 * 0.4 + 0.75 * 0.2))
+
+
 def test_the_reduction_tree_is_binary_rooted_where_bandwidth_is_and_avoids_slow_links() -> None:
     from grammar.graph import TREE_FANOUT, reduction_tree, tree_levels
 

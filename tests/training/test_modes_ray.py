@@ -145,6 +145,31 @@ def test_async_ps_regions_of_one_cluster_exchange_from_the_first_step(pool: Work
     assert report.final_loss <= math.log(10) - 0.2
 
 
+def test_gossip_among_three_clusters_is_local_sgd_of_its_period(pool: WorkerPool) -> None:
+    # three clusters all neighbour each other: a round mixed by batch share is local SGD's
+    # plain average (local data: outer lr 1, no momentum); with the plain Metropolis mean the
+    # unequal shares (43, 43 and 42 of 128 samples) made it another run
+    three = {"a": 1, "b": 1, "c": 1}
+    reports = [
+        training.run(
+            TrainSpec(
+                task=MLP,
+                clusters=three,
+                sync=sync,
+                steps=32,
+                eval_every=32,
+                data="local",
+                compression="none",
+            ),
+            pool=pool,
+        )
+        for sync in ("gossip:16", "local-sgd:16")
+    ]
+    gossip, local = reports
+    assert gossip.batch_shares["a"] != gossip.batch_shares["c"]
+    assert gossip.final_eval_loss == pytest.approx(local.final_eval_loss, rel=1e-5)
+
+
 @pytest.mark.parametrize("sync", ["partial:4", "async-ps:2"])
 def test_fast_clusters_take_at_least_twice_the_steps_of_a_4x_slower_one(
     pool: WorkerPool, sync: str

@@ -9,10 +9,11 @@ whatever the number of clusters. What a leader sends is the change of its parame
 its previous message, compressed with error feedback like any exchange; every leader keeps
 a replica of each neighbour's parameters (and of its own as the neighbours see it) built
 from those messages, and mixes `x += sum_j w_ij (x_j - x_me)` over the replicas with
-Metropolis weights w_ij = 1 / (1 + max(d_i, d_j)) (CHOCO-style: with no compression this is
-one step of a symmetric, doubly stochastic mixing matrix, so unequal degrees still converge
-to the plain mean). After the last step one uncompressed all-reduce averages every cluster's
-parameters, weighted by batch share, so one model comes out.
+Metropolis weights w_ij = 1 / (1 + max(d_i, d_j)) (CHOCO-style), each row weighted by the
+clusters' batch shares (`metropolis_weights`), so that a round among clusters that all
+neighbour each other is the share-weighted mean local SGD takes. After the last step one
+uncompressed all-reduce averages every cluster's parameters, weighted by batch share, so one
+model comes out.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class GossipSync(SyncStrategy):
         super().__init__(sync, ctx)
         self.period = sync.period
         self.graph = gossip_graph(self.comm.clusters, self.comm.links)
-        self.weights = metropolis_weights(self.graph)[self.comm.cluster]
+        self.weights = metropolis_weights(self.graph, ctx.cluster_shares)[self.comm.cluster]
         self.neighbours = self.graph[self.comm.cluster]
         start = flatten([p.detach() for p in ctx.params]).to("cpu", torch.float32)
         self.sent_point = start.clone()  # the parameters my last message brought them to
