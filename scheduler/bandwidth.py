@@ -60,6 +60,28 @@ def port_gbps(declared_gbps: float | None, carried_gbps: float | None) -> float 
     return min(declared_gbps, carried_gbps)
 
 
+BURST_TOLERANCE = 0.05
+"""How much longer a running job's steps may take because later jobs' streams come out of
+its bursts: within it a later job is admitted beside it (`burst_room`), beyond it the port is
+full for that job, as when a reservation would exceed it."""
+
+
+def burst_room(
+    wan_share: float,
+    burst_gbps: float,
+    capacity_gbps: float,
+    others_gbps: float,
+    tolerance: float = BURST_TOLERANCE,
+) -> float:
+    """The most a new job may send through a port of `capacity_gbps` where a running job
+    bursts at `burst_gbps` (its planned share) for `wan_share` of its step and others
+    already reserve `others_gbps`: what keeps that job's `burst_slowdown` within
+    `tolerance` (0 where even nothing more would not)."""
+    if wan_share <= 0:
+        return max(capacity_gbps - others_gbps, 0.0)
+    return max(capacity_gbps - others_gbps - burst_gbps / (1.0 + tolerance / wan_share), 0.0)
+
+
 def burst_slowdown(
     wan_share: float, burst_gbps: float, capacity_gbps: float, others_gbps: float
 ) -> float:

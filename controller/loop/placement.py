@@ -25,14 +25,14 @@ from controller.access.tenancy import granted, granted_priority
 from controller.jobs import lifecycle
 from controller.jobs.request import job_request, spec_of
 from controller.money import budget
-from controller.network.allocations import Slot, ports, reserve
-from controller.network.snapshot import World, build_world
+from controller.network.allocations import Slot, bursts, ports, reserve
+from controller.network.snapshot import World, build_world, free_ports
 from controller.store import failpoints
 from controller.store.models import REASON_MAX, Job, JobEvent, Tenant, bounded, utcnow
 from controller.values.errors import Conflict, CpnError, Invalid
 from controller.values.plan import plan_of
 from grammar.states import ACTIVE, QUEUED, JobState
-from scheduler.bandwidth import burst_slowdown, port_gbps
+from scheduler.bandwidth import BURST_TOLERANCE, burst_slowdown, port_gbps
 from wire.plan import JobPlan
 
 log = logging.getLogger("cpn.reconcile")
@@ -354,8 +354,10 @@ def _place_one(
         job.reason = bounded(f"waiting: {exc.detail}", REASON_MAX)
         worlds.clear()  # someone else reserved: read the world again
         return None
-    if placement.wan_kbps and world.paced & placement.wan_kbps.keys():
-        _warn_bursts(session, job.id, world.paced & placement.wan_kbps.keys())
+    touched = world.paced & placement.wan_kbps.keys()
+    if touched:
+        _warn_bursts(session, job.id, touched)
+    now_free = free_ports(session, touched) if touched else None
     for qos_class, w in list(worlds.items()):
         worlds[qos_class] = w.after(
             job.id,
@@ -365,21 +367,20 @@ def _place_one(
             result.placement,
             ends.timestamp(),
             placement.wan_kbps,
+            now_free,
         )
     waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
     return Placed(job.id, placement, waited, time.perf_counter() - started)
 
 
-SLOWER_WARNED = 0.05
-"""A placed job whose steps a later job's reservation may slow by more than this is told."""
-
-
 def _warn_bursts(session: Session, placed: str, clusters: Set[str]) -> None:
     """Tell the running jobs whose exchanges cross a port that the job `placed` just
-    reserved on (`clusters`, by name) when its rate leaves less of the port than they were
-    planned at (`scheduler.bandwidth.burst_slowdown`): each reserved its average, so the new
-    job was admitted, yet while it sends their bursts get less. One warning event per job
-    and port, with the numbers; the other job is not named (it may be another tenant's)."""
+    reserved on (`clusters`, by name) when its rate slows their bursts there by more than
+    `BURST_TOLERANCE` (`scheduler.bandwidth.burst_slowdown`): the planner keeps what it
+    places within it (the snapshot's ports, `controller.network.snapshot._burst_room`), so
+    this is a later job admitted on a view of the ports older than the placements before it
+    in the same pass, or on ports whose capacity was lowered. One warning event per job and
+    port, with the numbers; the other job is not named (it may be another tenant's)."""
     for port in ports(session, clusters):
         if port.capacity_kbps is None:
             continue
@@ -389,19 +390,13 @@ def _warn_bursts(session: Session, placed: str, clusters: Set[str]) -> None:
                 continue
             job = session.get(Job, holder.job_id)
             plan = job.placement if job is not None else None
-            if job is None or plan is None:
+            seen = bursts(plan, port.cluster, port.direction) if plan is not None else None
+            if job is None or seen is None:
                 continue
-            bursts = [
-                k.bandwidth_gbps for k in plan.links if k.paced and port.cluster in (k.src, k.dst)
-            ]
-            est = plan.estimate
-            if not bursts or est.compute_s is None or est.step_time_s <= 0:
-                continue
-            local = est.compute_s + (est.intra_s or 0.0) + est.step_overhead_s
-            share = (est.step_time_s - local) / est.step_time_s
+            burst, share = seen
             others = sum(h.kbps for h in port.holders if h.job_id != holder.job_id) / 1e6
-            slower = burst_slowdown(share, max(bursts), capacity, others)
-            if slower <= SLOWER_WARNED:
+            slower = burst_slowdown(share, burst, capacity, others)
+            if slower <= BURST_TOLERANCE:
                 continue
             way = "uplink" if port.direction == "up" else "downlink"
             left = max(capacity - others, 0.0)
@@ -413,7 +408,7 @@ def _warn_bursts(session: Session, placed: str, clusters: Set[str]) -> None:
                     message=bounded(
                         f"WAN of {port.cluster}: other jobs now reserve {others:.3g} Gbit/s "
                         f"of its {capacity:.3g} Gbit/s {way}; while they send, this job's "
-                        f"exchanges get {left:.3g} of the {max(bursts):.3g} Gbit/s its plan "
+                        f"exchanges get {left:.3g} of the {burst:.3g} Gbit/s its plan "
                         f"was timed at, so its steps may take up to {more} longer than "
                         "planned",
                         REASON_MAX,
@@ -421,7 +416,7 @@ def _warn_bursts(session: Session, placed: str, clusters: Set[str]) -> None:
                     data={
                         "cluster": port.cluster,
                         "direction": port.direction,
-                        "planned_gbps": max(bursts),
+                        "planned_gbps": burst,
                         "left_gbps": left,
                         "slower": None if slower == float("inf") else slower,
                     },

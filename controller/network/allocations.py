@@ -29,8 +29,24 @@ from controller.network.resources import carried_gbps, link_rows
 from controller.store.models import Allocation, Cluster, ClusterGpus, Job, WanPort, utcnow
 from controller.values.errors import Conflict
 from scheduler.bandwidth import KBPS_PER_GBPS, port_gbps
+from wire.plan import JobPlan
 
 log = logging.getLogger("cpn.allocations")
+
+
+def bursts(plan: JobPlan, cluster: str, direction: str) -> tuple[float, float] | None:
+    """A placed job's exchanges through `cluster`'s uplink (`direction` "up") or downlink,
+    as its plan was timed: the rate they cross it at (Gbit/s, the planned share of the path)
+    and the part of its step they take; None where none crosses it paced or the plan gives
+    no step to share. Reservations are averages, so this is what a later job's stream may
+    take from it (`scheduler.bandwidth.burst_room`)."""
+    end = 0 if direction == "up" else 1
+    rates = [k.bandwidth_gbps for k in plan.links if k.paced and (k.src, k.dst)[end] == cluster]
+    est = plan.estimate
+    if not rates or est.compute_s is None or est.step_time_s <= 0:
+        return None
+    local = est.compute_s + (est.intra_s or 0.0) + est.step_overhead_s
+    return max(rates), max(0.0, (est.step_time_s - local) / est.step_time_s)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -18,6 +18,7 @@ import scheduler
 from controller.access.tenancy import granted_priority
 from controller.money import pricing
 from controller.network import labels, resources
+from controller.network.allocations import bursts
 from controller.store.models import (
     Allocation,
     Cluster,
@@ -31,13 +32,14 @@ from controller.store.models import (
     utcnow,
 )
 from grammar.states import LIVE, ClusterState, JobState
-from scheduler.bandwidth import KBPS_PER_GBPS, free_gbps, path_gbps, port_gbps
+from scheduler.bandwidth import KBPS_PER_GBPS, burst_room, free_gbps, path_gbps, port_gbps
 from scheduler.pipeline_cost import (
     ALL_REDUCE_OVERHEAD_S,
     MICRO_BATCH_OVERHEAD_S,
     fit_all_reduce_overhead,
     fit_micro_overhead,
 )
+from wire.plan import JobPlan
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -87,10 +89,13 @@ class World:
         placement: tuple[scheduler.Assignment, ...],
         ends_at_s: float | None = None,
         wan_kbps: Mapping[str, int] | None = None,
+        ports_now: Mapping[str, tuple[float | None, float | None]] | None = None,
     ) -> World:
         """This world once `placement` is reserved for a job: fewer free GPUs, one more runner,
         and less of the ports its `wan_kbps` (by cluster name) reserved, so the next job of
-        the pass plans on what is left of them.
+        the pass plans on what is left of them; or, given, the ports of those clusters as
+        they are now (`free_ports`: read after the reservation, the new job's bursts kept
+        too).
 
         Only the placement's clusters are touched (`Snapshot.with_free`): rebuilding every
         cluster was most of a simulated job's time at 10,000 clusters."""
@@ -108,7 +113,11 @@ class World:
             ),
         )
         snapshot = self.snapshot.with_free(taken, running)
-        ports = self._ports_moved(wan_kbps or {}, -1)
+        ports: Mapping[str, tuple[float | None, float | None]]
+        if ports_now:
+            ports = {**self.ports, **{n: v for n, v in ports_now.items() if n in self.ports}}
+        else:
+            ports = self._ports_moved(wan_kbps or {}, -1)
         if ports is not self.ports:
             snapshot = self._with_ports(snapshot, ports)
         return World(snapshot, self.origins, self.paced, self.links, ports, self.ceilings)
@@ -272,6 +281,18 @@ Ports = dict[str, tuple[float | None, float | None]]
 """Gbit/s of each cluster's uplink and downlink (None: undeclared), by cluster name."""
 
 
+def free_ports(session: Session, names: Set[str]) -> Ports:
+    """What is free of these clusters' ports now (by name), as a snapshot reads it."""
+    rows = session.execute(
+        select(Cluster.id, Cluster.name, Cluster.labels).where(Cluster.name.in_(sorted(names)))
+    ).all()
+    clusters = {
+        cluster_id: (name, cluster_labels or {}) for cluster_id, name, cluster_labels in rows
+    }
+    carried = resources.carried_gbps(resources.link_rows(session, names))
+    return _free_ports(session, clusters, carried)[0]
+
+
 def _free_ports(
     session: Session,
     clusters: Mapping[str, tuple[str, Mapping[str, Any]]],
@@ -280,25 +301,31 @@ def _free_ports(
     """Each cluster's free uplink and downlink, and the most of each one job is planned on
     (its `wan_job_share` of the capacity; None: the whole port). A port's capacity is the
     declared one, less where its agents' probes never carried that much (`carried`, by
-    name: `scheduler.bandwidth.port_gbps`). Clusters declaring neither port are left out."""
+    name: `scheduler.bandwidth.port_gbps`). What is free is no more than leaves each running
+    job's bursts through the port within `BURST_TOLERANCE` of its plan (`_burst_room`).
+    Clusters declaring neither port are left out."""
     reserved: dict[tuple[str, str], int] = {
         (cluster_id, direction): kbps
         for cluster_id, direction, kbps in session.execute(
             select(WanPort.cluster_id, WanPort.direction, WanPort.reserved_kbps)
         )
     }
-    free: Ports = {}
-    ceilings: Ports = {}
+    declared: dict[str, tuple[str, float | None, float | None]] = {}
     for cluster_id, (name, cluster_labels) in clusters.items():
         up = labels.number(cluster_labels, "uplink_gbps", name)
         down = labels.number(cluster_labels, "downlink_gbps", name)
-        if up is None and down is None:
-            continue
-        seen_up, seen_down = carried.get(name, (None, None))
-        up, down = port_gbps(up, seen_up), port_gbps(down, seen_down)
+        if up is not None or down is not None:
+            seen_up, seen_down = carried.get(name, (None, None))
+            declared[cluster_id] = (name, port_gbps(up, seen_up), port_gbps(down, seen_down))
+    holders = _holders(session, declared.keys())
+    free: Ports = {}
+    ceilings: Ports = {}
+    for cluster_id, (name, up, down) in declared.items():
+        cluster_labels = clusters[cluster_id][1]
+        held = holders.get(cluster_id, ())
         free[name] = (
-            free_gbps(up, reserved.get((cluster_id, "up"), 0)),
-            free_gbps(down, reserved.get((cluster_id, "down"), 0)),
+            _burst_room(name, "up", up, reserved.get((cluster_id, "up"), 0), held),
+            _burst_room(name, "down", down, reserved.get((cluster_id, "down"), 0), held),
         )
         share = labels.number(cluster_labels, "wan_job_share", name)
         if share is not None:
@@ -307,6 +334,53 @@ def _free_ports(
                 None if down is None else down * share,
             )
     return free, ceilings
+
+
+def _holders(session: Session, cluster_ids: Iterable[str]) -> dict[str, list[tuple[int, JobPlan]]]:
+    """The open WAN reservations on these clusters' ports: per cluster id, each holding
+    job's rate (kbit/s) and plan."""
+    ids = sorted(cluster_ids)
+    if not ids:
+        return {}
+    kbps: dict[tuple[str, str], int] = defaultdict(int)
+    plans: dict[str, JobPlan] = {}
+    for cluster_id, job_id, rate, plan in session.execute(
+        select(Allocation.cluster_id, Job.id, Allocation.wan_kbps, Job.placement)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(
+            Allocation.ended_at.is_(None),
+            Allocation.wan_kbps > 0,
+            Allocation.cluster_id.in_(ids),
+        )
+    ):
+        if plan is not None:
+            kbps[(cluster_id, job_id)] += rate or 0
+            plans[job_id] = plan
+    out: dict[str, list[tuple[int, JobPlan]]] = defaultdict(list)
+    for (cluster_id, job_id), rate in sorted(kbps.items()):
+        out[cluster_id].append((rate, plans[job_id]))
+    return out
+
+
+def _burst_room(
+    name: str,
+    direction: str,
+    capacity: float | None,
+    reserved_kbps: int,
+    holders: Sequence[tuple[int, JobPlan]],
+) -> float | None:
+    """What is free of `name`'s port (`direction`) of `capacity` Gbit/s, `reserved_kbps` held: the
+    capacity less the reservations (`free_gbps`), and no more than keeps each holder's
+    bursts within `BURST_TOLERANCE` of its plan (`scheduler.bandwidth.burst_room`)."""
+    left = free_gbps(capacity, reserved_kbps)
+    if capacity is None or left is None:
+        return left
+    for rate, plan in holders:
+        seen = bursts(plan, name, direction)
+        if seen is not None:
+            others = max(reserved_kbps - rate, 0) / KBPS_PER_GBPS
+            left = min(left, burst_room(seen[1], seen[0], capacity, others))
+    return left
 
 
 def _shared(

@@ -74,3 +74,19 @@ def test_a_burst_is_slowed_by_what_others_leave_of_the_port() -> None:
     # the WAN half takes 4/3 as long, the step a sixth longer
     assert burst_slowdown(0.5, 3.0, 3.0, 0.75) == pytest.approx(0.5 * (3.0 / 2.25 - 1.0))
     assert burst_slowdown(0.5, 3.0, 3.0, 3.0) == float("inf")
+
+
+@pytest.mark.parametrize("share", [0.05, 0.3, 0.86, 1.0])
+def test_the_room_beside_a_burst_is_what_slows_it_by_the_tolerance(share: float) -> None:
+    from scheduler.bandwidth import BURST_TOLERANCE, burst_room
+
+    # planned on the whole 3 Gbit/s port: a later stream may take what slows it by 5 %
+    room = burst_room(share, 3.0, 3.0, 0.0)
+    assert 0 < room < 3.0
+    assert burst_slowdown(share, 3.0, 3.0, room) == pytest.approx(BURST_TOLERANCE)
+    assert burst_slowdown(share, 3.0, 3.0, 1.01 * room) > BURST_TOLERANCE
+    # a job that hardly waits on the WAN leaves more room than one that mostly does
+    assert burst_room(0.05, 3.0, 3.0, 0.0) > burst_room(0.86, 3.0, 3.0, 0.0)
+    assert burst_room(0.0, 3.0, 3.0, 0.5) == 2.5  # never slowed: what is left
+    assert burst_room(0.5, 3.0, 3.0, 0.5) == 0.0  # already slowed past it by others
+    assert burst_room(0.5, 1.0, 3.0, 0.5) == 2.5 - 1.0 / 1.1  # planned at a third of it
