@@ -84,23 +84,24 @@ def compression_cost(value: str | Compression, sync: str | Sync | None = None) -
 
 
 LOCAL_DATA_COST: dict[SyncKind, float] = {
-    SyncKind.LOCAL_SGD: 0.03,
-    SyncKind.PARTIAL: 0.03,
+    SyncKind.LOCAL_SGD: 0.05,
+    SyncKind.PARTIAL: 0.04,
     SyncKind.STREAMING: 0.20,
-    SyncKind.GOSSIP: 0.12,
-    SyncKind.ASYNC_PS: 0.12,
+    SyncKind.GOSSIP: 0.08,
+    SyncKind.ASYNC_PS: 0.06,
 }
 """What each mode costs more on local (label-skewed) data than on shared data, from the points
-each ended below every-step on shared data in bench/results/local-data.md (local SGD and
-partial 2.9 with the plain-average outer step cpn runs there, gossip 6.9, async-ps 7.5,
-streaming 11.5; every-step 1.3, within noise: 0), at about 0.02 of extra steps a point of
-accuracy as modes.md's period doublings give. Streaming's is for fragments: with the whole
-model as one (`LOCAL_DATA_ONE_FRAGMENT`) it ended 4.2 points below."""
+each ended below every-step on shared data in bench/results/local-data.md (local SGD 2.2 at
+H=16 and 3.4 at H=8, partial 2.2, with the plain-average outer step cpn runs there; async-ps
+3.2; gossip 4.0; streaming 10.1; every-step above it, within noise: 0), at about 0.02 of
+extra steps a point of accuracy as modes.md's period doublings give. Streaming's is for
+fragments: with the whole model as one (`LOCAL_DATA_ONE_FRAGMENT`) it ended 3.3 points
+below."""
 
 LOCAL_DATA_ONE_FRAGMENT = 0.07
 """Streaming with one fragment on local data: the fragments synced at staggered steps, each
-against the others' own drift, are what cost it (bench/results/local-data.md: f4 11.5
-points below, f1 4.2)."""
+against the others' own drift, are what cost it (bench/results/local-data.md: f4 10.1
+points below, f1 3.3)."""
 
 
 def local_data_cost(s: Sync) -> float:
