@@ -172,8 +172,9 @@ class PortOut(BaseModel):
     )
     reserved_gbps: float
     free_gbps: float | None = Field(
-        description="What jobs may still reserve: the capacity (or what was measured, where "
-        "less) less reservations; null: no limit."
+        description="What the planner may still reserve: the capacity (or what was measured, "
+        "where less) less reservations, and no more than keeps the holders' bursts within 5 % "
+        "of their planned step time; null: no limit."
     )
     holders: list[PortHolderOut] = Field(description="Jobs holding part of it, largest first.")
 

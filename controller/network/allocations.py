@@ -14,7 +14,8 @@ above the capacity declared when reserved, given back by the release that closes
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence, Set
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -28,7 +29,7 @@ from controller.network.labels import number
 from controller.network.resources import carried_gbps, link_rows
 from controller.store.models import Allocation, Cluster, ClusterGpus, Job, WanPort, utcnow
 from controller.values.errors import Conflict
-from scheduler.bandwidth import KBPS_PER_GBPS, port_gbps
+from scheduler.bandwidth import KBPS_PER_GBPS, burst_room, free_gbps, port_gbps
 from wire.plan import JobPlan
 
 log = logging.getLogger("cpn.allocations")
@@ -47,6 +48,56 @@ def bursts(plan: JobPlan, cluster: str, direction: str) -> tuple[float, float] |
         return None
     local = est.compute_s + (est.intra_s or 0.0) + est.step_overhead_s
     return max(rates), max(0.0, (est.step_time_s - local) / est.step_time_s)
+
+
+def held_plans(
+    session: Session, cluster_ids: Iterable[str]
+) -> dict[str, list[tuple[int, JobPlan]]]:
+    """The open WAN reservations on these clusters' ports: per cluster id, each holding
+    job's rate there (kbit/s) and its plan."""
+    ids = sorted(cluster_ids)
+    if not ids:
+        return {}
+    kbps: dict[tuple[str, str], int] = defaultdict(int)
+    plans: dict[str, JobPlan] = {}
+    for cluster_id, job_id, rate, plan in session.execute(
+        select(Allocation.cluster_id, Job.id, Allocation.wan_kbps, Job.placement)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(
+            Allocation.ended_at.is_(None),
+            Allocation.wan_kbps > 0,
+            Allocation.cluster_id.in_(ids),
+        )
+    ):
+        if plan is not None:
+            kbps[(cluster_id, job_id)] += rate or 0
+            plans[job_id] = plan
+    out: dict[str, list[tuple[int, JobPlan]]] = defaultdict(list)
+    for (cluster_id, job_id), rate in sorted(kbps.items()):
+        out[cluster_id].append((rate, plans[job_id]))
+    return out
+
+
+def free_room(
+    name: str,
+    direction: str,
+    capacity: float | None,
+    reserved_kbps: int,
+    holders: Sequence[tuple[int, JobPlan]],
+) -> float | None:
+    """What the planner may still reserve of `name`'s port (`direction`) of `capacity`
+    Gbit/s (None: undeclared, no limit), `reserved_kbps` held by `holders` (each job's rate
+    and plan): the capacity less the reservations (`free_gbps`), and no more than keeps each
+    holder's bursts within `BURST_TOLERANCE` of its plan (`burst_room`)."""
+    left = free_gbps(capacity, reserved_kbps)
+    if capacity is None or left is None:
+        return left
+    for rate, plan in holders:
+        seen = bursts(plan, name, direction)
+        if seen is not None:
+            others = max(reserved_kbps - rate, 0) / KBPS_PER_GBPS
+            left = min(left, burst_room(seen[1], seen[0], capacity, others))
+    return left
 
 
 @dataclass(frozen=True)
@@ -291,15 +342,9 @@ class Port:
     holders: tuple[Holder, ...]
     carried_kbps: int | None = None
 
-    @property
-    def free_kbps(self) -> int | None:
-        """What the planner may still reserve: the capacity it plans on (`port_gbps`) less
-        the reservations."""
-        if self.capacity_kbps is None:
-            return None
-        planned = port_gbps(self.capacity_kbps, self.carried_kbps)
-        assert planned is not None  # the capacity is declared
-        return max(round(planned) - self.reserved_kbps, 0)
+    free_kbps: int | None = None
+    """What the planner may still reserve (`free_room`: the capacity it plans on, less the
+    reservations and what keeps the holders' bursts); None: undeclared, no limit."""
 
 
 def ports(session: Session, only: Set[str] | None = None) -> list[Port]:
@@ -322,8 +367,10 @@ def ports(session: Session, only: Set[str] | None = None) -> list[Port]:
     clusters = select(Cluster.id, Cluster.name, Cluster.labels).order_by(Cluster.name)
     if only is not None:
         clusters = clusters.where(Cluster.name.in_(sorted(only)))
+    rows = session.execute(clusters).all()
+    plans = held_plans(session, [cluster_id for cluster_id, _, _ in rows])
     out: list[Port] = []
-    for cluster_id, name, labels in session.execute(clusters):
+    for cluster_id, name, labels in rows:
         holders = tuple(sorted(held.get(cluster_id, ()), key=lambda h: (-h.kbps, h.job_id)))
         for i, (direction, key) in enumerate((("up", "uplink_gbps"), ("down", "downlink_gbps"))):
             capacity = number(labels or {}, key, name)
@@ -331,6 +378,8 @@ def ports(session: Session, only: Set[str] | None = None) -> list[Port]:
             if capacity is None and kbps is None:
                 continue
             seen = carried.get(name, (None, None))[i]
+            planned = port_gbps(capacity, seen)
+            room = free_room(name, direction, planned, kbps or 0, plans.get(cluster_id, ()))
             out.append(
                 Port(
                     cluster=name,
@@ -339,6 +388,7 @@ def ports(session: Session, only: Set[str] | None = None) -> list[Port]:
                     reserved_kbps=kbps or 0,
                     holders=holders,
                     carried_kbps=None if seen is None else round(seen * KBPS_PER_GBPS),
+                    free_kbps=None if room is None else round(room * KBPS_PER_GBPS),
                 )
             )
     return out

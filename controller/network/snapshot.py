@@ -18,7 +18,7 @@ import scheduler
 from controller.access.tenancy import granted_priority
 from controller.money import pricing
 from controller.network import labels, resources
-from controller.network.allocations import bursts
+from controller.network.allocations import free_room, held_plans
 from controller.store.models import (
     Allocation,
     Cluster,
@@ -32,14 +32,13 @@ from controller.store.models import (
     utcnow,
 )
 from grammar.states import LIVE, ClusterState, JobState
-from scheduler.bandwidth import KBPS_PER_GBPS, burst_room, free_gbps, path_gbps, port_gbps
+from scheduler.bandwidth import KBPS_PER_GBPS, path_gbps, port_gbps
 from scheduler.pipeline_cost import (
     ALL_REDUCE_OVERHEAD_S,
     MICRO_BATCH_OVERHEAD_S,
     fit_all_reduce_overhead,
     fit_micro_overhead,
 )
-from wire.plan import JobPlan
 
 DEFAULT_INTRA_GBPS = 100.0
 OVERHEAD_JOBS = 20  # finished jobs the step overhead is fitted over
@@ -302,7 +301,7 @@ def _free_ports(
     (its `wan_job_share` of the capacity; None: the whole port). A port's capacity is the
     declared one, less where its agents' probes never carried that much (`carried`, by
     name: `scheduler.bandwidth.port_gbps`). What is free is no more than leaves each running
-    job's bursts through the port within `BURST_TOLERANCE` of its plan (`_burst_room`).
+    job's bursts through the port within `BURST_TOLERANCE` of its plan (`free_room`).
     Clusters declaring neither port are left out."""
     reserved: dict[tuple[str, str], int] = {
         (cluster_id, direction): kbps
@@ -317,15 +316,15 @@ def _free_ports(
         if up is not None or down is not None:
             seen_up, seen_down = carried.get(name, (None, None))
             declared[cluster_id] = (name, port_gbps(up, seen_up), port_gbps(down, seen_down))
-    holders = _holders(session, declared.keys())
+    holders = held_plans(session, declared.keys())
     free: Ports = {}
     ceilings: Ports = {}
     for cluster_id, (name, up, down) in declared.items():
         cluster_labels = clusters[cluster_id][1]
         held = holders.get(cluster_id, ())
         free[name] = (
-            _burst_room(name, "up", up, reserved.get((cluster_id, "up"), 0), held),
-            _burst_room(name, "down", down, reserved.get((cluster_id, "down"), 0), held),
+            free_room(name, "up", up, reserved.get((cluster_id, "up"), 0), held),
+            free_room(name, "down", down, reserved.get((cluster_id, "down"), 0), held),
         )
         share = labels.number(cluster_labels, "wan_job_share", name)
         if share is not None:
@@ -334,53 +333,6 @@ def _free_ports(
                 None if down is None else down * share,
             )
     return free, ceilings
-
-
-def _holders(session: Session, cluster_ids: Iterable[str]) -> dict[str, list[tuple[int, JobPlan]]]:
-    """The open WAN reservations on these clusters' ports: per cluster id, each holding
-    job's rate (kbit/s) and plan."""
-    ids = sorted(cluster_ids)
-    if not ids:
-        return {}
-    kbps: dict[tuple[str, str], int] = defaultdict(int)
-    plans: dict[str, JobPlan] = {}
-    for cluster_id, job_id, rate, plan in session.execute(
-        select(Allocation.cluster_id, Job.id, Allocation.wan_kbps, Job.placement)
-        .join(Job, Job.id == Allocation.job_id)
-        .where(
-            Allocation.ended_at.is_(None),
-            Allocation.wan_kbps > 0,
-            Allocation.cluster_id.in_(ids),
-        )
-    ):
-        if plan is not None:
-            kbps[(cluster_id, job_id)] += rate or 0
-            plans[job_id] = plan
-    out: dict[str, list[tuple[int, JobPlan]]] = defaultdict(list)
-    for (cluster_id, job_id), rate in sorted(kbps.items()):
-        out[cluster_id].append((rate, plans[job_id]))
-    return out
-
-
-def _burst_room(
-    name: str,
-    direction: str,
-    capacity: float | None,
-    reserved_kbps: int,
-    holders: Sequence[tuple[int, JobPlan]],
-) -> float | None:
-    """What is free of `name`'s port (`direction`) of `capacity` Gbit/s, `reserved_kbps` held: the
-    capacity less the reservations (`free_gbps`), and no more than keeps each holder's
-    bursts within `BURST_TOLERANCE` of its plan (`scheduler.bandwidth.burst_room`)."""
-    left = free_gbps(capacity, reserved_kbps)
-    if capacity is None or left is None:
-        return left
-    for rate, plan in holders:
-        seen = bursts(plan, name, direction)
-        if seen is not None:
-            others = max(reserved_kbps - rate, 0) / KBPS_PER_GBPS
-            left = min(left, burst_room(seen[1], seen[0], capacity, others))
-    return left
 
 
 def _shared(
