@@ -60,6 +60,7 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
@@ -826,7 +827,7 @@ class CostModel:
             elif kind == _STALE:
                 floor, tail = transfer, (latency + transfer) / div
             periodic = kind in (_LOCAL, _STREAM)
-            exchanges = eff_steps / period if periodic else eff_steps
+            exchanges = periodic_exchanges(eff_steps, period) if periodic else eff_steps
             egress = exchanges * wan.egress_cost
             nbytes = exchanges * wan.bytes
             terms.append(
@@ -952,8 +953,14 @@ class CostModel:
             return _Parts(compute, step, steps, steps, wan, extra)
         wan = self.gossip_wan(names, compression) if sm.neighbours else self.wan(names, compression)
         step = step_time(compute, intra_s, wan, sm) + extra
-        exchanges = steps / sm.period if sm.kind == "local-sgd" else steps
+        exchanges = periodic_exchanges(steps, sm.period) if sm.kind == "local-sgd" else steps
         return _Parts(compute, step, steps, exchanges, wan, extra)
+
+
+def periodic_exchanges(steps: float, period: int) -> float:
+    """The exchanges of a run of `steps` synced every `period` steps: one a period, and one
+    more where the last step ends no period (the runtime averages that part period too)."""
+    return float(math.ceil(steps / period)) if period > 0 else steps
 
 
 class _Parts:

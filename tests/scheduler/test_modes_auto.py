@@ -242,3 +242,15 @@ def test_local_data_weighs_what_each_mode_costs_there() -> None:
         a, b = _plan(snap, shared).estimate, _plan(snap, local).estimate
         assert b.quality_cost == pytest.approx(quality_cost("none", sync, local_data=True)), sync
         assert (b.quality_cost > a.quality_cost) == (sync != "every-step"), sync
+
+
+def test_a_periodic_mode_counts_the_exchange_of_its_last_part_period() -> None:
+    # 300 steps at H=8: 37 periods and the last 4 steps, which the runtime averages too
+    snap = Snapshot((FAST_A, FAST_B), (link("a", "b"),))
+    pl = (Assignment("a", 8), Assignment("b", 8))
+    for steps, exchanges in ((300, 38), (320, 40)):
+        model = CostModel(snap, replace(BIG_STEP, steps=steps))
+        every = model.estimate(pl, "int8", "every-step")
+        for sync in ("local-sgd:8", "partial:8"):
+            est = model.estimate(pl, "int8", sync)
+            assert est.wan_bytes == pytest.approx(every.wan_bytes / steps * exchanges, rel=1e-6)
