@@ -368,7 +368,7 @@ def ports(session: Session, only: Set[str] | None = None) -> list[Port]:
     if only is not None:
         clusters = clusters.where(Cluster.name.in_(sorted(only)))
     rows = session.execute(clusters).all()
-    plans = held_plans(session, [cluster_id for cluster_id, _, _ in rows])
+    plans = held_plans(session, [cluster_id for cluster_id, _, _ in rows if cluster_id in held])
     out: list[Port] = []
     for cluster_id, name, labels in rows:
         holders = tuple(sorted(held.get(cluster_id, ()), key=lambda h: (-h.kbps, h.job_id)))
