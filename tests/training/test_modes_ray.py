@@ -40,9 +40,9 @@ def pool() -> Iterator[WorkerPool]:
 
 def _run(pool: WorkerPool, sync: str, steps: int, **kw: object) -> training.TrainReport:
     kw.setdefault("compression", "int8")
+    kw.setdefault("clusters", dict(CLUSTERS))
     spec = TrainSpec(
         task=MLP,
-        clusters=dict(CLUSTERS),
         sync=sync,
         steps=steps,
         eval_every=steps,
@@ -151,18 +151,7 @@ def test_gossip_among_three_clusters_is_local_sgd_of_its_period(pool: WorkerPool
     # unequal shares (43, 43 and 42 of 128 samples) made it another run
     three = {"a": 1, "b": 1, "c": 1}
     reports = [
-        training.run(
-            TrainSpec(
-                task=MLP,
-                clusters=three,
-                sync=sync,
-                steps=32,
-                eval_every=32,
-                data="local",
-                compression="none",
-            ),
-            pool=pool,
-        )
+        _run(pool, sync, 32, clusters=three, data="local", compression="none")
         for sync in ("gossip:16", "local-sgd:16")
     ]
     gossip, local = reports
