@@ -465,10 +465,11 @@ class Worker:
 
     def _seat(self) -> None:
         """At a round's end while ranks sit out: every rank says whether its state is still
-        on its way; once none is, everyone takes part from the next step."""
-        if self.receiving is not None and self.receiving.arrived():
-            self._catch_up()
-        waiting = torch.tensor([int(self.receiving is not None)])
+        on its way; once none is, everyone takes it and takes part from the next step. No
+        rank takes its state before the others have theirs: taking it replays the rounds in
+        flight (`SyncStrategy.replay`), and a cluster's ranks that replayed at different
+        round ends would apply different rounds at the same step (their broadcasts crossed)."""
+        waiting = torch.tensor([int(self.receiving is not None and not self.receiving.arrived())])
         dist.all_reduce(waiting, op=dist.ReduceOp.MAX)
         if int(waiting.item()) == 0:
             self._seated()
@@ -556,9 +557,7 @@ class Worker:
         """One step: `local_steps` local steps (several on a fast cluster in modes that let
         it run ahead), then the strategy's `after_step`."""
         strategy = self.strategy
-        if self.receiving is not None and self.receiving.arrived():
-            self._catch_up()
-        if self.rank in self.idle:  # sitting out: its state is on its way, or just came
+        if self.rank in self.idle:  # sitting out: its state is on its way, or here (`_seat`)
             self.local_step += strategy.local_steps(self.step)  # the batches the others draw
             todo = 0
         else:
