@@ -61,7 +61,7 @@ from scheduler.types import (
     RunningJob,
     Snapshot,
 )
-from scheduler.waiting import Wait, soonest_wait
+from scheduler.waiting import Wait, bandwidth_wait, soonest_wait
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -90,6 +90,7 @@ __all__ = [
     "Snapshot",
     "SyncModel",
     "Wait",
+    "bandwidth_wait",
     "calibrate",
     "check_placement",
     "compressor_model",

@@ -25,10 +25,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from scheduler.cost import CostModel
-from scheduler.types import Assignment, Estimate, JobRequest, Snapshot
+from scheduler.optimizer import plan
+from scheduler.rules import Release
+from scheduler.types import Assignment, Estimate, JobRequest, Objective, Plan, Snapshot
 
 MARGIN = 0.2
 """A job waits only to finish at least this much sooner: the ends it counts on are estimates."""
+
+ENDS_WEIGHED = 3
+"""`bandwidth_wait` weighs the ends of this many runners holding the plan's ports, soonest
+first (each a plan): later ones are further off and less likely to pay."""
 
 
 @dataclass(frozen=True)
@@ -47,12 +53,20 @@ class Wait:
     floor_s: float
     """No plan now runs the job faster: a wait that beats this beats every plan now, without
     planning one."""
+    holders: tuple[str, ...] = ()
+    """Waiting for WAN rate (`bandwidth_wait`): the runners whose end gives it back (`cluster`
+    names the ports, `gpus` is 0)."""
 
     def pending(self, snapshot: Snapshot, now_s: float) -> bool:
-        """Whether the job is still waiting, not to be weighed again: its GPUs are not due
-        yet and still held (a runner that ended early hands them back before its end)."""
+        """Whether the job is still waiting, not to be weighed again: its GPUs (or the rates
+        it waits for) are not due yet and still held (a runner that ended early hands them
+        back before its end)."""
+        if now_s >= self.at_s:
+            return False
+        if self.holders:
+            return any(r.id in self.holders for r in snapshot.running)
         cluster = snapshot.by_name.get(self.cluster)
-        return now_s < self.at_s and cluster is not None and cluster.gpus_free < self.gpus
+        return cluster is not None and cluster.gpus_free < self.gpus
 
     def sooner_s(self, now_s: float, plan: Estimate | None = None) -> float:
         """How much sooner waiting finishes the job than `plan` now (None: any plan now)."""
@@ -168,3 +182,58 @@ def _floor_s(
     if most - need < fewest:
         return None
     return model.job.steps * model.work / summed
+
+
+def bandwidth_wait(
+    snapshot: Snapshot,
+    request: JobRequest,
+    now: Plan,
+    now_s: float,
+    objective: Objective,
+    release: Release,
+    efficiency: Mapping[str, float] | None = None,
+) -> Wait | None:
+    """Waiting for the runners that hold the ports `now` crosses to end, planned on what their
+    end gives back (`release`: their GPUs and their WAN rates), when that finishes the job
+    soonest; None when no runner holding them has a known end still to come.
+
+    A plan across the WAN is priced and timed on the rate its ports have free now: a job
+    placed beside a WAN-heavy runner ends on a small share even where that runner is due to
+    end long before it (measured: bench/results/wan-share-burst.md, a job planned at 5.5
+    Mbit/s beside one due to end in half a minute). As `soonest_wait` does for GPUs, the
+    caller holds it only where this beats `now` (`Wait.beats`); it holds nothing meanwhile."""
+    ports = snapshot.port_of
+    crossed = {a.cluster.split("/", 1)[0] for a in now.placement} & ports.keys()
+    if len(now.placement) < 2 or not crossed:
+        return None
+    holding = sorted(
+        (
+            r
+            for r in snapshot.running
+            if r.ends_at_s is not None
+            and r.ends_at_s > now_s
+            and any(name in crossed and kbps > 0 for name, kbps in r.wan_kbps)
+        ),
+        key=lambda r: r.ends_at_s or 0.0,
+    )
+    deadline = None if request.qos.deadline_s is None else now_s + request.qos.deadline_s
+    frugal = deadline is not None
+    best: Wait | None = None
+    for i, last in enumerate(holding[:ENDS_WEIGHED]):
+        at = last.ends_at_s or now_s
+        if best is not None and at >= best.finish_s:
+            break
+        gone = holding[: i + 1]
+        later = plan(
+            release(snapshot, gone), request, objective, efficiency=efficiency, preempt=False
+        )
+        if not isinstance(later, Plan):
+            continue
+        finish = at + later.estimate.total_time_s
+        if deadline is not None and finish > deadline:
+            continue
+        if best is None or finish < best.finish_s:
+            held = sorted({n for r in gone for n, k in r.wan_kbps if n in crossed and k > 0})
+            ids = tuple(r.id for r in gone)
+            best = Wait(", ".join(held), 0, at, finish, later.estimate.cost, frugal, 0.0, ids)
+    return best

@@ -313,9 +313,7 @@ def _place_one(
     if result.victims:
         _request_preemption(session, job, result.victims)
         return None
-    if wait is not None and wait.beats(now.timestamp(), result.estimate):
-        taken = ", ".join(f"{a.cluster}:{a.gpus}" for a in result.placement)
-        _wait_for(job, wait, now, result.estimate, f"the GPUs free now ({taken})", waits)
+    if _waits_sooner(world, job, result, wait, efficiency, now, waits):
         return None
     slots = [
         Slot(world.origins[a.cluster][0], world.origins[a.cluster][1], a.gpus)
@@ -371,6 +369,37 @@ def _place_one(
         )
     waited = max((utcnow() - job.created_at).total_seconds(), 0.0)
     return Placed(job.id, placement, waited, time.perf_counter() - started)
+
+
+def _waits_sooner(
+    world: World,
+    job: Job,
+    plan: scheduler.Plan,
+    gpus: scheduler.Wait | None,
+    efficiency: Mapping[str, float] | None,
+    now: datetime,
+    waits: dict[str, scheduler.Wait] | None,
+) -> bool:
+    """Whether `job` waits (and is held so) rather than run on `plan` now: for the GPUs of
+    `gpus`, or for the WAN rate runners hold on `plan`'s ports, where that finishes it
+    sooner. A plan on the small share the ports have free now, where the runners holding
+    them end soon, may finish long after waiting for them would
+    (`scheduler.bandwidth_wait`; only where ports are declared, never for a held quote)."""
+    taken = ", ".join(f"{a.cluster}:{a.gpus}" for a in plan.placement)
+    if gpus is not None and gpus.beats(now.timestamp(), plan.estimate):
+        _wait_for(job, gpus, now, plan.estimate, f"the GPUs free now ({taken})", waits)
+        return True
+    if job.held_price is not None or not world.paced:
+        return False
+    request = job_request(spec_of(job), job.tenant_id, now)
+    objective = objective_for(request)
+    rate = scheduler.bandwidth_wait(
+        world.snapshot, request, plan, now.timestamp(), objective, world.release, efficiency
+    )
+    if rate is None or not rate.beats(now.timestamp(), plan.estimate):
+        return False
+    _wait_for(job, rate, now, plan.estimate, f"the rate free now ({taken})", waits)
+    return True
 
 
 def _warn_bursts(session: Session, placed: str, clusters: Set[str]) -> None:
@@ -445,8 +474,13 @@ def _wait_for(
         waits[job.id] = wait
     free_at = datetime.fromtimestamp(wait.at_s, tz=UTC).strftime("%H:%M:%S")
     sooner = wait.sooner_s(now.timestamp(), plan)
+    what = (
+        f"the WAN rate {len(wait.holders)} running job(s) hold on the ports of {wait.cluster}"
+        if wait.holders
+        else f"{wait.gpus} GPUs on {wait.cluster}"
+    )
     reason = bounded(
-        f"waiting: for {wait.gpus} GPUs on {wait.cluster}, expected free at {free_at} UTC: "
+        f"waiting: for {what}, expected free at {free_at} UTC: "
         f"done ~{max(sooner / 60, 1):,.0f} min sooner than on {than}",
         REASON_MAX,
     )

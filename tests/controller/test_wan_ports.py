@@ -387,11 +387,12 @@ def test_a_job_short_of_bandwidth_preempts_by_the_rules_for_gpus(
     assert 0 < _need(net, high)["east"] <= _reserved(net)[("east", "up")] <= need["east"]
 
 
-def _both(net: Net, tenant: str, name: str) -> str:
+def _both(net: Net, tenant: str, name: str, task: str | None = None) -> str:
     from wire.spec import DataSpec
 
     both = DataSpec(residency="local", clusters=["east", "west"])
-    return net.submit(net.tenant(tenant), spec(name, gpus=2).model_copy(update={"data": both}))
+    update: dict[str, object] = {"data": both, **({} if task is None else {"task": task})}
+    return net.submit(net.tenant(tenant), spec(name, gpus=2).model_copy(update=update))
 
 
 def _slowdown(net: Net, first: str, others_kbps: int) -> float:
@@ -470,3 +471,49 @@ def test_a_running_job_is_told_when_a_reservation_on_an_older_view_slows_its_bur
     assert told[0].data["slower"] == pytest.approx(slower)
     assert "may take up to" in told[0].message and second not in told[0].message
     assert _warnings(net, second) == []
+
+
+WIDE = "builtin:wide-mlp"
+"""A task whose exchange is large against its compute: what a small share of a port slows."""
+
+
+@pytest.mark.parametrize("ends_in_s", [5.0, 30 * 86400.0])
+def test_a_job_waits_for_the_rate_a_runner_due_to_end_soon_holds_when_that_is_sooner(
+    net: Net, ends_in_s: float
+) -> None:
+    """The first job across east's 0.5 Gbit/s uplink leaves a few Mbit/s of it to others
+    (its bursts kept). A second job that must cross it, planned on those, would run an hour
+    where waiting for the first to end (in 5 s) and taking the whole uplink runs it in about
+    a minute: it waits for the first one's rate, saying so, and is not planned again while
+    that one runs; once the first ends it is placed on more than was free. Where the first
+    ends only in a month, the second is placed now on what is free."""
+    from datetime import timedelta
+
+    from controller.store.models import utcnow
+    from scheduler import Wait
+
+    _label(net, "east", uplink_gbps=0.5)
+    first = _both(net, "acme", "first", WIDE)
+    assert net.place() == [first]
+    with net.sessions() as s, s.begin():
+        row = s.get(Job, first)
+        assert row is not None
+        row.ends_at = utcnow() + timedelta(seconds=ends_in_s)
+    run = net.start(first)
+    room = _path_gbps(net, "east", "west")
+    assert room is not None and room < 0.01  # a few Mbit/s
+    second = _both(net, "other", "second", WIDE)
+    waits: dict[str, Wait] = {}
+    placed = net.place(waits=waits)
+    if ends_in_s > 3600:
+        assert placed == [second] and not waits
+        assert 0 < _need(net, second)["east"] <= room * 1e6 + 1
+        return
+    assert placed == [] and second in waits
+    reason = net.job(second).reason
+    assert reason.startswith("waiting: for the WAN rate 1 running job(s) hold on the ports of")
+    assert "east" in reason and "sooner than on the rate free now" in reason
+    assert net.place(waits=waits) == []  # still held by the first: not weighed again
+    net.finish(run, report=report(100, run.clusters))
+    assert net.place(waits=waits) == [second]
+    assert _need(net, second)["east"] > room * 1e6  # planned on what the first gave back

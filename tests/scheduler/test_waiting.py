@@ -184,6 +184,19 @@ def test_a_wait_is_pending_until_its_gpus_are_due_or_back() -> None:
     assert not wait.pending(back, NOW + 1.0)
 
 
+def test_a_wait_for_wan_rate_is_pending_until_due_or_its_holders_end() -> None:
+    """A wait for the rate runners hold on ports (`bandwidth_wait`) is not over when GPUs
+    free up elsewhere, only when it is due or every runner it waits for has ended."""
+    from scheduler import Wait
+
+    snapshot = network(ends_in_s=60.0)
+    wait = Wait("a", 0, NOW + 60.0, NOW + 90.0, 1.0, False, 0.0, holders=("busy",))
+    assert wait.pending(snapshot, NOW)
+    assert wait.pending(snapshot.with_free({"slow": -8}, snapshot.running), NOW)
+    assert not wait.pending(snapshot, NOW + 60.0)  # due
+    assert not wait.pending(snapshot.with_free({"fast": 8}, ()), NOW + 1.0)  # ended early
+
+
 @pytest.mark.parametrize("calibrated", [False, True], ids=["indexed", "calibrated"])
 @pytest.mark.parametrize(("gpus", "most"), [(1, 1), (1, 16), (3, 3), (3, 16), (8, 8), (8, 16)])
 def test_no_plan_now_runs_the_job_faster_than_the_floor(
