@@ -53,6 +53,10 @@ RUNS: tuple[tuple[str, str, str, tuple[float, float] | None, bool], ...] = (
         None,
         False,
     ),
+    # what of streaming's cost on local data is its fragments' staggering, what its delay
+    ("streaming:16:f4:d0, four fragments, no delay", "streaming:16:f4:d0", "local", None, False),
+    ("streaming:16:f2:d1, two fragments", "streaming:16:f2:d1", "local", None, False),
+    ("streaming:16:f1:d1, one fragment, delay 1", "streaming:16:f1:d1", "local", None, False),
     ("gossip:16", "gossip:16", "local", None, False),
     ("async-ps:4", "async-ps:4", "local", None, False),
 )
