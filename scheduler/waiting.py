@@ -21,7 +21,7 @@ for are the planner's choice too once back (measured: bench/results/sim-summary.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from scheduler.cost import CostModel
@@ -191,20 +191,19 @@ def bandwidth_wait(
     now_s: float,
     objective: Objective,
     release: Release,
+    ports: Collection[str],
     efficiency: Mapping[str, float] | None = None,
 ) -> Wait | None:
-    """Waiting for the runners that hold the ports `now` crosses to end, planned on what their
-    end gives back (`release`: their GPUs and their WAN rates), when that finishes the job
-    soonest; None when no runner holding them has a known end still to come.
+    """Waiting for the runners that hold the declared `ports` `now` crosses (named as
+    `RunningJob.wan_kbps` names them) to end, planned on what their end gives back
+    (`release`: their GPUs and their WAN rates), when that finishes the job soonest; None when
+    no runner holding them has a known end still to come.
 
-    A plan across the WAN is priced and timed on the rate its ports have free now: a job
-    placed beside a WAN-heavy runner ends on a small share even where that runner is due to
-    end long before it (measured: bench/results/wan-share-burst.md, a job planned at 5.5
-    Mbit/s beside one due to end in half a minute). As `soonest_wait` does for GPUs, the
-    caller holds it only where this beats `now` (`Wait.beats`); it holds nothing meanwhile."""
-    ports = snapshot.port_of
-    crossed = {a.cluster.split("/", 1)[0] for a in now.placement} & ports.keys()
-    if len(now.placement) < 2 or not crossed:
+    A plan across the WAN is priced and timed on the rate its ports have free now: beside a
+    WAN-heavy runner due to end soon, a job ran all its steps on the small share left
+    (bench/results/wan-share-burst.md). As `soonest_wait` does for GPUs, the caller holds it
+    only where this beats `now` (`Wait.beats`); it holds nothing meanwhile."""
+    if len(now.placement) < 2 or not ports:
         return None
     holding = sorted(
         (
@@ -212,7 +211,7 @@ def bandwidth_wait(
             for r in snapshot.running
             if r.ends_at_s is not None
             and r.ends_at_s > now_s
-            and any(name in crossed and kbps > 0 for name, kbps in r.wan_kbps)
+            and any(name in ports and kbps > 0 for name, kbps in r.wan_kbps)
         ),
         key=lambda r: r.ends_at_s or 0.0,
     )
@@ -233,7 +232,7 @@ def bandwidth_wait(
         if deadline is not None and finish > deadline:
             continue
         if best is None or finish < best.finish_s:
-            held = sorted({n for r in gone for n, k in r.wan_kbps if n in crossed and k > 0})
+            held = sorted({n for r in gone for n, k in r.wan_kbps if n in ports and k > 0})
             ids = tuple(r.id for r in gone)
             best = Wait(", ".join(held), 0, at, finish, later.estimate.cost, frugal, 0.0, ids)
     return best

@@ -389,12 +389,14 @@ def _waits_sooner(
     if gpus is not None and gpus.beats(now.timestamp(), plan.estimate):
         _wait_for(job, gpus, now, plan.estimate, f"the GPUs free now ({taken})", waits)
         return True
-    if job.held_price is not None or not world.paced:
+    ports = {world.origins[a.cluster][0] for a in plan.placement} & world.paced
+    if job.held_price is not None or not ports:
         return False
     request = job_request(spec_of(job), job.tenant_id, now)
     objective = objective_for(request)
+    at = now.timestamp()
     rate = scheduler.bandwidth_wait(
-        world.snapshot, request, plan, now.timestamp(), objective, world.release, efficiency
+        world.snapshot, request, plan, at, objective, world.release, ports, efficiency
     )
     if rate is None or not rate.beats(now.timestamp(), plan.estimate):
         return False
