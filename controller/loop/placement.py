@@ -283,7 +283,7 @@ def _place_one(
     priority = granted(job.priority, tenant.priority_ceiling) if tenant else job.priority
     # A job placed by a held quote keeps the quote's clusters; others may wait for faster GPUs
     # a running job hands back soon, when that finishes them sooner (`scheduler.waiting`).
-    wait = None
+    wait, request = None, None
     if job.held_price is None:
         request = job_request(spec_of(job), job.tenant_id, now)
         wait = scheduler.soonest_wait(world.snapshot, request, now.timestamp(), efficiency)
@@ -313,7 +313,7 @@ def _place_one(
     if result.victims:
         _request_preemption(session, job, result.victims)
         return None
-    if _waits_sooner(world, job, result, wait, efficiency, now, waits):
+    if _waits_sooner(world, job, request, result, wait, efficiency, now, waits):
         return None
     slots = [
         Slot(world.origins[a.cluster][0], world.origins[a.cluster][1], a.gpus)
@@ -374,6 +374,7 @@ def _place_one(
 def _waits_sooner(
     world: World,
     job: Job,
+    request: scheduler.JobRequest | None,
     plan: scheduler.Plan,
     gpus: scheduler.Wait | None,
     efficiency: Mapping[str, float] | None,
@@ -384,15 +385,15 @@ def _waits_sooner(
     `gpus`, or for the WAN rate runners hold on `plan`'s ports, where that finishes it
     sooner. A plan on the small share the ports have free now, where the runners holding
     them end soon, may finish long after waiting for them would
-    (`scheduler.bandwidth_wait`; only where ports are declared, never for a held quote)."""
+    (`scheduler.bandwidth_wait`; only where ports are declared, never for a held quote:
+    `request` is None for one)."""
     taken = ", ".join(f"{a.cluster}:{a.gpus}" for a in plan.placement)
     if gpus is not None and gpus.beats(now.timestamp(), plan.estimate):
         _wait_for(job, gpus, now, plan.estimate, f"the GPUs free now ({taken})", waits)
         return True
     ports = {world.origins[a.cluster][0] for a in plan.placement} & world.paced
-    if job.held_price is not None or not ports:
+    if request is None or not ports:
         return False
-    request = job_request(spec_of(job), job.tenant_id, now)
     objective = objective_for(request)
     at = now.timestamp()
     rate = scheduler.bandwidth_wait(
