@@ -60,6 +60,7 @@ from scheduler.types import (
     QoS,
     RunningJob,
     Snapshot,
+    both_ways,
 )
 from scheduler.waiting import Wait, bandwidth_wait, soonest_wait
 
@@ -91,6 +92,7 @@ __all__ = [
     "SyncModel",
     "Wait",
     "bandwidth_wait",
+    "both_ways",
     "calibrate",
     "check_placement",
     "compressor_model",

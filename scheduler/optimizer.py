@@ -989,6 +989,21 @@ def _diagnose(
                 None,
                 notes,
             )
+    full = sorted(
+        f"{way}link of {port.cluster}"
+        for port in snap.ports
+        if port.cluster in eligible
+        for way, gbps in (("up", port.up_gbps), ("down", port.down_gbps))
+        if gbps is not None and gbps <= 0
+    )
+    if full:  # its paths are left out of the snapshot (`Snapshot.ports`): nothing free
+        return Infeasible(
+            "links",
+            f"no set of pairwise-linked clusters has {gmin} free GPUs: the "
+            f"{', '.join(full)} {'has' if len(full) == 1 else 'have'} no bandwidth left",
+            None,
+            notes,
+        )
     return Infeasible(
         "links",
         f"no set of pairwise-linked clusters has {gmin} free GPUs; add links between clusters",

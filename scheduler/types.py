@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
@@ -106,6 +106,20 @@ class Link:
             raise ValueError(f"link {self.a}-{self.b}: rtt_ms must be >= 0")
         if self.egress_price_per_gb < 0:
             raise ValueError(f"link {self.a}-{self.b}: egress_price_per_gb must be >= 0")
+
+
+def both_ways(links: Iterable[Link]) -> dict[tuple[str, str], Link]:
+    """Every link in both directions; an explicitly given direction wins over a mirror."""
+    links = tuple(links)
+    out: dict[tuple[str, str], Link] = {}
+    for link in links:
+        out.setdefault(
+            (link.b, link.a),
+            Link(link.b, link.a, link.bandwidth_gbps, link.rtt_ms, link.egress_price_per_gb),
+        )
+    for link in links:
+        out[(link.a, link.b)] = link
+    return out
 
 
 @dataclass(frozen=True)
@@ -235,16 +249,7 @@ class Snapshot:
 
     @cached_property
     def directed_links(self) -> dict[tuple[str, str], Link]:
-        """Every link in both directions; an explicitly given direction wins over a mirror."""
-        out: dict[tuple[str, str], Link] = {}
-        for link in self.links:
-            out.setdefault(
-                (link.b, link.a),
-                Link(link.b, link.a, link.bandwidth_gbps, link.rtt_ms, link.egress_price_per_gb),
-            )
-        for link in self.links:
-            out[(link.a, link.b)] = link
-        return out
+        return both_ways(self.links)
 
     @cached_property
     def neighbours(self) -> dict[str, frozenset[str]]:

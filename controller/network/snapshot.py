@@ -341,24 +341,26 @@ def _shared(
     ports: Mapping[str, tuple[float | None, float | None]],
     ceilings: Mapping[str, tuple[float | None, float | None]],
 ) -> tuple[scheduler.Link, ...]:
-    """The links as the planner may use them now: each no faster than its source's free
-    uplink and its destination's free downlink (`ports`, by cluster name; `origins` maps a
-    snapshot name to its cluster's), nor than the share of them one job may take
-    (`ceilings`); a path with nothing free is left out."""
+    """The links as the planner may use them now, each direction given: each no faster than
+    its source's free uplink and its destination's free downlink (`ports`, by cluster name;
+    `origins` maps a snapshot name to its cluster's), nor than the share of them one job may
+    take (`ceilings`). A pair one of whose directions has nothing free is left out, both
+    ways: every exchange crosses a pair both ways, and a direction left alone would be
+    mirrored (`scheduler.both_ways`) at its full speed."""
     if not ports:
         return links
     none: tuple[float | None, float | None] = (None, None)
-    out: list[scheduler.Link] = []
-    for link in links:
-        src = origins.get(link.a, (link.a, ""))[0]
-        dst = origins.get(link.b, (link.b, ""))[0]
+    paths: dict[tuple[str, str], scheduler.Link | None] = {}
+    for (a, b), link in sorted(scheduler.both_ways(links).items()):
+        src = origins.get(a, (a, ""))[0]
+        dst = origins.get(b, (b, ""))[0]
         up = _least(ports.get(src, none)[0], ceilings.get(src, none)[0])
         down = _least(ports.get(dst, none)[1], ceilings.get(dst, none)[1])
         gbps = path_gbps(link.bandwidth_gbps, up, down)
-        if gbps <= 0:
-            continue
-        out.append(link if gbps == link.bandwidth_gbps else replace(link, bandwidth_gbps=gbps))
-    return tuple(out)
+        paths[(a, b)] = None if gbps <= 0 else replace(link, bandwidth_gbps=gbps)
+    return tuple(
+        link for (a, b), link in paths.items() if link is not None and paths[(b, a)] is not None
+    )
 
 
 def _snapshot_ports(

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
+import scheduler
 from controller.jobs import lifecycle
 from controller.jobs.service import cancel
 from controller.network.labels import check_labels
-from controller.network.snapshot import build_world
+from controller.network.snapshot import _shared, build_world
 from controller.store.models import Allocation, Cluster, Job, JobEvent, WanPort
 from controller.values.errors import Invalid
 from grammar.states import JobState
@@ -122,11 +123,19 @@ def test_a_full_uplink_is_never_over_committed_and_the_planner_sees_what_is_left
     _label(net, "east", uplink_gbps=1)  # 1 Gbit/s, all of it held by others
     _others_hold(net, "east", 1_000_000)
     assert _path_gbps(net, "east", "west") is None  # nothing left: the path carries nothing
-    assert _path_gbps(net, "west", "east") == 100.0  # west's uplink is not declared
+    # west's uplink is not declared, but every exchange crosses a pair both ways: the pair is
+    # left out (its direction west -> east alone would be mirrored at its full speed)
+    assert _path_gbps(net, "west", "east") is None
     job_id = net.submit(tenant, spec("wide", gpus=8))  # 4 + 4: it must cross east's uplink
     assert net.place() == []
     row = net.job(job_id)
-    assert row.state is JobState.PENDING and row.reason.startswith("waiting:")
+    assert row.state is JobState.PENDING
+    # refused by the planner, which names the full port (not planned across it, then
+    # refused at the reservation)
+    assert row.reason == (
+        "waiting: no set of pairwise-linked clusters has 8 free GPUs: the uplink of east has "
+        "no bandwidth left"
+    )
     assert _reserved(net)[("east", "up")] == 1_000_000
     # A little left: the planner plans on it, and the job is placed only within it.
     _others_hold(net, "east", 999_000)
@@ -141,6 +150,20 @@ def test_a_full_uplink_is_never_over_committed_and_the_planner_sees_what_is_left
     _label(net, "east", uplink_gbps=3)
     left = 3 - _reserved(net)[("east", "up")] / 1e6
     assert _path_gbps(net, "east", "west") == pytest.approx(left)
+
+
+def test_a_direction_declared_alone_is_not_mirrored_past_its_port() -> None:
+    """A link declared one way is mirrored by the snapshot (`scheduler.both_ways`): the
+    mirror's direction is held to its source's free uplink too, and where that has nothing
+    free the pair is left out both ways."""
+    links = (scheduler.Link("east", "west", 10.0, 2.0),)
+    origins = {"east": ("east", "A100"), "west": ("west", "A100")}
+    shared = _shared(links, origins, {"west": (4.0, None)}, {})
+    assert {(k.a, k.b, k.bandwidth_gbps) for k in shared} == {
+        ("east", "west", 10.0),
+        ("west", "east", 4.0),
+    }
+    assert _shared(links, origins, {"west": (0.0, None)}, {}) == ()
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "fast", "1e9"])
