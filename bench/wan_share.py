@@ -30,6 +30,11 @@ second job); in the others J1 and J2 run side by side:
 - `share`: as `cpn`, every port also labelled `wan_job_share` = `--job-share`, so no job is
   planned on more than that share of a port and a later job finds its share.
 
+A job that waits for the rate a running job holds (`scheduler.bandwidth_wait`) is placed again
+once the runs it waited for ended (they are ended in the database, as at any end) and run
+then; its wait's promise (done so many seconds after its submission) is set against when its
+run was seen to end.
+
 Per job: planned path share, reservation and step time against the measured send rate of its
 a-side leader (its own counters: bytes on its a->x link over the run's wall time) and step
 time (wall between its first and last reports, over the steps between); a's uplink counters.
@@ -52,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -84,6 +89,8 @@ CASES = (
     Case("J2", "y", ("a", "c"), run=True),
     Case("J3", "z", None, run=False, auto=True),
 )
+CASE = {c.name: c for c in CASES}
+RUN = {c.name for c in CASES if c.run}
 
 
 @dataclass
@@ -99,6 +106,14 @@ class Planned:
     share_mbps: float | None
     reserved_mbps: float | None
     train: dict[str, Any] | None
+    total_s: float | None = None
+    """The plan's whole run, set-up included (what a wait's promise adds up)."""
+    waits_for: list[str] = field(default_factory=list)
+    """Waiting for the WAN rate of these running jobs (their ids)."""
+    promised_done_s: float | None = None
+    """A waiting job: when its wait said it would be done, seconds after its submission."""
+    submitted_at: float = 0.0
+    """When it was submitted (epoch seconds)."""
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -141,19 +156,84 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 # ----------------------------------------------------------------------------- control plane
 
 
+class Board:
+    """The bench's control plane between its passes: the database, the jobs by name, and the
+    waits `place_pending` keeps between passes (as the loop keeps them)."""
+
+    def __init__(self, factory: Any, engine: Any, config: Any, blind: bool) -> None:
+        self.factory, self.engine, self.config = factory, engine, config
+        self.blind = blind  # no ports declared: what a plan reserves limits nothing
+        self.ids: dict[str, str] = {}
+        self.waits: dict[str, Any] = {}
+
+    def place(self, efficiency: dict[str, float]) -> None:
+        from controller.loop.placement import place_pending
+
+        place_pending(self.factory, "bench", efficiency or None, waits=self.waits)
+
+    def planned(self, case: Case) -> Planned:
+        """What the last pass decided for `case`'s job, and its run spec."""
+        from controller.jobs.request import spec_of
+        from controller.loop.ray_run import train_spec_of
+        from controller.store.models import Job
+
+        job_id = self.ids[case.name]
+        with self.factory() as s:
+            job = s.get(Job, job_id)
+            assert job is not None
+            plan = job.placement
+            held = {x.cluster: x.gpus for x in plan.clusters} if plan else {}
+            train = (
+                train_spec_of(self.config, job, spec_of(job), held) if plan and case.run else None
+            )
+            link = next((k for k in plan.links), None) if plan else None
+            kbps = max(plan.wan_kbps.values(), default=0) if plan else 0
+            wait = self.waits.get(job_id) if not plan else None
+            return Planned(
+                name=case.name,
+                placed=held,
+                reason=job.reason or "",
+                compression=plan.compression if plan else "-",
+                sync=plan.sync if plan else "-",
+                step_s=plan.estimate.step_time_s if plan else None,
+                share_mbps=link.bandwidth_gbps * 1000 if link else None,
+                reserved_mbps=kbps / 1000 if not self.blind and kbps else None,
+                train=None if train is None else train.to_dict(),
+                total_s=plan.estimate.total_time_s if plan else None,
+                waits_for=list(wait.holders) if wait is not None and wait.holders else [],
+                promised_done_s=(
+                    wait.finish_s - job.created_at.timestamp() if wait is not None else None
+                ),
+                submitted_at=job.created_at.timestamp(),
+            )
+
+    def end(self, *names: str) -> None:
+        """These jobs' runs ended: their GPUs and WAN rates go back (as at any end)."""
+        from controller.jobs.service import cancel
+        from controller.store.models import Job
+
+        with self.factory() as s, s.begin():
+            for name in names:
+                job = s.get(Job, self.ids[name])
+                assert job is not None
+                cancel(s, job, "its bench run ended")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
 def plan_all(
     mode: str,
     a: argparse.Namespace,
     efficiency: dict[str, float],
     measured: dict[str, list[dict[str, Any]]],
-) -> list[Planned]:
+) -> tuple[list[Planned], Board]:
     """Place J1, J2, J3 in turn through cpn's placement, the agents' `measured` links (by
-    reporting datacenter) reported first; each job's plan and run spec."""
+    reporting datacenter) reported first; each job's plan and run spec, and the board to
+    place again on (`Board.end`, `Board.place`)."""
     from agents.protocol import GpuInventory, Heartbeat, LinkReport
-    from controller.jobs.request import spec_of
     from controller.jobs.service import Submission, Submitted, submit_many
-    from controller.loop.placement import place_pending
-    from controller.loop.ray_run import LauncherConfig, train_spec_of
+    from controller.loop.ray_run import LauncherConfig
     from controller.network.leases import LeasePolicy
     from controller.network.resources import (
         create_cluster,
@@ -163,7 +243,7 @@ def plan_all(
     )
     from controller.store.db import make_engine, make_sessionmaker
     from controller.store.migrate import upgrade
-    from controller.store.models import QOS_CLASSES, GpuPrice, Job, Tenant, utcnow
+    from controller.store.models import QOS_CLASSES, GpuPrice, Tenant, utcnow
     from wire.spec import JobSpec
 
     tmp = Path(tempfile.mkdtemp(prefix=f"cpn-bench-share-{mode}-"))
@@ -209,6 +289,7 @@ def plan_all(
     config = LauncherConfig(
         replica_id="bench", checkpoint_root=tmp / "ckpt", emulate_wan=False, ray_address=None
     )
+    board = Board(factory, engine, config, blind=mode == "blind")
     out: list[Planned] = []
     for case in CASES:
         body: dict[str, Any] = {
@@ -227,31 +308,10 @@ def plan_all(
             [done] = submit_many(s, [Submission(spec, tenant_ids[case.tenant])])
             if not isinstance(done, Submitted):
                 raise RuntimeError(f"{case.name} refused: {done}")
-            job_id = done.job.id
-        place_pending(factory, "bench", efficiency or None)
-        with factory() as s:
-            job = s.get(Job, job_id)
-            assert job is not None
-            plan = job.placement
-            held = {x.cluster: x.gpus for x in plan.clusters} if plan else {}
-            train = train_spec_of(config, job, spec_of(job), held) if plan and case.run else None
-            link = next((k for k in plan.links), None) if plan else None
-            kbps = max(plan.wan_kbps.values(), default=0) if plan else 0
-            out.append(
-                Planned(
-                    name=case.name,
-                    placed=held,
-                    reason=job.reason or "",
-                    compression=plan.compression if plan else "-",
-                    sync=plan.sync if plan else "-",
-                    step_s=plan.estimate.step_time_s if plan else None,
-                    share_mbps=link.bandwidth_gbps * 1000 if link else None,
-                    reserved_mbps=kbps / 1000 if mode != "blind" and kbps else None,
-                    train=None if train is None else train.to_dict(),
-                )
-            )
-    engine.dispose()
-    return out
+            board.ids[case.name] = done.job.id
+        board.place(efficiency)
+        out.append(board.planned(case))
+    return out, board
 
 
 # ----------------------------------------------------------------------------- runs
@@ -372,7 +432,8 @@ def run_side_by_side(bed: Any, specs: dict[str, dict[str, Any]], tmp: Path) -> d
             stdout, stderr = p.communicate()
         if p.returncode != 0:
             raise RuntimeError(f"{name}: driver exit {p.returncode}: {stderr[-1500:]}")
-        out[name] = json.loads(stdout.strip().splitlines()[-1])
+        # when it was seen to end (epoch s): exact for the first, no sooner for the others
+        out[name] = {**json.loads(stdout.strip().splitlines()[-1]), "ended_at": time.time()}
     after = bed.uplink_bytes()
     out["a_uplink"] = {
         "out": after["a"][0] - before["a"][0],
@@ -430,13 +491,21 @@ def rows(mode: str, planned: list[Planned], runs: dict[str, Any]) -> list[dict[s
     return out
 
 
-def table(mode: str, got: list[dict[str, Any]], a_uplink: dict[str, int], wall: float) -> str:
+def table(
+    mode: str,
+    got: list[dict[str, Any]],
+    a_uplink: dict[str, int],
+    wall: float,
+    then: bool = False,
+) -> str:
     title = {
         "cpn": "cpn: ports declared, each job planned at the share left, reserved and paced",
         "blind": "link-blind (before issue 49): no ports, each job planned alone, unpaced",
         "alone": "J1 alone, as cpn plans and paces it: the cost model's error without contention",
         "share": "cpn with `wan_job_share` on every port: no job planned on more than that share",
     }[mode]
+    if then:
+        title += ": then, the jobs that waited, placed again once the runs they waited for ended"
     lines = [
         f"#### {title}",
         "",
@@ -461,6 +530,36 @@ def table(mode: str, got: list[dict[str, Any]], a_uplink: dict[str, int], wall: 
         f"{8 * a_uplink['in'] / wall / 1e6:.1f} Mbit/s in (interface counters over the "
         f"longer run's {wall:.0f} s, start-up included)."
     )
+    return "\n".join(lines)
+
+
+def promises(waited: list[Planned], runs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each waiting job's promise (done so many seconds after its submission) against when
+    its run, once placed again, was seen to end."""
+    out = []
+    for x in waited:
+        ended = runs.get(x.name, {}).get("ended_at")
+        out.append(
+            {
+                "name": x.name,
+                "reason": x.reason,
+                "promised_done_s": x.promised_done_s,
+                "done_s": None if ended is None else ended - x.submitted_at,
+            }
+        )
+    return out
+
+
+def promise_table(waited: list[Planned], runs: dict[str, Any]) -> str:
+    lines = [
+        "| job | its wait's reason | promised done (s after submission) | done (s) | vs promise |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for p in promises(waited, runs):
+        lines.append(
+            f"| {p['name']} | {p['reason']} | {_num(p['promised_done_s'], '.0f')} | "
+            f"{_num(p['done_s'], '.0f')} | {_pct(p['done_s'], p['promised_done_s'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -557,7 +656,7 @@ def main(argv: list[str] | None = None) -> None:
         results["calibration"] = {"efficiency": efficiency, "compute_s_per_step": compute}
         print(f"calibrated: {compute:.4f} s a step, efficiency {efficiency}", flush=True)
         for mode in a.modes.split(","):
-            planned = plan_all("cpn" if mode == "alone" else mode, a, efficiency, measured)
+            planned, board = plan_all("cpn" if mode == "alone" else mode, a, efficiency, measured)
             if mode == "alone":  # J1 on its own: the model's error without a second job
                 planned = planned[:1]
             for x in planned:
@@ -570,7 +669,29 @@ def main(argv: list[str] | None = None) -> None:
             wall = max(runs[k]["wall_s"] for k in specs)
             results["modes"][mode] = {"rows": got, "a_uplink": runs["a_uplink"], "wall_s": wall}
             md.append(table(mode, got, runs["a_uplink"], wall))
-            print(md[-1], flush=True)
+            waited = [x for x in planned if x.waits_for and x.name in RUN]
+            if waited:  # the runs it waited for ended: placed again, run, its promise weighed
+                board.end(*specs)
+                board.place(efficiency)
+                later = [board.planned(CASE[x.name]) for x in waited]
+                for x in later:
+                    print(f"{mode} {x.name} then: {x.placed} {x.compression}/{x.sync}", flush=True)
+                then = {x.name: x.train for x in later if x.train is not None}
+                runs_then = run_side_by_side(bed, then, tmp) if then else {}
+                got_then = rows(mode, later, runs_then)
+                results["modes"][mode]["then"] = {
+                    "rows": got_then,
+                    "promises": promises(waited, runs_then),
+                }
+                wall_then = max((runs_then[k]["wall_s"] for k in then), default=0.0)
+                md.append(
+                    table(mode, got_then, runs_then.get("a_uplink", {"out": 0, "in": 0}),
+                          wall_then, then=True)
+                    + "\n\n"
+                    + promise_table(waited, runs_then)
+                )  # fmt: skip
+            board.close()
+            print("\n\n".join(md[-2 if waited else -1 :]), flush=True)
     finally:
         down()
     cmd = "sudo .venv/bin/python -m bench.wan_share " + shlex.join(argv or sys.argv[1:])
