@@ -90,6 +90,29 @@ def demo(
         raise fail("demo", None, str(exc), FAILED) from None
 
 
+def since_lost(events: list[dict[str, Any]], lost: str) -> str:
+    """The job's states from the one it was in when cluster `lost` went DOWN (its events,
+    oldest first): RUNNING on to SUCCEEDED where the others went on without it, through
+    RESCHEDULING where the run restarted from a checkpoint."""
+    down = next(
+        (
+            i
+            for i, e in enumerate(events)
+            if f"cluster {lost} " in (e.get("message") or "") and "DOWN" in e["message"]
+        ),
+        None,
+    )
+    states = [(i, e["to_state"]) for i, e in enumerate(events) if e["kind"] == "state"]
+    if down is None:  # the event aged out of the page: every state, as they were
+        return f"{lost} went DOWN; the job's states: {' -> '.join(s for _, s in states)}"
+    before = [s for i, s in states if i < down][-1:]
+    after = [s for i, s in states if i >= down]  # the DOWN may be a state change's message
+    return (
+        f"{lost} went DOWN while the job was {before[0] if before else 'not yet placed'}; "
+        f"its states since: {' -> '.join(before + after)}"
+    )
+
+
 class _Demo:
     def __init__(self, console: Any, workdir: Path, steps: int, timeout: float) -> None:
         self.console, self.workdir, self.steps, self.timeout = console, workdir, steps, timeout
@@ -375,12 +398,8 @@ class _Demo:
         if why:
             rows.append(("why this sync", why.removeprefix("quality: ")))
         if lost:
-            states = [
-                e["to_state"]
-                for e in self.tenant.get(f"/v1/jobs/{job['id']}/events", limit=500)["items"]
-                if e["kind"] == "state"
-            ]
-            rows.append(("lost cluster", f"{lost} (DOWN) -> {' -> '.join(states)}"))
+            events = self.tenant.get(f"/v1/jobs/{job['id']}/events", limit=500)["items"]
+            rows.append(("lost cluster", since_lost(events, lost)))
             changes = report.get("membership") or []
             if changes:  # a fault domain: the others went on without it
                 rows.append(
