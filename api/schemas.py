@@ -167,8 +167,8 @@ class PortOut(BaseModel):
     )
     measured_gbps: float | None = Field(
         default=None,
-        description="The most the agents' probes carried over it; where below the capacity, "
-        "jobs are planned on this instead. Null: not measured.",
+        description="The most the agents' probes carried over it; where 90 % of it is below "
+        "the capacity, jobs are planned on that instead. Null: not measured.",
     )
     reserved_gbps: float
     free_gbps: float | None = Field(
