@@ -53,8 +53,7 @@ def wan_rate_kbps(
 FLOW_HEADROOM = 0.9
 """The share of what a probe carried through a port that jobs are planned on: one flow's
 goodput on an idle wire is more than paced exchanges keep up through it, alone or several at
-once (`bench/results/wan-share-25.md`: planned on all of it, jobs sent 8-18 % under their
-reservations; on 90 % of it, 1 % under)."""
+once (measured in `bench/results/wan-share-25-headroom*.md`)."""
 
 
 def port_gbps(declared_gbps: float | None, carried_gbps: float | None) -> float | None:
