@@ -200,7 +200,7 @@ class Board:
                 reserved_mbps=kbps / 1000 if not self.blind and kbps else None,
                 train=None if train is None else train.to_dict(),
                 total_s=plan.estimate.total_time_s if plan else None,
-                waits_for=list(wait.holders) if wait is not None and wait.holders else [],
+                waits_for=list(wait.holders) if wait is not None else [],
                 promised_done_s=(
                     wait.finish_s - job.created_at.timestamp() if wait is not None else None
                 ),
@@ -550,12 +550,13 @@ def promises(waited: list[Planned], runs: dict[str, Any]) -> list[dict[str, Any]
     return out
 
 
-def promise_table(waited: list[Planned], runs: dict[str, Any]) -> str:
+def promise_table(kept: list[dict[str, Any]]) -> str:
+    """`promises` as a markdown table."""
     lines = [
         "| job | its wait's reason | promised done (s after submission) | done (s) | vs promise |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    for p in promises(waited, runs):
+    for p in kept:
         lines.append(
             f"| {p['name']} | {p['reason']} | {_num(p['promised_done_s'], '.0f')} | "
             f"{_num(p['done_s'], '.0f')} | {_pct(p['done_s'], p['promised_done_s'])} |"
@@ -679,16 +680,14 @@ def main(argv: list[str] | None = None) -> None:
                 then = {x.name: x.train for x in later if x.train is not None}
                 runs_then = run_side_by_side(bed, then, tmp) if then else {}
                 got_then = rows(mode, later, runs_then)
-                results["modes"][mode]["then"] = {
-                    "rows": got_then,
-                    "promises": promises(waited, runs_then),
-                }
+                kept = promises(waited, runs_then)
+                results["modes"][mode]["then"] = {"rows": got_then, "promises": kept}
                 wall_then = max((runs_then[k]["wall_s"] for k in then), default=0.0)
                 md.append(
                     table(mode, got_then, runs_then.get("a_uplink", {"out": 0, "in": 0}),
                           wall_then, then=True)
                     + "\n\n"
-                    + promise_table(waited, runs_then)
+                    + promise_table(kept)
                 )  # fmt: skip
             board.close()
             print("\n\n".join(md[-2 if waited else -1 :]), flush=True)
