@@ -107,6 +107,28 @@ class Work(_In):
     flops_per_step: float | None = Field(default=None, gt=0, le=1e24)
     step_time_s_ref: float | None = Field(default=None, gt=0, le=86400)
     ref_gpu: SpecText | None = Field(default=None, max_length=64)
+    blocks: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Layers that split over a cluster's GPUs under tensor parallelism "
+        "(transformer blocks written as `training.tensor_parallel.Block`). With `heads`, "
+        "`parallelism: auto` weighs tensor and 3D splits for a model no GPU holds.",
+    )
+    heads: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Attention heads of each of those blocks: a split's GPUs must divide them.",
+    )
+    activation_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Bytes of one sample's activations leaving a layer (the largest): what a "
+        "pipeline stage sends to the next and a tensor split all-reduces. Without it a "
+        "pipeline's estimate leaves those transfers out.",
+    )
 
     @model_validator(mode="after")
     def _one_measure(self) -> Self:
@@ -114,7 +136,18 @@ class Work(_In):
             raise ValueError("give exactly one of flops_per_step or step_time_s_ref (with ref_gpu)")
         if self.step_time_s_ref is not None and not self.ref_gpu:
             raise ValueError("step_time_s_ref needs ref_gpu: the GPU model it was measured on")
+        if (self.blocks is None) != (self.heads is None):
+            raise ValueError(
+                "give blocks and heads together (the layers a tensor split divides and their "
+                "attention heads), or neither"
+            )
         return self
+
+    def cost(self) -> dict[str, Any]:
+        """What a step costs as the scheduler's request takes it (the layer facts aside)."""
+        return self.model_dump(
+            exclude_none=True, include={"params", "flops_per_step", "step_time_s_ref", "ref_gpu"}
+        )
 
 
 class QoSSpec(_In):

@@ -14,7 +14,7 @@ from typing import Any
 import scheduler
 from controller.store.models import Job
 from controller.values.errors import Invalid
-from controller.values.tasks import BUILTIN_TENSOR_HEADS, builtin_work, check_task
+from controller.values.tasks import BUILTIN_TENSOR_HEADS, builtin_work, check_task, layer_facts
 from wire.spec import JobSpec, stored_spec
 
 _SPECS_KEPT = 4096
@@ -45,7 +45,7 @@ def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> s
     except ValueError as exc:
         raise Invalid(str(exc), field="task") from None
     if spec.work is not None:
-        work: dict[str, Any] = spec.work.model_dump(exclude_none=True)
+        work: dict[str, Any] = spec.work.cost()
     else:
         w = builtin_work(spec.task)
         work = {"params": w.params, "flops_per_step": w.flops_per_step}
@@ -86,13 +86,16 @@ def job_request(spec: JobSpec, tenant_id: str, now: datetime | None = None) -> s
 
 
 def check_tensor(spec: JobSpec) -> None:
-    """Invalid naming `tensor` when a built-in task's model cannot split as asked (a task of
-    the tenant's own is checked where it runs: its model is not known here)."""
+    """Invalid naming `tensor` when the task's model cannot split as asked: a built-in's
+    model, or the heads a tenant's `work` declares (a task of the tenant's own that declares
+    none is checked where it runs: its model is not known here)."""
     tensor = spec.tensor or (spec.gpus or 1 if spec.parallelism == "tensor" else 1)
-    if tensor <= 1 or not spec.task.startswith("builtin:"):
+    if tensor <= 1:
         return
-    heads = BUILTIN_TENSOR_HEADS.get(spec.task)
-    if heads is None:
+    heads = layer_facts(spec).heads
+    if not heads and not spec.task.startswith("builtin:"):
+        return
+    if not heads:
         able = ", ".join(sorted(BUILTIN_TENSOR_HEADS))
         raise Invalid(
             f"tensor: {spec.task}'s model has no layer that splits over GPUs; use data or "

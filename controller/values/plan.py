@@ -10,16 +10,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 
 import scheduler
-from controller.values.tasks import (
-    BUILTIN_ACTIVATION_BYTES,
-    BUILTIN_TENSOR_BLOCKS,
-    builtin_work,
-)
+from controller.values.tasks import builtin_work, layer_facts
 from grammar.graph import tree_degrees
 from grammar.parallel import parse_stages
 from scheduler.bandwidth import wan_rate_kbps
 from scheduler.gpus import DEFAULT_EFFICIENCY
-from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory
+from scheduler.memory import MAX_TENSOR, Layer, ModelProfile, gpu_memory_bytes, memory
 from scheduler.pipeline_cost import (
     TENSOR_ALL_REDUCES_PER_BLOCK,
     StageWork,
@@ -69,11 +65,12 @@ def parallel_of(
 ) -> Parallel:
     """The parallelism of a job on `shares`: the spec's when it fixes one; under `auto`, the
     memory model's (`scheduler.memory`): data parallel when the whole model (parameters,
-    gradients, Adam state) fits one GPU of some share, else, of every stage count whose
-    stages fit the smallest GPU, the pipeline (one stage a GPU) or hybrid (replicas inside
-    each stage's cluster, or whole pipelines across clusters) the pipeline estimate times
-    shortest. A hybrid whose shares cannot give every stage equal replicas, either way,
-    runs as a pipeline of one stage a GPU.
+    gradients, Adam state) fits one GPU of some share, else, of every split width its layers
+    allow (`_widths`) and stage count whose stages fit the smallest GPU, the pipeline, hybrid
+    (replicas inside each stage's cluster, or whole pipelines across clusters), tensor
+    parallel (one stage split over one cluster's GPUs) or 3D the pipeline estimate times
+    shortest (`_weighed`). A hybrid whose shares cannot give every stage equal replicas,
+    either way, runs as a pipeline of one stage a GPU.
 
     `keep`: the stage count of the job's earlier pipeline or hybrid plan. A job placed again
     keeps it (`keep_stages`), on however many clusters it lands, so its run resumes from
@@ -91,7 +88,7 @@ def parallel_of(
     mode: str = spec.parallelism  # "split": auto, for a model no GPU holds
     reason = f"the spec asks for {mode} parallelism"
     if mode == "auto" and keep:
-        mode = "pipeline"
+        mode = "split"
         reason = f"its earlier plan split it into {keep} stages"
     elif mode == "auto":
         fits = [c for c, gb in gpu.items() if whole <= gb * 1e9]
@@ -116,13 +113,15 @@ def parallel_of(
         reason += f"; its GPUs are on {len(clusters)} clusters, which a split never spans"
     if mode == "data":
         return Parallel(mode="data", model_gb=model_gb, gpu_gb=gpu, reason=reason)
+    where: Where = (shares, snapshot, origins)
+    if mode == "split":  # auto: every split, depth and layout that fits
+        return _weighed(spec, clusters, whole, keep, where, (model_gb, gpu, reason))
     tensor = spec.tensor or (sum(clusters.values()) if mode == "tensor" else 1)
     if any(n % tensor for n in clusters.values()):
         reason += f"; its layers whole, since the shares {clusters} do not make groups of {tensor}"
         tensor = 1
     groups = {c: n // tensor for c, n in clusters.items()}  # a stage replica each
     split = parse_stages(spec.pipeline.stages) if spec.pipeline.stages is not None else None
-    where: Where = (shares, snapshot, origins)
     layout = keep_stages(groups, keep) if keep and mode != "tensor" else None
     if mode == "tensor":
         (only,) = groups.items()
@@ -133,24 +132,80 @@ def parallel_of(
         )
     elif layout is not None:
         mode = "hybrid" if layout.replicas > 1 else "pipeline"
-        reason += (
-            f"; keeps its {keep} stages ({layout.replicas} replica(s) each, several on a "
-            "cluster where needed), so the run resumes from its stage checkpoints"
-        )
-    elif mode == "split":  # auto, the model on no GPU: every depth and layout that fits
-        total, least = sum(groups.values()), min(gpu.values()) * 1e9
-        layouts: list[Placement] = []
-        for d in (d for d in range(2, total + 1) if whole / d <= least):
-            with suppress(ValueError):  # stages the shares cannot give equal replicas
-                layouts.append(place(dict(groups), d, d < total))
-            layouts += _whole_layouts(groups, d, where)
-        # none fits even one GPU a stage: that pipeline still, its memory the run's to find
-        layouts = layouts or [place(dict(groups), None, False)]
-        return _fastest(spec, layouts, tensor, where, (model_gb, gpu, reason))
+        reason += _kept(keep, layout)
     else:
         return _staged(spec, groups, split.count if split else None, mode, tensor, where,
                        (model_gb, gpu, reason))  # fmt: skip
     return _parallel(spec, layout, mode, tensor, where, (model_gb, gpu, reason))
+
+
+def _kept(keep: int | None, layout: Placement) -> str:
+    return (
+        f"; keeps its {keep} stages ({layout.replicas} replica(s) each, several on a "
+        "cluster where needed), so the run resumes from its stage checkpoints"
+    )
+
+
+def _widths(spec: JobSpec, clusters: Mapping[str, int]) -> list[int]:
+    """1, and the tensor split widths `auto` weighs: as `cpn plan` weighs them (up to
+    `MAX_TENSOR`, dividing the blocks' heads; `layer_facts`), each making whole groups of
+    every cluster's share (a split never crosses the WAN)."""
+    facts = layer_facts(spec)
+    if not (facts.heads and facts.blocks):
+        return [1]
+    top = min(MAX_TENSOR, max(clusters.values()))
+    return [1] + [
+        t
+        for t in range(2, top + 1)
+        if facts.heads % t == 0 and all(n % t == 0 for n in clusters.values())
+    ]
+
+
+def _weighed(
+    spec: JobSpec,
+    clusters: Mapping[str, int],
+    whole: float,
+    keep: int | None,
+    where: Where,
+    about: tuple[float, dict[str, float], str],
+) -> Parallel:
+    """`auto`'s layout of a model no GPU of its shares holds: of every split width `_widths`
+    allows and every depth whose stages fit the smallest GPU (its state spread evenly over a
+    stage's GPUs), each layout (`place`, whole pipelines, and on one cluster one stage split
+    over its GPUs: tensor parallel), the one the pipeline estimate times shortest
+    (`_fastest`). `keep`: the stage count of its earlier plan, the only depth weighed (its
+    stage checkpoints are shards of that split; a split's shards are whole layers, so the
+    width may change)."""
+    model_gb, gpu, reason = about
+    least = min(gpu.values()) * 1e9
+    found: list[tuple[Placement, int]] = []
+    spare: list[tuple[Placement, int]] = []  # kept depths whose stages fit no GPU
+    for t in _widths(spec, clusters):
+        groups = {c: n // t for c, n in clusters.items()}  # a stage replica each
+        if keep:
+            laid = keep_stages(groups, keep)
+            if laid is not None and (t == 1 or laid.stages > 1 or len(groups) == 1):
+                (found if whole / (keep * t) <= least else spare).append((laid, t))
+            continue
+        total = sum(groups.values())
+        for d in (d for d in range(1, total + 1) if whole / (d * t) <= least):
+            if d == 1:
+                if t > 1 and len(groups) == 1:  # one stage, split over the cluster's GPUs
+                    found.append((keep_stages(groups, 1) or Placement(tuple(groups)), t))
+                continue
+            with suppress(ValueError):  # stages the shares cannot give equal replicas
+                found.append((place(dict(groups), d, d < total), t))
+            found += [(laid, t) for laid in _whole_layouts(groups, d, where)]
+    found = found or spare
+    if keep and len(found) == 1:
+        reason += _kept(keep, found[0][0])
+    elif keep and found:  # `_fastest` says which layout
+        reason += f"; keeps its {keep} stages, so the run resumes from its stage checkpoints"
+    elif keep:  # fewer GPUs than its stages: a pipeline of the default depth
+        return _staged(spec, clusters, None, "pipeline", 1, where, (model_gb, gpu, reason))
+    # none fits even one GPU a stage: that pipeline still, its memory the run's to find
+    found = found or [(place(dict(clusters), None, False), 1)]
+    return _fastest(spec, found, where, (model_gb, gpu, reason))
 
 
 Where = tuple[tuple[Share, ...], scheduler.Snapshot, Mapping[str, tuple[str, str]]]
@@ -260,29 +315,27 @@ def _fastest_hybrid(
     """A hybrid's layout: replicas of each stage inside its cluster (`inside`, when the shares
     allow it) or whole pipeline replicas on clusters of their own (`_fastest`)."""
     layouts = ([inside] if inside is not None else []) + _whole_layouts(groups, stages, where)
-    return _fastest(spec, layouts, tensor, where, about)
+    return _fastest(spec, [(laid, tensor) for laid in layouts], where, about)
 
 
 def _fastest(
     spec: JobSpec,
-    layouts: Sequence[Placement],
-    tensor: int,
+    layouts: Sequence[tuple[Placement, int]],
     where: Where,
     about: tuple[float, dict[str, float], str],
 ) -> Parallel:
-    """Of `layouts` (a pipeline where one replica, else a hybrid), the one the pipeline
+    """Of `layouts` (each with its split width: one stage split, tensor parallel; else a
+    pipeline where one replica, else a hybrid, 3D where split), the one the pipeline
     estimate times shortest a step, of equal steps (to three digits) the one moving fewer
-    WAN bytes; the first where no estimate can be made. The reason names the others."""
-    found = [
-        _parallel(spec, laid, "hybrid" if laid.replicas > 1 else "pipeline", tensor, where, about)
-        for laid in layouts
-    ]
+    WAN bytes, then the narrower split; the first where no estimate can be made. The reason
+    names the others."""
+    found = [_parallel(spec, laid, _mode(laid, t), t, where, about) for laid, t in layouts]
     timed = []
     for par in found:
         est = pipeline_estimate(spec, par, where[0], where[1], where[2], "standard")
         step, moved = (est[0].step_time_s, est[0].wan_bytes) if est is not None else (math.inf, 0)
         # equal steps to three digits: the fewer WAN bytes (less egress, more room on links)
-        timed.append(((float(f"{step:.3g}"), moved), step, par))
+        timed.append(((float(f"{step:.3g}"), moved, par.tensor), step, par))
     _, best_s, best = min(timed, key=lambda x: x[0])
     if best_s == math.inf:
         best = found[0]
@@ -297,15 +350,26 @@ def _fastest(
     )
 
 
+def _mode(laid: Placement, tensor: int) -> str:
+    if tensor > 1 and laid.stages == 1:
+        return "tensor"
+    return "hybrid" if laid.replicas > 1 else "pipeline"
+
+
 def _layout_text(par: Parallel) -> str:
-    """How a pipeline's stages and replicas lie, in a few words."""
+    """How a plan's stages, replicas and splits lie, in a few words."""
     first = par.stages[0]
+    if par.mode == "tensor":
+        where = f"{first.cluster} ({first.replicas} group(s))"
+        return f"each layer split over {par.tensor} GPUs of {where}"
+    split = f", each split over {par.tensor} GPUs (3D)" if par.tensor > 1 else ""
     if first.replicas == 1:
-        return f"a pipeline of {len(par.stages)} stages, one a GPU"
+        return f"a pipeline of {len(par.stages)} stages, one a {'group' if split else 'GPU'}{split}"
     if first.replica_clusters:
         rows = zip(*(st.replica_clusters for st in par.stages), strict=True)
-        return f"{first.replicas} whole pipelines ({'; '.join(' -> '.join(r) for r in rows)})"
-    return f"{len(par.stages)} stages of {first.replicas} replicas inside their clusters"
+        lines = "; ".join(" -> ".join(r) for r in rows)
+        return f"{first.replicas} whole pipelines ({lines}){split}"
+    return f"{len(par.stages)} stages of {first.replicas} replicas inside their clusters{split}"
 
 
 def _parallel(
@@ -330,8 +394,8 @@ def _parallel(
     micro = spec.pipeline.micro_batches
     if micro is None:
         micro, why = _micro_batches(spec, stages, shares, snapshot, origins, tensor)
-        reason += f"; {micro} micro-batches a step: {why}"
-    blocks = BUILTIN_TENSOR_BLOCKS.get(spec.task, 0) if spec.work is None else 0
+        reason += f"; {micro} micro-batch{'es' if micro > 1 else ''} a step: {why}"
+    blocks = layer_facts(spec).blocks
     split_known = tensor > 1 and blocks > 0
     inside = layout.replicas > 1 and not layout.pipelines  # an all-reduce inside a cluster
     return Parallel(
@@ -393,8 +457,8 @@ def _micro_batches(
     loads = _stage_loads(spec, rows[0], shares, snapshot, origins, tensor, len(rows))
     if loads is None:
         return MICRO_BATCHES_FALLBACK, "the stages' clusters or links are not all known"
-    batch, act = _batch_and_activations(spec)
-    if not act and spec.args.batch_size is None:  # a task of the tenant's own, batch unsaid
+    batch, _ = _batch_and_activations(spec)
+    if spec.work is not None and spec.args.batch_size is None:  # its own work, batch unsaid
         return MICRO_BATCHES_FALLBACK, (
             "its batch is not known (args.batch_size would let the planner weigh them)"
         )
@@ -416,10 +480,10 @@ def _micro_batches(
 
 
 def _batch_and_activations(spec: JobSpec) -> tuple[int, float]:
-    """The global batch and a sample's activation bytes at a stage boundary (0: unknown, a
-    task of the tenant's own)."""
-    act = BUILTIN_ACTIVATION_BYTES.get(spec.task, 0) if spec.work is None else 0
-    batch = spec.args.batch_size or (builtin_work(spec.task).batch_size if act else 1)
+    """The global batch (1 where unknown: declared work, no `args.batch_size`) and a sample's
+    activation bytes at a stage boundary (0: unknown, declared work that does not say)."""
+    act = layer_facts(spec).activation_bytes
+    batch = spec.args.batch_size or (builtin_work(spec.task).batch_size if spec.work is None else 1)
     return batch, float(act)
 
 
@@ -445,7 +509,7 @@ def _stage_loads(
     whole_batch, act = _batch_and_activations(spec)
     batch = whole_batch / pipelines  # this pipeline's share of the batch
     s_count = len(stages)
-    blocks = BUILTIN_TENSOR_BLOCKS.get(spec.task, 0) / s_count if spec.work is None else 0.0
+    blocks = layer_facts(spec).blocks / s_count
     out = []
     for i, st in enumerate(stages):
         c = snapshot.by_name[snap[st.cluster]]
@@ -490,10 +554,11 @@ def pipeline_estimate(
     the line that says how it was made. None for data parallelism, or when a stage's cluster
     or a link between stages is not in the snapshot.
 
-    The control plane knows a task's parameters and FLOPs, not its layers: the stages share
-    the step's work evenly, each of a stage's R replicas does 1/R of it, in M micro-batches;
-    a boundary carries the task's activation bytes a sample (`BUILTIN_ACTIVATION_BYTES`; a
-    task of the tenant's own has none known, so its WAN term is left out)."""
+    The control plane knows a task's parameters and FLOPs and a few facts of its layers
+    (`layer_facts`), not the layers: the stages share the step's work evenly, each of a
+    stage's R replicas does 1/R of it, in M micro-batches; a boundary carries the task's
+    activation bytes a sample (declared work that does not give them: the WAN term is left
+    out)."""
     if parallel.mode == "data" or not parallel.stages:
         return None
     first = parallel.stages[0]

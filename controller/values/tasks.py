@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from wire.spec import JobSpec
+
 
 @dataclass(frozen=True)
 class TaskWork:
@@ -50,6 +52,33 @@ attention heads a split must divide (`tests/controller/test_tasks.py` reads the 
 BUILTIN_TENSOR_BLOCKS: dict[str, int] = {"builtin:char-gpt": 2}
 """Their blocks: each costs a tensor-parallel run four all-reduces of its activations a
 micro-batch (`scheduler.pipeline_cost.tensor_collective_s`)."""
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What the planner knows of a task's layers beyond its parameters and FLOPs (0: not known)."""
+
+    blocks: int
+    """Layers a tensor split divides (transformer blocks)."""
+    heads: int
+    """Their attention heads: a split's width must divide them."""
+    activation_bytes: int
+    """A sample's largest activations at a layer boundary: what a stage sends on, what a
+    split all-reduces."""
+
+
+def layer_facts(spec: JobSpec) -> LayerFacts:
+    """A job's layer facts: what its `work` declares when it declares work (a task of the
+    tenant's own, or a built-in standing in for a larger model), else the built-in's own. A
+    built-in's heads are always its model's: the runtime splits that model."""
+    heads = BUILTIN_TENSOR_HEADS.get(spec.task, 0)
+    if spec.work is None:
+        blocks = BUILTIN_TENSOR_BLOCKS.get(spec.task, 0)
+        return LayerFacts(blocks, heads, BUILTIN_ACTIVATION_BYTES.get(spec.task, 0))
+    w = spec.work
+    if not spec.task.startswith("builtin:"):
+        heads = w.heads or 0
+    return LayerFacts(w.blocks or 0, heads, w.activation_bytes or 0)
 
 
 def measure_activation_bytes(entry: str) -> int:

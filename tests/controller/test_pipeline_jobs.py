@@ -200,6 +200,83 @@ def test_auto_weighs_every_depth_and_layout_whose_stages_fit(db_url: str, tmp_pa
 
 
 @pytest.mark.parametrize(
+    ("facts", "chosen"),
+    [
+        # small activations: a split's all-reduces are cheap, one 4-way split wins
+        ({"blocks": 24, "heads": 16, "activation_bytes": 2**14}, "each layer split over 4 GPUs"),
+        # a MB a sample a block to all-reduce: the pipeline's one boundary a stage wins
+        ({"blocks": 24, "heads": 16, "activation_bytes": 2**20}, "a pipeline of 4 stages"),
+        # a task of the tenant's own whose heads 4 does not divide: 2-way splits only
+        ({"blocks": 24, "heads": 6, "activation_bytes": 2**14}, "(3D)"),
+        # no layer facts: no split weighed
+        ({}, "a pipeline of 4 stages"),
+    ],
+)
+def test_auto_weighs_tensor_splits_as_the_work_says_the_layers_split(
+    db_url: str, tmp_path: Path, facts: dict[str, int], chosen: str
+) -> None:
+    """A 6 B-parameter model (96 GB of state) on one cluster of four 80 GB GPUs, its work
+    saying how its layers split: `auto` weighs every split width the heads allow beside the
+    pipelines, as `cpn plan` does, takes the shortest step, says what it weighed, and the
+    launcher runs the split it chose."""
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("big", gpus=4)
+        work = Work(params=6 * 10**9, flops_per_step=1e14, **facts)
+        task = "builtin:char-gpt" if facts.get("heads", 4) % 4 == 0 else "mycorp.train:gpt"
+        spec = _spec("big", gpus=4, task=task, work=work, args={"batch_size": 32})
+        job = _placed(net, spec)
+        assert job.placement is not None
+        par = job.placement.parallel
+        step = job.placement.estimate.step_time_s
+        found = re.search(r"; ([^;]*), step ([0-9.]+) s \(weighed: (.*)\)$", par.reason)
+        assert found is not None, par.reason
+        assert chosen in found[1] and float(found[2]) == pytest.approx(step, rel=1e-3)
+        weighed = [float(x) for x in re.findall(r" ([0-9.]+) s(?:,|$)", found[3])]
+        assert weighed and all(step < x for x in weighed), par.reason
+        splits = re.findall(r"split over (\d) GPUs", par.reason)
+        widths = {int(t) for t in splits}
+        assert widths == ({2, 4} if facts and facts["heads"] % 4 == 0 else {2} if facts else set())
+        run = _pipeline_of(net, job)
+        assert run is not None
+        assert run.placement.tensor == par.tensor
+        assert run.placement.stage_clusters == tuple(st.cluster for st in par.stages)
+        if par.mode == "tensor":
+            assert (par.tensor, len(par.stages)) == (4, 1)
+    finally:
+        net.close()
+
+
+def test_an_auto_split_placed_again_keeps_its_stages_not_a_gpu_it_does_not_fit(
+    db_url: str, tmp_path: Path
+) -> None:
+    """An `auto` tensor split placed again (one stage) stays split: one stage of four whole
+    replicas of the model would fit no GPU."""
+    from controller.network.snapshot import build_world
+    from controller.values.plan import parallel_of
+
+    net = Net(db_url, tmp_path)
+    try:
+        net.cluster("big", gpus=4)
+        work = Work(
+            params=6 * 10**9, flops_per_step=1e14, blocks=24, heads=16, activation_bytes=2**14
+        )
+        spec = _spec("big", gpus=4, task="builtin:char-gpt", work=work, args={"batch_size": 32})
+        job = _placed(net, spec)
+        assert job.placement is not None and job.placement.parallel.mode == "tensor"
+        with net.sessions() as s:
+            world = build_world(s, job.qos_class)
+        shares = job.placement.clusters
+        again = parallel_of(spec, shares, world.snapshot, world.origins, keep=1)
+        assert again.mode == "tensor" and len(again.stages) == 1 and again.tensor > 1
+        assert "keeps its 1 stages" in again.reason
+        deeper = parallel_of(spec, shares, world.snapshot, world.origins, keep=2)
+        assert len(deeper.stages) == 2
+    finally:
+        net.close()
+
+
+@pytest.mark.parametrize(
     ("names", "pairs"),
     [
         ("abcd", ("ac", "bd")),  # every order of the four clusters weighed
@@ -764,6 +841,21 @@ def test_tensor_job_of_a_task_that_does_not_split_is_refused(net: Net) -> None:
         with pytest.raises(Invalid, match=message) as err:
             job_request(spec, "t")
         assert err.value.field == "tensor"
+    # a task of the tenant's own: its work's heads, when it declares them
+    own: dict[str, Any] = {"task": "mycorp.train:gpt", "gpus": 8, "parallelism": "tensor"}
+    facts = {"params": 10**9, "flops_per_step": 1e12, "blocks": 12, "heads": 12}
+    with pytest.raises(Invalid, match="12 attention heads, which do not split over 8") as err:
+        job_request(_spec("x", **own, work=facts), "t")
+    assert err.value.field == "tensor"
+    unsaid = {"params": 10**9, "flops_per_step": 1e12}
+    job_request(_spec("x", **own, work=unsaid), "t")  # checked where it runs
+    # a built-in's heads are its model's, whatever its work says
+    stand_in = {**facts, "heads": 8}
+    with pytest.raises(Invalid, match="4 attention heads"):
+        job_request(_spec("x", task="builtin:char-gpt", gpus=8, parallelism="tensor",
+                          work=stand_in), "t")  # fmt: skip
+    with pytest.raises(ValidationError, match="give blocks and heads together"):
+        Work(params=10**9, flops_per_step=1e12, blocks=12)
 
 
 @pytest.fixture

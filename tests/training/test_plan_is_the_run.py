@@ -142,3 +142,32 @@ def test_what_ran_is_what_was_planned_decision_by_decision(
     used = {edge for edge, n in report.wan_bytes.items() if n > 0}
     off = sum(n for e, n in report.wan_bytes.items() if e not in edges | {(b, a) for a, b in edges})
     assert used and off <= report.wan_setup_bytes  # the start-up's digests go round the ring
+
+
+def test_an_auto_split_runs_as_planned(net: Net) -> None:
+    """A model no GPU holds whose work says how its layers split (builtin:char-gpt standing
+    in for a 6 B-parameter one): `auto` weighs the split beside the pipeline, and the run on
+    Ray is the split it chose: one stage, its layers over a's two workers."""
+    from controller.loop.ray_run import pipeline_spec_of
+    from training.pipeline import run_pipeline
+    from wire.spec import Work
+
+    work = Work(params=6 * 10**9, flops_per_step=1e14, blocks=2, heads=4, activation_bytes=2**14)
+    spec = JobSpec(
+        name="split", task="builtin:char-gpt", gpus=2, steps=2, work=work,
+        args={"batch_size": 8, "eval_every": 2}, qos={"max_clusters": 1}, preference=["a"],
+    )  # fmt: skip
+    job_id = net.submit(net.tenant("acme"), spec)
+    assert net.place() == [job_id]
+    with net.sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.placement is not None
+        par = job.placement.parallel
+        train = train_spec_of(net.launcher.config, job, spec, net.held(job_id))
+        run = pipeline_spec_of(job, spec, replace(train, checkpoint=None, resume=False))
+    assert (par.mode, par.tensor, [st.cluster for st in par.stages]) == ("tensor", 2, ["a"])
+    assert "weighed: a pipeline of 2 stages" in par.reason
+    assert run is not None
+    report = run_pipeline(run)
+    assert (report.parallel, report.tensor, report.stage_clusters) == ("tensor", 2, ["a"])
+    assert report.steps == 2
