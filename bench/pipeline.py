@@ -52,8 +52,9 @@ MACHINE = "one machine with 2 CPU cores shared with other work running at the sa
 
 
 def measure_profile(task_name: str, batch: int) -> tuple[Any, float]:
-    """The task's model as the planner sees it (its pieces, measured) and this machine's
-    training speed in FLOP/s (forward + backward of a batch, 3x the forward FLOPs)."""
+    """The task's model as the planner sees it (its pieces, measured) and a worker's training
+    speed on this machine in FLOP/s (forward + backward of a batch, 3x the forward FLOPs, on
+    one thread as a stage worker runs)."""
     import torch
 
     from scheduler.memory import Layer, ModelProfile
@@ -81,15 +82,20 @@ def measure_profile(task_name: str, batch: int) -> tuple[Any, float]:
     profile = ModelProfile(layers, task.optimizer.name)
     opt = task.optimizer.build(model.parameters())
     xb, yb = x[:batch], y[:batch]
-    for _ in range(2):  # warm up
-        task.loss(model(xb), yb).backward()
-    reps = 5
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        model.zero_grad()
-        task.loss(model(xb), yb).backward()
-        opt.step()
-    per_step = (time.perf_counter() - t0) / reps
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a worker runs (`training.pipeline.stage`): one thread
+    try:
+        for _ in range(2):  # warm up
+            task.loss(model(xb), yb).backward()
+        reps = 5
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            model.zero_grad()
+            task.loss(model(xb), yb).backward()
+            opt.step()
+        per_step = (time.perf_counter() - t0) / reps
+    finally:
+        torch.set_num_threads(threads)
     flops = 3.0 * sum(p.flops for p in prof) * batch
     return profile, flops / per_step
 

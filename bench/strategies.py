@@ -131,7 +131,8 @@ def planned(
         act = layers[0].activation_bytes * mb if blocks else 0.0
         compute = 3.0 * sum(x.flops for x in layers) * mb / speed
         compute += tensor_collective_s(act, blocks, s.tensor, INTRA_GBPS, tensor_s)
-        send = 0.0 if i == len(s.stages) - 1 else layers[-1].activation_bytes * mb
+        # what crosses to the next stage: every replica's micro-batch in this stage's cluster
+        send = 0.0 if i == len(s.stages) - 1 else layers[-1].activation_bytes * mb * width
         grads = 4.0 * sum(x.params for x in layers)  # a part's own, under a split
         for row, stages in zip(rows, work, strict=True):
             stages.append(StageWork(row[i], compute, send, width * s.tensor, width, grads))
@@ -206,11 +207,13 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"`{doc['command']}`, {doc['date']}, on 2 CPU cores, nothing beside it. "
         f"`{TASK}` ({doc['params']:,} parameters), clusters a and b of 2 CPU workers each, "
-        f"the link between them emulated at {a['mbps']:g} Mbit/s and {a['rtt_ms']:g} ms RTT, "
+        f"the link between them emulated at {a['mbps']:g} Mbit/s and {a['rtt_ms']:g} ms RTT "
+        "(shared by the replicas that cross it at once), "
         f"global batch {a['batch']}, {a['steps']} steps, fp32 everywhere, GPipe; every "
         "strategy starts from the same seed and trains on the same batches. Planned: "
         "`scheduler.pipeline_cost` over this machine's measured speed "
-        f"({doc['speed_flops'] / 1e9:.3g} GFLOP/s a worker), the clusters' own links declared "
+        f"({doc['speed_flops'] / 1e9:.3g} GFLOP/s a worker, on one thread as workers run; "
+        "GPipe's forward and backward phases timed apart), the clusters' own links declared "
         f"at {INTRA_GBPS:g} Gbit/s, each micro-batch adding to its slot (a stage or a link) "
         f"{doc['micro_overhead_s'] * 1e3:.3g} ms (fitted from the pipeline row's run, as the "
         "control plane fits it from finished jobs) and each all-reduce of a split "

@@ -10,7 +10,8 @@ pipeline: the fewest stages that fit (fewer hops, a smaller bubble), one GPU eac
 clusters in the order (every order of up to `MAX_ORDERED_CLUSTERS` clusters is tried) whose
 links carry the cuts' activations fastest, the layers split so the slowest stage or link is
 as fast as it can be (a dynamic programme over contiguous splits under each GPU's memory),
-and the micro-batch count that minimises the step, (M + S - 1) times that bottleneck.
+and the micro-batch count that minimises the step as `scheduler.pipeline_cost` times it
+(`schedule_seconds`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from scheduler.pipeline_cost import (
     MICRO_BATCH_OVERHEAD_S,
     boundary_latency_s,
     micro_batch_candidates,
-    slot_seconds,
+    schedule_seconds,
     tensor_collective_s,
 )
 from scheduler.types import Cluster, Link
@@ -230,7 +231,7 @@ class StagePlan:
     gpu_bytes: float
     compute_s: float
     """Forward and backward of one micro-batch on each of its GPUs, a split's all-reduces
-    included (a micro-batch's fixed cost is the slot's: `slot_seconds`)."""
+    included (a micro-batch's fixed cost is the slot's: `schedule_seconds`)."""
     send_s: float
     """Its output's (and back, the gradient's) transfer per micro-batch; 0 for the last."""
 
@@ -406,11 +407,6 @@ def _split(
     return _Split(bottleneck, wan, tuple(stages))
 
 
-def step_seconds(bottleneck: float, stages: int, micro: int) -> float:
-    """A step of a pipeline whose slowest stage or link takes `bottleneck` a micro-batch."""
-    return (micro + stages - 1) * bottleneck
-
-
 def plan_parallelism(
     profile: ModelProfile,
     clusters: Sequence[Cluster],
@@ -534,14 +530,14 @@ def _staged(
                 got = _split(profile, slots, directed, mems, micro, mb, tensor, reduce_s)
                 if got is None:
                     continue
-                slot = slot_seconds(
+                step = schedule_seconds(
                     [st.compute_s for st in got.stages],
-                    [st.send_s for st in got.stages],
+                    [st.send_s for st in got.stages][:-1],
                     latency,
                     schedule,
+                    micro,
                     micro_s,
                 )
-                step = step_seconds(slot, s_count, micro) + latency
                 key = (step, got.wan_s * micro)
                 if best is None or key < best[0]:
                     used = list(dict.fromkeys(st.cluster for st in got.stages))

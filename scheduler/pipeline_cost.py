@@ -1,16 +1,20 @@
 """Time and price of a pipeline (or hybrid) plan: what `cpn plan` shows for one.
 
-Pure. A pipeline of S stages running M micro-batches a step is paced by its bottleneck: the
-slowest stage's forward and backward of one micro-batch, or the slowest link between two
-consecutive stages moving one micro-batch's activations forward and their gradient back
-(full duplex: the slower direction, bytes over bandwidth; a boundary inside one cluster uses
-its intra bandwidth). A link's latency does not pace it: micro-batches follow each other in
-flight, so each boundary between two clusters adds its RTT once a step (half filling the
-pipeline forward, half draining it backward). A step of a GPipe or 1F1B schedule takes
-(M + S - 1) bottlenecks plus that latency, of which (S - 1) / (M + S - 1) of the slots is the
-bubble. 1F1B keeps at most S micro-batches in flight (its memory saving), so a micro-batch's
-round trip through every stage and link, latency included, over S also bounds its slot: over
-long links it is slower than GPipe, which sends every forward before the first backward.
+Pure. A pipeline of S stages running M micro-batches a step is paced by its slowest
+element: a stage's pass over one micro-batch, or a link between two consecutive stages
+moving one micro-batch's activations forward or their gradient back (bytes over bandwidth,
+the slower direction; a boundary inside one cluster uses its intra bandwidth). A link's
+latency does not pace it: micro-batches follow each other in flight, so each boundary
+between two clusters adds its RTT once a step (half filling the pipeline forward, half
+draining it backward). GPipe sends every forward before the first backward, so a link
+carries activations in the forward phase and gradients in the backward one, never both at
+once: each phase takes one micro-batch through every stage and link plus M - 1 of its
+slowest (`schedule_seconds`). 1F1B interleaves them, one forward and one backward a slot,
+so a link carries both ways at once: (M + S - 1) slots of the slowest stage's forward and
+backward or link (`slot_seconds`); it keeps at most S micro-batches in flight (its memory
+saving), so a micro-batch's round trip through every stage and link, latency included,
+over S also bounds its slot: over long links it is slower than GPipe. (S - 1) / (M + S - 1)
+of the slots is the bubble.
 Every boundary between two clusters carries M activations one way and M gradients (as
 large) back each step; a stage's GPUs are charged at their cluster's GPU-hour price for the
 whole run, and the bytes leaving a cluster at the egress price of the link they take.
@@ -128,7 +132,7 @@ class PipelineEstimate:
     stages: int
     micro_batches: int
     bottleneck_s: float
-    """The slowest stage or link, per micro-batch."""
+    """The mean slot of the schedule, per micro-batch (its passes over M + S - 1)."""
     link_s: tuple[float, ...]
     """Per boundary s -> s+1, the link's transfer time per micro-batch."""
     latency_s: float
@@ -233,7 +237,8 @@ def estimate_pipeline(
             wan[(a.name, b.name)] = wan.get((a.name, b.name), 0.0) + moved  # activations
             wan[(b.name, a.name)] = wan.get((b.name, a.name), 0.0) + moved  # their gradients
     busy = [st.compute_s for st in stages]
-    bottleneck = slot_seconds(busy, link_s, latency, schedule, micro_overhead_s)
+    passes = schedule_seconds(busy, link_s, latency, schedule, m, micro_overhead_s)
+    bottleneck = (passes - latency) / (m + s_count - 1)  # the mean slot
     sync = max(
         ring_all_reduce_s(
             st.grad_bytes,
@@ -243,7 +248,7 @@ def estimate_pipeline(
         )
         for st in stages
     )
-    step_s = (m + s_count - 1) * bottleneck + latency + sync
+    step_s = passes + sync
     total = step_s * steps
     gpu_cost, egress = _costs([stages], clusters, links, wan, steps, total, qos_class)
     return PipelineEstimate(
@@ -385,14 +390,47 @@ def slot_seconds(
     schedule: str,
     fixed_s: float = 0.0,
 ) -> float:
-    """A slot of `schedule`: the slowest stage's micro-batch (`busy`) or link transfer; under
-    1F1B at least a micro-batch's round trip (every stage, each transfer both ways, the
-    boundaries' RTTs) over the S micro-batches it keeps in flight; plus a micro-batch's fixed
-    cost `fixed_s`, whichever bounds the slot."""
+    """A 1F1B slot: the slowest stage's micro-batch (`busy`, forward and backward) or link
+    transfer (activations one way while gradients go the other), at least a micro-batch's
+    round trip (every stage, each transfer both ways, the boundaries' RTTs) over the S
+    micro-batches it keeps in flight; plus a micro-batch's fixed cost `fixed_s`, whichever
+    bounds the slot. (`schedule`: "1f1b"; GPipe's step is `schedule_seconds`'.)"""
     slot = max([*busy, *transfers])
     if schedule == "1f1b":
         slot = max(slot, (sum(busy) + 2 * sum(transfers) + latency_s) / len(busy))
     return slot + fixed_s
+
+
+FORWARD_SHARE = 1 / 3
+"""A stage's forward pass's share of its micro-batch's work (backward costs twice as much)."""
+
+
+def schedule_seconds(
+    busy: Sequence[float],
+    transfers: Sequence[float],
+    latency_s: float,
+    schedule: str,
+    micro_batches: int,
+    fixed_s: float = 0.0,
+) -> float:
+    """A step's schedule, its gradient sync aside: the boundaries' RTTs once, a micro-batch's
+    fixed cost `fixed_s` on each of the M + S - 1 slots, and the passes. 1F1B: M + S - 1
+    slots (`slot_seconds`). GPipe runs every forward, then every backward: each phase is a
+    pipeline over the stages and the links between them (a link's transfer one way in each
+    phase, activations then gradients), one micro-batch through every element plus M - 1
+    of the slowest; a stage's forward is `FORWARD_SHARE` of its `busy`."""
+    m, s_count = micro_batches, len(busy)
+    if schedule == "1f1b":
+        return (m + s_count - 1) * slot_seconds(busy, transfers, latency_s, schedule, fixed_s) + (
+            latency_s
+        )
+
+    def phase(share: float) -> float:
+        elements = [b * share for b in busy] + list(transfers)
+        return sum(elements) + (m - 1) * max(elements)
+
+    passes = phase(FORWARD_SHARE) + phase(1 - FORWARD_SHARE)
+    return passes + (m + s_count - 1) * fixed_s + latency_s
 
 
 def fit_micro_overhead(

@@ -32,18 +32,25 @@ def test_three_stages_over_two_clusters_by_hand() -> None:
     est = estimate_pipeline(stages, CLUSTERS, LINKS, micro_batches=4, steps=100)
     # east->east: 10 MB over the 100 Gbit/s fabric; east->west: 20 MB over 1 Gbit/s, its
     # 20 ms RTT paid once a step (filling and draining), not a micro-batch
-    assert est.link_s == pytest.approx((10e6 * 8 / 100e9, 0.160))
+    hop, wan = 10e6 * 8 / 100e9, 0.160
+    assert est.link_s == pytest.approx((hop, wan))
     assert est.latency_s == pytest.approx(0.020)
-    assert est.bottleneck_s == pytest.approx(0.16)  # the WAN link, not the slowest stage
-    assert est.step_s == pytest.approx((4 + 3 - 1) * 0.16 + 0.02)  # 0.98 s
+    # GPipe: every forward (a third of a stage's work), then every backward; each phase is
+    # one micro-batch through the stages and links plus 3 more of its slowest, the WAN link
+    # (activations in the forward phase, their gradients in the backward one)
+    forward = (0.10 + 0.12 + 0.08) / 3 + hop + wan + 3 * wan
+    backward = 2 * (0.10 + 0.12 + 0.08) / 3 + hop + wan + 3 * wan
+    assert est.step_s == pytest.approx(forward + backward + 0.02)  # 1.60 s
+    assert est.bottleneck_s == pytest.approx((forward + backward) / 6)
     assert est.bubble == pytest.approx(2 / 6)
-    assert est.total_time_s == pytest.approx(98.0)
+    total = 100 * est.step_s
+    assert est.total_time_s == pytest.approx(total)
     # 4 micro-batches of 20 MB forward, their gradients back; the in-cluster hop is free
     assert est.wan_bytes_per_step == (("east", "west", 80e6), ("west", "east", 80e6))
     assert est.wan_bytes == pytest.approx(160e6 * 100)
-    assert est.gpu_cost == pytest.approx((2.0 + 2.0 + 3.0) * 98.0 / 3600)
+    assert est.gpu_cost == pytest.approx((2.0 + 2.0 + 3.0) * total / 3600)
     assert est.egress_cost == pytest.approx(16.0 * 0.05)
-    assert est.cost == pytest.approx(7 * 98 / 3600 + 0.8)
+    assert est.cost == pytest.approx(7 * total / 3600 + 0.8)
 
 
 def test_whole_pipeline_replicas_all_reduce_over_the_wan_by_hand() -> None:
@@ -68,7 +75,9 @@ def test_whole_pipeline_replicas_all_reduce_over_the_wan_by_hand() -> None:
     est = estimate_whole_pipelines(
         [replica("a", "b"), replica("c", "d")], clusters, links, micro_batches=4, steps=10
     )
-    one = (4 + 2 - 1) * 0.1 + 0.02  # a replica's step: its slots and its boundary's RTT
+    # a replica's step: each phase one micro-batch through both stages and the 80 ms link,
+    # then 3 more of the link; its boundary's RTT once
+    one = (0.2 / 3 + 0.08 + 3 * 0.08) + (0.4 / 3 + 0.08 + 3 * 0.08) + 0.02
     sync = 2 * (0.02 + 50e6 * 8 / 0.1e9)  # stage 0's ring, the slower: 2 rounds of 50 MB
     assert est.sync_s == pytest.approx(sync)
     assert est.step_s == pytest.approx(one + sync) and est.total_time_s == pytest.approx(
@@ -96,9 +105,12 @@ def test_whole_pipeline_replicas_all_reduce_over_the_wan_by_hand() -> None:
 def test_compute_bound_hybrid_counts_every_replica() -> None:
     stages = [StageWork("east", 0.5, 1e3, gpus=2), StageWork("west", 0.25, 0.0, gpus=2)]
     est = estimate_pipeline(stages, CLUSTERS, LINKS, micro_batches=8, steps=10, qos_class="x")
-    assert est.bottleneck_s == pytest.approx(0.5)
-    assert est.step_s == pytest.approx(9 * 0.5 + 0.02) and est.bubble == pytest.approx(1 / 9)
-    assert est.gpu_cost == pytest.approx((2 * 2.0 + 2 * 3.0) * 45.2 / 3600)
+    link = 1e3 * 8 / 1e9
+    # each phase: a micro-batch through both stages, then 7 more of the slower stage
+    passes = (0.75 / 3 + link + 7 * 0.5 / 3) + (1.5 / 3 + link + 7 * 1.0 / 3)
+    assert est.step_s == pytest.approx(passes + 0.02) and est.bubble == pytest.approx(1 / 9)
+    assert est.bottleneck_s == pytest.approx(passes / 9)
+    assert est.gpu_cost == pytest.approx((2 * 2.0 + 2 * 3.0) * est.total_time_s / 3600)
 
 
 def test_one_stage_has_no_bubble_and_no_wan() -> None:
@@ -182,7 +194,7 @@ def test_1f1b_keeps_s_in_flight_so_a_long_links_round_trip_bounds_its_slot() -> 
     gpipe = estimate_pipeline(stages, CLUSTERS, LINKS, micro_batches=32, steps=1)
     one = estimate_pipeline(stages, CLUSTERS, LINKS, 32, 1, schedule="1f1b")
     transfer = 1e3 * 8 / 1e9  # 1 kB over 1 Gbit/s
-    assert gpipe.bottleneck_s == pytest.approx(0.002)
+    assert gpipe.bottleneck_s == pytest.approx(0.002, rel=1e-3)
     assert one.bottleneck_s == pytest.approx((0.004 + 2 * transfer + 0.020) / 2)
     assert one.step_s == pytest.approx(33 * one.bottleneck_s + 0.020)
     assert one.step_s > 4 * gpipe.step_s

@@ -122,6 +122,17 @@ def test_place_whole_pipeline_replicas_on_clusters_of_their_own() -> None:
         Placement(("a", "b"), 2, pipelines=(("c", "d"), ("a", "b")))
 
 
+def test_replicas_crossing_one_link_share_it() -> None:
+    """Replicas of two stages on two clusters all cross the one link between them (the
+    emulated link divides its bandwidth among them); whole pipelines cross links of their own."""
+    inside = Placement(("a", "b"), 2)
+    assert inside.sharing(0, 1, ("a", "b")) == 2 and inside.sharing(1, 0, ("b", "a")) == 2
+    assert inside.sharing(0, 1, ("b", "a")) == 0
+    whole = Placement(("a", "b"), 2, pipelines=(("a", "b"), ("c", "d")))
+    assert whole.sharing(0, 1, ("a", "b")) == 1 and whole.sharing(0, 1, ("c", "d")) == 1
+    assert Placement(("a", "b", "b")).sharing(1, 2, ("b", "b")) == 1
+
+
 def test_codec_roundtrip_and_wire_bytes() -> None:
     x = torch.randn(4, 8, 16)
     for codec, tol, ratio in [
@@ -231,6 +242,30 @@ def test_uncompressed_1f1b_pipeline_equals_single_process_char_transformer(
     assert report.compression_ratio == pytest.approx(1.0)
     assert report.bubble_fraction == pytest.approx(1 / 5)
     assert len(report.stage_compute_s) == 2 and all(c > 0 for c in report.stage_compute_s)
+
+
+@pytest.mark.slow
+def test_hybrid_replicas_share_their_emulated_link(pool: StagePool) -> None:
+    """Two replicas of each of two stages cross the one emulated a <-> b link at once, so
+    each receiver's messages come at half its rate; GPipe sends every activation before the
+    first gradient, so a run takes at least all its bits at the link's rate (each replica on
+    a link of its own took half: this fails then)."""
+    from training.pipeline import PipelineSpec, run_pipeline
+    from training.spec import TrainSpec
+
+    mbps = 0.5
+    clusters = {"a": 2, "b": 2}
+    train = TrainSpec(
+        task="builtin:mnist1d-mlp", clusters=clusters, steps=3, batch_size=160, eval_every=3,
+        link_mbps=mbps, rtt_ms=1.0,
+    )  # fmt: skip
+    spec = PipelineSpec(train, place(clusters, None, True), micro_batches=2)
+    report = run_pipeline(spec, pool=pool)
+    # the training's bytes: the gradients back are as many as the activations forward, which
+    # also carry the final evaluation's (replica 0 alone, at the link's whole rate)
+    back = report.activation_bytes[("b", "a")]
+    evaluation = report.activation_bytes[("a", "b")] - back
+    assert report.wall_s >= 0.8 * (2 * back * 8 / (mbps * 1e6)) + evaluation * 8 / (mbps * 1e6)
 
 
 def test_hybrid_gpipe_equals_single_process_mlp(pool: StagePool) -> None:

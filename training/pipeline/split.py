@@ -100,6 +100,12 @@ class Placement:
         """The cluster of each of `stage`'s replicas, in replica order."""
         return tuple(self.cluster_of(self.rank(stage, r)) for r in range(self.replicas))
 
+    def sharing(self, a: int, b: int, link: tuple[str, str]) -> int:
+        """The replicas whose stage `a` to stage `b` messages take `link` (from, to): the
+        schedule moves every replica in step, so on one WAN link they go at once."""
+        pairs = zip(self.replica_clusters(a), self.replica_clusters(b), strict=True)
+        return sum(1 for pair in pairs if pair == link)
+
     def workers(self) -> dict[str, int]:
         """Ranks per cluster, in order of first appearance."""
         out: dict[str, int] = {}

@@ -154,12 +154,13 @@ class StageWorker:
         if self.rank == self.head:
             self._send(x, dst)
 
-    def _take(self, src: int) -> torch.Tensor:
+    def _take(self, src: int, alone: bool = False) -> torch.Tensor:
         """Receive from stage rank `src`: the head receives, then shares it with the replica's
-        other tensor-parallel ranks (inside the cluster)."""
+        other tensor-parallel ranks (inside the cluster). `alone`: no other replica sends
+        at the same time (the evaluation's)."""
         if self.tp is None:
-            return self._recv(src)
-        x = self._recv(src) if self.rank == self.head else None
+            return self._recv(src, alone)
+        x = self._recv(src, alone) if self.rank == self.head else None
         meta: list[Any] = [tuple(x.shape), x.dtype] if x is not None else [None, None]
         dist.broadcast_object_list(meta, src=self.head, group=self.tp)
         if x is None:
@@ -179,7 +180,7 @@ class StageWorker:
             self.wan = self.wan + WanBytes({(self.cluster, there): msg.wire_bytes})
             self.raw_bytes += HEADER_LEN * 8 + x.numel() * x.element_size()
 
-    def _recv(self, src: int) -> torch.Tensor:
+    def _recv(self, src: int, alone: bool = False) -> torch.Tensor:
         start = time.perf_counter()
         header = torch.empty(HEADER_LEN, dtype=torch.float64)
         dist.recv(header, src)
@@ -188,12 +189,15 @@ class StageWorker:
         dist.recv(payload, src)
         there = self.spec.placement.cluster_of(src)
         link = self.links.get(there, self.cluster) if self.links and there != self.cluster else None
-        # the emulated WAN: serialise on the link, then one-way latency (each pair of ranks
-        # has its link: hybrid replicas between the same two clusters do not share one)
+        # the emulated WAN: serialise on the link, then one-way latency; the replicas whose
+        # training messages cross it in the same slot share its bandwidth
         if link is not None:
             nbytes = HEADER_LEN * 8 + payload.numel() * payload.element_size()
             begin = max(head.sent_at, self.busy_until.get(src, 0.0))
-            self.busy_until[src] = begin + nbytes * 8.0 / link.bandwidth_bps
+            p = self.spec.placement
+            crossing = 1 if alone else p.sharing(p.stage_of(src), self.stage, (there, self.cluster))
+            share = link.bandwidth_bps / max(1, crossing)
+            self.busy_until[src] = begin + nbytes * 8.0 / share
             wait = self.busy_until[src] + link.rtt_s / 2.0 - time.time()
             if wait > 0:
                 time.sleep(wait)
@@ -276,14 +280,17 @@ class StageWorker:
                     q.grad = torch.zeros_like(q)
             grads = [local(q.grad) for q in self.params if q.grad is not None]
             flat = flatten(grads)
+            nbytes = flat.numel() * flat.element_size()
+            if self.last:  # the step's loss rides along: one all-reduce, not two
+                flat = torch.cat([flat, total.reshape(1).to(flat.dtype)])
             start = time.perf_counter()
             dist.all_reduce(flat, group=self.dp)
-            self._across(start, flat.numel() * flat.element_size())
+            self._across(start, nbytes)
+            if self.last:
+                total, flat = flat[-1].to(total.dtype), flat[:-1]
             with torch.no_grad():
                 for g, new in zip(grads, split(flat, [g.shape for g in grads]), strict=True):
                     g.copy_(new)
-            if self.last:
-                dist.all_reduce(total, group=self.dp)
         t0 = time.perf_counter()
         self.opt.step()
         self.opt.zero_grad()
@@ -396,7 +403,7 @@ class StageWorker:
         chunks = torch.arange(n).split(self.batch)
         loss = correct = 0.0
         for idx in chunks:
-            inp = self.xe[idx] if self.first else self._take(self.prev)
+            inp = self.xe[idx] if self.first else self._take(self.prev, alone=True)
             out = self.module(inp)
             if self.last:
                 loss += float(self.task.loss(out, self.ye[idx])) * len(idx)
