@@ -139,8 +139,7 @@ class ModelProfile:
     def splits(self, tensor: int) -> bool:
         """Whether the model splits over `tensor` GPUs: some layer splits, and every splitting
         layer's heads divide by it."""
-        split = [x.heads for x in self.layers if x.heads]
-        return tensor == 1 or (bool(split) and all(h % tensor == 0 for h in split))
+        return tensor in split_widths([x.heads for x in self.layers], tensor)
 
     def split(self, tensor: int) -> ModelProfile:
         """What one GPU of a `tensor`-way split holds and computes: a splitting layer's
@@ -172,6 +171,15 @@ SPLIT_KEPT = 10 / 34
 MAX_TENSOR = 8
 """The widest split the planner weighs: a split's all-reduces sit on every micro-batch's
 critical path, so it stays inside one machine's GPUs (NVLink), as Megatron keeps it."""
+
+
+def split_widths(heads: Sequence[int], widest: int) -> list[int]:
+    """The tensor split widths the planner weighs: 1, and up to `MAX_TENSOR` and `widest`
+    (the most GPUs a cluster gives) each dividing every splitting layer's `heads` (0: a
+    layer that stays whole; none splits: no width but 1)."""
+    split = [h for h in heads if h]
+    top = min(MAX_TENSOR, widest)
+    return [t for t in range(1, top + 1) if t == 1 or (split and all(h % t == 0 for h in split))]
 
 
 @dataclass(frozen=True)
@@ -453,9 +461,8 @@ def plan_parallelism(
     widest = max(c.gpus_free for c in usable)
     found = [
         got
-        for t in range(1, min(MAX_TENSOR, widest) + 1)
-        if profile.splits(t)
-        and (
+        for t in split_widths([x.heads for x in profile.layers], widest)
+        if (
             got := _staged(
                 profile,
                 t,

@@ -15,7 +15,7 @@ from grammar.graph import tree_degrees
 from grammar.parallel import parse_stages
 from scheduler.bandwidth import wan_rate_kbps
 from scheduler.gpus import DEFAULT_EFFICIENCY
-from scheduler.memory import MAX_TENSOR, Layer, ModelProfile, gpu_memory_bytes, memory
+from scheduler.memory import Layer, ModelProfile, gpu_memory_bytes, memory, split_widths
 from scheduler.pipeline_cost import (
     TENSOR_ALL_REDUCES_PER_BLOCK,
     StageWork,
@@ -147,18 +147,13 @@ def _kept(keep: int | None, layout: Placement) -> str:
 
 
 def _widths(spec: JobSpec, clusters: Mapping[str, int]) -> list[int]:
-    """1, and the tensor split widths `auto` weighs: as `cpn plan` weighs them (up to
-    `MAX_TENSOR`, dividing the blocks' heads; `layer_facts`), each making whole groups of
-    every cluster's share (a split never crosses the WAN)."""
+    """The tensor split widths `auto` weighs: those `cpn plan` weighs (`split_widths`, over
+    the blocks' heads `layer_facts` knows) that make whole groups of every cluster's share (a
+    split never crosses the WAN); 1 alone where the blocks are not known."""
     facts = layer_facts(spec)
-    if not (facts.heads and facts.blocks):
-        return [1]
-    top = min(MAX_TENSOR, max(clusters.values()))
-    return [1] + [
-        t
-        for t in range(2, top + 1)
-        if facts.heads % t == 0 and all(n % t == 0 for n in clusters.values())
-    ]
+    heads = [facts.heads] if facts.blocks else []
+    widths = split_widths(heads, max(clusters.values()))
+    return [t for t in widths if all(n % t == 0 for n in clusters.values())]
 
 
 def _weighed(
