@@ -384,20 +384,15 @@ def estimate_whole_pipelines(
 
 
 def slot_seconds(
-    busy: Sequence[float],
-    transfers: Sequence[float],
-    latency_s: float,
-    schedule: str,
-    fixed_s: float = 0.0,
+    busy: Sequence[float], transfers: Sequence[float], latency_s: float, fixed_s: float = 0.0
 ) -> float:
     """A 1F1B slot: the slowest stage's micro-batch (`busy`, forward and backward) or link
     transfer (activations one way while gradients go the other), at least a micro-batch's
     round trip (every stage, each transfer both ways, the boundaries' RTTs) over the S
     micro-batches it keeps in flight; plus a micro-batch's fixed cost `fixed_s`, whichever
-    bounds the slot. (`schedule`: "1f1b"; GPipe's step is `schedule_seconds`'.)"""
-    slot = max([*busy, *transfers])
-    if schedule == "1f1b":
-        slot = max(slot, (sum(busy) + 2 * sum(transfers) + latency_s) / len(busy))
+    bounds the slot. (GPipe's step is `schedule_seconds`'.)"""
+    trip = (sum(busy) + 2 * sum(transfers) + latency_s) / len(busy)
+    slot = max(*busy, *transfers, trip)
     return slot + fixed_s
 
 
@@ -421,9 +416,7 @@ def schedule_seconds(
     of the slowest; a stage's forward is `FORWARD_SHARE` of its `busy`."""
     m, s_count = micro_batches, len(busy)
     if schedule == "1f1b":
-        return (m + s_count - 1) * slot_seconds(busy, transfers, latency_s, schedule, fixed_s) + (
-            latency_s
-        )
+        return (m + s_count - 1) * slot_seconds(busy, transfers, latency_s, fixed_s) + latency_s
 
     def phase(share: float) -> float:
         elements = [b * share for b in busy] + list(transfers)

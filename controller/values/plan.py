@@ -186,7 +186,7 @@ def _weighed(
         for d in (d for d in range(1, total + 1) if whole / (d * t) <= least):
             if d == 1:
                 if t > 1 and len(groups) == 1:  # one stage, split over the cluster's GPUs
-                    found.append((keep_stages(groups, 1) or Placement(tuple(groups)), t))
+                    found.append((Placement(tuple(groups), groups[next(iter(groups))]), t))
                 continue
             with suppress(ValueError):  # stages the shares cannot give equal replicas
                 found.append((place(dict(groups), d, d < total), t))
