@@ -156,8 +156,9 @@ def step_seconds(sync: Sync, local_s: float, latency_s: float, transfer_s: float
 
     - every-step (adaptive): local + the exchange;
     - local SGD, partial and gossip (their own exchange's terms): local + the exchange / H;
-    - stale:s (s >= 1): max(local, transfer, exchange / (s + 1)): exchanges in flight hide
-      latency, not bandwidth;
+    - stale:s (s >= 1): max(local, the exchange): the leaders' exchanges go one at a time, each
+      beside the next step's compute, so a step hides its exchange but no exchange hides
+      another's latency (s only bounds how far a late exchange may fall behind);
     - async-ps: local + the push and pull a leader waits for (its own server's; the exchange
       between regions' servers flies apart and is not waited for);
     - streaming:H:fF:dD: each of the F fragments (the latency, 1/F of the transfer) has D
@@ -175,9 +176,8 @@ def step_seconds(sync: Sync, local_s: float, latency_s: float, transfer_s: float
         busy = (f * latency_s + transfer_s) / sync.period
         return busy if busy > waited else waited
     if kind is SyncKind.STALE and sync.staleness >= 1:
-        tail = (latency_s + transfer_s) / (sync.staleness + 1)
-        step = transfer_s if transfer_s > local_s else local_s
-        return tail if tail > step else step
+        exchange = latency_s + transfer_s
+        return exchange if exchange > local_s else local_s
     return local_s + (latency_s + transfer_s)
 
 

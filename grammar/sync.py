@@ -19,7 +19,8 @@ class SyncKind(StrEnum):
     """DiLoCo: `period` inner steps, then an outer Nesterov step on the averaged
     pseudo-gradient."""
     STALE = "stale"
-    """Gradients applied `staleness` steps late, so the exchange overlaps that much compute."""
+    """Gradients applied `staleness` steps late, so each exchange overlaps the next step's compute
+    (one in flight at a time: a late one may fall up to `staleness` steps behind)."""
     ADAPTIVE = "adaptive"
     """Every step, the compression level picked at run time from link bandwidth and compute."""
     STREAMING = "streaming"

@@ -30,12 +30,12 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   candidates with too. Nothing overlaps the backward pass (the runtime exchanges after it; a
   planner that credited overlap the runtime never gives promised a shorter step):
   every-step: L + T_w + O; local-sgd:H (partial, gossip): L + (O + T_w)/H;
-  stale:s (s >= 1): max(L, O + T_w,bandwidth, (O + T_w)/(s+1)) — up to s exchanges in flight
-  hide latency but not bandwidth; stale:0 is every-step; async-ps: L + O + T_ps, where T_ps
-  is the slowest push and pull of a cluster to its region's server (`ps_wan`: the servers
-  where the runtime puts them, `grammar.graph.region_hosts`; 0 where a region is one
-  cluster), and each region's server exchanges with the global one apart, one exchange in
-  flight, at most one a step: min(1, step / its own round trip) of them a step;
+  stale:s (s >= 1): max(L, O + T_w) — the leaders' exchanges go one at a time (the runtime's
+  one exchange thread), each beside the next step's compute; stale:0 is every-step; async-ps:
+  L + O + T_ps, where T_ps is the slowest push and pull of a cluster to its region's server
+  (`ps_wan`: the servers where the runtime puts them, `grammar.graph.region_hosts`; 0 where a
+  region is one cluster), and each region's server exchanges with the global one apart, one
+  exchange in flight, at most one a step: min(1, step / its own round trip) of them a step;
   streaming:H:fF:dD: each fragment waits what it outlasts its D steps of compute, F times a
   period, and the link carries the F fragments in the period's compute.
 - shared ports: a path is already no faster than the free share of the declared ports it
@@ -288,7 +288,7 @@ class CostModel:
         self._pace_cache: dict[tuple[str, ...], tuple[float, dict[str, int]]] = {}
         self._edges: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._intra_rows: dict[str, list[float]] = {}
-        self._modes: dict[tuple[str, str], tuple[int, bool, bool, float, int, int]] = {}
+        self._modes: dict[tuple[str, str], tuple[int, bool, bool, float, int]] = {}
         self._quality_cache: dict[tuple[str, str], float] = {}
         self._streams: dict[tuple[str, str], Sync] = {}
         """The streaming values among `_modes`, which `score_set` times by `step_seconds`."""
@@ -809,7 +809,7 @@ class CostModel:
             mode = self._modes.get((c, s))
             if mode is None:
                 mode = self._mode(c, s)
-            kind, runs_ahead, gossip, eff_steps, period, div = mode
+            kind, runs_ahead, gossip, eff_steps, period = mode
             if kind == _PS:  # its region exchanges depend on the step: `_parts` itself
                 terms.append((kind, runs_ahead, eff_steps, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
                 continue
@@ -825,7 +825,7 @@ class CostModel:
             elif kind == _LOCAL:
                 tail = (latency + transfer) / period
             elif kind == _STALE:
-                floor, tail = transfer, (latency + transfer) / div
+                floor = latency + transfer
             periodic = kind in (_LOCAL, _STREAM)
             exchanges = periodic_exchanges(eff_steps, period) if periodic else eff_steps
             egress = exchanges * wan.egress_cost
@@ -866,8 +866,6 @@ class CostModel:
                 # float: the builtin boxes its arguments in the compiled build)
                 if kind == _STALE:
                     step = floor if floor > local else local
-                    if tail > step:
-                        step = tail
                 elif kind == _STREAM:
                     step = step_seconds(self._streams[choices[k]], local, latency, transfer)
                 else:
@@ -881,10 +879,10 @@ class CostModel:
                 costs.append(money)
         return times, costs
 
-    def _mode(self, compression: str, sync: str) -> tuple[int, bool, bool, float, int, int]:
+    def _mode(self, compression: str, sync: str) -> tuple[int, bool, bool, float, int]:
         """`score_set`'s constants of one (compressor, sync) on any set: the step formula,
-        whether fast clusters run ahead, gossip, the steps (`_parts`'), the period and
-        staleness + 1. Kept for the plan."""
+        whether fast clusters run ahead, gossip, the steps (`_parts`') and the period. Kept
+        for the plan."""
         sm = self.sync(sync)
         if sm.value.kind is SyncKind.STREAMING:
             kind = _STREAM
@@ -905,7 +903,6 @@ class CostModel:
             sm.neighbours,
             float(self.job.steps),
             sm.period,
-            sm.staleness + 1,
         )
         self._modes[(compression, sync)] = mode
         return mode

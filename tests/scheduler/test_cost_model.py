@@ -111,11 +111,14 @@ def test_local_sgd_exchanges_every_h_steps() -> None:
     assert est.quality_cost == pytest.approx(0.04)
 
 
-def test_stale_overlaps_whole_step_but_not_bandwidth() -> None:
+def test_stale_hides_its_exchange_behind_a_step_not_behind_another_exchange() -> None:
+    """The runtime's leader runs one exchange at a time: a step takes the longer of its
+    local part and a whole exchange (latency too), whatever the staleness."""
     snap, j = _two()
-    est = estimate(snap, j, [Assignment("a", 1), Assignment("b", 1)], "none", "stale:1")
-    # max(local 0.6, overhead + bandwidth 3.2, (3.22)/2) = 3.2
-    assert est.step_time_s == pytest.approx(3.2)
+    for sync in ("stale:1", "stale:4"):
+        est = estimate(snap, j, [Assignment("a", 1), Assignment("b", 1)], "none", sync)
+        # max(local 0.6, latency + overhead + bandwidth 3.22) = 3.22
+        assert est.step_time_s == pytest.approx(3.22)
     s0 = estimate(snap, j, [Assignment("a", 1), Assignment("b", 1)], "none", "stale:0")
     assert s0.step_time_s == pytest.approx(3.82)
 

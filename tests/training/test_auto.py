@@ -120,7 +120,10 @@ def test_streaming_waits_for_what_its_fragments_outlast() -> None:
     assert step_seconds(s32, 1.0, 7.5, 0.0) == pytest.approx(1.0 + 4 * 0.5 / 32)
     assert step_seconds(parse_sync("local-sgd:8"), 1.0, 1.0, 7.0) == 2.0
     assert step_seconds(parse_sync("every-step"), 1.0, 1.0, 7.0) == 9.0
-    assert step_seconds(parse_sync("stale:1"), 1.0, 1.0, 7.0) == 7.0  # bandwidth stays
+    # stale: a step hides one whole exchange (one in flight at a time), whatever its staleness
+    assert step_seconds(parse_sync("stale:1"), 1.0, 1.0, 7.0) == 8.0
+    assert step_seconds(parse_sync("stale:4"), 1.0, 1.0, 7.0) == 8.0
+    assert step_seconds(parse_sync("stale:1"), 9.0, 1.0, 7.0) == 9.0
 
 
 def test_fixed_values_are_kept() -> None:

@@ -16,8 +16,10 @@ from training.sync.every_step import EveryStepSync
 
 
 class StaleSync(EveryStepSync):
-    """The leader runs exchanges on one background thread in step order, so up to S exchanges
-    overlap compute and a cluster never runs more than S steps ahead of the slowest one.
+    """The leader runs exchanges on one background thread in step order: each overlaps the
+    next step's compute, one at a time (a step takes the longer of the two,
+    `grammar.auto.step_seconds`), and a cluster never runs more than S steps ahead of the
+    slowest one.
     Each step applies the cluster's fresh gradient plus, for step t-S, the correction
     (global mean gradient - own gradient), so every cluster applies the same total update;
     only its timing differs (clusters' parameters differ by the updates in flight). With
