@@ -35,7 +35,8 @@ One step of hierarchical data parallelism on clusters S with g_c GPUs each:
   L + O + T_ps, where T_ps is the slowest push and pull of a cluster to its region's server
   (`ps_wan`: the servers where the runtime puts them, `grammar.graph.region_hosts`; 0 where a
   region is one cluster), and each region's server exchanges with the global one apart, one
-  exchange in flight, at most one a step: min(1, step / its own round trip) of them a step;
+  exchange in flight, one every `relay_ticks` (its round trip over the step, rounded up)
+  ticks;
   streaming:H:fF:dD: each fragment waits what it outlasts its D steps of compute, F times a
   period, and the link carries the F fragments in the period's compute.
 - shared ports: a path is already no faster than the free share of the declared ports it
@@ -283,7 +284,7 @@ class CostModel:
         self._sync_cache: dict[str, SyncModel] = {}
         self._gossip_cache: dict[tuple[tuple[str, ...], str], WanTerms] = {}
         self._ps_cache: dict[
-            tuple[tuple[str, ...], str], tuple[WanTerms, tuple[WanTerms, ...]]
+            tuple[tuple[str, ...], str], tuple[WanTerms, tuple[tuple[str, WanTerms], ...]]
         ] = {}
         self._pace_cache: dict[tuple[str, ...], tuple[float, dict[str, int]]] = {}
         self._edges: dict[tuple[str, str], tuple[float, float, float]] = {}
@@ -539,15 +540,15 @@ class CostModel:
 
     def ps_wan(
         self, names: tuple[str, ...], compression: str
-    ) -> tuple[WanTerms, tuple[WanTerms, ...]]:
+    ) -> tuple[WanTerms, tuple[tuple[str, WanTerms], ...]]:
         """An `async-ps` run's WAN, where the runtime puts its servers
         (`grammar.graph.region_hosts`, over the clusters' regions): what a tick waits for and
         sends (each cluster's leader pushes the payload to its server and pulls as much back,
         blocking: the slowest such round trip, and the push's own fixed cost
         (`Snapshot.ps_push_s`: the server's work, a call to it where it is another process)) and
-        each regional server's exchange with the global one (there and back; each region has
-        one in flight at a time, never waited for, on its own link: `_parts` counts how many
-        fit, region by region). Flat (one region): no region exchange."""
+        each regional server's exchange with the global one, by region (there and back; each
+        region has one in flight at a time, never waited for, on its own link: `_parts` fixes
+        how often, region by region, `relay_ticks`). Flat (one region): no region exchange."""
         if len(names) < 2:
             return NO_WAN, ()
         key = (names, compression)
@@ -591,8 +592,8 @@ class CostModel:
             )
 
         members = [(c, hosts[r]) for r, cs in groups.items() for c in cs if c != hosts[r]]
-        relays = [(h, top) for h in hosts.values() if h != top] if len(groups) > 1 else []
-        hit = (star(members), tuple(star([pair]) for pair in relays))
+        relays = [(r, h) for r, h in sorted(hosts.items()) if h != top] if len(groups) > 1 else []
+        hit = (star(members), tuple((r, star([(h, top)])) for r, h in relays))
         self._ps_cache[key] = hit
         return hit
 
@@ -747,6 +748,7 @@ class CostModel:
             bottleneck=p.wan.bottleneck,
             tree=p.wan.tree,
             step_overhead_s=p.extra,
+            relay_ticks=p.relay_ticks,
             setup_s=setup,
             total_time_range_s=(
                 total * self.snapshot.spread[0],
@@ -935,9 +937,11 @@ class CostModel:
         if sm.kind == "async-ps":
             wan, relays = self.ps_wan(names, compression)
             step = step_time(compute, intra_s, wan, sm) + extra
-            for relay in relays:  # each region's exchanges that fit: one in flight, one a tick
-                lasts = relay.latency_s + relay.bandwidth_s + relay.overhead_s
-                share = min(1.0, step / lasts) if lasts > 0 else 1.0
+            ticks: list[tuple[str, int]] = []
+            for region, relay in relays:  # one exchange every `relay_ticks` ticks, one in flight
+                every = relay_ticks(step, relay.latency_s + relay.bandwidth_s + relay.overhead_s)
+                ticks.append((region, every))
+                share = 1.0 / every
                 wan = WanTerms(
                     wan.latency_s,
                     wan.bandwidth_s,
@@ -947,11 +951,22 @@ class CostModel:
                     wan.ring,
                     wan.bottleneck or relay.bottleneck,
                 )
-            return _Parts(compute, step, steps, steps, wan, extra)
+            return _Parts(compute, step, steps, steps, wan, extra, tuple(ticks))
         wan = self.gossip_wan(names, compression) if sm.neighbours else self.wan(names, compression)
         step = step_time(compute, intra_s, wan, sm) + extra
         exchanges = periodic_exchanges(steps, sm.period) if sm.kind == "local-sgd" else steps
         return _Parts(compute, step, steps, exchanges, wan, extra)
+
+
+def relay_ticks(step_s: float, lasts_s: float) -> int:
+    """Every how many ticks an async-ps region's server sends its progress to the global one:
+    the ticks one exchange lasts, so that the one in flight has landed when the next is due.
+    The plan's number, which the run keeps to (`training.TrainSpec.relay_ticks`): the bytes
+    are the plan's whatever the run's clock, where "whenever the last one landed" made them
+    follow it."""
+    if lasts_s <= 0.0 or step_s <= 0.0:
+        return 1
+    return max(1, min(1_000_000, math.ceil(lasts_s / step_s - 1e-9)))
 
 
 def periodic_exchanges(steps: float, period: int) -> float:
@@ -964,7 +979,7 @@ class _Parts:
     """One choice's step time (with the fast clusters' speedup), steps and exchanges. A plain
     class, one per scored choice: see `WanTerms`."""
 
-    __slots__ = ("compute", "eff_steps", "exchanges", "extra", "step", "wan")
+    __slots__ = ("compute", "eff_steps", "exchanges", "extra", "relay_ticks", "step", "wan")
 
     def __init__(
         self,
@@ -974,6 +989,7 @@ class _Parts:
         exchanges: float,
         wan: WanTerms,
         extra: float,
+        relay_ticks: tuple[tuple[str, int], ...] = (),
     ) -> None:
         self.compute = compute
         self.step = step
@@ -981,6 +997,7 @@ class _Parts:
         self.exchanges = exchanges
         self.wan = wan
         self.extra = extra
+        self.relay_ticks = relay_ticks
 
 
 def reserved_cost(price_sum: float, n: int, wan_bytes: float, total: float, setup: float) -> float:

@@ -510,6 +510,9 @@ class Estimate:
     (`grammar.graph.reduction_tree`) because it is faster than the ring; empty: the ring."""
     batch_shares: tuple[tuple[str, float], ...] = ()
     step_overhead_s: float = 0.0  # included in step_time_s
+    relay_ticks: tuple[tuple[str, int], ...] = ()
+    """Under async-ps across regions: every how many ticks each region's server (by region)
+    exchanges with the global one (`cost.relay_ticks`); the run keeps to it."""
     quality_cost: float = 0.0
     setup_s: float = 0.0  # included in total_time_s (and its GPUs in the cost)
     total_time_range_s: tuple[float, float] = (0.0, 0.0)

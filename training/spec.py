@@ -221,6 +221,10 @@ class TrainSpec:
     regions: dict[str, str] = field(default_factory=dict)
     """{cluster: region} for every cluster, or empty (one region). `async-ps` runs one
     parameter server per region under a global one when the clusters span two or more."""
+    relay_ticks: dict[str, int] = field(default_factory=dict)
+    """{region: ticks}: under `async-ps` across regions, each region's server sends its
+    progress to the global one every this many steps of the slowest cluster (the plan's,
+    `scheduler.cost.relay_ticks`), or later where the last has not landed; 1 where absent."""
     fault_domains: bool = True
     """A lost cluster leaves the run and the others go on from where they are, and a cluster
     can join mid-run (`training.faults`), where the sync mode can (`training.sync.regroups`);
@@ -286,6 +290,9 @@ class TrainSpec:
             )
         if self.checkpoint_every < 0:
             raise ValueError("checkpoint_every: must be >= 0")
+        for region, ticks in self.relay_ticks.items():
+            if not 1 <= ticks <= 1_000_000:
+                raise ValueError(f"relay_ticks: {region!r} needs 1 to 1000000 ticks, not {ticks}")
         for name, share in self.batch_shares.items():
             if name not in self.clusters:
                 raise ValueError(f"batch_shares: {name!r} is not one of the run's clusters")

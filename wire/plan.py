@@ -103,6 +103,12 @@ class PlanEstimate(_Value):
         description="Under async-ps: the fixed cost of a push to its server counted in "
         "step_time_s (fitted from finished async-ps runs; absent otherwise).",
     )
+    relay_ticks: dict[str, int] = Field(
+        default_factory=dict,
+        description="Under async-ps across regions: every how many steps each region's server "
+        "sends its progress to the global one (the ticks one exchange lasts), which the run "
+        "keeps to; empty otherwise.",
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -260,6 +260,7 @@ def train_spec_of(
         max_restarts=2,
         data=spec.data.residency,
         regions=regions,
+        relay_ticks=dict(plan.estimate.relay_ticks) if plan else {},
         tree=_tree(plan, layout.clusters),
         adapt=adapt,
         **spec.args.runtime(),  # typed and bounded by the spec (wire.spec.TrainArgs)

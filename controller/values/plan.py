@@ -901,6 +901,7 @@ def plan_of(
             if len(result.placement) > 1 and str(result.sync).startswith("async-ps")
             else None
         ),
+        relay_ticks=dict(est.relay_ticks),
         setup_s=est.setup_s,
         total_time_range_s=est.total_time_range_s,
         quality_cost=round(est.quality_cost, 6),
@@ -912,6 +913,13 @@ def plan_of(
             *explanation,
             f"each tick's push to its parameter server costs {estimate.ps_push_s * 1e3:.3g} ms "
             f"beyond its WAN bytes{_prior(snapshot, 'ps_push_s')}",
+        )
+    if estimate.relay_ticks:
+        every = ", ".join(f"{r} every {t}" for r, t in sorted(estimate.relay_ticks.items()))
+        explanation = (
+            *explanation,
+            f"each region's server sends its progress to the global one as often as one "
+            f"exchange lasts, in steps: {every}",
         )
     if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged

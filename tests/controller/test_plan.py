@@ -103,6 +103,7 @@ def test_an_old_job_plan_parses_with_defaults() -> None:
             "batch_shares": {},  # an older plan: equal per worker
             "tree": {},  # and a ring
             "ps_push_s": None,  # no async-ps push cost counted
+            "relay_ticks": {},  # nor regions' exchanges (a run sends when the last landed)
         },
     }
     assert out["links"] == []

@@ -6,6 +6,7 @@ ahead; those split equally and run ahead when asked for; gossip when links are u
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
@@ -97,7 +98,7 @@ def test_async_ps_is_priced_where_the_runtime_puts_its_servers() -> None:
     """One region: every leader waits each step for its push and pull to the server at the
     best-connected cluster (a, `grammar.graph.ps_host`), the slowest such round trip, and
     both non-hosts send the payload there and back. One cluster a region: the pushes stay
-    local and each region's server exchanges apart, one in flight, as many as fit."""
+    local and each region's server exchanges apart, one in flight, as often as one lasts."""
     params, steps = 10_000_000, 100
     j = job(24, params=params, steps=steps, flops_per_step=1e14)
     links = (link("a", "b", 10.0, 20.0), link("a", "c", 10.0, 40.0), link("b", "c", 1.0, 20.0))
@@ -119,21 +120,26 @@ def test_async_ps_is_priced_where_the_runtime_puts_its_servers() -> None:
     step = local.compute_s + local.intra_s
     assert est.step_time_s == pytest.approx(step)
     # the regions' servers at b and c exchange with the global one at a, each on its own
-    # link, one in flight: the exchanges that fit in a step are counted region by region
-    # (at the farthest one's pace for both, the near one's bytes were missed: promise.md)
+    # link, one in flight: each region every as many ticks as its exchange lasts, region by
+    # region (at the farthest one's pace for both, the near one's bytes were missed:
+    # promise.md), the plan's number, which the run keeps to
     near = 0.020 + 2 * payload / (10e9 / 8)
-    shares = min(1.0, step / near) + min(1.0, step / wait)
-    assert step / wait < 1.0 and shares > 2 * step / wait
-    assert est.wan_bytes == pytest.approx(steps * shares * 2 * payload)
+    every = {"ap": math.ceil(wait / step), "eu": math.ceil(near / step)}
+    assert every["ap"] > every["eu"] > 1
+    assert dict(est.relay_ticks) == every
+    assert est.wan_bytes == pytest.approx(steps * sum(1 / t for t in every.values()) * 2 * payload)
     # each call to a server blocks its caller for a fixed cost (`ps_push_s`, fitted from
     # finished runs), local pushes included: a longer tick, in which more exchanges fit
     push = 0.01
     pushed = CostModel(Snapshot(apart, links, ps_push_s=push), j)
     est = pushed.estimate(pl, "none", "async-ps:2")
     assert est.step_time_s == pytest.approx(step + push)
-    fit = min(1.0, (step + push) / (near + push)) + min(1.0, (step + push) / (wait + push))
-    assert fit > shares
+    longer = {r: math.ceil((t + push) / (step + push)) for r, t in (("ap", wait), ("eu", near))}
+    assert dict(est.relay_ticks) == longer and longer["ap"] < every["ap"]
+    fit = sum(1 / t for t in longer.values())
     assert est.wan_bytes == pytest.approx(steps * fit * 2 * payload)
+    # one region: no region exchanges to plan
+    assert flat.estimate(pl, "none", "async-ps:2").relay_ticks == ()
 
 
 def test_uneven_links_make_auto_consider_gossip_and_even_ones_do_not() -> None:

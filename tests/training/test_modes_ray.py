@@ -143,6 +143,15 @@ def test_async_ps_regions_of_one_cluster_exchange_from_the_first_step(pool: Work
     assert stats["regions"] == 4
     assert stats["region_exchanges"] >= 4 + steps // 2, stats
     assert report.final_loss <= math.log(10) - 0.2
+    # where the plan says every 8 ticks (`relay_ticks`), a region sends no more often, though
+    # its answers come back at once: after ticks 8, 16, 24 and 32 at most, and at the end
+    ticks = 8
+    planned = _run(
+        pool, "async-ps:4", steps, regions=regions, compression="none", speed_bound=1,
+        relay_ticks=dict.fromkeys(regions.values(), ticks),
+    )  # fmt: skip
+    assert 4 <= planned.sync_stats["region_exchanges"] <= 4 * (steps // ticks + 1), planned
+    assert planned.final_loss < math.log(10)  # it trains (async-ps's last loss is noisy)
 
 
 def test_gossip_among_three_clusters_is_local_sgd_of_its_period(pool: WorkerPool) -> None:

@@ -179,14 +179,17 @@ class _GlobalServer:
 
 
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("rate_bps", [None, 1000.0])
+@pytest.mark.parametrize(
+    ("rate_bps", "ticks", "expected"), [(None, 1, 11), (1000.0, 1, 2), (None, 3, 4)]
+)
 def test_a_regional_servers_exchanges_keep_to_its_hosts_reservation(
-    rate_bps: float | None,
+    rate_bps: float | None, ticks: int, expected: int
 ) -> None:
     """HALoS's regional server exchanges with the global one out of its host's uplink: with
     a reservation it sends once (its burst) in a second of pushes, each exchange's bits
     taking many seconds at the rate, and sums the region's progress into its next one;
-    without, it sends after every push whose answer has come back."""
+    without, it sends after every push whose answer has come back, or every `ticks` pushes
+    where the plan says so (`TrainSpec.relay_ticks`), though each answer came back at once."""
     from grammar import parse_compression
     from training.compression import make_compressor
     from training.exchange import encode, param_pieces
@@ -207,6 +210,7 @@ def test_a_regional_servers_exchanges_keep_to_its_hosts_reservation(
         compression=compression,
         link=None,
         rate_bps=rate_bps,
+        ticks=ticks,
     )
     coder = make_compressor(compression)
     for _ in range(10):
@@ -214,7 +218,8 @@ def test_a_regional_servers_exchanges_keep_to_its_hosts_reservation(
         region.push("a", update, region.version, 0.1)
     sent, exchanges = region.flush()
     # unpaced: one after each push (the last one's with the flush's) and the flush's own;
-    # paced: the first push's (the burst) and the flush's
-    assert exchanges == (2 if rate_bps else 11)
+    # paced: the first push's (the burst) and the flush's; every 3 ticks: after pushes 3, 6
+    # and 9, and the flush's
+    assert exchanges == expected
     assert sent[("a", "g")] > 0
     assert torch.allclose(region.params, torch.full((64,), -0.1))  # no progress lost

@@ -133,6 +133,7 @@ class RegionalServer(ParameterServer):
         compression: Compression,
         link: Link | None,
         rate_bps: float | None = None,
+        ticks: int = 1,
     ) -> None:
         super().__init__(params, shares, staleness, pieces)
         self.region, self.host, self.global_host = region, host, global_host
@@ -141,7 +142,9 @@ class RegionalServer(ParameterServer):
         self.global_server = global_server
         self.compression = compression
         self.link = link  # regional host to global host (None: unshaped or the same)
-        self.period = max(1, len(shares))  # about one exchange per step of the slowest
+        # one exchange every `ticks` steps of the slowest (the plan's `relay_ticks`: the bytes
+        # are the plan's, not what the clock lets through)
+        self.period = max(1, len(shares)) * max(1, ticks)
         self.anchor = params.clone()  # the global parameters as this region last pulled them
         self.global_version = 0
         self.global_slowest = 0.0
@@ -400,6 +403,7 @@ class AsyncPSSync(SyncStrategy):
                     compression=self.compression,
                     link=link if me != self.global_host else None,
                     rate_bps=None if exchanger.pacer is None else exchanger.pacer.rate_bps,
+                    ticks=self.spec.relay_ticks.get(self.region, 1),
                 )
                 _call(self.server, "stats")  # up before any push
             dist.barrier(group=exchanger.group)
