@@ -100,12 +100,15 @@ def candidates(
     hetero: bool = False,
     sparse: bool = False,
     switchable: bool = False,
+    local_data: bool = False,
 ) -> list[tuple[str, str]]:
     """(compression, sync) pairs `auto` chooses among, in menu order, for a job whose
     `compression` and `sync` may each be auto or fixed: a fixed value stays, an auto one takes
     the menu's. `hetero` / `sparse` add the modes for uneven speeds / uneven links;
     `switchable` keeps only what the runtime can switch to mid-run (its modes, and no
-    compressor with a momentum correction). A fixed pair is the one candidate."""
+    compressor with a momentum correction); on `local_data` the menu's streaming sends the
+    whole model as one fragment (`parse_sync`'s default there). A fixed pair is the one
+    candidate."""
     c, s = parse_compression(compression), parse_sync(sync)
     if s.is_auto:
         syncs = [*GRADIENT_SYNCS, *LOCAL_SYNCS]
@@ -113,6 +116,8 @@ def candidates(
             syncs += HETERO_SYNCS
         if sparse:
             syncs += SPARSE_SYNCS
+        if local_data:
+            syncs = [_one_fragment(v) for v in syncs]
     else:
         syncs = [str(s)]
     if switchable:
@@ -127,20 +132,32 @@ def candidates(
     return pairs
 
 
+def _one_fragment(value: str) -> str:
+    """A streaming menu entry as one fragment of its period and delay; others as they are."""
+    s = parse_sync(value)
+    if s.kind is not SyncKind.STREAMING:
+        return value
+    return str(Sync(SyncKind.STREAMING, period=s.period, fragments=1, delay=s.delay))
+
+
 def adaptable(
     compression: str | Compression,
     sync: str | Sync,
     planned_compression: str | Compression,
     planned_sync: str | Sync,
+    *,
+    local_data: bool = False,
 ) -> tuple[str, ...]:
     """What of a job's `compression` and `sync` the runtime may re-decide mid-run, starting
     from the plan's concrete pair: the parts the job left to `auto` ("compression", "sync"),
-    where the planned pair is one the runtime can switch from (`candidates(switchable=True)`);
-    () where nothing was left to `auto` or the plan picked a mode the runtime cannot leave."""
+    where the planned pair is one the runtime can switch from (`candidates(switchable=True)`,
+    on `local_data` its menu there); () where nothing was left to `auto` or the plan picked a
+    mode the runtime cannot leave."""
     c, s = parse_compression(compression), parse_sync(sync)
     parts = tuple(p for p, auto in (("sync", s.is_auto), ("compression", c.is_auto)) if auto)
     planned = (str(parse_compression(planned_compression)), str(parse_sync(planned_sync)))
-    return parts if parts and planned in candidates(c, s, switchable=True) else ()
+    menu = candidates(c, s, switchable=True, local_data=local_data)
+    return parts if parts and planned in menu else ()
 
 
 def _corrects_momentum(level: str) -> bool:

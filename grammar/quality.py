@@ -93,15 +93,16 @@ LOCAL_DATA_COST: dict[SyncKind, float] = {
 """What each mode costs more on local (label-skewed) data than on shared data, from the points
 each ended below every-step on shared data in bench/results/local-data.md (local SGD 2.2 at
 H=16 and 3.4 at H=8, partial 2.2, with the plain-average outer step cpn runs there; async-ps
-3.2; gossip 4.0; streaming 10.1; every-step above it, within noise: 0), at about 0.02 of
-extra steps a point of accuracy as modes.md's period doublings give. Streaming's is for
-fragments: with the whole model as one (`LOCAL_DATA_ONE_FRAGMENT`) it ended 3.3 points
-below."""
+3.2; gossip 4.0; streaming with four fragments 10.1; every-step above it, within noise:
+0), at about 0.02 of extra steps a point of accuracy as modes.md's period doublings give.
+Streaming's is for named fragments: with the whole model as one (`LOCAL_DATA_ONE_FRAGMENT`,
+its default on local data, `grammar.sync.parse_sync`) it ended 3.3 points below."""
 
 LOCAL_DATA_ONE_FRAGMENT = 0.07
 """Streaming with one fragment on local data: the fragments synced at staggered steps, each
 against the others' own drift, are what cost it (bench/results/local-data.md: f4 10.1
-points below, f1 3.3)."""
+points below, f2 13.5, f4 with no delay 7.9, f1 3.3; fragments cut across the layers
+rather than along them ended no better, 8.4 at f4:d0, measured once and not kept)."""
 
 
 def local_data_cost(s: Sync) -> float:
@@ -114,8 +115,9 @@ def local_data_cost(s: Sync) -> float:
 def sync_cost(value: str | Sync, local_data: bool = False) -> float:
     """Extra steps the sync mode costs (local SGD 0.02 a doubling of its period: H=16 ended
     4.3 points below every-step in modes.md; the modes that let clusters drift more), and on
-    `local_data` what its clusters' drift apart costs more (`LOCAL_DATA_COST`)."""
-    s = parse_sync(value)
+    `local_data` what its clusters' drift apart costs more (`LOCAL_DATA_COST`; a value is
+    read as local data reads it: streaming's fragments default to one there)."""
+    s = parse_sync(value, local_data=local_data)
     return _sync_cost(s) + (local_data_cost(s) if local_data else 0.0)
 
 

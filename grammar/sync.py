@@ -47,8 +47,8 @@ _FORMS = (
     "local-sgd:<H >= 1> (or diloco:<H>)",
     "stale:<S >= 0>",
     "adaptive",
-    "streaming:<H >= 1>[:f<fragments in [1, H], default min(4, H)>]"
-    "[:d<delay in [0, H), default H/fragments - 1>]",
+    "streaming:<H >= 1>[:f<fragments in [1, H], default min(4, H); 1 on local data>]"
+    "[:d<delay in [0, H), default H/min(4, H) - 1 with one fragment, else H/fragments - 1>]",
     "partial:<H >= 1>",
     "async-ps:<S >= 0>",
     "gossip:<P >= 1>",
@@ -107,7 +107,7 @@ def _invalid(text: object, problem: str) -> ValueError:
     return ValueError(f"sync {text!r}: {problem}; {SYNC_HELP}")
 
 
-def _streaming(text: str, options: list[str]) -> Sync:
+def _streaming(text: str, options: list[str], local_data: bool) -> Sync:
     if not options or not (options[0].isascii() and options[0].isdigit()):
         raise _invalid(text, "streaming needs a whole number H (inner steps), e.g. streaming:32")
     period = int(options[0])
@@ -121,17 +121,24 @@ def _streaming(text: str, options: list[str]) -> Sync:
                 text, f"unknown or repeated streaming option {option!r} (use f<n>, d<n>)"
             )
         found[tag] = int(raw)
-    fragments = found.get("f", min(4, period))
+    fragments = found.get("f", 1 if local_data else min(4, period))
     if not 1 <= fragments <= period:
         raise _invalid(text, f"fragments {fragments} must be in [1, H={period}]")
-    delay = found.get("d", period // fragments - 1)
+    # one fragment waits as long as the first of four would: H/F - 1 would leave it one step
+    # of progress a period (the rest is dropped when the sum lands)
+    delay = found.get("d", period // (min(4, period) if fragments == 1 else fragments) - 1)
     if not 0 <= delay < period:
         raise _invalid(text, f"delay {delay} must be in [0, H={period})")
     return Sync(SyncKind.STREAMING, period=period, fragments=fragments, delay=delay)
 
 
-def parse_sync(text: str | Sync) -> Sync:
-    """Parse a sync value; ValueError quotes it, says what is wrong and the valid forms."""
+def parse_sync(text: str | Sync, *, local_data: bool = False) -> Sync:
+    """Parse a sync value; ValueError quotes it, says what is wrong and the valid forms.
+    On `local_data` (label-skewed: each cluster its own labels) streaming's fragments default
+    to one: fragments synced at staggered steps, each against the others' own drift, ended
+    8-13 points below synchronous training there, one fragment 3-5 (bench/results/
+    local-data.md); named fragments are kept (the plan prices their quality,
+    `grammar.quality.local_data_cost`)."""
     if isinstance(text, Sync):
         return text
     if not isinstance(text, str):
@@ -144,7 +151,7 @@ def parse_sync(text: str | Sync) -> Sync:
             raise _invalid(text, f"{kind} takes no options")
         return Sync(SyncKind(kind))
     if kind == "streaming":
-        return _streaming(text, options)
+        return _streaming(text, options, local_data)
     if kind in ("partial", "gossip", "async-ps"):
         what = "S (versions of staleness)" if kind == "async-ps" else "H (steps per round)"
         if kind == "gossip":

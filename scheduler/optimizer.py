@@ -147,11 +147,11 @@ class _Search:
         `_finish` scores in full only sets that rank among them."""
         self._partial_cache: dict[tuple[str, ...], float] = {}
         # `grammar.auto`'s menu, the runtime's auto's too
-        c, s = job.compression, job.sync
-        self.multi = candidates(c, s)
+        c, s, local = job.compression, job.sync, job.data_clusters is not None
+        self.multi = candidates(c, s, local_data=local)
         base = set(self.multi)
-        self.hetero = [p for p in candidates(c, s, hetero=True) if p not in base]
-        self.sparse = [p for p in candidates(c, s, sparse=True) if p not in base]
+        self.hetero = [p for p in candidates(c, s, hetero=True, local_data=local) if p not in base]
+        self.sparse = [p for p in candidates(c, s, sparse=True, local_data=local) if p not in base]
         self.single = [
             (
                 "none" if job.compression == "auto" else job.compression,

@@ -117,7 +117,10 @@ def decide(
         return quality_cost(level, sync, local_data)
 
     pairs = candidates(
-        fixed_compression or "auto", fixed_sync or Sync(SyncKind.AUTO), switchable=True
+        fixed_compression or "auto",
+        fixed_sync or Sync(SyncKind.AUTO),
+        switchable=True,
+        local_data=local_data,
     )
     if kinds is not None:
         pairs = [(lv, v) for lv, v in pairs if parse_sync(v).kind in kinds] or pairs

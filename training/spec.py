@@ -69,6 +69,11 @@ class Parsed(Generic[V, T]):
 
     def __set__(self, obj: object, value: V | T) -> None:
         object.__setattr__(obj, self._attr, self._parse(value))
+        object.__setattr__(obj, self._attr + "_text", value if isinstance(value, str) else None)
+
+    def text(self, obj: object) -> str | None:
+        """The text last assigned, where it was one (None: a parsed value)."""
+        return getattr(obj, self._attr + "_text", None)
 
 
 def _concrete_compression(text: str | Compression) -> Compression:
@@ -245,6 +250,14 @@ class TrainSpec:
     starts on the concrete `sync` and `compression` given (a plan's) and reports each change
     in `auto_decisions` (`grammar.auto.adaptable` says which parts a plan leaves open)."""
 
+    def __post_init__(self) -> None:
+        """A sync given as text on local data takes local data's defaults (`parse_sync`:
+        streaming's fragments default to one), as a job's spec does."""
+        parsed: Parsed[str, Sync] = vars(TrainSpec)["sync"]
+        text = parsed.text(self)
+        if self.data == "local" and text is not None:
+            self.sync = parse_sync(text, local_data=True)
+
     def with_clusters(
         self,
         clusters: dict[str, int],
@@ -374,6 +387,7 @@ class TrainSpec:
                 open_.get("sync", self.sync),
                 self.compression,
                 self.sync,
+                local_data=self.data == "local",
             )
             if not left:
                 raise ValueError(

@@ -21,7 +21,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from agents.protocol import StrictScalars, refuse_control_characters
-from grammar import COMPRESSION_HELP, SYNC_HELP, canonical_compression, canonical_sync
+from grammar import (
+    COMPRESSION_HELP,
+    SYNC_HELP,
+    canonical_compression,
+    canonical_sync,
+    parse_sync,
+)
 from grammar.parallel import PARALLEL_HELP, STAGES_HELP, parse_stages
 
 QosClass = Literal["guaranteed", "standard", "spot"]
@@ -403,6 +409,25 @@ class JobSpec(_In):
         if not _TASK.match(value):
             raise ValueError("write builtin:NAME or module.path:function")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sync_on_local_data(cls, values: Any) -> Any:
+        """On local data a sync value's defaults are local data's (`grammar.parse_sync`:
+        streaming's fragments default to one), filled in before the field keeps its canonical
+        form, which names them."""
+        if not isinstance(values, dict):
+            return values
+        data, sync = values.get("data"), values.get("sync")
+        residency = (
+            data.get("residency") if isinstance(data, dict) else getattr(data, "residency", None)
+        )
+        if residency != "local" or not isinstance(sync, str) or len(sync) > 64:
+            return values
+        try:
+            return {**values, "sync": str(parse_sync(sync, local_data=True))}
+        except ValueError:
+            return values  # the field's own validator names what is wrong
 
     @model_validator(mode="after")
     def _gpus(self) -> Self:

@@ -235,7 +235,12 @@ def train_spec_of(
         sync = plan.sync if plan else "every-step"
     # what the spec left to auto, the runtime may re-decide when the link moves (from the
     # plan's pair, by the same policy; each change becomes a job event)
-    adapt = adaptable(spec.compression, spec.sync, compression, sync) if len(clusters) > 1 else ()
+    local = spec.data.residency == "local"
+    adapt = (
+        adaptable(spec.compression, spec.sync, compression, sync, local_data=local)
+        if len(clusters) > 1
+        else ()
+    )
     checkpoint = child(config.checkpoint_root, job.id)
     store = open_store(checkpoint)
     store.prepare()

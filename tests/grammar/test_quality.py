@@ -85,9 +85,12 @@ def test_local_data_costs_the_modes_that_drift_more() -> None:
     for sync in ("every-step", "stale:1"):
         assert sync_cost(sync, local_data=True) == sync_cost(sync)
     costs = {s: sync_cost(s, True) - sync_cost(s) for s in ("local-sgd:16", "gossip:16",
-             "async-ps:4", "streaming:16")}  # fmt: skip
+             "async-ps:4", "streaming:16:f4")}  # fmt: skip
     assert 0 < costs["local-sgd:16"] < costs["async-ps:4"] < costs["gossip:16"]
-    assert costs["gossip:16"] < costs["streaming:16"]
+    assert costs["gossip:16"] < costs["streaming:16:f4"]  # fragments named
+    # streaming's default there is one fragment: it costs what one fragment costs
+    assert sync_cost("streaming:16", True) == sync_cost("streaming:16:f1:d3", True)
+    assert sync_cost("streaming:16", True) < sync_cost("streaming:16:f4", True)
     assert quality_cost("int8", "local-sgd:16", local_data=True) > quality_cost(
         "int8", "local-sgd:16"
     )
