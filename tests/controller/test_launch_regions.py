@@ -13,7 +13,9 @@ import pytest
 from controller.loop.ray_run import train_spec_of
 from controller.store.models import Job
 from tests.controller.world import TASK, Net
+from training import TrainSpec
 from training.sync.hetero import region_groups
+from wire.plan import JobPlan
 from wire.spec import JobSpec
 
 
@@ -31,20 +33,23 @@ def net(db_url: str, tmp_path: Path) -> Iterator[Net]:
     n.close()
 
 
-def _launched(net: Net, sync: str, gpus: int) -> tuple[dict[str, int], dict[str, str]]:
+def _launched(net: Net, sync: str, gpus: int) -> tuple[TrainSpec, JobPlan]:
+    """The run `launch` would hand the workers for a job placed now, and its plan."""
     spec = JobSpec(name="ps", task=TASK, gpus=gpus, steps=20, compression="none", sync=sync)
     job_id = net.submit(net.tenant("acme"), spec)
     assert net.place() == [job_id]
     with net.sessions() as s:
         job = s.get(Job, job_id)
-        assert job is not None
+        assert job is not None and job.placement is not None
         train = train_spec_of(net.launcher.config, job, spec, net.held(job_id))
+        planned = job.placement
     train.validate()
-    return train.clusters, train.regions
+    return train, planned
 
 
 def test_an_async_ps_job_across_two_regions_names_every_clusters_region(net: Net) -> None:
-    clusters, regions = _launched(net, "async-ps:4", gpus=3)
+    train, _ = _launched(net, "async-ps:4", gpus=3)
+    clusters, regions = train.clusters, train.regions
     assert set(clusters) == {"ash", "nyc", "fra"}
     assert regions == {"ash": "us-east", "nyc": "us-east", "fra": "eu-west"}
     # what the runtime makes of it: two regions, so a hierarchical server
@@ -56,26 +61,19 @@ def test_how_often_regions_exchange_is_the_plans_and_the_run_keeps_it(net: Net) 
     """Each region's server exchanges with the global one every as many ticks as one exchange
     lasts: the plan fixes the number (its bytes are counted from it), names it, and the run
     is handed it (`TrainSpec.relay_ticks`), not left to send whenever the last one landed."""
-    spec = JobSpec(name="ps", task=TASK, gpus=3, steps=20, compression="none", sync="async-ps:4")
-    job_id = net.submit(net.tenant("acme"), spec)
-    assert net.place() == [job_id]
-    with net.sessions() as s:
-        job = s.get(Job, job_id)
-        assert job is not None and job.placement is not None
-        planned = job.placement
-        train = train_spec_of(net.launcher.config, job, spec, net.held(job_id))
+    train, planned = _launched(net, "async-ps:4", gpus=3)
     # the global server at the us-east host; eu-west's exchange crosses 80 ms of RTT, many
     # of this small model's steps
     assert list(planned.estimate.relay_ticks) == ["eu-west"]
     assert planned.estimate.relay_ticks["eu-west"] > 1
     assert train.relay_ticks == planned.estimate.relay_ticks
-    train.validate()
     every = planned.estimate.relay_ticks["eu-west"]
     assert any(f"eu-west every {every}" in line for line in planned.explanation)
 
 
 def test_a_job_placed_in_one_region_names_only_its_clusters(net: Net) -> None:
-    clusters, regions = _launched(net, "async-ps:4", gpus=1)
+    train, _ = _launched(net, "async-ps:4", gpus=1)
+    clusters, regions = train.clusters, train.regions
     assert len(clusters) == 1 and set(regions) == set(clusters)
     assert len(region_groups(list(clusters), regions)) == 1  # flat
 
