@@ -27,6 +27,7 @@ import scheduler
 from controller.loop.launcher import Launcher, LauncherConfig
 from controller.loop.placement import Placed, place_pending
 from controller.money.metering import pause_billing
+from controller.network.snapshot import calibrated_efficiency
 from controller.store.clock import DbClock, clock_of
 from controller.store.models import Job, JobEvent, Replica, StepObservation
 from grammar.states import ACTIVE
@@ -216,17 +217,8 @@ class Controller:
             if newest is None or newest == self._observed_upto:
                 return
             self._observed_upto = newest
-            rows = session.scalars(
-                select(StepObservation).order_by(StepObservation.id.desc()).limit(500)
-            ).all()
-        observations = [
-            scheduler.Observation(
-                gpu_model=o.gpu_model, gpus=o.gpus, flops=o.flops, compute_s=o.compute_s
-            )
-            for o in rows
-            if o.flops > 0 and o.compute_s > 0 and scheduler.peak_tflops(o.gpu_model) is not None
-        ]
-        if observations:
-            self._efficiency = scheduler.calibrate(observations)
+            efficiency = calibrated_efficiency(session)
+        if efficiency:
+            self._efficiency = efficiency
             self.launcher.efficiency = self._efficiency
             log.info("calibrated efficiency: %s", self._efficiency)

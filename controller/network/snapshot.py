@@ -27,6 +27,7 @@ from controller.store.models import (
     JobEvent,
     JobMetric,
     Provider,
+    StepObservation,
     Tenant,
     WanPort,
     utcnow,
@@ -569,6 +570,29 @@ def observed(session: Session) -> Observed:
             if not samples
         ),
     )
+
+
+CALIBRATION_OBSERVATIONS = 500
+"""The newest compute observations the GPU efficiency is fitted from."""
+
+
+def calibrated_efficiency(session: Session) -> dict[str, float]:
+    """The GPU efficiency finished and running jobs' compute steps show
+    (`scheduler.calibrate` over the newest `CALIBRATION_OBSERVATIONS`), by GPU model: what
+    a placement plans with, and so a quote too (a quote priced on the datasheet was held to
+    a run the placement timed otherwise). Empty before any observation."""
+    rows = session.execute(
+        select(StepObservation.gpu_model, StepObservation.gpus, StepObservation.flops,
+               StepObservation.compute_s)
+        .order_by(StepObservation.id.desc())
+        .limit(CALIBRATION_OBSERVATIONS)
+    ).all()  # fmt: skip
+    observations = [
+        scheduler.Observation(gpu_model=model, gpus=gpus, flops=flops, compute_s=compute_s)
+        for model, gpus, flops, compute_s in rows
+        if flops > 0 and compute_s > 0 and scheduler.peak_tflops(model) is not None
+    ]
+    return scheduler.calibrate(observations) if observations else {}
 
 
 def _spread(ratios: Sequence[float]) -> tuple[float, float]:

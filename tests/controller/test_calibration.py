@@ -7,18 +7,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session
 
 import scheduler
-from controller.network.snapshot import step_overhead
+from controller.network.snapshot import calibrated_efficiency, step_overhead
 from controller.store.db import make_engine
-from controller.store.models import Job, JobEvent, JobMetric, Tenant, utcnow
+from controller.store.models import Job, JobEvent, JobMetric, StepObservation, Tenant, utcnow
+from tests.controller.world import TASK, Net
 from tests.scheduler.builders import cluster, job, link
 from training import Progress
 from wire.plan import JobPlan, Parallel, PlanEstimate, Share, StageShare
+from wire.spec import JobSpec
 
 
 def _finished(
@@ -445,3 +448,37 @@ def test_a_pipeline_takes_fewer_micro_batches_where_each_costs_more() -> None:
     assert costly.step_s == pytest.approx(plain.step_s + 5 * 0.02)
     with pytest.raises(ValueError, match="micro_overhead_s"):
         estimate_pipeline(work, clusters, links, 4, 1, micro_overhead_s=-1.0)
+
+
+def test_a_quote_plans_with_the_efficiency_the_placement_plans_with(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A quote is priced on the GPU efficiency the jobs' compute steps show, as the
+    controller's placement is (`calibrated_efficiency`): a quote priced on the datasheet was
+    held to a run its placement timed otherwise (bench/results/promise.md's one-cluster job:
+    no compute in its held estimate, after a run had shown this machine's)."""
+    net = Net(db_url, tmp_path / "checkpoints")
+    try:
+        net.cluster("a", gpus=2, model="A100")
+        tenant = net.tenant("acme")
+        spec = JobSpec(name="q", task=TASK, gpus=2, steps=100, compression="none",
+                       sync="every-step")  # fmt: skip
+        before = net.quote(tenant, spec)["time"].estimate
+        done = net.submit(tenant, spec)
+        with net.sessions() as s, s.begin():  # a run showed the A100s at 1 % of their peak
+            peak = scheduler.peak_tflops("A100")
+            assert peak is not None
+            slow = 1e12 / (peak * 1e12 * 0.01)
+            s.add(StepObservation(job_id=done, gpu_model="A100", gpus=1, flops=1e12,
+                                  compute_s=slow, predicted_s=None))  # fmt: skip
+        with net.sessions() as s:
+            assert calibrated_efficiency(s) == {
+                "A100": pytest.approx(0.01),
+                "*": pytest.approx(0.01),
+            }
+        after = net.quote(tenant, spec)["time"].estimate
+    finally:
+        net.close()
+    assert before.compute_s is not None and after.compute_s is not None
+    assert after.compute_s == pytest.approx(before.compute_s * scheduler.DEFAULT_EFFICIENCY / 0.01)
+    assert after.total_time_s > before.total_time_s
