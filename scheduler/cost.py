@@ -921,8 +921,8 @@ class CostModel:
         steps = float(self.job.steps)
         if len(names) < 2:
             compute = self.work / rate
-            # the fleet's observed overhead: one worker alone waits on nobody
-            extra = self.snapshot.step_overhead_s if intra_s > 0 else 0.0
+            # one cluster's observed overhead: one worker alone waits on nobody
+            extra = self.snapshot.local_step_overhead_s if intra_s > 0 else 0.0
             step = step_time(compute, intra_s, NO_WAN, _EVERY_STEP) + extra
             return _Parts(compute, step, steps, steps, NO_WAN, extra)
         sm = self.sync(sync)

@@ -176,6 +176,18 @@ class RunningJob:
         return sum(a.gpus for a in self.placement)
 
 
+_SECONDS_BOUNDS: tuple[tuple[str, int], ...] = (
+    ("step_overhead_s", 3600),
+    ("local_step_overhead_s", 3600),
+    ("setup_s", 86400),
+    ("setup_per_gpu_s", 3600),
+    ("micro_overhead_s", 3600),
+    ("all_reduce_overhead_s", 3600),
+    ("ps_push_s", 3600),
+)
+"""`Snapshot`'s fitted seconds and the bound each is kept under."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Clusters, links, the jobs running on them and per-tenant GPU quotas, at one instant."""
@@ -184,10 +196,13 @@ class Snapshot:
     links: tuple[Link, ...] = ()
     running: tuple[RunningJob, ...] = ()
     quotas: tuple[tuple[str, int], ...] = ()
-    # observed seconds per step of a multi-worker job that the cost model does not explain
-    # (stragglers, runtime overhead): `fit_step_overhead` over finished jobs; added to every
-    # multi-worker estimate
+    # observed seconds per step of a job across clusters that the cost model does not
+    # explain (stragglers, the exchange's runtime overhead): `fit_step_overhead` over
+    # finished jobs across clusters; added to every estimate across clusters
     step_overhead_s: float = 0.0
+    local_step_overhead_s: float = 0.0
+    """The same of several workers on one cluster, fitted from such jobs alone: what a run
+    across clusters misses of its exchanges is none of a run that makes none."""
     setup_s: float = 0.0
     """A run's seconds outside its steps on a cluster without a `setup_s` of its own; a run
     on several clusters pays the longest (they set up in parallel)."""
@@ -214,18 +229,9 @@ class Snapshot:
     """The declared WAN ports, by cluster, at what a job may use of them (`Port`)."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.step_overhead_s < 3600:
-            raise ValueError("step_overhead_s: must be in [0, 3600) seconds")
-        if not 0 <= self.setup_s < 86400:
-            raise ValueError("setup_s: must be in [0, 86400) seconds")
-        if not 0 <= self.setup_per_gpu_s < 3600:
-            raise ValueError("setup_per_gpu_s: must be in [0, 3600) seconds")
-        if not 0 <= self.micro_overhead_s < 3600:
-            raise ValueError("micro_overhead_s: must be in [0, 3600) seconds")
-        if not 0 <= self.all_reduce_overhead_s < 3600:
-            raise ValueError("all_reduce_overhead_s: must be in [0, 3600) seconds")
-        if not 0 <= self.ps_push_s < 3600:
-            raise ValueError("ps_push_s: must be in [0, 3600) seconds")
+        for name, limit in _SECONDS_BOUNDS:
+            if not 0 <= getattr(self, name) < limit:
+                raise ValueError(f"{name}: must be in [0, {limit}) seconds")
         if not 0 < self.spread[0] <= self.spread[1]:
             raise ValueError("spread: give (low, high) with 0 < low <= high")
         names = [c.name for c in self.clusters]

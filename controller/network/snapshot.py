@@ -266,6 +266,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
             if quota is not None
         ),
         step_overhead_s=seen.step_overhead_s,
+        local_step_overhead_s=seen.local_step_overhead_s,
         setup_s=seen.setup_s,
         setup_per_gpu_s=seen.setup_per_gpu_s,
         micro_overhead_s=seen.micro_overhead_s,
@@ -443,10 +444,12 @@ imported, the data loaded, evaluations, checkpoints and the drain (about what a 
 
 @dataclass(frozen=True)
 class Observed:
-    """What finished runs say the cost model missed: per step (`step_overhead_s`) and per run
-    outside its steps (`setup_s`: pooled, and per cluster name that ran them)."""
+    """What finished runs say the cost model missed: per step (`step_overhead_s` across
+    clusters, `local_step_overhead_s` on one) and per run outside its steps (`setup_s`:
+    pooled, and per cluster name that ran them)."""
 
     step_overhead_s: float = 0.0
+    local_step_overhead_s: float = 0.0
     setup_s: float = SETUP_PRIOR_S
     setup_by_cluster: tuple[tuple[str, float], ...] = ()
     setup_per_gpu_s: float = 0.0
@@ -461,8 +464,9 @@ class Observed:
 def observed(session: Session) -> Observed:
     """Fit the step overhead and the set-up time from the last finished jobs. Step overhead:
     observed step minus observed compute minus what the estimate gave communication (jobs on
-    several GPUs). Set-up: the run's wall time (RUNNING to SUCCEEDED) minus its steps at
-    their observed step time, of jobs that ran once; the median each, per cluster too, less
+    several GPUs; those across clusters apart from those on one). Set-up: the run's wall time
+    (RUNNING to SUCCEEDED) minus its steps at their observed step time, of jobs that ran
+    once; the median each, per cluster too, less
     a part a GPU (`_per_gpu`: fitted, or all of it where their workers shared one host).
     A pipeline's micro-batch cost: its observed step over the schedule's (M + S - 1) slots
     less the slot its estimate gave without that cost, of pipeline jobs that ran once, their
@@ -501,7 +505,8 @@ def observed(session: Session) -> Observed:
         if isinstance(data, dict)
     }
     one_host: list[bool] = []  # per set-up sample: its workers all ran on one Ray node
-    residuals: list[float] = []
+    residuals: list[float] = []  # of jobs across clusters
+    local: list[float] = []  # of several workers on one cluster
     setups: list[tuple[int, float, tuple[str, ...]]] = []
     ratios: list[float] = []
     micro: dict[str, float] = {}  # per pipeline job: its least slot overrun at its last step
@@ -538,7 +543,8 @@ def observed(session: Session) -> Observed:
                 pushes.append(step_s - est.step_time_s + est.ps_push_s)
         elif plan.gpus > 1 and est.compute_s and compute_total is not None:
             modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
-            residuals.append(step_s - compute_total / step - modelled_comm)
+            sample = step_s - compute_total / step - modelled_comm
+            (residuals if len(plan.clusters) > 1 else local).append(sample)
         if start is not None and end is not None and tries <= 1 and plan.parallel.mode == "data":
             wall = (end - start).total_seconds()
             if est.total_time_s > 0:
@@ -553,6 +559,7 @@ def observed(session: Session) -> Observed:
             by_cluster[name].append(setup - per_gpu * gpus)
     return Observed(
         step_overhead_s=scheduler.fit_step_overhead(residuals),
+        local_step_overhead_s=scheduler.fit_step_overhead(local),
         setup_s=_median([s - per_gpu * g for g, s, _ in setups], SETUP_PRIOR_S),
         setup_by_cluster=tuple((c, _median(v, SETUP_PRIOR_S)) for c, v in by_cluster.items()),
         setup_per_gpu_s=per_gpu,
@@ -625,9 +632,11 @@ def _median(values: Sequence[float], default: float) -> float:
     return min(max(0.0, float(statistics.median(values))), 86399.0) if values else default
 
 
-def step_overhead(session: Session) -> float:
-    """The per-step time the cost model missed on the last finished jobs (`observed`)."""
-    return observed(session).step_overhead_s
+def step_overhead(session: Session) -> tuple[float, float]:
+    """The per-step time the cost model missed on the last finished jobs (`observed`):
+    across clusters, and on one."""
+    seen = observed(session)
+    return seen.step_overhead_s, seen.local_step_overhead_s
 
 
 def running_jobs(session: Session) -> list[scheduler.RunningJob]:

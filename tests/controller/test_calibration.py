@@ -33,6 +33,7 @@ def _finished(
     est: dict[str, float],
     step_s: float,
     compute_per_step: float,
+    clusters: tuple[str, ...] = ("a",),
 ) -> None:
     steps = 100
     j = Job(
@@ -43,7 +44,7 @@ def _finished(
         gpus_min=gpus,
         gpus_max=gpus,
         placement=JobPlan(
-            clusters=(Share(cluster="a", gpus=gpus),),
+            clusters=tuple(Share(cluster=c, gpus=gpus // len(clusters)) for c in clusters),
             compression="none",
             sync="every-step",
             estimate=PlanEstimate(total_time_s=1.0, wan_bytes=0, **est),
@@ -65,7 +66,7 @@ def _finished(
 
 def test_step_overhead_is_the_median_residual_of_finished_jobs(db_url: str) -> None:
     with _books(db_url) as (session, tenant):
-        assert step_overhead(session) == 0.0  # nothing observed yet
+        assert step_overhead(session) == (0.0, 0.0)  # nothing observed yet
         est: dict[str, Any] = {"step_time_s": 0.003, "compute_s": 0.001}
         # residuals: 0.020 - 0.004 - 0.002 = 0.014; 0.010 - 0.004 - 0.002 = 0.004; and a
         # job estimated with an overhead of 0.005 already: 0.030 - 0.004 - (0.008 - 0.001
@@ -79,7 +80,13 @@ def test_step_overhead_is_the_median_residual_of_finished_jobs(db_url: str) -> N
         # a single worker waits on nobody: not a sample
         _finished(session, tenant, 4, gpus=1, est=est, step_s=9.0, compute_per_step=0.004)
         session.flush()
-        assert step_overhead(session) == pytest.approx(0.014)
+        assert step_overhead(session) == (0.0, pytest.approx(0.014))  # all on one cluster
+        # across clusters, apart: what their exchanges' runtime adds is no one cluster's
+        for n, step_s in ((5, 0.055), (6, 0.075)):
+            _finished(session, tenant, n, gpus=4, est=est, step_s=step_s,
+                      compute_per_step=0.004, clusters=("a", "b"))  # fmt: skip
+        session.flush()
+        assert step_overhead(session) == (pytest.approx(0.059), pytest.approx(0.014))
 
 
 def test_fit_and_estimates_use_the_overhead_for_multi_worker_placements() -> None:
@@ -89,11 +96,14 @@ def test_fit_and_estimates_use_the_overhead_for_multi_worker_placements() -> Non
     with pytest.raises(ValueError, match="step_overhead_s"):
         scheduler.Snapshot((), step_overhead_s=-1.0)
     plain = scheduler.Snapshot((cluster("a", 8), cluster("b", 8)), (link("a", "b", 1.0, 10.0),))
-    slow = scheduler.Snapshot(plain.clusters, plain.links, step_overhead_s=0.25)
-    for gpus in (1, 4, 12):  # one worker, one cluster, two clusters
+    with pytest.raises(ValueError, match="local_step_overhead_s"):
+        scheduler.Snapshot((), local_step_overhead_s=-1.0)
+    slow = scheduler.Snapshot(
+        plain.clusters, plain.links, step_overhead_s=0.25, local_step_overhead_s=0.1
+    )
+    for gpus, extra in ((1, 0.0), (4, 0.1), (12, 0.25)):  # one worker, one cluster, two
         base = scheduler.estimate(plain, job(gpus), _placement(gpus), "none", "every-step")
         more = scheduler.estimate(slow, job(gpus), _placement(gpus), "none", "every-step")
-        extra = 0.0 if gpus == 1 else 0.25
         assert more.step_overhead_s == extra
         assert more.step_time_s == pytest.approx(base.step_time_s + extra)
 
