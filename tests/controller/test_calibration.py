@@ -80,13 +80,13 @@ def test_step_overhead_is_the_median_residual_of_finished_jobs(db_url: str) -> N
         # a single worker waits on nobody: not a sample
         _finished(session, tenant, 4, gpus=1, est=est, step_s=9.0, compute_per_step=0.004)
         session.flush()
-        assert step_overhead(session) == (0.0, pytest.approx(0.014))  # all on one cluster
+        assert step_overhead(session) == pytest.approx((0.0, 0.014))  # all on one cluster
         # across clusters, apart: what their exchanges' runtime adds is no one cluster's
         for n, step_s in ((5, 0.055), (6, 0.075)):
             _finished(session, tenant, n, gpus=4, est=est, step_s=step_s,
                       compute_per_step=0.004, clusters=("a", "b"))  # fmt: skip
         session.flush()
-        assert step_overhead(session) == (pytest.approx(0.059), pytest.approx(0.014))
+        assert step_overhead(session) == pytest.approx((0.059, 0.014))
 
 
 def test_fit_and_estimates_use_the_overhead_for_multi_worker_placements() -> None:
