@@ -168,8 +168,9 @@ class Board:
 
     def place(self, efficiency: dict[str, float]) -> None:
         from controller.loop.placement import place_pending
+        from controller.network.snapshot import Calibration
 
-        place_pending(self.factory, "bench", efficiency or None, waits=self.waits)
+        place_pending(self.factory, "bench", Calibration(fleet=efficiency), waits=self.waits)
 
     def planned(self, case: Case) -> Planned:
         """What the last pass decided for `case`'s job, and its run spec."""

@@ -21,7 +21,7 @@ import scheduler
 from controller.access.tenancy import Grant, check_grant, live_grant, live_grants
 from controller.jobs import lifecycle
 from controller.jobs.request import job_request
-from controller.network.snapshot import build_snapshot, build_world, calibrated_efficiency
+from controller.network.snapshot import build_snapshot, build_world, calibration
 from controller.store.db import lock_for_update
 from controller.store.models import Cluster, ClusterGpus, Job, Quote, Tenant, new_id, utcnow
 from controller.values.errors import Conflict, CpnError, Invalid, NotFound, TooMany
@@ -51,7 +51,7 @@ def quote_options(
     """Fastest, cheapest, and cheapest-within-deadline options over the live snapshot."""
     request = job_request(spec, tenant_id, now)
     world = build_world(session, spec.qos.qos_class, now)
-    efficiency = calibrated_efficiency(session) or None  # as the placement plans
+    efficiency = calibration(session).for_task(spec.task)  # as the placement plans
     objectives: list[scheduler.Objective] = ["time", "cost"]
     if request.qos.deadline_s is not None:
         objectives.append("cost-within-deadline")
@@ -518,7 +518,7 @@ def _queue_reason(
     if all(v is None for v in (qos.budget, qos.deadline, qos.regions, qos.max_clusters)):
         return None
     snap = build_snapshot(session, spec.qos.qos_class)
-    efficiency = calibrated_efficiency(session) or None  # as the placement plans
+    efficiency = calibration(session).for_task(spec.task)  # as the placement plans
     result = scheduler.plan(snap, request, "cost", preempt=False, efficiency=efficiency)
     if not isinstance(result, scheduler.Infeasible):
         return None

@@ -27,7 +27,7 @@ import scheduler
 from controller.loop.launcher import Launcher, LauncherConfig
 from controller.loop.placement import Placed, place_pending
 from controller.money.metering import pause_billing
-from controller.network.snapshot import calibrated_efficiency
+from controller.network.snapshot import Calibration, calibration
 from controller.store.clock import DbClock, clock_of
 from controller.store.models import Job, JobEvent, Replica, StepObservation
 from grammar.states import ACTIVE
@@ -95,7 +95,7 @@ class Controller:
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpn-controller", daemon=True)
-        self._efficiency: dict[str, float] = {}
+        self._calibration: Calibration | None = None
         self._waits: dict[str, scheduler.Wait] = {}  # see `place_pending`
         self._observed_upto: int | None = None  # newest StepObservation fitted
         self._ticks = 0
@@ -128,7 +128,7 @@ class Controller:
         self._heartbeat()
         self._adopt_orphans()
         self._recalibrate()
-        placed = place_pending(self.factory, self.id, self._efficiency or None, waits=self._waits)
+        placed = place_pending(self.factory, self.id, self._calibration, waits=self._waits)
         if self.on_placed is not None:
             for one in placed:
                 self.on_placed(one)
@@ -217,8 +217,6 @@ class Controller:
             if newest is None or newest == self._observed_upto:
                 return
             self._observed_upto = newest
-            efficiency = calibrated_efficiency(session)
-        if efficiency:
-            self._efficiency = efficiency
-            self.launcher.efficiency = self._efficiency
-            log.info("calibrated efficiency: %s", self._efficiency)
+            self._calibration = calibration(session)
+        self.launcher.calibration = self._calibration
+        log.info("calibrated efficiency: %s", self._calibration.fleet)

@@ -10,7 +10,6 @@ database.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,7 +24,7 @@ from controller.loop.runs import RunHandle, RunLayout
 from controller.loop.settle import settle
 from controller.money import budget
 from controller.network.allocations import Slot, reserve, resize_wan
-from controller.network.snapshot import World, build_world
+from controller.network.snapshot import Calibration, World, build_world
 from controller.store.models import Allocation, Cluster, ClusterGpus, Job, JobEvent, utcnow
 from controller.values.errors import Conflict
 from grammar.states import ClusterState
@@ -44,7 +43,7 @@ class Launcher:
         self.config = config
         self.handles: dict[str, RunHandle] = {}
         self.ray = RayConnection(factory, config)
-        self.efficiency: Mapping[str, float] | None = None
+        self.calibration: Calibration | None = None
         """The calibrated GPU efficiency the controller plans with (a running job's plan is
         re-estimated with it when a cluster leaves or joins)."""
 
@@ -182,8 +181,10 @@ class Launcher:
         world: World | None = None,
     ) -> Replanned | None:
         """The job's plan on `slots`, its decisions kept (`controller.loop.replan`)."""
-        left = max(0, spec_of(job).steps - handle.step)
-        return replan(session, job, slots, self.efficiency, utcnow(), left, world)
+        spec = spec_of(job)
+        left = max(0, spec.steps - handle.step)
+        efficiency = self.calibration.for_task(spec.task) if self.calibration else None
+        return replan(session, job, slots, efficiency, utcnow(), left, world)
 
     def _adopt(
         self, session: Session, job: Job, new: Replanned, clusters: dict[str, int]

@@ -26,7 +26,7 @@ from controller.jobs import lifecycle
 from controller.jobs.request import job_request, spec_of
 from controller.money import budget
 from controller.network.allocations import Slot, bursts, ports, reserve
-from controller.network.snapshot import World, build_world, free_ports
+from controller.network.snapshot import Calibration, World, build_world, free_ports
 from controller.store import failpoints
 from controller.store.models import REASON_MAX, Job, JobEvent, Tenant, bounded, utcnow
 from controller.values.errors import Conflict, CpnError, Invalid
@@ -156,7 +156,7 @@ GROUP_MAX = 16
 def place_pending(
     factory: sessionmaker[Session],
     owner: str,
-    efficiency: Mapping[str, float] | None = None,
+    calibration: Calibration | None = None,
     limit: int = 64,
     *,
     waits: dict[str, scheduler.Wait] | None = None,
@@ -231,7 +231,7 @@ def place_pending(
                 tried += 1
                 try:
                     result = _place_one(
-                        session, queued.id, owner, efficiency, worlds, terms, blocked, waits
+                        session, queued.id, owner, calibration, worlds, terms, blocked, waits
                     )
                 except CpnError as exc:  # a spec that stopped being valid (e.g. deadline passed)
                     _fail(session, queued.id, exc.detail)
@@ -253,7 +253,7 @@ def _place_one(
     session: Session,
     job_id: str,
     owner: str,
-    efficiency: Mapping[str, float] | None,
+    calibration: Calibration | None,
     worlds: dict[str, World],
     terms: dict[str, budget.Terms],
     blocked: dict[tuple[str, int], int],
@@ -276,6 +276,7 @@ def _place_one(
     ).first()
     if job is None:
         return None  # another replica has it, or it left PENDING
+    efficiency = calibration.for_task(spec_of(job).task) if calibration else None
     world = worlds.get(job.qos_class)
     if world is None:
         world = worlds[job.qos_class] = build_world(session, job.qos_class, now)

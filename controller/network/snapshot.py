@@ -583,23 +583,55 @@ CALIBRATION_OBSERVATIONS = 500
 """The newest compute observations the GPU efficiency is fitted from."""
 
 
-def calibrated_efficiency(session: Session) -> dict[str, float]:
-    """The GPU efficiency finished and running jobs' compute steps show
-    (`scheduler.calibrate` over the newest `CALIBRATION_OBSERVATIONS`), by GPU model: what
-    a placement plans with, and so a quote too (a quote priced on the datasheet was held to
-    a run the placement timed otherwise). Empty before any observation."""
+@dataclass(frozen=True)
+class Calibration:
+    """The GPU efficiency jobs' compute steps show, by GPU model (`scheduler.calibrate`): the
+    fleet's, and each task's own where it ran, since a step's share of peak depends on its
+    work as much as on the GPU (a CNN's conv on these CPU slots ran at several times an
+    MLP's FLOP rate: planned on the MLPs', its quote was twice its run)."""
+
+    fleet: Mapping[str, float] = field(default_factory=dict)
+    by_task: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def for_task(self, task: str) -> dict[str, float] | None:
+        """What a job of `task` plans with: its own fit of each GPU model it ran on, the
+        fleet's of the others; None before any observation (the priors)."""
+        merged = {**self.fleet, **self.by_task.get(task, {})}
+        return merged or None
+
+
+def calibration(session: Session) -> Calibration:
+    """The `Calibration` of the newest `CALIBRATION_OBSERVATIONS` compute observations: what
+    a placement plans with, and so a quote too (a quote priced on the datasheet was held to a
+    run its placement timed otherwise)."""
     rows = session.execute(
-        select(StepObservation.gpu_model, StepObservation.gpus, StepObservation.flops,
-               StepObservation.compute_s)
+        select(StepObservation.job_id, StepObservation.gpu_model, StepObservation.gpus,
+               StepObservation.flops, StepObservation.compute_s)
         .order_by(StepObservation.id.desc())
         .limit(CALIBRATION_OBSERVATIONS)
     ).all()  # fmt: skip
-    observations = [
-        scheduler.Observation(gpu_model=model, gpus=gpus, flops=flops, compute_s=compute_s)
-        for model, gpus, flops, compute_s in rows
-        if flops > 0 and compute_s > 0 and scheduler.peak_tflops(model) is not None
+    kept = [
+        (job_id, scheduler.Observation(gpu_model=model, gpus=gpus, flops=flops, compute_s=s))
+        for job_id, model, gpus, flops, s in rows
+        if flops > 0 and s > 0 and scheduler.peak_tflops(model) is not None
     ]
-    return scheduler.calibrate(observations) if observations else {}
+    if not kept:
+        return Calibration()
+    tasks: dict[str, str] = {}
+    for job_id, spec in session.execute(
+        select(Job.id, Job.spec).where(Job.id.in_({job_id for job_id, _ in kept}))
+    ):
+        task = spec.get("task") if isinstance(spec, dict) else None
+        if isinstance(task, str):
+            tasks[job_id] = task
+    by_task: dict[str, list[scheduler.Observation]] = defaultdict(list)
+    for job_id, ob in kept:
+        if job_id in tasks:
+            by_task[tasks[job_id]].append(ob)
+    return Calibration(
+        fleet=scheduler.calibrate(ob for _, ob in kept),
+        by_task={task: scheduler.calibrate(obs) for task, obs in by_task.items()},
+    )
 
 
 def _spread(ratios: Sequence[float]) -> tuple[float, float]:

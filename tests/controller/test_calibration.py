@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 import scheduler
-from controller.network.snapshot import calibrated_efficiency, step_overhead
+from controller.network.snapshot import Calibration, calibration, step_overhead
 from controller.store.db import make_engine
 from controller.store.models import Job, JobEvent, JobMetric, StepObservation, Tenant, utcnow
 from tests.controller.world import TASK, Net
@@ -482,13 +482,44 @@ def test_a_quote_plans_with_the_efficiency_the_placement_plans_with(
             s.add(StepObservation(job_id=done, gpu_model="A100", gpus=1, flops=1e12,
                                   compute_s=slow, predicted_s=None))  # fmt: skip
         with net.sessions() as s:
-            assert calibrated_efficiency(s) == {
-                "A100": pytest.approx(0.01),
-                "*": pytest.approx(0.01),
-            }
+            assert calibration(s).for_task(TASK) == pytest.approx({"A100": 0.01, "*": 0.01})
         after = net.quote(tenant, spec)["time"].estimate
     finally:
         net.close()
     assert before.compute_s is not None and after.compute_s is not None
     assert after.compute_s == pytest.approx(before.compute_s * scheduler.DEFAULT_EFFICIENCY / 0.01)
     assert after.total_time_s > before.total_time_s
+
+
+def test_each_task_plans_with_its_own_fit_where_it_ran(db_url: str, tmp_path: Path) -> None:
+    """A step's share of peak depends on its work as much as on its GPU: a task that ran on a
+    model plans with its own fit of it, the fleet's of the models it never ran on, and a task
+    never seen with the fleet's."""
+    net = Net(db_url, tmp_path / "checkpoints")
+    try:
+        net.cluster("a", gpus=2, model="A100")
+        tenant = net.tenant("acme")
+        peak = {m: scheduler.peak_tflops(m) for m in ("A100", "L4")}
+        ran = []
+        for task, model, eff in (("builtin:mnist1d-mlp", "A100", 0.01), ("builtin:mnist1d-cnn",
+                                 "A100", 0.04), ("builtin:mnist1d-mlp", "L4", 0.02)):  # fmt: skip
+            job_id = net.submit(tenant, JobSpec(name="r", task=task, gpus=2, steps=10))
+            ran.append(job_id)
+            top = peak[model]
+            assert top is not None
+            with net.sessions() as s, s.begin():
+                s.add(StepObservation(job_id=job_id, gpu_model=model, gpus=1, flops=1e12,
+                                      compute_s=1 / (top * eff), predicted_s=None))  # fmt: skip
+        with net.sessions() as s:
+            cal = calibration(s)
+    finally:
+        net.close()
+    mlp = cal.for_task("builtin:mnist1d-mlp")
+    cnn = cal.for_task("builtin:mnist1d-cnn")
+    other = cal.for_task("builtin:char-gpt")
+    assert mlp is not None and cnn is not None and other is not None
+    assert mlp["A100"] == pytest.approx(0.01) and mlp["L4"] == pytest.approx(0.02)
+    assert cnn["A100"] == pytest.approx(0.04)  # its own, not the fleet's mean
+    assert cnn["L4"] == pytest.approx(0.02)  # never ran there: the fleet's
+    assert other == cal.fleet and 0.01 < cal.fleet["A100"] < 0.04
+    assert Calibration().for_task("builtin:mnist1d-mlp") is None  # no observation: the priors
