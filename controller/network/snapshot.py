@@ -34,6 +34,7 @@ from controller.store.models import (
 )
 from grammar.states import LIVE, ClusterState, JobState
 from scheduler.bandwidth import KBPS_PER_GBPS, path_gbps, port_gbps
+from scheduler.calibrate import POOLED
 from scheduler.pipeline_cost import (
     ALL_REDUCE_OVERHEAD_S,
     MICRO_BATCH_OVERHEAD_S,
@@ -594,10 +595,14 @@ class Calibration:
     by_task: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def for_task(self, task: str) -> dict[str, float] | None:
-        """What a job of `task` plans with: its own fit of each GPU model it ran on, the
-        fleet's of the others; None before any observation (the priors)."""
-        merged = {**self.fleet, **self.by_task.get(task, {})}
-        return merged or None
+        """What a job of `task` plans with: its own fit of each GPU model it ran on, and of
+        the others the fleet's times how much faster or slower than the fleet it ran where
+        both did (the median ratio); None before any observation (the priors)."""
+        own = self.by_task.get(task, {})
+        ratios = [own[m] / self.fleet[m] for m in own if m != POOLED and self.fleet.get(m)]
+        scale = statistics.median(ratios) if ratios else 1.0
+        merged = {m: min(1.0, e * scale) for m, e in self.fleet.items()}
+        return {**merged, **own} or None
 
 
 def calibration(session: Session) -> Calibration:

@@ -493,8 +493,8 @@ def test_a_quote_plans_with_the_efficiency_the_placement_plans_with(
 
 def test_each_task_plans_with_its_own_fit_where_it_ran(db_url: str, tmp_path: Path) -> None:
     """A step's share of peak depends on its work as much as on its GPU: a task that ran on a
-    model plans with its own fit of it, the fleet's of the models it never ran on, and a task
-    never seen with the fleet's."""
+    model plans with its own fit of it, the fleet's scaled by its speed against the fleet's
+    of the models it never ran on, and a task never seen with the fleet's."""
     net = Net(db_url, tmp_path / "checkpoints")
     try:
         net.cluster("a", gpus=2, model="A100")
@@ -520,6 +520,8 @@ def test_each_task_plans_with_its_own_fit_where_it_ran(db_url: str, tmp_path: Pa
     assert mlp is not None and cnn is not None and other is not None
     assert mlp["A100"] == pytest.approx(0.01) and mlp["L4"] == pytest.approx(0.02)
     assert cnn["A100"] == pytest.approx(0.04)  # its own, not the fleet's mean
-    assert cnn["L4"] == pytest.approx(0.02)  # never ran there: the fleet's
+    # never ran on L4: the fleet's, times how much faster than the fleet it ran on A100
+    assert cnn["L4"] == pytest.approx(cal.fleet["L4"] * 0.04 / cal.fleet["A100"])
+    assert cnn["L4"] > mlp["L4"]
     assert other == cal.fleet and 0.01 < cal.fleet["A100"] < 0.04
     assert Calibration().for_task("builtin:mnist1d-mlp") is None  # no observation: the priors
