@@ -135,9 +135,9 @@ def _streaming(text: str, options: list[str], local_data: bool) -> Sync:
 def parse_sync(text: str | Sync, *, local_data: bool = False) -> Sync:
     """Parse a sync value; ValueError quotes it, says what is wrong and the valid forms.
     On `local_data` (label-skewed: each cluster its own labels) streaming's fragments default
-    to one: fragments synced at staggered steps, each against the others' own drift, ended
-    8-13 points below synchronous training there, one fragment 3-5 (bench/results/
-    local-data.md); named fragments are kept (the plan prices their quality,
+    to one: fragments synced at staggered steps, each against the others' own drift, cost
+    far more quality there than the whole model at once (bench/results/local-data.md);
+    named fragments are kept (the plan prices their quality,
     `grammar.quality.local_data_cost`)."""
     if isinstance(text, Sync):
         return text

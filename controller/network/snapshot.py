@@ -467,8 +467,8 @@ def observed(session: Session) -> Observed:
     observed step minus observed compute minus what the estimate gave communication (jobs on
     several GPUs; those across clusters apart from those on one). Set-up: the run's wall time
     (RUNNING to SUCCEEDED) minus its steps at their observed step time, of jobs that ran
-    once; the median each, per cluster too, less
-    a part a GPU (`_per_gpu`: fitted, or all of it where their workers shared one host).
+    once; the median each, per cluster too, less a part a GPU (`_per_gpu`: fitted, or all of
+    it where their workers shared one host).
     A pipeline's micro-batch cost: its observed step over the schedule's (M + S - 1) slots
     less the slot its estimate gave without that cost, of pipeline jobs that ran once, their
     layers whole. A tensor split's all-reduce cost: its observed step over its estimate,
@@ -588,8 +588,8 @@ CALIBRATION_OBSERVATIONS = 500
 class Calibration:
     """The GPU efficiency jobs' compute steps show, by GPU model (`scheduler.calibrate`): the
     fleet's, and each task's own where it ran, since a step's share of peak depends on its
-    work as much as on the GPU (a CNN's conv on these CPU slots ran at several times an
-    MLP's FLOP rate: planned on the MLPs', its quote was twice its run)."""
+    work as much as on the GPU (bench/results/promise.md: the CNN jobs planned on the MLPs'
+    fit)."""
 
     fleet: Mapping[str, float] = field(default_factory=dict)
     by_task: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
