@@ -109,6 +109,11 @@ class Row:
     wan_share: float | None = None
     """The same, as it ran: rank 0's exchange waits less its intra-cluster reduces (the
     report's `comm_s - intra_s`) over the run time."""
+    est_setup_s: float | None = None
+    """Of `est_s`, the seconds outside the steps (the fitted set-up, or its prior)."""
+    setup_s: float | None = None
+    """Of `actual_s`, the seconds before the first step (the run's time less the driver's
+    `wall_s`, which starts at the first step)."""
 
     @property
     def wan_share_error(self) -> float | None:
@@ -194,6 +199,8 @@ def compare(
         warning=str(report.get("warning") or ""),
         est_wan_share=est_share,
         wan_share=share,
+        est_setup_s=float(est["setup_s"]) if est.get("setup_s") is not None else None,
+        setup_s=actual_s - float(report["wall_s"]) if report.get("wall_s") else None,
     )
 
 
@@ -329,11 +336,12 @@ def reference(task: str, workers: int, steps: int, data_args: dict[str, Any]) ->
 
 def _table(rows: list[Row]) -> list[str]:
     head = (
-        "| job | placement | planned | ran | equal | est s | actual s | err | est WAN MB | "
+        "| job | placement | planned | ran | equal | est s | actual s | err | est set-up s | "
+        "set-up s | est WAN MB | "
         "WAN MB | est $ | billed $ | credit $ | quality cost | final acc | best acc | "
         "1-cluster every-step | est WAN share | WAN share | warning |"
     )
-    out = [head, "|" + "---|" * 20]
+    out = [head, "|" + "---|" * 22]
     for r in rows:
 
         def acc(x: float | None) -> str:
@@ -342,10 +350,13 @@ def _table(rows: list[Row]) -> list[str]:
         def pct(x: float | None) -> str:
             return f"{x:.0%}" if x is not None else "-"
 
+        def num(x: float | None) -> str:
+            return f"{x:.1f}" if x is not None else "-"
+
         out.append(
             f"| {r.case} | {r.clusters} | {r.planned} | {r.ran} | "
             f"{'yes' if r.decisions_equal else 'NO'} | {r.est_s:.1f} | {r.actual_s:.1f} | "
-            f"{r.time_error:.0%} | {r.est_wan_mb:.2f} | {r.actual_wan_mb:.2f} | "
+            f"{r.time_error:.0%} | {num(r.est_setup_s)} | {num(r.setup_s)} | {r.est_wan_mb:.2f} | {r.actual_wan_mb:.2f} | "
             f"{r.est_cost:.4f}{' (held)' if r.held else ''} | {r.billed:.4f} | "
             f"{r.credit:.4f} | {r.quality_cost:.0%} | {acc(r.final_acc)} | {acc(r.best_acc)} | "
             f"{acc(r.reference_acc)} | {pct(r.est_wan_share)} | {pct(r.wan_share)} | "

@@ -61,6 +61,7 @@ from scheduler.types import (
     RunningJob,
     Snapshot,
     both_ways,
+    crowding,
 )
 from scheduler.waiting import Wait, bandwidth_wait, soonest_wait
 
@@ -96,6 +97,7 @@ __all__ = [
     "calibrate",
     "check_placement",
     "compressor_model",
+    "crowding",
     "estimate",
     "evaluate",
     "exclusions",

@@ -180,6 +180,24 @@ class WanTerms:
 
 NO_WAN = WanTerms(0.0, 0.0, 0.0, 0.0, 0.0, (), None)
 
+
+def crowded(wan: WanTerms, crowd: float) -> WanTerms:
+    """`wan` with its fixed cost (coding, a call to a server: work on the workers' cores)
+    `crowd` times as long (`Snapshot.crowding`); the same object at 1."""
+    if crowd == 1.0:
+        return wan
+    return WanTerms(
+        wan.latency_s,
+        wan.bandwidth_s,
+        wan.overhead_s * crowd,
+        wan.bytes,
+        wan.egress_cost,
+        wan.ring,
+        wan.bottleneck,
+        wan.tree,
+    )
+
+
 # a ring order, its edges' (latency s, bandwidth bytes/s, egress $/GB) in order, their egress sum
 _Ring = tuple[tuple[str, ...], list[tuple[float, float, float]], float]
 
@@ -813,27 +831,30 @@ class CostModel:
                 mode = self._mode(c, s)
             kind, runs_ahead, gossip, eff_steps, period = mode
             if kind == _PS:  # its region exchanges depend on the step: `_parts` itself
-                terms.append((kind, runs_ahead, eff_steps, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+                terms.append((kind, runs_ahead, eff_steps, 0.0, 0.0, 0.0, period, 0.0, 0.0))
                 continue
             wan = wans.get((c, gossip))
             if wan is None:
                 wan = self.gossip_wan(names, c) if gossip else self.wan(names, c)
                 wans[(c, gossip)] = wan
-            # `step_seconds`' terms: the latency and the transfer (coding and bytes)
-            latency, transfer = wan.latency_s, wan.overhead_s + wan.bandwidth_s
-            tail = floor = 0.0
-            if kind == _EVERY:
-                tail = latency + transfer
-            elif kind == _LOCAL:
-                tail = (latency + transfer) / period
-            elif kind == _STALE:
-                floor = latency + transfer
+            # `step_seconds`' terms: the latency, and the transfer's fixed cost (coding: on
+            # the workers' cores, crowded with them) and bytes
             periodic = kind in (_LOCAL, _STREAM)
             exchanges = periodic_exchanges(eff_steps, period) if periodic else eff_steps
             egress = exchanges * wan.egress_cost
             nbytes = exchanges * wan.bytes
             terms.append(
-                (kind, runs_ahead, eff_steps, latency, transfer, tail, floor, egress, nbytes)
+                (
+                    kind,
+                    runs_ahead,
+                    eff_steps,
+                    wan.latency_s,
+                    wan.overhead_s,
+                    wan.bandwidth_s,
+                    period,
+                    egress,
+                    nbytes,
+                )
             )
         slow = self.pace(names)[0]
         bw, n_names = self.bandwidth_price(names), len(names)
@@ -842,16 +863,17 @@ class CostModel:
             # the batch split by throughput (gradient modes), or equally per worker (the
             # modes of local updates: the slowest member's GPUs set the pace)
             even = gpus * slow
-            local_s = self.work / rate + intra_s
-            local_p = self.work / even + intra_s
+            crowd = self.snapshot.crowding(gpus)
+            local_s = self.work / rate * crowd + intra_s
+            local_p = self.work / even * crowd + intra_s
             for k, (
                 kind,
                 runs_ahead,
                 eff_steps,
                 latency,
-                transfer,
-                tail,
-                floor,
+                fixed,
+                bandwidth,
+                every,
                 egress,
                 nbytes,
             ) in enumerate(terms):
@@ -864,14 +886,20 @@ class CostModel:
                 periodic = kind in (_LOCAL, _STREAM)
                 # `splits_by_rate`, from the terms
                 local = local_p if periodic or runs_ahead else local_s
-                # `step_seconds` written out (`max(a, b)` as `b if b > a else a`, the same
-                # float: the builtin boxes its arguments in the compiled build)
+                # `crowded` and `step_seconds` written out (`max(a, b)` as `b if b > a else
+                # a`, the same float: the builtin boxes its arguments in the compiled build)
+                transfer = (fixed * crowd if crowd != 1.0 else fixed) + bandwidth
                 if kind == _STALE:
+                    floor = latency + transfer
                     step = floor if floor > local else local
                 elif kind == _STREAM:
                     step = step_seconds(self._streams[choices[k]], local, latency, transfer)
+                elif kind == _EVERY:
+                    step = local + (latency + transfer)
+                elif kind == _LOCAL:
+                    step = local + (latency + transfer) / every
                 else:
-                    step = local + tail
+                    step = local + 0.0
                 step += extra
                 total = eff_steps * step + setup
                 times.append(total)
@@ -919,8 +947,9 @@ class CostModel:
         gpus: int | None,
     ) -> _Parts:
         steps = float(self.job.steps)
+        crowd = self.snapshot.crowding(gpus)
         if len(names) < 2:
-            compute = self.work / rate
+            compute = self.work / rate * crowd
             # one cluster's observed overhead: one worker alone waits on nobody
             extra = self.snapshot.local_step_overhead_s if intra_s > 0 else 0.0
             step = step_time(compute, intra_s, NO_WAN, _EVERY_STEP) + extra
@@ -930,15 +959,17 @@ class CostModel:
             # equal split per worker: the slowest member's GPUs set the pace of a step (a
             # tick, in which the fast clusters of the modes that run ahead take several
             # local steps: more samples, not fewer ticks; the run takes the job's steps)
-            compute = self.work / (gpus * self.pace(names)[0])
+            compute = self.work / (gpus * self.pace(names)[0]) * crowd
         else:  # the batch split by throughput (`batch_shares`): no cluster waits on another
-            compute = self.work / rate
+            compute = self.work / rate * crowd
         extra = self.snapshot.step_overhead_s
         if sm.kind == "async-ps":
             wan, relays = self.ps_wan(names, compression)
+            wan = crowded(wan, crowd)
             step = step_time(compute, intra_s, wan, sm) + extra
             ticks: list[tuple[str, int]] = []
             for region, relay in relays:  # one exchange every `relay_ticks` ticks, one in flight
+                relay = crowded(relay, crowd)
                 every = relay_ticks(step, relay.latency_s + relay.bandwidth_s + relay.overhead_s)
                 ticks.append((region, every))
                 share = 1.0 / every
@@ -953,6 +984,7 @@ class CostModel:
                 )
             return _Parts(compute, step, steps, steps, wan, extra, tuple(ticks))
         wan = self.gossip_wan(names, compression) if sm.neighbours else self.wan(names, compression)
+        wan = crowded(wan, crowd)
         step = step_time(compute, intra_s, wan, sm) + extra
         exchanges = periodic_exchanges(steps, sm.period) if sm.kind == "local-sgd" else steps
         return _Parts(compute, step, steps, exchanges, wan, extra)
@@ -1013,10 +1045,10 @@ def reserved_cost(price_sum: float, n: int, wan_bytes: float, total: float, setu
 
 _ChoiceTerms = tuple[int, bool, float, float, float, float, float, float, float]
 """`score_set`'s figures of one (compressor, sync) on one set, whatever the GPU split: kind,
-runs ahead (split equally), steps, latency s, transfer s (coding and bytes), tail, floor,
-the run's egress. A plain tuple: the hot loop
-unpacks it, and a NamedTuple is built through its interpreted `__new__` even when
-compiled."""
+runs ahead (split equally), steps, latency s, the transfer's fixed cost s (coding: crowded
+per split, `crowded`) and its bytes' s, the period, the run's egress and WAN bytes. A plain
+tuple: the hot loop unpacks it, and a NamedTuple is built through its interpreted `__new__`
+even when compiled."""
 
 
 _EVERY_STEP = sync_model("every-step")

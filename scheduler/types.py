@@ -176,6 +176,14 @@ class RunningJob:
         return sum(a.gpus for a in self.placement)
 
 
+def crowding(gpus: int | None, host_cores: int) -> float:
+    """How many times its compute a step of `gpus` workers takes where they share one
+    machine's `host_cores` (1 where host_cores is 0, and where the workers are not known)."""
+    if not host_cores or gpus is None or gpus <= host_cores:
+        return 1.0
+    return gpus / host_cores
+
+
 _SECONDS_BOUNDS: tuple[tuple[str, int], ...] = (
     ("step_overhead_s", 3600),
     ("local_step_overhead_s", 3600),
@@ -227,8 +235,14 @@ class Snapshot:
     percentiles): an estimate's range is its total times these."""
     ports: tuple[Port, ...] = ()
     """The declared WAN ports, by cluster, at what a job may use of them (`Port`)."""
+    host_cores: int = 0
+    """0: each GPU computes on its own. n: every worker runs on one machine of n cores, as
+    finished runs reported (the embedded default's local Ray, its GPUs CPU worker slots), so
+    a step of G workers takes max(1, G / n) times its compute (`crowding`)."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.host_cores < 1_000_000:
+            raise ValueError("host_cores: give 0 (each GPU on its own) or a machine's cores")
         for name, limit in _SECONDS_BOUNDS:
             if not 0 <= getattr(self, name) < limit:
                 raise ValueError(f"{name}: must be in [0, {limit}) seconds")
@@ -248,6 +262,10 @@ class Snapshot:
                     raise ValueError(f"links: {link.a}-{link.b} names unknown cluster {end!r}")
             if link.a == link.b:
                 raise ValueError(f"links: {link.a}-{link.b} joins a cluster to itself")
+
+    def crowding(self, gpus: int | None) -> float:
+        """`crowding` on this snapshot's `host_cores`."""
+        return crowding(gpus, self.host_cores)
 
     @cached_property
     def by_name(self) -> dict[str, Cluster]:

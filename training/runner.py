@@ -86,6 +86,8 @@ class WorkerGroup:
         self.ranks = ranks_of(spec)
         self.nodes: frozenset[str] = frozenset()
         """The Ray nodes its workers run on, once set up."""
+        self.cores = 0
+        """The fewest cores of a machine its workers run on, once set up."""
         self.addresses: frozenset[Address] = frozenset()
         """Where its workers' process groups listen, once set up (under fault domains)."""
 
@@ -116,7 +118,9 @@ class WorkerGroup:
             )
         master, port = ray.get(self.actors[0].address.remote(), timeout=300)
         step: int = wait_all([a.setup.remote(master, port, resume_step) for a in self.actors])[0]
-        self.nodes = frozenset(ray.get([a.node.remote() for a in self.actors], timeout=300))
+        placed = ray.get([a.node.remote() for a in self.actors], timeout=300)
+        self.nodes = frozenset(node for node, _ in placed)
+        self.cores = min(cores for _, cores in placed)
         self._listen()
         return step
 
@@ -442,6 +446,7 @@ def run(
 
     joining: Joining | None = None
     nodes: set[str] = set()
+    cores = 0  # of the machine where every worker ran, while they all ran on one
     try:
         check_capacity(spec)
         while True:  # one attempt a pass: a restart ends it, the next resumes
@@ -453,6 +458,7 @@ def run(
             try:
                 step = group.setup(resume_step)
                 nodes |= group.nodes
+                cores = group.cores if len(nodes) == 1 else 0
                 if t0 is None:
                     t0 = time.perf_counter()
                 broke_at: int | None = None
@@ -638,6 +644,7 @@ def run(
         wan_setup_bytes=wan.setup_bytes,
         wan_emulated=spec.emulated,
         hosts=len(nodes),
+        host_cores=cores,
         links=links,
         restarts=restarts,
         resumed_from_step=resumed_from,

@@ -499,6 +499,10 @@ class TrainReport:
     hosts: int = 0
     """The Ray nodes its workers ran on (0: not known). On one, they started on its cores
     one after another, so its set-up grew with them (`controller.network.snapshot`)."""
+    host_cores: int = 0
+    """The cores of the one machine every worker ran on (0: they ran on several, or it is
+    not known): they shared them, so each step's compute took longer the more of them ran
+    (`scheduler.Snapshot.host_cores`)."""
     wan_setup_bytes: int = 0
     """Of `wan_bytes_total`, what the start-up sent: the digests that check every worker built
     the same model, and the model itself only where some did not."""

@@ -233,12 +233,13 @@ class Worker:
         xe, ye = as_tensors(task.eval)
         self.loaded = Loaded(key, task, x, y, xe, ye)
 
-    def node(self) -> str:
-        """The Ray node this worker runs on: workers on one node start on its cores, so a
-        run's set-up grows with them there (`TrainReport.hosts`)."""
+    def node(self) -> tuple[str, int]:
+        """The Ray node this worker runs on and that machine's cores: workers on one node
+        start and compute on its cores, so a run's set-up and its steps grow with them there
+        (`TrainReport.hosts`, `TrainReport.host_cores`)."""
         import ray
 
-        return str(ray.get_runtime_context().get_node_id())
+        return str(ray.get_runtime_context().get_node_id()), os.cpu_count() or 1
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the rendezvous store."""

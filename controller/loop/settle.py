@@ -34,6 +34,7 @@ REPORT_KEYS = (
     "warning",
     "wall_s",
     "hosts",
+    "host_cores",
     "compute_s",
     "comm_s",
     "intra_s",

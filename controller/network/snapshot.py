@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import defaultdict
@@ -275,6 +276,7 @@ def build_world(session: Session, qos_class: str, at: datetime | None = None) ->
         ps_push_s=seen.ps_push_s,
         priors=seen.priors,
         spread=seen.spread,
+        host_cores=seen.host_cores,
     )
     return World(snapshot, origins, frozenset(ports), links, ports, ceilings)
 
@@ -460,6 +462,9 @@ class Observed:
     ps_push_s: float = PS_PUSH_PRIOR_S
     priors: frozenset[str] = frozenset({"micro_overhead_s", "all_reduce_overhead_s", "ps_push_s"})
     """Which of the three costs above no finished run has measured yet (still their priors)."""
+    host_cores: int = 0
+    """The cores of the one machine every finished run's workers shared (0: not all ran on
+    one, or none said): `scheduler.Snapshot.host_cores`."""
 
 
 def observed(session: Session) -> Observed:
@@ -496,15 +501,8 @@ def observed(session: Session) -> Observed:
             JobMetric.job_id, JobMetric.step, JobMetric.step_time_s, JobMetric.compute_time_s
         ).join(last, (JobMetric.job_id == last.c.job_id) & (JobMetric.step == last.c.step))
     ).all()
-    hosts = {
-        job_id: (data.get("report") or {}).get("hosts")
-        for job_id, data in session.execute(
-            select(JobEvent.job_id, JobEvent.data).where(
-                JobEvent.job_id.in_(plans), JobEvent.to_state == JobState.SUCCEEDED
-            )
-        ).all()
-        if isinstance(data, dict)
-    }
+    machines = _machines(session, plans)
+    hosts = {job_id: hosts for job_id, (hosts, _) in machines.items()}
     one_host: list[bool] = []  # per set-up sample: its workers all ran on one Ray node
     residuals: list[float] = []  # of jobs across clusters
     local: list[float] = []  # of several workers on one cluster
@@ -540,8 +538,9 @@ def observed(session: Session) -> Observed:
                 micro[job_id] = min(micro.get(job_id, math.inf), sample)
             continue
         if est.ps_push_s is not None:  # async-ps: its pushes' fixed cost, not the fleet's
-            if tries <= 1:
-                pushes.append(step_s - est.step_time_s + est.ps_push_s)
+            if tries <= 1:  # as one worker alone on its cores would pay it (`crowded`)
+                crowd = scheduler.crowding(plan.gpus, _cores(machines.get(job_id)))
+                pushes.append((step_s - est.step_time_s) / crowd + est.ps_push_s)
         elif plan.gpus > 1 and est.compute_s and compute_total is not None:
             modelled_comm = est.step_time_s - est.compute_s - est.step_overhead_s
             sample = step_s - compute_total / step - modelled_comm
@@ -577,7 +576,40 @@ def observed(session: Session) -> Observed:
             )
             if not samples
         ),
+        host_cores=_shared_cores(machines.values()),
     )
+
+
+def _machines(session: Session, job_ids: Iterable[str]) -> dict[str, tuple[Any, Any]]:
+    """(hosts, host_cores) as each finished job's report gave them (None where it did not)."""
+    return {
+        job_id: (
+            (data.get("report") or {}).get("hosts"),
+            (data.get("report") or {}).get("host_cores"),
+        )
+        for job_id, data in session.execute(
+            select(JobEvent.job_id, JobEvent.data).where(
+                JobEvent.job_id.in_(list(job_ids)), JobEvent.to_state == JobState.SUCCEEDED
+            )
+        ).all()
+        if isinstance(data, dict)
+    }
+
+
+def _cores(machine: tuple[Any, Any] | None) -> int:
+    """The cores a run's workers shared, as its report said (0: it ran on several machines,
+    or did not say)."""
+    hosts, cores = machine or (None, None)
+    return cores if hosts == 1 and isinstance(cores, int) and cores > 0 else 0
+
+
+def _shared_cores(machines: Iterable[tuple[Any, Any]]) -> int:
+    """The fewest cores of the one machine where each run's workers ran, if every run that
+    said ran on one; 0 where one ran on several, or none said."""
+    said = [(h, c) for h, c in machines if isinstance(h, int) and h > 0]
+    if not said or any(h != 1 or not isinstance(c, int) or c < 1 for h, c in said):
+        return 0
+    return min(int(c) for _, c in said)
 
 
 CALIBRATION_OBSERVATIONS = 500
@@ -622,13 +654,27 @@ def calibration(session: Session) -> Calibration:
     ]
     if not kept:
         return Calibration()
+    jobs = {job_id for job_id, _ in kept}
     tasks: dict[str, str] = {}
-    for job_id, spec in session.execute(
-        select(Job.id, Job.spec).where(Job.id.in_({job_id for job_id, _ in kept}))
+    workers: dict[str, int] = {}
+    for job_id, spec, plan in session.execute(
+        select(Job.id, Job.spec, Job.placement).where(Job.id.in_(jobs))
     ):
         task = spec.get("task") if isinstance(spec, dict) else None
         if isinstance(task, str):
             tasks[job_id] = task
+        if plan is not None:
+            workers[job_id] = plan.gpus
+    # each observation as its GPU alone would have computed it: a step of W workers that
+    # shared a machine's n cores took max(1, W / n) times as long (`Snapshot.crowding`)
+    machines = _machines(session, jobs)
+    fleet = _shared_cores(machines.values())
+    crowds: dict[str, float] = {}
+    for job_id in jobs:
+        seen = machines.get(job_id)  # None: running, or not said: as the finished runs ran
+        cores = fleet if seen is None or seen[0] is None else _cores(seen)
+        crowds[job_id] = scheduler.crowding(workers.get(job_id), cores)
+    kept = [(job_id, replace(ob, compute_s=ob.compute_s / crowds[job_id])) for job_id, ob in kept]
     by_task: dict[str, list[scheduler.Observation]] = defaultdict(list)
     for job_id, ob in kept:
         if job_id in tasks:
@@ -650,19 +696,22 @@ def _spread(ratios: Sequence[float]) -> tuple[float, float]:
 
 
 def _per_gpu(samples: Sequence[tuple[int, float, tuple[str, ...]]], one_host: bool) -> float:
-    """The least-squares slope of set-up time against the run's GPUs (never negative): where
-    workers start one machine's cores at a time it grows with them, elsewhere it is ~0.
+    """The slope of set-up time against the run's GPUs (never negative): where workers start
+    one machine's cores at a time it grows with them, elsewhere it is ~0. Theil-Sen's, the
+    median of the slopes between runs of different GPUs, so one cold start (the first run
+    after the control plane's Ray started) does not set it as a least-squares line lets it.
     Too few samples for a slope: 0, or, where every sample's workers ran on one Ray node
     (`one_host`), the median set-up a GPU (it grows with them there: none of it fixed)."""
     if len(samples) < 3 or len({g for g, _, _ in samples}) < 2:
         if one_host:
             return min(_median([s / g for g, s, _ in samples if g > 0], 0.0), 3599.0)
         return 0.0
-    mg = statistics.fmean(g for g, _, _ in samples)
-    ms = statistics.fmean(s for _, s, _ in samples)
-    var = sum((g - mg) ** 2 for g, _, _ in samples)
-    slope = sum((g - mg) * (s - ms) for g, s, _ in samples) / var
-    return min(max(0.0, slope), 3599.0)
+    slopes = [
+        (s2 - s1) / (g2 - g1)
+        for (g1, s1, _), (g2, s2, _) in itertools.combinations(samples, 2)
+        if g1 != g2
+    ]
+    return min(max(0.0, statistics.median(slopes)), 3599.0)
 
 
 def _median(values: Sequence[float], default: float) -> float:

@@ -908,11 +908,19 @@ def plan_of(
     )
     breakdown = PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress))
     explanation = (*result.explanation, *((parallel.reason,) if parallel.mode != "data" else ()))
+    crowd = snapshot.crowding(sum(a.gpus for a in result.placement))
+    if crowd > 1.0:
+        explanation = (
+            *explanation,
+            f"its {sum(a.gpus for a in result.placement)} workers share one machine's "
+            f"{snapshot.host_cores} cores, as finished runs did: each step's compute and "
+            f"coding is planned at {crowd:.3g}x their own",
+        )
     if estimate.ps_push_s is not None:
         explanation = (
             *explanation,
-            f"each tick's push to its parameter server costs {estimate.ps_push_s * 1e3:.3g} ms "
-            f"beyond its WAN bytes{_prior(snapshot, 'ps_push_s')}",
+            f"each tick's push to its parameter server costs {estimate.ps_push_s * crowd * 1e3:.3g}"
+            f" ms beyond its WAN bytes{_prior(snapshot, 'ps_push_s')}",
         )
     if estimate.relay_ticks:
         every = ", ".join(f"{r} every {t}" for r, t in sorted(estimate.relay_ticks.items()))

@@ -51,6 +51,29 @@ def test_one_cluster_comm_bound_step() -> None:
     assert est.step_time_s == pytest.approx(0.3 + 0.56014)
 
 
+def test_workers_sharing_one_machines_cores_compute_as_many_times_slower() -> None:
+    """On the embedded default every worker is a CPU slot of one machine: 6 workers on 2
+    cores compute each step 3 times as long as on their own GPUs; up to 2 run unslowed."""
+    alone = Snapshot((cluster("a", 6), cluster("b", 6)), (link("a", "b", gbps=10.0),))
+    shared = Snapshot(alone.clusters, alone.links, host_cores=2)
+    for gpus, placement, times in (
+        (6, [Assignment("a", 6)], 3.0),
+        (6, [Assignment("a", 3), Assignment("b", 3)], 3.0),
+        (2, [Assignment("a", 2)], 1.0),
+    ):
+        j = job(gpus, flops_per_step=0.3 * gpus * RATE, steps=10)
+        for sync in ("every-step", "local-sgd:8", "partial:8"):
+            if len(placement) == 1 and sync != "every-step":
+                continue
+            base = estimate(alone, j, placement, "none", sync)
+            got = estimate(shared, j, placement, "none", sync)
+            assert base.compute_s is not None and got.compute_s is not None
+            assert got.compute_s == pytest.approx(times * base.compute_s)
+            assert got.total_time_s >= base.total_time_s + 10 * (times - 1) * base.compute_s - 1e-9
+    with pytest.raises(ValueError, match="host_cores"):
+        Snapshot(alone.clusters, host_cores=-1)
+
+
 def _two() -> tuple[Snapshot, JobRequest]:
     snap = Snapshot(
         (cluster("a", 1, price_per_gpu_hour=3.0), cluster("b", 1, price_per_gpu_hour=3.0)),

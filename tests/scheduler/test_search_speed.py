@@ -63,7 +63,8 @@ def instances(draw: st.DrawFn) -> tuple[Snapshot, JobRequest]:
         ),
     )
     overhead = draw(st.sampled_from([0.0, 0.0, 0.05]))
-    return Snapshot(clusters, links, step_overhead_s=overhead), j
+    cores = draw(st.sampled_from([0, 0, 2]))  # 2: every worker on one 2-core machine
+    return Snapshot(clusters, links, step_overhead_s=overhead, host_cores=cores), j
 
 
 @st.composite

@@ -4,6 +4,7 @@ adaptive switching, elastic resume. Actors are real processes joined by real glo
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def test_every_step_uncompressed_equals_single_process_full_batch(tmp_path: Path
     )
     assert report.steps == steps and report.restarts == 0
     assert report.hosts == 1  # one local Ray: every worker on its one node
+    assert report.host_cores == os.cpu_count()  # whose cores they shared
     # the ring all-reduce puts bytes on the ring's edges only: per step each edge carries two
     # reduce-scatter and two all-gather chunks of a third of the model (2(n-1)/n = 4/3 of it)
     assert set(report.wan_bytes) == {("a", "b"), ("b", "c"), ("c", "a")}
