@@ -356,7 +356,8 @@ def _table(rows: list[Row]) -> list[str]:
         out.append(
             f"| {r.case} | {r.clusters} | {r.planned} | {r.ran} | "
             f"{'yes' if r.decisions_equal else 'NO'} | {r.est_s:.1f} | {r.actual_s:.1f} | "
-            f"{r.time_error:.0%} | {num(r.est_setup_s)} | {num(r.setup_s)} | {r.est_wan_mb:.2f} | {r.actual_wan_mb:.2f} | "
+            f"{r.time_error:.0%} | {num(r.est_setup_s)} | {num(r.setup_s)} | "
+            f"{r.est_wan_mb:.2f} | {r.actual_wan_mb:.2f} | "
             f"{r.est_cost:.4f}{' (held)' if r.held else ''} | {r.billed:.4f} | "
             f"{r.credit:.4f} | {r.quality_cost:.0%} | {acc(r.final_acc)} | {acc(r.best_acc)} | "
             f"{acc(r.reference_acc)} | {pct(r.est_wan_share)} | {pct(r.wan_share)} | "
