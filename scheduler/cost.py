@@ -972,7 +972,7 @@ class CostModel:
                 relay = crowded(relay, crowd)
                 every = relay_ticks(step, relay.latency_s + relay.bandwidth_s + relay.overhead_s)
                 ticks.append((region, every))
-                share = 1.0 / every
+                share = relay_exchanges(steps, every) / steps  # a tick's part of them
                 wan = WanTerms(
                     wan.latency_s,
                     wan.bandwidth_s,
@@ -992,13 +992,22 @@ class CostModel:
 
 def relay_ticks(step_s: float, lasts_s: float) -> int:
     """Every how many ticks an async-ps region's server sends its progress to the global one:
-    the ticks one exchange lasts, so that the one in flight has landed when the next is due.
+    the ticks one exchange lasts and one more, so that the one in flight has landed when the
+    next is due (the server sees a landing only at a push, and a run's ticks jitter: without
+    the spare tick a region sent about a tenth fewer than planned, bench/results/promise.md).
     The plan's number, which the run keeps to (`training.TrainSpec.relay_ticks`): the bytes
     are the plan's whatever the run's clock, where "whenever the last one landed" made them
     follow it."""
     if lasts_s <= 0.0 or step_s <= 0.0:
         return 1
-    return max(1, min(1_000_000, math.ceil(lasts_s / step_s - 1e-9)))
+    return max(1, min(1_000_000, math.ceil(lasts_s / step_s - 1e-9) + 1))
+
+
+def relay_exchanges(ticks: float, every: int) -> float:
+    """A region's exchanges in a run of `ticks` ticks sent every `every`: one each time that
+    many have passed, and the one its server's flush sends after the last tick
+    (`training.sync.async_ps.RegionalServer.flush`)."""
+    return float(math.floor(ticks / every) + 1) if every > 0 else ticks
 
 
 def periodic_exchanges(steps: float, period: int) -> float:

@@ -926,8 +926,8 @@ def plan_of(
         every = ", ".join(f"{r} every {t}" for r, t in sorted(estimate.relay_ticks.items()))
         explanation = (
             *explanation,
-            f"each region's server sends its progress to the global one as often as one "
-            f"exchange lasts, in steps: {every}",
+            f"each region's server sends its progress to the global one every as many steps "
+            f"as one exchange lasts and one more, for its landing: {every}",
         )
     if staged is not None:  # a pipeline: priced as the stages run, not as data parallelism
         estimate, breakdown, why = staged
