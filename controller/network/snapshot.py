@@ -582,11 +582,8 @@ def observed(session: Session) -> Observed:
 
 def _machines(session: Session, job_ids: Iterable[str]) -> dict[str, tuple[Any, Any]]:
     """(hosts, host_cores) as each finished job's report gave them (None where it did not)."""
-    return {
-        job_id: (
-            (data.get("report") or {}).get("hosts"),
-            (data.get("report") or {}).get("host_cores"),
-        )
+    reports = {
+        job_id: data.get("report") or {}
         for job_id, data in session.execute(
             select(JobEvent.job_id, JobEvent.data).where(
                 JobEvent.job_id.in_(list(job_ids)), JobEvent.to_state == JobState.SUCCEEDED
@@ -594,6 +591,7 @@ def _machines(session: Session, job_ids: Iterable[str]) -> dict[str, tuple[Any, 
         ).all()
         if isinstance(data, dict)
     }
+    return {job_id: (r.get("hosts"), r.get("host_cores")) for job_id, r in reports.items()}
 
 
 def _cores(machine: tuple[Any, Any] | None) -> int:
@@ -606,10 +604,8 @@ def _cores(machine: tuple[Any, Any] | None) -> int:
 def _shared_cores(machines: Iterable[tuple[Any, Any]]) -> int:
     """The fewest cores of the one machine where each run's workers ran, if every run that
     said ran on one; 0 where one ran on several, or none said."""
-    said = [(h, c) for h, c in machines if isinstance(h, int) and h > 0]
-    if not said or any(h != 1 or not isinstance(c, int) or c < 1 for h, c in said):
-        return 0
-    return min(int(c) for _, c in said)
+    cores = [_cores(m) for m in machines if isinstance(m[0], int) and m[0] > 0]
+    return 0 if not cores or 0 in cores else min(cores)
 
 
 CALIBRATION_OBSERVATIONS = 500
