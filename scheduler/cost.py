@@ -888,7 +888,7 @@ class CostModel:
                 local = local_p if periodic or runs_ahead else local_s
                 # `crowded` and `step_seconds` written out (`max(a, b)` as `b if b > a else
                 # a`, the same float: the builtin boxes its arguments in the compiled build)
-                transfer = (fixed * crowd if crowd != 1.0 else fixed) + bandwidth
+                transfer = fixed * crowd + bandwidth  # x * 1.0 is x: `crowded`'s float
                 if kind == _STALE:
                     floor = latency + transfer
                     step = floor if floor > local else local
@@ -899,7 +899,7 @@ class CostModel:
                 elif kind == _LOCAL:
                     step = local + (latency + transfer) / every
                 else:
-                    step = local + 0.0
+                    step = local
                 step += extra
                 total = eff_steps * step + setup
                 times.append(total)

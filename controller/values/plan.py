@@ -908,11 +908,12 @@ def plan_of(
     )
     breakdown = PriceBreakdown(total=round(est.cost, 6), gpu=tuple(gpu), egress=tuple(egress))
     explanation = (*result.explanation, *((parallel.reason,) if parallel.mode != "data" else ()))
-    crowd = snapshot.crowding(sum(a.gpus for a in result.placement))
+    workers = sum(a.gpus for a in result.placement)
+    crowd = snapshot.crowding(workers)
     if crowd > 1.0:
         explanation = (
             *explanation,
-            f"its {sum(a.gpus for a in result.placement)} workers share one machine's "
+            f"its {workers} workers share one machine's "
             f"{snapshot.host_cores} cores, as finished runs did: each step's compute and "
             f"coding is planned at {crowd:.3g}x their own",
         )
